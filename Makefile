@@ -1,0 +1,35 @@
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+
+.PHONY: install run test lint bench chaos clean
+
+$(STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install --quiet --upgrade pip
+	$(BIN)/pip install --quiet -e '.[dev]'
+	touch $(STAMP)
+
+install: $(STAMP)
+
+run: $(STAMP)
+	$(BIN)/printery-workers
+
+test: $(STAMP)
+	$(BIN)/pytest -q
+
+lint: $(STAMP)
+	$(BIN)/ruff check src tests examples
+	$(BIN)/mypy --strict src
+	$(BIN)/lint-imports
+
+bench: $(STAMP)
+	$(BIN)/printery bench --events 50000 --stages 4
+	$(BIN)/printery bench --rate 1000 --duration 20 --stages 4
+
+chaos: $(STAMP)
+	$(BIN)/python -m tests.chaos.soak --deployments 20000 --duration $${DURATION:-600}
+
+clean:
+	rm -rf $(VENV) .printery .pytest_cache .mypy_cache .ruff_cache

@@ -1,0 +1,1 @@
+"""printery: worker orchestration over Redis Streams."""

@@ -1,0 +1,67 @@
+"""Every Redis key name printery uses, derived from one stream prefix."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+DLQ = "dlq"
+REVIEW = "review"
+REVIEW_DECIDED = "review:decided"
+
+
+@dataclass(frozen=True, slots=True)
+class StreamKeys:
+    """Key layout under a prefix: streams are ``<prefix>:<event type>`` (CONTRACT §2)."""
+
+    prefix: str
+
+    def stream(self, event_type: str) -> str:
+        return f"{self.prefix}:{event_type}"
+
+    def event_type(self, stream_key: str) -> str:
+        """Inverse of :meth:`stream`."""
+        return stream_key[len(self.prefix) + 1 :]
+
+    @property
+    def dlq(self) -> str:
+        return self.stream(DLQ)
+
+    @property
+    def review(self) -> str:
+        return self.stream(REVIEW)
+
+    @property
+    def review_decided(self) -> str:
+        return self.stream(REVIEW_DECIDED)
+
+    def idempotency(self, worker: str, key: str) -> str:
+        """Marker that ``worker`` already committed the entry with this idempotency key."""
+        return f"{self.prefix}:idem:{worker}:{key}"
+
+    def once(self, key: str) -> str:
+        """Guard that makes an output unique (written at most once, ever)."""
+        return f"{self.prefix}:once:{key}"
+
+    def join(self, worker: str, correlation_id: str) -> str:
+        """Hash of an aggregator's partial results for one correlation id."""
+        return f"{self.prefix}:join:{worker}:{correlation_id}"
+
+    def join_deadlines(self, worker: str) -> str:
+        """Sorted set: correlation id -> branch deadline (ms), for an aggregator's sweeper."""
+        return f"{self.prefix}:join-deadlines:{worker}"
+
+    def blob(self, digest: str) -> str:
+        return f"{self.prefix}:blob:{digest}"
+
+    def process(self, process_id: str) -> str:
+        """Heartbeat key of one running service process (the process registry)."""
+        return f"{self.prefix}:process:{process_id}"
+
+    @property
+    def process_pattern(self) -> str:
+        return f"{self.prefix}:process:*"
+
+    @property
+    def pipeline(self) -> str:
+        """Where a running service publishes its pipeline's description."""
+        return f"{self.prefix}:pipeline"

