@@ -1,0 +1,24 @@
+"""Validator gates: a step that passes an input or stops it with machine-actionable reasons."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict
+
+
+class Reason(BaseModel):
+    """Why something did not pass: a stable ``code``, the ``field`` path, a human ``message``.
+
+    ``field`` is a path like ``dependencies[1].health_url`` (empty when it is about the
+    whole input). Codes are part of a pipeline's contract: callers branch on them.
+    """
+
+    model_config = ConfigDict(frozen=True)
+
+    code: str
+    field: str = ""
+    message: str = ""
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"code": self.code, "field": self.field, "message": self.message}
