@@ -1,0 +1,75 @@
+"""What a handler sees (a :class:`Message`) and what it returns (:class:`Output` values)."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from printery.message import Envelope
+
+
+@dataclass(frozen=True, slots=True)
+class Output:
+    """An event a handler emits; it is written only if the input's commit succeeds.
+
+    ``correlation_id`` defaults to the input's; ``idempotency_key`` to
+    ``<type>:<correlation id>``; ``once`` names a guard that makes this output unique
+    for ever (e.g. one final result per correlation id), whoever tries to write it again.
+    """
+
+    type: str
+    data: Any
+    correlation_id: str | None = None
+    idempotency_key: str | None = None
+    extra: dict[str, str] = field(default_factory=dict)
+    once: str | None = None
+
+
+@dataclass(slots=True)
+class Message:
+    """One delivered entry: the decoded envelope plus delivery facts.
+
+    ``deliveries`` is Redis's own count (1 on the first delivery), so it survives crashes.
+    Handlers report what they spend with :meth:`report_cost`; the amounts travel with the
+    outputs as ``cost`` and feed the step cost metric.
+    """
+
+    envelope: Envelope
+    stream: str
+    entry_id: str
+    deliveries: int
+    worker: str
+    consumer: str
+    fields: dict[str, str]
+    costs: dict[str, float] = field(default_factory=dict)
+    started: float = field(default_factory=time.monotonic)
+
+    @property
+    def data(self) -> Any:
+        return self.envelope.data
+
+    @property
+    def type(self) -> str:
+        return self.envelope.type
+
+    @property
+    def correlation_id(self) -> str:
+        return self.envelope.correlation_id
+
+    def report_cost(self, unit: str, amount: float) -> None:
+        """Add ``amount`` of ``unit`` (tokens, usd, probes, ...) to this step's cost."""
+        self.costs[unit] = self.costs.get(unit, 0) + amount
+
+
+HandlerResult = Output | Sequence[Output] | None
+Handler = Callable[[Message], Awaitable[HandlerResult]]
+
+
+def outputs_of(result: HandlerResult) -> list[Output]:
+    if result is None:
+        return []
+    if isinstance(result, Output):
+        return [result]
+    return list(result)

@@ -1,0 +1,33 @@
+"""Hooks through which the runtime reports what happens, so metrics and logs stay out of
+the consume loop's logic. The default observer does nothing."""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+
+class Observer(Protocol):
+    """Called synchronously from the hot path: implementations must be cheap and not raise."""
+
+    def processed(self, worker: str, outcome: str, seconds: float) -> None:
+        """``outcome``: ok, duplicate, error, dead_lettered, fenced."""
+
+    def dead_lettered(self, worker: str, reason_code: str) -> None: ...
+
+    def retried(self, worker: str) -> None: ...
+
+    def cost(self, worker: str, unit: str, amount: float) -> None: ...
+
+
+class NullObserver:
+    def processed(self, worker: str, outcome: str, seconds: float) -> None:
+        pass
+
+    def dead_lettered(self, worker: str, reason_code: str) -> None:
+        pass
+
+    def retried(self, worker: str) -> None:
+        pass
+
+    def cost(self, worker: str, unit: str, amount: float) -> None:
+        pass

@@ -1,0 +1,82 @@
+"""Large payloads by reference (CONTRACT §10): big ``data`` goes to a content-addressed
+blob once and the entry carries ``{"$ref": "blob:<sha256>", "size": N}``. Consumers
+resolve before decoding, so handlers never know."""
+
+from __future__ import annotations
+
+import hashlib
+
+import redis.asyncio as aioredis
+
+from printery import _json
+from printery.errors import BlobMissing, PayloadTooLarge
+from printery.keys import StreamKeys
+
+REF_PREFIX = "blob:"
+
+
+class PayloadStore:
+    """Moves large payloads out of stream entries and back in."""
+
+    def __init__(
+        self,
+        client: aioredis.Redis,
+        keys: StreamKeys,
+        *,
+        limit: int = 1_048_576,
+        inline_limit: int = 65_536,
+        ttl: float = 604_800,
+    ) -> None:
+        self.client = client
+        self.keys = keys
+        self.limit = limit
+        self.inline_limit = inline_limit
+        self.ttl_ms = int(ttl * 1000)
+
+    @staticmethod
+    def reference_of(data_json: str) -> tuple[str, int] | None:
+        """``(digest, size)`` if ``data_json`` is a ``$ref`` payload, else None (cheap)."""
+        if not data_json.startswith('{"$ref"'):
+            return None
+        try:
+            value = _json.loads(data_json)
+        except ValueError:
+            return None
+        ref = value.get("$ref") if isinstance(value, dict) else None
+        if not isinstance(ref, str) or not ref.startswith(REF_PREFIX):
+            return None
+        size = value.get("size")
+        return ref[len(REF_PREFIX) :], size if isinstance(size, int) else -1
+
+    async def resolve_fields(self, fields: dict[str, str]) -> dict[str, str]:
+        """Fields with a ``$ref`` data replaced by the blob's content.
+
+        Raises :class:`BlobMissing` for a reference to nothing, :class:`PayloadTooLarge`
+        when the resolved data exceeds the payload limit.
+        """
+        data = fields.get("data")
+        if data is None:
+            return fields
+        ref = self.reference_of(data)
+        if ref is None:
+            return fields
+        digest, _size = ref
+        blob = await self.client.get(self.keys.blob(digest))
+        if blob is None:
+            raise BlobMissing(f"blob {digest} does not exist (expired or never written)")
+        text = blob.decode() if isinstance(blob, bytes) else str(blob)
+        if len(text) > self.limit:
+            raise PayloadTooLarge(f"resolved data is {len(text)} bytes, limit {self.limit}")
+        return {**fields, "data": text}
+
+    async def store_if_large(self, data_json: str) -> str:
+        """The ``data`` field to write: ``data_json`` itself, or a reference to its blob."""
+        if len(data_json) <= self.inline_limit:
+            return data_json
+        return await self.store(data_json)
+
+    async def store(self, data_json: str) -> str:
+        digest = hashlib.sha256(data_json.encode()).hexdigest()
+        # Content-addressed: writing the same blob again only refreshes its TTL.
+        await self.client.set(self.keys.blob(digest), data_json, px=self.ttl_ms)
+        return _json.dumps({"$ref": f"{REF_PREFIX}{digest}", "size": len(data_json)})

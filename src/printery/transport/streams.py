@@ -1,0 +1,127 @@
+"""Redis Streams operations printery relies on, each one documented as a contract.
+
+All functions are coroutine-safe (they take a pooled client) and idempotent where it says.
+They know streams, groups and entries; nothing about what the entries mean.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from importlib import resources
+from typing import Any, cast
+
+import redis.asyncio as aioredis
+from redis.exceptions import NoScriptError, ResponseError
+
+Fields = Mapping[str, str]
+
+
+def _script(name: str) -> str:
+    return resources.files("printery.transport").joinpath(name).read_text()
+
+
+COMMIT_LUA = _script("commit.lua")
+LEASE_LUA = _script("lease.lua")
+REDELIVER_LUA = _script("redeliver.lua")
+
+FENCED = -1
+DUPLICATE = 0
+
+
+@dataclass(frozen=True, slots=True)
+class PendingOutput:
+    """One entry to append as part of a commit; ``once_key`` makes it write-at-most-once."""
+
+    stream: str
+    fields: Fields
+    once_key: str = ""
+
+
+async def ensure_group(client: aioredis.Redis, stream: str, group: str) -> None:
+    """Create ``group`` on ``stream`` from id 0 (MKSTREAM). Idempotent: an existing group is
+    fine, and starting from 0 means entries published before the first start are seen."""
+    try:
+        await client.xgroup_create(stream, group, id="0", mkstream=True)
+    except ResponseError as exc:
+        if "BUSYGROUP" not in str(exc):
+            raise
+
+
+class Scripts:
+    """The Lua scripts, loaded lazily by SHA and re-loaded after a server restart."""
+
+    def __init__(self, client: aioredis.Redis) -> None:
+        self.client = client
+        self._sha: dict[str, str] = {}
+
+    async def _sha_of(self, source: str) -> str:
+        sha = self._sha.get(source)
+        if sha is None:
+            sha = str(await self.client.script_load(source))
+            self._sha[source] = sha
+        return sha
+
+    async def call(self, source: str, keys: Sequence[str], args: Sequence[Any]) -> Any:
+        try:
+            return await self._evalsha(await self._sha_of(source), keys, args)
+        except NoScriptError:
+            self._sha.pop(source, None)
+            return await self._evalsha(await self._sha_of(source), keys, args)
+
+    async def _evalsha(self, sha: str, keys: Sequence[str], args: Sequence[Any]) -> Any:
+        return await cast(Awaitable[Any], self.client.evalsha(sha, len(keys), *keys, *args))
+
+    async def call_many(self, source: str, calls: Sequence[tuple[Sequence[str], Sequence[Any]]]) -> list[Any]:
+        """Many script calls in one round trip (each still atomic on its own)."""
+        for attempt in range(2):
+            sha = await self._sha_of(source)
+            pipe = self.client.pipeline(transaction=False)
+            for keys, args in calls:
+                pipe.evalsha(sha, len(keys), *keys, *args)
+            results: list[Any] = await pipe.execute(raise_on_error=False)
+            if attempt == 0 and any(isinstance(r, NoScriptError) for r in results):
+                # The server restarted and forgot the script; nothing ran for those calls.
+                self._sha.pop(source, None)
+                retry = [c for c, r in zip(calls, results, strict=True) if isinstance(r, NoScriptError)]
+                again = iter(await self.call_many(source, retry))
+                return [next(again) if isinstance(r, NoScriptError) else r for r in results]
+            return results
+        raise AssertionError("unreachable")
+
+
+def commit_args(
+    *,
+    stream: str,
+    group: str,
+    consumer: str,
+    entry_id: str,
+    marker_key: str,
+    marker_ttl_ms: int,
+    outputs: Iterable[PendingOutput],
+    fence: bool = True,
+) -> tuple[list[str], list[Any]]:
+    """Keys and arguments for one call of the commit script."""
+    outs = list(outputs)
+    args: list[Any] = [group, consumer, entry_id, marker_ttl_ms, "1" if fence else "0", len(outs)]
+    for out in outs:
+        args += [out.stream, out.once_key, len(out.fields)]
+        for key, value in out.fields.items():
+            args += [key, value]
+    return [stream, marker_key], args
+
+
+async def delivery_counts(
+    client: aioredis.Redis, stream: str, group: str, ids: Sequence[str]
+) -> dict[str, int]:
+    """How many times Redis has delivered each pending id (the authoritative count)."""
+    if not ids:
+        return {}
+    pipe = client.pipeline(transaction=False)
+    for entry_id in ids:
+        pipe.xpending_range(stream, group, min=entry_id, max=entry_id, count=1)
+    counts: dict[str, int] = {}
+    for entry_id, rows in zip(ids, await pipe.execute(), strict=True):
+        if rows:
+            counts[entry_id] = int(rows[0]["times_delivered"])
+    return counts

@@ -1,0 +1,87 @@
+"""Small workers and helpers the spine tests share."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable
+
+import redis.asyncio as aioredis
+
+from printery.keys import StreamKeys
+from printery.message import Codec
+from printery.runtime.handler import Handler, Message, Output
+from printery.runtime.stream_worker import ConsumerSettings, StreamWorker
+from printery.worker import RunContext
+
+CODEC = Codec()
+
+
+async def publish(client: aioredis.Redis, keys: StreamKeys, event_type: str, n: int, start: int = 0) -> None:
+    pipe = client.pipeline(transaction=False)
+    for i in range(start, start + n):
+        envelope = CODEC.new(event_type, {"n": i}, correlation_id=f"c-{i}", producer="test")
+        pipe.xadd(keys.stream(event_type), CODEC.encode(envelope))
+    await pipe.execute()
+
+
+def relay(target: str) -> Handler:
+    async def handle(msg: Message) -> Output:
+        return Output(target, msg.data)
+
+    return handle
+
+
+def stream_worker(
+    name: str,
+    client: aioredis.Redis,
+    keys: StreamKeys,
+    consumes: list[str],
+    handler: Handler,
+    **settings: object,
+) -> StreamWorker:
+    defaults: dict[str, object] = {"block_ms": 100, "visibility_timeout": 5.0, "retry_backoff_ms": 20}
+    defaults.update(settings)
+    return StreamWorker(
+        name, client=client, keys=keys, consumes=consumes, handler=handler,
+        settings=ConsumerSettings(**defaults),  # type: ignore[arg-type]
+    )
+
+
+async def outputs_by_n(client: aioredis.Redis, keys: StreamKeys, event_type: str) -> dict[int, int]:
+    counts: dict[int, int] = {}
+    for _id, fields in await client.xrange(keys.stream(event_type)):
+        n = int(CODEC.decode(fields, event_type).data["n"])
+        counts[n] = counts.get(n, 0) + 1
+    return counts
+
+
+class PlainWorker:
+    """A non-stream worker whose readiness and behaviour the test controls."""
+
+    def __init__(self, name: str, *, ready_after: Callable[[], Awaitable[None]] | None = None,
+                 crash: bool = False) -> None:
+        self._name = name
+        self.ready_after = ready_after
+        self.crash = crash
+        self.started_at: float | None = None
+        self.ready_at: float | None = None
+        self.runs = 0
+
+    @property
+    def name(self) -> str:
+        return self._name
+
+    def healthy(self) -> bool:
+        return True
+
+    async def run(self, ctx: RunContext) -> None:
+        loop = asyncio.get_running_loop()
+        self.runs += 1
+        self.started_at = loop.time()
+        if self.ready_after:
+            await self.ready_after()
+        self.ready_at = loop.time()
+        ctx.started()
+        if self.crash:
+            raise RuntimeError(f"{self._name} crashes on purpose")
+        await ctx.stopping.wait()
