@@ -1,0 +1,164 @@
+"""The process registry against a real server: beats appear, expire and are removed."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from typing import Any, cast
+
+import pytest
+import redis.asyncio as aioredis
+
+from printery.errors import ConfigError
+from printery.keys import StreamKeys
+from printery.runtime.registry import ProcessRegistry, list_processes
+from printery.transport.server import ServerProcess, free_port
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
+    process = ServerProcess(tmp_path_factory.mktemp("registry"), appendonly=False)
+    process.start()
+    yield process
+    process.stop()
+
+
+@pytest.fixture
+async def client(server: ServerProcess) -> AsyncIterator[aioredis.Redis]:
+    connection = aioredis.Redis.from_url(server.url)
+    yield connection
+    await connection.aclose()
+
+
+@pytest.fixture
+def keys() -> StreamKeys:
+    # A fresh prefix per test instead of FLUSHALL: tests never see each other's keys.
+    return StreamKeys(f"test:{uuid.uuid4().hex}")
+
+
+def status(pid: int = 1234) -> dict[str, Any]:
+    return {
+        "host": "host-a",
+        "pid": pid,
+        "started_at": "2026-01-01T00:00:00.000Z",
+        "workers": {"validator": {"state": "running", "processed": 3}},
+    }
+
+
+async def wait_until(predicate: Callable[[], Awaitable[bool]]) -> None:
+    """Poll an async predicate until true; bounded, so a broken registry fails, not hangs."""
+    for _ in range(250):  # 5 s at most
+        if await predicate():
+            return
+        await asyncio.sleep(0.02)
+    raise AssertionError("condition not met in 5 s")
+
+
+async def test_beat_makes_the_process_visible(client: aioredis.Redis, keys: StreamKeys) -> None:
+    registry = ProcessRegistry(client, keys, "proc-1")
+
+    await registry.beat(status())
+
+    assert await list_processes(client, keys) == [{**status(), "process_id": "proc-1"}]
+    ttl_ms = await client.pttl(keys.process("proc-1"))
+    assert 0 < ttl_ms <= 15_000
+
+
+async def test_a_process_that_stops_beating_disappears(
+    client: aioredis.Redis, keys: StreamKeys
+) -> None:
+    registry = ProcessRegistry(client, keys, "proc-1", ttl=0.3, interval=0.1)
+    await registry.beat(status())
+    assert len(await list_processes(client, keys)) == 1
+
+    async def gone() -> bool:
+        return await list_processes(client, keys) == []
+
+    await wait_until(gone)
+
+
+async def test_remove_deletes_at_once(client: aioredis.Redis, keys: StreamKeys) -> None:
+    registry = ProcessRegistry(client, keys, "proc-1")
+    other = ProcessRegistry(client, keys, "proc-2")
+    await registry.beat(status(1))
+    await other.beat(status(2))
+
+    await registry.remove()
+
+    assert [p["process_id"] for p in await list_processes(client, keys)] == ["proc-2"]
+
+
+async def test_list_skips_garbage_and_reads_every_key(
+    client: aioredis.Redis, keys: StreamKeys
+) -> None:
+    # More keys than one SCAN step and one MGET batch hold.
+    for index in range(450):
+        await ProcessRegistry(client, keys, f"p{index:03d}").beat(status(index))
+    await client.set(keys.process("not-json"), b"\xff{")
+    await client.set(keys.process("a-list"), b"[1, 2]")
+    await cast("Awaitable[int]", client.hset(keys.process("a-hash"), "k", "v"))
+    await client.set(keys.stream("unrelated"), b"{}")
+
+    found = await list_processes(client, keys)
+
+    assert [p["process_id"] for p in found] == [f"p{index:03d}" for index in range(450)]
+
+
+async def test_run_beats_until_cancelled(client: aioredis.Redis, keys: StreamKeys) -> None:
+    registry = ProcessRegistry(client, keys, "proc-1", ttl=1, interval=0.05)
+    beats = 0
+
+    async def get_status() -> dict[str, Any]:
+        nonlocal beats
+        beats += 1
+        if beats == 2:
+            raise RuntimeError("a bug in the status builder")
+        return {"beats": beats}
+
+    async def beaten_past_the_failure() -> bool:
+        found = await list_processes(client, keys)
+        return bool(found) and found[0]["beats"] >= 3
+
+    task = asyncio.create_task(registry.run(get_status))
+    await wait_until(beaten_past_the_failure)
+    assert not task.done()
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+
+
+async def test_run_survives_an_unreachable_server(keys: StreamKeys) -> None:
+    dead = aioredis.Redis.from_url(
+        f"redis://127.0.0.1:{free_port()}/0", socket_connect_timeout=0.2, socket_timeout=0.2
+    )
+    registry = ProcessRegistry(dead, keys, "proc-1", ttl=0.5, interval=0.05)
+    calls = 0
+
+    async def get_status() -> dict[str, Any]:
+        nonlocal calls
+        calls += 1
+        return {}
+
+    task = asyncio.create_task(registry.run(get_status))
+    try:
+        deadline = time.monotonic() + 5
+        while calls < 3:
+            assert time.monotonic() < deadline, "the loop stopped beating"
+            await asyncio.sleep(0.02)
+        assert not task.done()
+        await registry.remove()  # tolerated as well
+    finally:
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        await dead.aclose()
+
+
+def test_interval_must_be_shorter_than_ttl() -> None:
+    client = aioredis.Redis()  # never connects: validation comes first
+    with pytest.raises(ConfigError):
+        ProcessRegistry(client, StreamKeys("p"), "x", ttl=1, interval=1)
+    with pytest.raises(ConfigError):
+        ProcessRegistry(client, StreamKeys("p"), "x", ttl=0, interval=0.1)
