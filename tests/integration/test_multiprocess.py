@@ -1,0 +1,123 @@
+"""Two OS processes on one consumer group: shares, kill -9, hand-back on SIGTERM."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import redis
+from support.spine import CODEC
+
+from printery.keys import StreamKeys
+from printery.testing import wait_for_sync
+from printery.transport.server import ServerProcess
+
+TESTS = Path(__file__).resolve().parents[1]
+
+
+def spawn(url: str, prefix: str, *args: str) -> subprocess.Popen[str]:
+    env = {**os.environ, "PYTHONPATH": str(TESTS)}
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "support.relay_proc", url, prefix, *args],
+        stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, env=env,
+    )
+    assert proc.stdout is not None
+    line = proc.stdout.readline()
+    assert line.strip() == "ready", f"relay did not start: {line!r}"
+    return proc
+
+
+@pytest.fixture
+def procs() -> Iterator[list[subprocess.Popen[str]]]:
+    started: list[subprocess.Popen[str]] = []
+    yield started
+    for proc in started:
+        if proc.poll() is None:
+            proc.kill()
+        proc.wait(10)
+
+
+def publish(r: redis.Redis, keys: StreamKeys, n: int) -> None:
+    pipe = r.pipeline(transaction=False)
+    for i in range(n):
+        pipe.xadd(keys.stream("in"), CODEC.encode(CODEC.new("in", {"n": i}, correlation_id=f"c{i}", producer="t")))
+    pipe.execute()
+
+
+def outputs(r: redis.Redis, keys: StreamKeys) -> tuple[dict[int, int], dict[str, int]]:
+    per_n: dict[int, int] = {}
+    per_pid: dict[str, int] = {}
+    for _id, fields in r.xrange(keys.stream("out")):
+        n = int(CODEC.decode(fields, "out").data["n"])
+        per_n[n] = per_n.get(n, 0) + 1
+        per_pid[fields["by"]] = per_pid.get(fields["by"], 0) + 1
+    return per_n, per_pid
+
+
+def test_two_processes_share_2000_entries_exactly_once(
+    server: ServerProcess, prefix: str, procs: list[subprocess.Popen[str]]
+) -> None:
+    keys = StreamKeys(prefix)
+    r = redis.Redis.from_url(server.url, decode_responses=True)
+    procs += [spawn(server.url, prefix, "--delay", "0.002"), spawn(server.url, prefix, "--delay", "0.002")]
+    publish(r, keys, 2000)
+    wait_for_sync(lambda: r.xlen(keys.stream("out")) >= 2000, timeout=60)
+    per_n, per_pid = outputs(r, keys)
+    assert per_n == {i: 1 for i in range(2000)}
+    assert len(per_pid) == 2 and min(per_pid.values()) > 0, per_pid
+    print(f"shares: {per_pid}")
+
+
+def test_kill_9_survivor_claims_in_flight(
+    server: ServerProcess, prefix: str, procs: list[subprocess.Popen[str]]
+) -> None:
+    keys = StreamKeys(prefix)
+    r = redis.Redis.from_url(server.url, decode_responses=True)
+    victim = spawn(server.url, prefix, "--delay", "0.05", "--visibility", "1")
+    procs.append(victim)
+    survivor = spawn(server.url, prefix, "--delay", "0.002", "--visibility", "1")
+    procs.append(survivor)
+    publish(r, keys, 2000)
+    # Wait until the victim holds entries in flight, then kill it without warning.
+    def victim_holds() -> bool:
+        consumers = r.xinfo_consumers(keys.stream("in"), "w")
+        return any(c["pending"] > 0 and f":{victim.pid}:" in c["name"] for c in consumers)
+
+    wait_for_sync(victim_holds, timeout=20)
+    victim.send_signal(signal.SIGKILL)
+    victim.wait(10)
+    wait_for_sync(lambda: r.xlen(keys.stream("out")) >= 2000, timeout=60)
+    wait_for_sync(lambda: r.xpending(keys.stream("in"), "w")["pending"] == 0, timeout=20)
+    per_n, _ = outputs(r, keys)
+    assert per_n == {i: 1 for i in range(2000)}, "each entry's output written exactly once"
+
+
+def test_sigterm_hands_prefetched_entries_back_at_once(
+    server: ServerProcess, prefix: str, procs: list[subprocess.Popen[str]]
+) -> None:
+    """Entries read but not started are claimable by the other process well before the
+    visibility timeout (30 s here)."""
+    keys = StreamKeys(prefix)
+    r = redis.Redis.from_url(server.url, decode_responses=True)
+    holder = spawn(server.url, prefix, "--delay", "0.5", "--visibility", "30",
+                   "--prefetch", "20", "--parallel", "1", "--drain", "5")
+    procs.append(holder)
+    publish(r, keys, 20)
+    wait_for_sync(lambda: r.xpending(keys.stream("in"), "w")["pending"] == 20, timeout=10)
+    other = spawn(server.url, prefix, "--visibility", "30")
+    procs.append(other)
+    begun = time.monotonic()
+    holder.send_signal(signal.SIGTERM)
+    assert holder.wait(15) == 0
+    wait_for_sync(lambda: r.xlen(keys.stream("out")) >= 20, timeout=15)
+    elapsed = time.monotonic() - begun
+    per_n, per_pid = outputs(r, keys)
+    assert per_n == {i: 1 for i in range(20)}
+    assert per_pid.get(str(other.pid), 0) >= 15, per_pid
+    assert elapsed < 15, "handed back, not waited out the 30 s visibility timeout"

@@ -1,0 +1,261 @@
+"""The stream worker's delivery guarantees, against a real server."""
+
+from __future__ import annotations
+
+import asyncio
+
+import redis.asyncio as aioredis
+from support.spine import CODEC, outputs_by_n, publish, relay, stream_worker
+
+from printery.errors import Reject
+from printery.keys import StreamKeys
+from printery.runtime.handler import Message, Output
+from printery.supervisor.manager import WorkerManager
+from printery.testing import wait_for
+
+
+async def _running(*workers: object) -> WorkerManager:
+    manager = WorkerManager()
+    for worker in workers:
+        manager.register(worker)  # type: ignore[arg-type]
+    await manager.start_all()
+    return manager
+
+
+async def _len(client: aioredis.Redis, key: str, n: int) -> bool:
+    return int(await client.xlen(key)) >= n
+
+
+async def test_group_created_idempotently_from_zero(client: aioredis.Redis, prefix: str) -> None:
+    keys = StreamKeys(prefix)
+    await publish(client, keys, "in", 3)  # published before the group exists
+    worker = stream_worker("w", client, keys, ["in"], relay("out"))
+    await worker.prepare()
+    await worker.prepare()  # an existing group is fine
+    manager = await _running(worker)
+    try:
+        await wait_for(lambda: _len(client, keys.stream("out"), 3))
+    finally:
+        await manager.stop_all(2)
+
+
+async def test_consumers_have_unique_names(client: aioredis.Redis, prefix: str) -> None:
+    keys = StreamKeys(prefix)
+    worker = stream_worker("w", client, keys, ["in"], relay("out"), concurrency=3)
+    manager = await _running(worker)
+    try:
+        await publish(client, keys, "in", 30)
+        await wait_for(lambda: _len(client, keys.stream("out"), 30))
+        consumers = await client.xinfo_consumers(keys.stream("in"), "w")
+        names = [c["name"] for c in consumers]
+        assert len(names) == 3 and len(set(names)) == 3
+        assert all(name.split(":")[2] == "w" for name in names)
+    finally:
+        await manager.stop_all(2)
+
+
+async def test_envelope_defaults_filled_for_external_producer(client: aioredis.Redis, prefix: str) -> None:
+    keys = StreamKeys(prefix)
+    seen: list[Message] = []
+
+    async def handler(msg: Message) -> Output:
+        seen.append(msg)
+        return Output("out", msg.data)
+
+    manager = await _running(stream_worker("w", client, keys, ["in"], handler))
+    try:
+        await client.xadd(keys.stream("in"), {"data": '{"correlation_id": "abc", "x": 1}'})
+        await wait_for(lambda: _len(client, keys.stream("out"), 1))
+        env = seen[0].envelope
+        assert env.type == "in" and env.correlation_id == "abc" and env.attempt == 1
+        assert env.idempotency_key == "in:abc" and env.producer == "external"
+        assert env.event_id and env.produced_at.endswith("Z")
+        (_, out), = await client.xrange(keys.stream("out"))
+        for field in ("data", "type", "event_id", "correlation_id", "idempotency_key", "attempt",
+                      "produced_at", "producer", "duration_ms"):
+            assert field in out, field
+        assert out["producer"] == "w" and out["correlation_id"] == "abc"
+    finally:
+        await manager.stop_all(2)
+
+
+async def test_duplicate_idempotency_key_acked_without_handler(client: aioredis.Redis, prefix: str) -> None:
+    keys = StreamKeys(prefix)
+    calls = 0
+
+    async def handler(msg: Message) -> Output:
+        nonlocal calls
+        calls += 1
+        return Output("out", msg.data)
+
+    manager = await _running(stream_worker("w", client, keys, ["in"], handler))
+    try:
+        fields = {"data": '{"n": 1}', "idempotency_key": "same"}
+        await client.xadd(keys.stream("in"), fields)
+        await wait_for(lambda: _len(client, keys.stream("out"), 1))
+        await client.xadd(keys.stream("in"), fields)
+        await wait_for(lambda: _all_acked(client, keys.stream("in"), "w", 2))
+        assert calls == 1
+        assert await client.xlen(keys.stream("out")) == 1
+    finally:
+        await manager.stop_all(2)
+
+
+async def _all_acked(client: aioredis.Redis, stream: str, group: str, delivered: int) -> bool:
+    info = {g["name"]: g for g in await client.xinfo_groups(stream)}
+    group_info = info[group]
+    return bool(group_info["pending"] == 0 and group_info["entries-read"] == delivered)
+
+
+async def test_poison_undecodable_goes_to_dlq_at_once(client: aioredis.Redis, prefix: str) -> None:
+    keys = StreamKeys(prefix)
+    manager = await _running(stream_worker("w", client, keys, ["in"], relay("out")))
+    try:
+        await client.xadd(keys.stream("in"), {"data": "{not json"})
+        await client.xadd(keys.stream("in"), {"nodata": "x"})
+        await publish(client, keys, "in", 1)
+        await wait_for(lambda: _len(client, keys.dlq, 2))
+        await wait_for(lambda: _len(client, keys.stream("out"), 1))
+        for _id, entry in await client.xrange(keys.dlq):
+            assert entry["reason_code"] == "undecodable"
+            assert entry["deliveries"] == "1"
+            assert entry["worker"] == "w"
+            assert entry["source_stream"] == keys.stream("in")
+            assert entry["source_id"] and entry["failed_at"] and entry["error"]
+        assert (await client.xpending(keys.stream("in"), "w"))["pending"] == 0
+    finally:
+        await manager.stop_all(2)
+
+
+async def test_failing_handler_goes_to_dlq_after_max_deliveries(client: aioredis.Redis, prefix: str) -> None:
+    keys = StreamKeys(prefix)
+    attempts: list[int] = []
+
+    async def handler(msg: Message) -> Output:
+        if msg.data["n"] == 0:
+            attempts.append(msg.deliveries)
+            raise ValueError("always fails")
+        return Output("out", msg.data)
+
+    manager = await _running(stream_worker("w", client, keys, ["in"], handler, max_deliveries=3))
+    try:
+        await publish(client, keys, "in", 4)
+        await wait_for(lambda: _len(client, keys.dlq, 1))
+        await wait_for(lambda: _len(client, keys.stream("out"), 3))
+        assert attempts == [1, 2, 3]
+        (_id, entry), = await client.xrange(keys.dlq)
+        assert entry["deliveries"] == "3"
+        assert entry["reason_code"] == "max_deliveries_exceeded"
+        assert "always fails" in entry["error"]
+        assert CODEC.decode(entry, "in").data == {"n": 0}, "the original fields are kept"
+        assert manager.get_status()["w"]["errors"] == 3
+    finally:
+        await manager.stop_all(2)
+
+
+async def test_reject_dead_letters_at_once(client: aioredis.Redis, prefix: str) -> None:
+    keys = StreamKeys(prefix)
+
+    async def handler(msg: Message) -> None:
+        raise Reject("invalid_input", "field x is wrong")
+
+    manager = await _running(stream_worker("w", client, keys, ["in"], handler))
+    try:
+        await publish(client, keys, "in", 1)
+        await wait_for(lambda: _len(client, keys.dlq, 1))
+        (_id, entry), = await client.xrange(keys.dlq)
+        assert entry["reason_code"] == "invalid_input" and entry["deliveries"] == "1"
+    finally:
+        await manager.stop_all(2)
+
+
+async def test_dead_consumer_entries_claimed_after_visibility_timeout(
+    client: aioredis.Redis, prefix: str
+) -> None:
+    keys = StreamKeys(prefix)
+    await client.xgroup_create(keys.stream("in"), "w", id="0", mkstream=True)
+    await publish(client, keys, "in", 5)
+    # A consumer that reads and dies: its entries stay pending under its name.
+    await client.xreadgroup("w", "dead-consumer", {keys.stream("in"): ">"}, count=5)
+    worker = stream_worker("w", client, keys, ["in"], relay("out"), visibility_timeout=0.5)
+    manager = await _running(worker)
+    try:
+        await wait_for(lambda: _len(client, keys.stream("out"), 5), timeout=10)
+        assert await outputs_by_n(client, keys, "out") == {i: 1 for i in range(5)}
+        pending = await client.xpending(keys.stream("in"), "w")
+        assert pending["pending"] == 0
+    finally:
+        await manager.stop_all(2)
+
+
+async def test_long_handler_keeps_its_entry(client: aioredis.Redis, prefix: str) -> None:
+    """A handler running past the visibility timeout is not claimed by another consumer."""
+    keys = StreamKeys(prefix)
+    calls = 0
+
+    async def slow(msg: Message) -> Output:
+        nonlocal calls
+        calls += 1
+        await asyncio.sleep(1.5)
+        return Output("out", msg.data)
+
+    first = stream_worker("w", client, keys, ["in"], slow, visibility_timeout=0.4, claim_interval=0.1)
+    second = stream_worker("w", client, keys, ["in"], slow, visibility_timeout=0.4, claim_interval=0.1)
+    manager = await _running(first, _renamed(second))
+    try:
+        await publish(client, keys, "in", 1)
+        await wait_for(lambda: _len(client, keys.stream("out"), 1), timeout=10)
+        assert calls == 1
+        assert await client.xlen(keys.stream("out")) == 1
+    finally:
+        await manager.stop_all(2)
+
+
+def _renamed(worker: object) -> object:
+    """Register a second instance of the same group under another manager key."""
+
+    class Alias:
+        def __init__(self, inner: object) -> None:
+            self.inner = inner
+
+        @property
+        def name(self) -> str:
+            return "w-second"
+
+        def __getattr__(self, attr: str) -> object:
+            return getattr(self.inner, attr)
+
+    return Alias(worker)
+
+
+async def test_server_restart_loses_nothing(own_server: object, prefix: str) -> None:
+    from printery.transport.connection import connect
+    from printery.transport.server import ServerProcess
+
+    assert isinstance(own_server, ServerProcess)
+    client = connect(own_server.url, block_ms=100)
+    keys = StreamKeys(prefix)
+    worker = stream_worker("w", client, keys, ["in"], relay("out"), concurrency=2)
+    manager = await _running(worker)
+    try:
+        await publish(client, keys, "in", 1000)
+        await wait_for(lambda: _len(client, keys.stream("out"), 100), timeout=20)
+        await asyncio.to_thread(own_server.stop)
+        await wait_for(lambda: _async(not worker.connected), timeout=10, message="disconnect noticed")
+        await asyncio.to_thread(own_server.start)
+        await publish(client, keys, "in", 1000, start=1000)
+        await wait_for(lambda: _len(client, keys.stream("out"), 2000), timeout=60)
+        counts = await outputs_by_n(client, keys, "out")
+        assert set(counts) == set(range(2000))
+        duplicates = {n: c for n, c in counts.items() if c > 1}
+        # appendfsync everysec may lose the last second of acks on a SIGTERM-less crash, but
+        # a clean stop flushes: every entry must appear exactly once.
+        assert not duplicates
+        await wait_for(lambda: _async(worker.connected), timeout=10)
+    finally:
+        await manager.stop_all(2)
+        await client.aclose()
+
+
+async def _async(value: bool) -> bool:
+    return value
