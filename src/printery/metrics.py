@@ -1,0 +1,111 @@
+"""Every Prometheus instrument of printery, defined once (CONTRACT §8, §10).
+
+Each :class:`Metrics` owns its ``CollectorRegistry`` instead of using the global one,
+so several services (or tests) in one process never collide on a metric name, and
+``render`` shows exactly one service's numbers. The exposition text always comes from
+``prometheus_client``; nothing here writes the format by hand.
+
+Label values are the worker names of the pipeline (``worker``), and for
+``printery_messages_total`` an ``outcome`` among :data:`OUTCOMES`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+import prometheus_client
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+__all__ = ["CONTENT_TYPE", "OUTCOMES", "PROCESSING_BUCKETS", "Metrics"]
+
+#: Content type of :meth:`Metrics.render`'s output, for the ``/metrics`` response.
+CONTENT_TYPE: str = prometheus_client.CONTENT_TYPE_LATEST
+
+#: What happened to a consumed message: handled and acked, failed and left for a
+#: redelivery, dead-lettered, or skipped because its idempotency record said "done".
+OUTCOMES = ("ok", "retry", "dead_letter", "duplicate")
+
+#: Seconds; spans no-op handlers (~1 ms) to health probes that wait for a deadline.
+PROCESSING_BUCKETS = (
+    0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0,
+    30.0, 60.0, 120.0,
+)
+
+
+class Metrics:
+    """The instruments of one service process, in a registry of their own.
+
+    Instruments are public attributes; use them with ``.labels(...)`` as usual. The
+    helpers below cover the calls that would otherwise be repeated at every call site.
+    ``process_metrics`` adds the standard ``process_*`` and ``python_*`` series.
+    """
+
+    def __init__(self, *, process_metrics: bool = True) -> None:
+        self.registry = CollectorRegistry(auto_describe=True)
+        if process_metrics:
+            prometheus_client.ProcessCollector(registry=self.registry)
+            prometheus_client.PlatformCollector(registry=self.registry)
+            prometheus_client.GCCollector(registry=self.registry)
+        r = self.registry
+        self.messages = Counter(
+            "printery_messages_total", "Messages consumed, by worker and outcome.",
+            ["worker", "outcome"], registry=r,
+        )
+        self.processing_seconds = Histogram(
+            "printery_processing_seconds", "Handler time per message, seconds.",
+            ["worker"], buckets=PROCESSING_BUCKETS, registry=r,
+        )
+        self.worker_restarts = Counter(
+            "printery_worker_restarts_total", "Restarts by the supervisor.", ["worker"], registry=r,
+        )
+        self.worker_up = Gauge(
+            "printery_worker_up", "1 while the worker runs and is healthy, else 0.",
+            ["worker"], registry=r,
+        )
+        self.worker_uptime = Gauge(
+            "printery_worker_uptime_seconds", "Seconds since the worker last started.",
+            ["worker"], registry=r,
+        )
+        self.stream_pending = Gauge(
+            "printery_stream_pending",
+            "Entries delivered to the worker's consumer group and not yet acknowledged.",
+            ["worker"], registry=r,
+        )
+        self.dlq = Counter(
+            "printery_dlq_total", "Entries dead-lettered, by worker and reason code.",
+            ["worker", "reason_code"], registry=r,
+        )
+        self.retries = Counter(
+            "printery_retries_total", "Handler failures left for redelivery.", ["worker"],
+            registry=r,
+        )
+        self.step_cost = Counter(
+            "printery_step_cost_total", "Cost reported by handlers, by worker and unit.",
+            ["worker", "unit"], registry=r,
+        )
+
+    def observe_message(self, worker: str, outcome: str, seconds: float | None = None) -> None:
+        """Count one consumed message; ``seconds`` (handler time) feeds the histogram."""
+        self.messages.labels(worker, outcome).inc()
+        if seconds is not None:
+            self.processing_seconds.labels(worker).observe(seconds)
+
+    def observe_cost(self, worker: str, cost: Mapping[str, object]) -> None:
+        """Add a handler's reported cost (``{"tokens": 812, "usd": 0.0031}``); negatives
+        and non-numbers are ignored, since a Counter must never go down."""
+        for unit, amount in cost.items():
+            if isinstance(amount, int | float) and not isinstance(amount, bool) and amount > 0:
+                self.step_cost.labels(worker, unit).inc(amount)
+
+    def set_worker(
+        self, worker: str, *, up: bool, uptime_s: float, pending: int | None = None
+    ) -> None:
+        """Refresh the per-worker gauges from a status snapshot."""
+        self.worker_up.labels(worker).set(1 if up else 0)
+        self.worker_uptime.labels(worker).set(uptime_s)
+        if pending is not None:
+            self.stream_pending.labels(worker).set(pending)
+
+    def render(self) -> bytes:
+        """The Prometheus text exposition of this registry (see :data:`CONTENT_TYPE`)."""
+        return prometheus_client.generate_latest(self.registry)

@@ -1,0 +1,292 @@
+"""Settings: precedence, validation and one-line errors (CONTRACT §1, §7)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from printery.config import (
+    SETTINGS_DOC,
+    Settings,
+    load_settings,
+    parse_http_addr,
+    redact_url,
+)
+from printery.errors import ConfigError
+
+WORKERS = ["validator", "dependency-checker", "health-monitor", "aggregator", "notifier"]
+
+
+def load(flags: dict[str, object] | None = None, env: dict[str, str] | None = None) -> Settings:
+    return load_settings(flags or {}, env or {}, worker_names=WORKERS)
+
+
+def config_error(flags: dict[str, object] | None = None, env: dict[str, str] | None = None) -> str:
+    with pytest.raises(ConfigError) as info:
+        load(flags, env)
+    message = str(info.value)
+    assert "\n" not in message
+    return message
+
+
+def write_config(tmp_path: Path, text: str) -> str:
+    path = tmp_path / "printery.toml"
+    path.write_text(text)
+    return str(path)
+
+
+def test_defaults_match_the_contract() -> None:
+    settings = load()
+    assert settings.redis_url is None
+    assert settings.log_level == "info"
+    assert settings.environment == "development"
+    assert settings.worker == "all"
+    assert settings.supervised is False
+    assert (settings.max_restarts, settings.backoff_ms) == (3, 1000)
+    assert (settings.health_check_interval, settings.shutdown_timeout) == (30, 30)
+    assert settings.exit_on_failure is False
+    assert settings.http_bind == ("127.0.0.1", 9464)
+    assert settings.stream_prefix == "materi:events:deployment"
+    assert settings.data_dir == Path(".printery")
+    assert settings.app is None
+    assert settings.processes == 1
+    assert settings.transport.max_deliveries == 5
+    assert settings.transport.visibility_timeout == 60
+    assert settings.transport.payload_limit_bytes == 1_048_576
+    assert settings.transport.inline_limit_bytes == 65_536
+    assert settings.transport.blob_ttl == 604_800
+    assert settings.validator.approval_required == ("production",)
+    assert settings.dependency_checker.probe_timeout == 5
+    assert settings.health_monitor.consecutive == 3
+    assert settings.aggregator.branch_deadline == 120
+    assert settings.notifier.default_channels == ("log",)
+    assert settings.notifier.webhook_secret_env == "PRINTERY_WEBHOOK_SECRET"
+    assert settings.concurrency("health-monitor") == 10
+    assert settings.concurrency("validator") == 1
+
+
+@pytest.mark.parametrize(
+    ("env", "setting"),
+    [
+        ({"REDIS_URL": "http://localhost:6379"}, "redis_url"),
+        ({"REDIS_URL": "redis://localhost:notaport"}, "redis_url"),
+        ({"LOG_LEVEL": "verbose"}, "log_level"),
+        ({"ENVIRONMENT": "prod"}, "environment"),
+        ({"WORKER_MODE": "validator,nope"}, "worker"),
+        ({"WORKER_MODE": "all,validator"}, "worker"),
+        ({"WORKER_MODE": ","}, "worker"),
+        ({"SUPERVISED_MODE": "maybe"}, "supervised"),
+        ({"MAX_RESTART_ATTEMPTS": "-1"}, "max_restarts"),
+        ({"MAX_RESTART_ATTEMPTS": "three"}, "max_restarts"),
+        ({"RESTART_BACKOFF_MS": "0"}, "backoff_ms"),
+        ({"RESTART_BACKOFF_MS": "1.5"}, "backoff_ms"),
+        ({"HEALTH_CHECK_INTERVAL": "0"}, "health_check_interval"),
+        ({"HEALTH_CHECK_INTERVAL": "nan"}, "health_check_interval"),
+        ({"SHUTDOWN_TIMEOUT": "-1"}, "shutdown_timeout"),
+        ({"EXIT_ON_FAILURE": "2"}, "exit_on_failure"),
+        ({"HTTP_ADDR": "localhost:65536"}, "http_addr"),
+        ({"HTTP_ADDR": "localhost"}, "http_addr"),
+        ({"HTTP_ADDR": "::1:80"}, "http_addr"),
+        ({"STREAM_PREFIX": "has space"}, "stream_prefix"),
+        ({"STREAM_PREFIX": "glob*"}, "stream_prefix"),
+        ({"PRINTERY_APP": "no-colon"}, "app"),
+        ({"PRINTERY_PROCESSES": "0"}, "processes"),
+    ],
+)
+def test_each_bad_env_value_names_setting_value_and_env_var(
+    env: dict[str, str], setting: str
+) -> None:
+    message = config_error(env=env)
+    (env_var, value), = env.items()
+    assert message.startswith(f"invalid {setting} ({env_var}): ")
+    assert repr(value) in message
+    # "what is allowed" follows in parentheses
+    assert message.endswith(")")
+
+
+@pytest.mark.parametrize(
+    ("flags", "expected"),
+    [
+        ({"max_restarts": -2}, "invalid max_restarts (--max-restarts): -2 (an integer >= 0)"),
+        ({"backoff": 0}, "invalid backoff_ms (--backoff): 0 (an integer > 0)"),
+        ({"log_level": "loud"}, "invalid log_level (--log-level): 'loud' (one of debug, info,"),
+        ({"data_dir": ""}, "invalid data_dir (--data-dir): '' (a directory path)"),
+    ],
+)
+def test_bad_flag_values_name_the_flag(flags: dict[str, object], expected: str) -> None:
+    assert config_error(flags=flags).startswith(expected)
+
+
+def test_redis_password_is_masked_in_the_error() -> None:
+    message = config_error(env={"REDIS_URL": "redis://:hunter2@host:99999"})
+    assert "hunter2" not in message
+    assert "'redis://:***@host:99999'" in message
+    message = config_error(env={"REDIS_URL": "http://admin:hunter2@host"})
+    assert "hunter2" not in message and "admin:***@" in message
+
+
+def test_password_masked_in_config_file_errors(tmp_path: Path) -> None:
+    path = write_config(tmp_path, 'redis_password = "hunter2"\n')
+    message = config_error(env={"PRINTERY_CONFIG": path})
+    assert "hunter2" not in message and "'***'" in message
+    path = write_config(tmp_path, '[notifier]\ndefault_channels = "webhook+https://u:pw@x/h"\n')
+    message = config_error(env={"PRINTERY_CONFIG": path})
+    assert "pw@" not in message and "u:***@x" in message
+
+
+def test_redact_url() -> None:
+    assert redact_url("redis://:secret@host:6379") == "redis://:***@host:6379"
+    assert redact_url("rediss://user:p@ss@host/0") == "rediss://user:***@host/0"
+    assert redact_url("redis://host:6379") == "redis://host:6379"
+    assert redact_url("redis://host/0?password=secret&db=1") == "redis://host/0?password=***&db=1"
+    assert redact_url("unix://:secret@/tmp/redis.sock") == "unix://:***@/tmp/redis.sock"
+
+
+@pytest.mark.parametrize(
+    ("text", "value"),
+    [("true", True), ("FALSE", False), ("1", True), ("0", False), ("yes", True), ("No", False)],
+)
+def test_env_booleans(text: str, value: bool) -> None:
+    settings = load(env={"SUPERVISED_MODE": text, "EXIT_ON_FAILURE": text})
+    assert settings.supervised is value
+    assert settings.exit_on_failure is value
+
+
+def test_precedence_flag_over_env_over_file_over_default(tmp_path: Path) -> None:
+    path = write_config(
+        tmp_path,
+        'max_restarts = 7\nbackoff_ms = 250\nlog_level = "debug"\n'
+        'stream_prefix = "from-file"\n',
+    )
+    settings = load(
+        flags={"config": path, "max_restarts": 9},
+        env={"MAX_RESTART_ATTEMPTS": "8", "RESTART_BACKOFF_MS": "300"},
+    )
+    assert settings.max_restarts == 9  # flag
+    assert settings.backoff_ms == 300  # env beats file
+    assert settings.log_level == "debug"  # file beats default
+    assert settings.stream_prefix == "from-file"
+    assert settings.health_check_interval == 30  # default
+
+
+def test_config_path_from_env_and_flag_wins(tmp_path: Path) -> None:
+    a = write_config(tmp_path, "max_restarts = 1\n")
+    b = tmp_path / "b.toml"
+    b.write_text("max_restarts = 2\n")
+    assert load(env={"PRINTERY_CONFIG": a}).max_restarts == 1
+    assert load(flags={"config": str(b)}, env={"PRINTERY_CONFIG": a}).max_restarts == 2
+
+
+def test_none_flags_are_not_given_and_empty_env_is_unset() -> None:
+    settings = load(flags={"max_restarts": None, "redis_url": None}, env={"REDIS_URL": ""})
+    assert settings.max_restarts == 3
+    assert settings.redis_url is None
+
+
+def test_unknown_flag_key_is_a_programming_error() -> None:
+    with pytest.raises(TypeError):
+        load(flags={"max_restart": 1})
+
+
+@pytest.mark.parametrize(
+    ("text", "setting"),
+    [
+        ("bogus = 1\n", "bogus"),
+        ("[transport]\nmax_delivery = 5\n", "transport.max_delivery"),
+        ("[workers.nobody]\nconcurrency = 2\n", "workers.nobody"),
+        ("[workers.validator]\nthreads = 2\n", "workers.validator.threads"),
+        ("[health_monitor]\nfrequency = 2\n", "health_monitor.frequency"),
+    ],
+)
+def test_unknown_config_keys_are_rejected(tmp_path: Path, text: str, setting: str) -> None:
+    message = config_error(env={"PRINTERY_CONFIG": write_config(tmp_path, text)})
+    assert message.startswith(f"invalid {setting} (config file ")
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("[transport]\nmax_deliveries = 0\n", "transport.max_deliveries"),
+        ("[transport]\nvisibility_timeout = -1\n", "transport.visibility_timeout"),
+        ("[workers.dependency]\nconcurrency = 0\n", "workers.dependency-checker.concurrency"),
+        ('[validator]\napproval_required = ["prod"]\n', "validator.approval_required[0]"),
+        ("[health_monitor]\nconsecutive = 0\n", "health_monitor.consecutive"),
+        ("[notifier]\ndefault_channels = []\n", "notifier.default_channels"),
+        ("max_restarts = true\n", "max_restarts"),
+        ("supervised = 3\n", "supervised"),
+        ("transport = 1\n", "transport"),
+    ],
+)
+def test_bad_config_file_values(tmp_path: Path, text: str, expected: str) -> None:
+    message = config_error(env={"PRINTERY_CONFIG": write_config(tmp_path, text)})
+    assert message.startswith(f"invalid {expected} (config file ")
+
+
+def test_config_file_tables_and_aliases(tmp_path: Path) -> None:
+    path = write_config(
+        tmp_path,
+        '[workers.health]\nconcurrency = 4\nprefetch = 20\n'
+        '[notifier]\nallow_hosts = ["hooks.example"]\n'
+        '[transport]\nclaim_interval = 5\nretention = 100000\n',
+    )
+    settings = load(env={"PRINTERY_CONFIG": path})
+    assert settings.concurrency("health-monitor") == 4
+    assert settings.workers["health-monitor"].prefetch == 20
+    assert settings.notifier.allow_hosts == ("hooks.example",)
+    assert settings.transport.claim_interval == 5
+    assert settings.transport.retention == 100_000
+
+
+def test_missing_and_unparsable_config_files(tmp_path: Path) -> None:
+    missing = str(tmp_path / "absent.toml")
+    message = config_error(flags={"config": missing})
+    assert message.startswith(f"invalid config (--config): {missing!r} (a readable TOML file")
+    broken = write_config(tmp_path, "max_restarts = [\n")
+    message = config_error(env={"PRINTERY_CONFIG": broken})
+    assert message.startswith(f"invalid config (PRINTERY_CONFIG): {broken!r} (valid TOML")
+
+
+def test_worker_selection_and_aliases() -> None:
+    settings = load(env={"WORKER_MODE": "notifier, dependency,health"})
+    assert settings.worker == "notifier,dependency-checker,health-monitor"
+    selected = settings.selected_workers(WORKERS)
+    assert selected == ["dependency-checker", "health-monitor", "notifier"]
+    assert load().selected_workers(WORKERS) == WORKERS
+    with pytest.raises(ConfigError, match="invalid worker"):
+        Settings(worker="ghost").selected_workers(WORKERS)
+
+
+def test_case_insensitive_levels_and_environments() -> None:
+    settings = load(env={"LOG_LEVEL": "WARNING", "ENVIRONMENT": "Production"})
+    assert (settings.log_level, settings.environment) == ("warn", "production")
+
+
+def test_parse_http_addr() -> None:
+    assert parse_http_addr("127.0.0.1:9464") == ("127.0.0.1", 9464)
+    assert parse_http_addr("[::1]:0") == ("::1", 0)
+    assert parse_http_addr(":80") == ("0.0.0.0", 80)
+    assert parse_http_addr("OFF") is None
+    for bad in ("host", "host:-1", "host:99999", "::1:80", "a b:80"):
+        with pytest.raises(ValueError):
+            parse_http_addr(bad)
+
+
+def test_secrets_for_log_redaction() -> None:
+    settings = load(env={"REDIS_URL": "redis://:pw1@localhost:6379/0"})
+    assert settings.redacted_redis_url == "redis://:***@localhost:6379/0"
+    assert settings.secrets({"PRINTERY_WEBHOOK_SECRET": "hmac"}) == ["pw1", "hmac"]
+
+
+def test_settings_doc_covers_every_command_line_setting() -> None:
+    assert set(SETTINGS_DOC) == {
+        "redis_url", "log_level", "environment", "worker", "supervised", "max_restarts",
+        "backoff_ms", "health_check_interval", "shutdown_timeout", "exit_on_failure",
+        "http_addr", "stream_prefix", "data_dir", "app", "processes", "config",
+    }
+    doc = SETTINGS_DOC["max_restarts"]
+    assert (doc.flag, doc.env, doc.default) == ("--max-restarts", "MAX_RESTART_ATTEMPTS", "3")
+    assert doc.help_text.endswith("[env: MAX_RESTART_ATTEMPTS; default: 3]")
+    assert SETTINGS_DOC["supervised"].metavar is None
+    assert SETTINGS_DOC["supervised"].default == "false"
+    assert SETTINGS_DOC["http_addr"].default == "127.0.0.1:9464"

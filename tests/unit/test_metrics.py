@@ -1,0 +1,75 @@
+"""Metrics: every series of CONTRACT §8 and §10, rendered by prometheus_client."""
+
+from __future__ import annotations
+
+from prometheus_client.parser import text_string_to_metric_families
+
+from printery.metrics import CONTENT_TYPE, Metrics
+
+CONTRACT_SERIES = {
+    "printery_messages_total": "counter",
+    "printery_processing_seconds": "histogram",
+    "printery_worker_restarts_total": "counter",
+    "printery_worker_up": "gauge",
+    "printery_worker_uptime_seconds": "gauge",
+    "printery_stream_pending": "gauge",
+    "printery_dlq_total": "counter",
+    "printery_retries_total": "counter",
+    "printery_step_cost_total": "counter",
+}
+
+
+def touch_everything(metrics: Metrics) -> None:
+    metrics.observe_message("validator", "ok", 0.004)
+    metrics.observe_message("validator", "dead_letter")
+    metrics.worker_restarts.labels("notifier").inc()
+    metrics.set_worker("validator", up=True, uptime_s=12.5, pending=3)
+    metrics.dlq.labels("validator", "undecodable").inc()
+    metrics.retries.labels("notifier").inc()
+    metrics.observe_cost("aggregator", {"tokens": 812, "usd": 0.0031, "bad": -1, "x": "y"})
+
+
+def samples(text: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    found = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            found[(sample.name, tuple(sorted(sample.labels.items())))] = sample.value
+    return found
+
+
+def test_every_contract_series_is_rendered() -> None:
+    metrics = Metrics()
+    touch_everything(metrics)
+    text = metrics.render().decode()
+    # prometheus_client drops the `_total` suffix from counter family names
+    families = {family.name: family.type for family in text_string_to_metric_families(text)}
+    for name, kind in CONTRACT_SERIES.items():
+        family = name.removesuffix("_total") if kind == "counter" else name
+        assert families.get(family) == kind, name
+        assert any(line.startswith(name) for line in text.splitlines()), name
+
+
+def test_values_and_labels() -> None:
+    metrics = Metrics(process_metrics=False)
+    touch_everything(metrics)
+    found = samples(metrics.render().decode())
+    assert found[("printery_messages_total", (("outcome", "ok"), ("worker", "validator")))] == 1
+    assert found[("printery_processing_seconds_count", (("worker", "validator"),))] == 1
+    assert found[("printery_worker_up", (("worker", "validator"),))] == 1
+    assert found[("printery_worker_uptime_seconds", (("worker", "validator"),))] == 12.5
+    assert found[("printery_stream_pending", (("worker", "validator"),))] == 3
+    assert found[("printery_dlq_total", (("reason_code", "undecodable"), ("worker", "validator")))]
+    tokens = ("printery_step_cost_total", (("unit", "tokens"), ("worker", "aggregator")))
+    assert found[tokens] == 812
+    assert ("printery_step_cost_total", (("unit", "bad"), ("worker", "aggregator"))) not in found
+
+
+def test_registries_are_independent() -> None:
+    one, two = Metrics(), Metrics()
+    one.retries.labels("validator").inc(5)
+    assert b"printery_retries_total{" in one.render()
+    assert b"printery_retries_total{" not in two.render()
+
+
+def test_content_type_is_prometheus_text() -> None:
+    assert CONTENT_TYPE.startswith("text/plain; version=")
