@@ -18,7 +18,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -39,6 +39,7 @@ from printery.runtime.handler import Handler, Message, Output, outputs_of
 from printery.runtime.observe import NullObserver, Observer
 from printery.runtime.payloads import PayloadStore
 from printery.transport.streams import (
+    COMMIT_LUA,
     DUPLICATE,
     FENCED,
     LEASE_LUA,
@@ -141,6 +142,7 @@ class StreamWorker:
         settings: ConsumerSettings | None = None,
         observer: Observer | None = None,
         payloads: PayloadStore | None = None,
+        companions: Sequence[Callable[[StreamWorker], Awaitable[None]]] = (),
     ) -> None:
         self._name = name
         self.client = client
@@ -155,6 +157,7 @@ class StreamWorker:
         self._stats = WorkerStats(consumers=self.settings.concurrency)
         self._consumers: list[_Consumer] = []
         self._ctx: RunContext | None = None
+        self.companions = list(companions)
         self.connected = True
 
     # -- Worker protocol -----------------------------------------------------------------
@@ -196,6 +199,7 @@ class StreamWorker:
             asyncio.create_task(committer.run(), name=f"{self.name}:commit"),
             asyncio.create_task(self._lease_loop(), name=f"{self.name}:lease"),
             asyncio.create_task(self._claim_loop(), name=f"{self.name}:claim"),
+            *(asyncio.ensure_future(companion(self)) for companion in self.companions),
         ]
         readers = [
             asyncio.create_task(self._read_loop(c), name=f"{c.name}:read") for c in self._consumers
@@ -203,10 +207,12 @@ class StreamWorker:
         ctx.started()
         try:
             stop = asyncio.create_task(ctx.stopping.wait())
-            done, _ = await asyncio.wait([stop, *readers, *background], return_when="FIRST_COMPLETED")
-            for task in done:
-                if task is not stop and task.exception() is not None:
-                    raise task.exception()  # type: ignore[misc]
+            watched: set[asyncio.Future[Any]] = {stop, *readers, *background}
+            while not stop.done():
+                done, watched = await asyncio.wait(watched, return_when="FIRST_COMPLETED")
+                for task in done:
+                    if task is not stop and task.exception() is not None:
+                        raise task.exception()  # type: ignore[misc]
             await asyncio.gather(*readers, return_exceptions=True)
             await self._drain(ctx.drain_timeout)
         finally:
@@ -219,6 +225,21 @@ class StreamWorker:
                 for held in list(consumer.held.values()):
                     if held.task:
                         held.task.cancel()
+
+    async def emit(self, outputs: Sequence[Output], *, correlation_id: str) -> int:
+        """Write outputs that no input entry caused (timers, sweepers), atomically and with
+        their ``once`` guards; returns how many were written."""
+        origin = Message(
+            envelope=self.codec.new("emit", None, correlation_id=correlation_id, producer=self.name),
+            stream="", entry_id="", deliveries=1, worker=self.name, consumer="", fields={},
+        )
+        pending = await self._pending_outputs(origin, list(outputs), 0.0)
+        keys, args = commit_args(
+            stream="", group=self.name, consumer="", entry_id="", marker_key="",
+            marker_ttl_ms=int(self.settings.marker_ttl * 1000), outputs=pending,
+        )
+        result = await self.scripts.call(COMMIT_LUA, keys, args)
+        return max(0, int(result) - 1)
 
     # -- reading ---------------------------------------------------------------------------
 

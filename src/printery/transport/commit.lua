@@ -3,19 +3,20 @@
 -- ARGV: group, consumer, entry id, marker ttl ms, fence ('1' = only if still ours),
 --       output count, then per output: stream key, once key ('' for none), field count,
 --       field, value, ...
+-- An empty entry id commits outputs alone (no ack, no fence): emits not caused by an entry.
 -- Returns -1 when fenced out (another consumer owns the entry now), 0 when the marker
 -- already existed (duplicate: acked, nothing written), else 1 + number of outputs written.
 local stream, marker = KEYS[1], KEYS[2]
 local group, consumer, id = ARGV[1], ARGV[2], ARGV[3]
 local ttl = tonumber(ARGV[4])
-if ARGV[5] == '1' then
+if ARGV[5] == '1' and id ~= '' then
   local pending = redis.call('XPENDING', stream, group, id, id, 1)
   if #pending == 0 or pending[1][2] ~= consumer then
     return -1
   end
 end
 if marker ~= '' and redis.call('EXISTS', marker) == 1 then
-  redis.call('XACK', stream, group, id)
+  if id ~= '' then redis.call('XACK', stream, group, id) end
   return 0
 end
 local count = tonumber(ARGV[6])
@@ -38,7 +39,9 @@ for _ = 1, count do
   end
   i = i + nfields * 2
 end
-redis.call('XACK', stream, group, id)
+if id ~= '' then
+  redis.call('XACK', stream, group, id)
+end
 if marker ~= '' then
   redis.call('SET', marker, '1', 'PX', ttl)
 end

@@ -1,0 +1,221 @@
+"""Aggregators: join parallel branches by correlation id under an explicit merge policy.
+
+Partial results live in Redis (a hash per correlation id, with a TTL), so a restart loses
+no join. The result is written with a ``once`` guard, so it is emitted exactly once
+however many consumers or redeliveries evaluate the same join; a branch arriving after
+that is recorded in the hash (``late:<branch>``), not emitted again. A join opened but
+not complete at its deadline (counted from the opening entry's ``produced_at``) is
+finished by a sweeper with the missing branches named.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, cast
+
+import structlog
+
+from printery import _json
+from printery._util import parse_rfc3339
+from printery.keys import StreamKeys
+from printery.pipeline.dag import Step
+from printery.runtime.handler import HandlerResult, Message, Output
+from printery.runtime.stream_worker import CONNECTION_ERRORS, StreamWorker
+
+log = structlog.get_logger("printery.aggregate")
+
+OPENED_AT = "__opened_at"
+
+
+@dataclass(frozen=True, slots=True)
+class JoinState:
+    """What a merge policy sees: the arrivals so far, by branch name."""
+
+    correlation_id: str
+    arrived: Mapping[str, Any]
+    branches: tuple[str, ...]
+    closed_by: str | None = None
+    timed_out: bool = False
+    missing: tuple[str, ...] = field(default=())
+
+    @property
+    def complete(self) -> bool:
+        return all(b in self.arrived for b in self.branches)
+
+
+MergePolicy = Callable[[JoinState], Any | None]
+"""Returns the merged data once the join is decided, or None to keep waiting. It must
+decide when ``closed_by`` is set or ``timed_out`` is true."""
+
+
+def all_must_pass(
+    *, status_of: Callable[[str, Any], str], precedence: Sequence[str], timeout_status: str
+) -> MergePolicy:
+    """Decide when every branch arrived (or at the deadline): the status is the arrivals'
+    status that comes first in ``precedence`` (e.g. rejected > blocked > failed > ok)."""
+    rank = {status: i for i, status in enumerate(precedence)}
+
+    def policy(state: JoinState) -> Any | None:
+        if not (state.complete or state.closed_by or state.timed_out):
+            return None
+        statuses = [status_of(name, data) for name, data in state.arrived.items()]
+        if state.missing:
+            statuses.append(timeout_status)
+        status = min(statuses, key=lambda s: rank.get(s, len(rank))) if statuses else timeout_status
+        return {"status": status, "branches": dict(state.arrived), "missing": list(state.missing)}
+
+    return policy
+
+
+def any_pass(*, passed: Callable[[str, Any], bool]) -> MergePolicy:
+    """Decide as soon as one branch passes; fail when all arrived (or timed out) and none did."""
+
+    def policy(state: JoinState) -> Any | None:
+        for name, data in state.arrived.items():
+            if name in state.branches and passed(name, data):
+                return {"status": "passed", "branch": name, "data": data}
+        if state.complete or state.closed_by or state.timed_out:
+            return {"status": "failed", "branches": dict(state.arrived), "missing": list(state.missing)}
+        return None
+
+    return policy
+
+
+def first_wins() -> MergePolicy:
+    """The first branch to arrive decides."""
+
+    def policy(state: JoinState) -> Any | None:
+        for name in state.branches:
+            if name in state.arrived:
+                return {"status": "decided", "branch": name, "data": state.arrived[name]}
+        if state.closed_by or state.timed_out:
+            return {"status": "failed", "branches": dict(state.arrived), "missing": list(state.missing)}
+        return None
+
+    return policy
+
+
+class Aggregator:
+    """Builds the aggregator step.
+
+    ``opens`` is the event type whose arrival opens a join (its name in the arrivals is
+    ``opens_as``) and starts the deadline; ``branches`` maps each branch's event type to its
+    branch name; ``closes`` maps event types that decide a join at once (e.g. a rejection)
+    to the name they are stored under. ``emits`` is the merged event's type.
+    """
+
+    def __init__(
+        self,
+        name: str,
+        *,
+        keys_for: Callable[[StreamWorker], StreamKeys] | None = None,
+        opens: str,
+        opens_as: str,
+        branches: Mapping[str, str],
+        emits: str,
+        policy: MergePolicy,
+        closes: Mapping[str, str] | None = None,
+        deadline: float = 120.0,
+        ttl: float = 7 * 86400.0,
+        sweep_interval: float | None = None,
+        concurrency: int = 1,
+    ) -> None:
+        self.name = name
+        self.opens, self.opens_as = opens, opens_as
+        self.branches = dict(branches)
+        self.closes = dict(closes or {})
+        self.emits = emits
+        self.policy = policy
+        self.deadline = deadline
+        self.ttl_s = int(ttl)
+        self.sweep_interval = sweep_interval or max(0.05, min(deadline / 4, 1.0))
+        self.concurrency = concurrency
+        self._worker: StreamWorker | None = None
+
+    def step(self) -> Step:
+        return Step(
+            name=self.name,
+            consumes=(self.opens, *self.branches, *self.closes),
+            produces=(self.emits,),
+            handler=self.handle,
+            concurrency=self.concurrency,
+            companions=(self._bind, self.sweep),
+        )
+
+    async def _bind(self, worker: StreamWorker) -> None:
+        self._worker = worker
+
+    def _once(self, correlation_id: str) -> str:
+        return f"{self.emits}:{correlation_id}"
+
+    def _state(self, correlation_id: str, raw: Mapping[str, str], *, timed_out: bool = False) -> JoinState:
+        arrived = {k: _json.loads(v) for k, v in raw.items() if not k.startswith(("__", "late:"))}
+        closed_by = next((n for n in self.closes.values() if n in raw), None)
+        names = tuple(self.branches.values())
+        missing = tuple(b for b in names if b not in arrived) if timed_out else ()
+        return JoinState(correlation_id, arrived, names, closed_by, timed_out, missing)
+
+    async def handle(self, message: Message) -> HandlerResult:
+        worker = self._require_worker()
+        keys, cid, kind = worker.keys, message.correlation_id, message.type
+        join_key = keys.join(self.name, cid)
+        once_key = keys.once(self._once(cid))
+        slot = self.opens_as if kind == self.opens else self.branches.get(kind) or self.closes[kind]
+        async with worker.client.pipeline(transaction=True) as pipe:
+            pipe.exists(once_key)
+            pipe.hsetnx(join_key, slot, _json.dumps(message.data))
+            if kind == self.opens:
+                opened_ms = int(parse_rfc3339(message.envelope.produced_at).timestamp() * 1000)
+                pipe.hsetnx(join_key, OPENED_AT, str(opened_ms))
+                pipe.zadd(keys.join_deadlines(self.name),
+                          {cid: opened_ms + int(self.deadline * 1000)}, nx=True)
+            pipe.expire(join_key, self.ttl_s)
+            pipe.hgetall(join_key)
+            results = await pipe.execute()
+        if results[0]:
+            # Already decided: record the late arrival, emit nothing.
+            await cast(Awaitable[int], worker.client.hset(
+                join_key, f"late:{slot}", message.envelope.produced_at))
+            log.info("late arrival recorded", worker=self.name, correlation_id=cid, branch=slot)
+            return None
+        merged = self.policy(self._state(cid, results[-1]))
+        if merged is None:
+            return None
+        return Output(self.emits, merged, correlation_id=cid, once=self._once(cid))
+
+    def _require_worker(self) -> StreamWorker:
+        if self._worker is None:
+            raise RuntimeError("aggregator used before its worker started")
+        return self._worker
+
+    async def sweep(self, worker: StreamWorker) -> None:
+        """Finish joins whose deadline passed, with the missing branches named."""
+        while True:
+            await asyncio.sleep(self.sweep_interval)
+            with contextlib.suppress(*CONNECTION_ERRORS):
+                await self.sweep_once(worker)
+
+    async def sweep_once(self, worker: StreamWorker) -> int:
+        keys = worker.keys
+        now_ms = int(time.time() * 1000)
+        due = await worker.client.zrangebyscore(keys.join_deadlines(self.name), "-inf", now_ms,
+                                               start=0, num=100)
+        finished = 0
+        for cid in due:
+            if not await worker.client.exists(keys.once(self._once(cid))):
+                raw = await cast(Awaitable[dict[str, str]],
+                                 worker.client.hgetall(keys.join(self.name, cid)))
+                merged = self.policy(self._state(cid, raw, timed_out=True))
+                if merged is not None:
+                    finished += await worker.emit(
+                        [Output(self.emits, merged, correlation_id=cid, once=self._once(cid))],
+                        correlation_id=cid,
+                    )
+                    log.warning("join finished at its deadline", worker=self.name,
+                                correlation_id=cid, arrived=sorted(raw))
+            await worker.client.zrem(keys.join_deadlines(self.name), cid)
+        return finished

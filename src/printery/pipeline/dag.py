@@ -1,0 +1,306 @@
+"""Explicit pipelines: steps that consume and produce event types, validated as a graph
+before anything runs, and turned into supervised stream workers.
+
+A step's input and output are pydantic models checked at every boundary: bad input is
+dead-lettered with the validation errors as reasons (``reason_code`` ``invalid_input``);
+a bad output is a handler bug and fails loudly (counted, retried, then dead-lettered).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from dataclasses import fields as dc_fields
+from typing import Any
+
+import redis.asyncio as aioredis
+from pydantic import BaseModel, ValidationError
+
+from printery import _json
+from printery.errors import PipelineError, Reject
+from printery.keys import StreamKeys
+from printery.message import Codec
+from printery.pipeline.gate import Reason
+from printery.runtime.handler import Handler, HandlerResult, Message, Output, outputs_of
+from printery.runtime.observe import Observer
+from printery.runtime.payloads import PayloadStore
+from printery.runtime.stream_worker import ConsumerSettings, StreamWorker
+from printery.supervisor.graph import find_cycle
+
+
+class OutputContractError(Exception):
+    """A handler returned data its step's output contract does not allow: a bug."""
+
+
+def validation_reasons(error: ValidationError) -> list[Reason]:
+    """Pydantic errors as machine-actionable reasons (``field`` is a dotted/indexed path)."""
+    reasons = []
+    for item in error.errors():
+        path = ""
+        for part in item["loc"]:
+            path += f"[{part}]" if isinstance(part, int) else (f".{part}" if path else str(part))
+        code = "missing_field" if item["type"] == "missing" else "invalid_field"
+        reasons.append(Reason(code=code, field=path, message=item["msg"]))
+    return reasons
+
+
+@dataclass(slots=True)
+class Step:
+    """One node of a pipeline: a worker consuming ``consumes`` and producing ``produces``."""
+
+    name: str
+    consumes: tuple[str, ...]
+    produces: tuple[str, ...]
+    handler: Handler
+    concurrency: int = 1
+    depends_on: tuple[str, ...] = ()
+    input_model: type[BaseModel] | None = None
+    output_models: Mapping[str, type[BaseModel]] = field(default_factory=dict)
+    companions: Sequence[Callable[[StreamWorker], Awaitable[None]]] = ()
+    settings: Mapping[str, Any] = field(default_factory=dict)
+    cost_units: tuple[str, ...] = ()
+
+    def guarded_handler(self) -> Handler:
+        """The handler wrapped in its input and output contracts."""
+        inner, input_model, output_models = self.handler, self.input_model, self.output_models
+        produces = set(self.produces)
+
+        async def handle(message: Message) -> HandlerResult:
+            if input_model is not None:
+                try:
+                    input_model.model_validate(message.data)
+                except ValidationError as exc:
+                    reasons = [r.as_dict() for r in validation_reasons(exc)]
+                    raise Reject("invalid_input", _json.dumps(reasons)) from None
+            outputs = outputs_of(await inner(message))
+            for out in outputs:
+                if out.type not in produces:
+                    raise OutputContractError(f"{self.name} emitted undeclared type {out.type!r}")
+                model = output_models.get(out.type)
+                if model is not None:
+                    try:
+                        model.model_validate(out.data)
+                    except ValidationError as exc:
+                        raise OutputContractError(f"{self.name} output {out.type}: {exc}") from exc
+            for unit in message.costs:
+                if unit not in self.cost_units:
+                    raise OutputContractError(f"{self.name} reported undeclared cost unit {unit!r}")
+            return outputs
+
+        return handle
+
+
+class Pipeline:
+    """A named DAG of steps over one stream prefix.
+
+    ``ingress`` lists the event types that come from outside (producers); every other
+    consumed type must be produced by a step. ``correlation_field`` is the wire name of
+    the id that ties one run's events together; ``terminal`` lists types nobody consumes
+    on purpose (records such as a review stream). ``cost_units`` declares the units
+    handlers may report, so a typo cannot create unbounded metric labels.
+    """
+
+    def __init__(
+        self,
+        name: str,
+        *,
+        ingress: Iterable[str],
+        correlation_field: str = "correlation_id",
+        id_prefix: str = "cor",
+        cost_units: Iterable[str] = (),
+        extra_types: Iterable[str] = (),
+    ) -> None:
+        self.name = name
+        self.ingress = tuple(ingress)
+        self.correlation_field = correlation_field
+        self.id_prefix = id_prefix
+        self.cost_units = tuple(cost_units)
+        self.extra_types = tuple(extra_types)
+        self.steps: dict[str, Step] = {}
+
+    def add(self, step: Step) -> Step:
+        if step.name in self.steps:
+            raise PipelineError(f"step {step.name!r} declared twice")
+        unknown = [u for u in step.cost_units if u not in self.cost_units]
+        if unknown:
+            raise PipelineError(f"step {step.name!r} uses undeclared cost units {unknown}")
+        self.steps[step.name] = step
+        return step
+
+    def step(
+        self,
+        name: str,
+        *,
+        consumes: Iterable[str],
+        produces: Iterable[str] = (),
+        concurrency: int = 1,
+        depends_on: Iterable[str] = (),
+        input_model: type[BaseModel] | None = None,
+        output_models: Mapping[str, type[BaseModel]] | None = None,
+        cost_units: Iterable[str] = (),
+        **settings: Any,
+    ) -> Callable[[Handler], Handler]:
+        """Decorator form of :meth:`add`."""
+
+        def register(handler: Handler) -> Handler:
+            self.add(
+                Step(
+                    name=name, consumes=tuple(consumes), produces=tuple(produces),
+                    handler=handler, concurrency=concurrency, depends_on=tuple(depends_on),
+                    input_model=input_model, output_models=dict(output_models or {}),
+                    settings=settings, cost_units=tuple(cost_units),
+                )
+            )
+            return handler
+
+        return register
+
+    # -- the graph ---------------------------------------------------------------------------
+
+    def producers_of(self, event_type: str) -> list[str]:
+        return [s.name for s in self.steps.values() if event_type in s.produces]
+
+    def dependencies(self) -> dict[str, tuple[str, ...]]:
+        """Step -> the steps it depends on: declared ones plus the producers of its inputs.
+        Steps that merely exchange events in a loop would be a cycle, which is refused."""
+        deps: dict[str, tuple[str, ...]] = {}
+        for step in self.steps.values():
+            found = list(step.depends_on)
+            for event_type in step.consumes:
+                found += [p for p in self.producers_of(event_type) if p != step.name]
+            deps[step.name] = tuple(dict.fromkeys(found))
+        return deps
+
+    def validate(self) -> None:
+        """Refuse a graph with a cycle, an input nothing produces, or a step unreachable
+        from the ingress, before anything connects."""
+        if not self.steps:
+            raise PipelineError(f"pipeline {self.name!r} has no steps")
+        for step in self.steps.values():
+            for event_type in step.consumes:
+                if event_type not in self.ingress and not self.producers_of(event_type):
+                    raise PipelineError(
+                        f"step {step.name!r} consumes {event_type!r}, which no step produces "
+                        "and which is not declared as ingress"
+                    )
+            for dep in step.depends_on:
+                if dep not in self.steps:
+                    raise PipelineError(f"step {step.name!r} depends on unknown step {dep!r}")
+        cycle = find_cycle(self.dependencies())
+        if cycle:
+            raise PipelineError("pipeline has a cycle: " + " -> ".join(cycle))
+        reachable_types = set(self.ingress)
+        reached: set[str] = set()
+        changed = True
+        while changed:
+            changed = False
+            for step in self.steps.values():
+                if step.name not in reached and reachable_types.intersection(step.consumes):
+                    reached.add(step.name)
+                    reachable_types.update(step.produces)
+                    changed = True
+        unreachable = sorted(set(self.steps) - reached)
+        if unreachable:
+            raise PipelineError(f"steps unreachable from the ingress: {unreachable}")
+
+    def event_types(self) -> list[str]:
+        seen: dict[str, None] = dict.fromkeys(self.ingress)
+        for step in self.steps.values():
+            seen.update(dict.fromkeys(step.consumes))
+            seen.update(dict.fromkeys(step.produces))
+        seen.update(dict.fromkeys(self.extra_types))
+        return list(seen)
+
+    def groups(self) -> dict[str, list[str]]:
+        """Event type -> consumer groups (step names) reading it."""
+        groups: dict[str, list[str]] = {t: [] for t in self.event_types()}
+        for step in self.steps.values():
+            for event_type in step.consumes:
+                groups[event_type].append(step.name)
+        return groups
+
+    def codec(self, payload_limit: int = 1_048_576) -> Codec:
+        return Codec(self.correlation_field, self.id_prefix, payload_limit)
+
+    def describe(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "ingress": list(self.ingress),
+            "correlation_field": self.correlation_field,
+            "steps": [
+                {
+                    "name": s.name, "consumes": list(s.consumes), "produces": list(s.produces),
+                    "concurrency": s.concurrency, "depends_on": list(self.dependencies()[s.name]),
+                }
+                for s in self.steps.values()
+            ],
+        }
+
+    # -- running -----------------------------------------------------------------------------
+
+    def build_workers(
+        self,
+        *,
+        client: aioredis.Redis,
+        keys: StreamKeys,
+        settings: ConsumerSettings | None = None,
+        overrides: Mapping[str, Mapping[str, Any]] | None = None,
+        observer: Observer | None = None,
+        payloads: PayloadStore | None = None,
+        only: Iterable[str] | None = None,
+    ) -> list[tuple[StreamWorker, tuple[str, ...]]]:
+        """One stream worker per step (or per selected step) with its dependencies, ready
+        to :meth:`~printery.WorkerManager.register`. ``overrides`` maps step names to
+        :class:`ConsumerSettings` fields (e.g. from a config file)."""
+        self.validate()
+        base = settings or ConsumerSettings()
+        chosen = set(only) if only is not None else set(self.steps)
+        deps = self.dependencies()
+        codec = self.codec(payloads.limit if payloads else 1_048_576)
+        built = []
+        for step in self.steps.values():
+            if step.name not in chosen:
+                continue
+            fields = {"concurrency": step.concurrency, **step.settings,
+                      **(overrides or {}).get(step.name, {})}
+            worker = StreamWorker(
+                step.name, client=client, keys=keys, consumes=step.consumes,
+                handler=step.guarded_handler(), codec=codec,
+                settings=_settings_from(base, fields), observer=observer, payloads=payloads,
+                companions=step.companions,
+            )
+            built.append((worker, tuple(d for d in deps[step.name] if d in chosen)))
+        return built
+
+
+def _settings_from(base: ConsumerSettings, fields: Mapping[str, Any]) -> ConsumerSettings:
+    allowed = {f.name for f in dc_fields(ConsumerSettings)}
+    return replace(base, **{k: v for k, v in fields.items() if k in allowed})
+
+
+def to_text(pipeline: Pipeline) -> str:
+    lines = [f"pipeline {pipeline.name} (ingress: {', '.join(pipeline.ingress)})"]
+    for step in pipeline.describe()["steps"]:
+        lines.append(
+            f"  {step['name']} x{step['concurrency']}: {', '.join(step['consumes'])} -> "
+            f"{', '.join(step['produces']) or '(nothing)'}"
+        )
+    return "\n".join(lines)
+
+
+def to_mermaid(pipeline: Pipeline) -> str:
+    def node(name: str) -> str:
+        return "".join(c if c.isalnum() else "_" for c in name)
+
+    lines = ["flowchart LR"]
+    for event_type in pipeline.ingress:
+        lines.append(f"  {node('in_' + event_type)}([{event_type}])")
+    for step in pipeline.steps.values():
+        lines.append(f"  {node(step.name)}[{step.name}]")
+        for event_type in step.consumes:
+            sources = pipeline.producers_of(event_type) or (
+                ["in_" + event_type] if event_type in pipeline.ingress else []
+            )
+            for source in sources:
+                lines.append(f"  {node(source)} -->|{event_type}| {node(step.name)}")
+    return "\n".join(lines)

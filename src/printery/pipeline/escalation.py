@@ -1,0 +1,75 @@
+"""Bounded escalation for a step: retry with backoff, then a fallback handler, then the
+review stream (a human decides), then a terminal status. Nothing loops for ever."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import structlog
+
+from printery.errors import Reject
+from printery.runtime.handler import Handler, HandlerResult, Message, Output, outputs_of
+
+log = structlog.get_logger("printery.escalation")
+
+REVIEW = "review"
+
+
+def review_output(message: Message, *, kind: str, reason: str, data: object = None) -> Output:
+    """A ``review`` entry for ``message``: its data (or ``data``), what escalated and why."""
+    return Output(
+        REVIEW,
+        message.data if data is None else data,
+        correlation_id=message.correlation_id,
+        idempotency_key=f"{REVIEW}:{kind}:{message.worker}:{message.correlation_id}",
+        extra={
+            "kind": kind,
+            "step": message.worker,
+            "reason": reason,
+            "source_stream": message.stream,
+            "source_id": message.entry_id,
+        },
+    )
+
+
+def escalate(
+    handler: Handler,
+    *,
+    attempts: int,
+    fallback: Handler | None = None,
+    review_kind: str | None = None,
+    terminal: Callable[[Message, BaseException], HandlerResult] | None = None,
+) -> Handler:
+    """Wrap ``handler`` so that its failures escalate instead of dead-lettering.
+
+    Deliveries before ``attempts`` re-raise (the runtime redelivers after a backoff). At
+    the last attempt the ``fallback`` runs; if there is none or it fails too, a review
+    entry of ``review_kind`` is written (when given) together with the ``terminal``
+    outputs, and the entry is acknowledged: the escalation is recorded, not retried.
+    """
+
+    async def handle(message: Message) -> HandlerResult:
+        try:
+            return await handler(message)
+        except Reject:
+            raise
+        except Exception as exc:
+            if message.deliveries < attempts:
+                raise
+            failure: BaseException = exc
+        if fallback is not None:
+            try:
+                return await fallback(message)
+            except Exception as exc:
+                failure = exc
+                log.warning("fallback failed", worker=message.worker, error=str(exc))
+        outputs: list[Output] = []
+        if review_kind:
+            outputs.append(review_output(message, kind=review_kind, reason=str(failure)))
+        if terminal is not None:
+            outputs += outputs_of(terminal(message, failure))
+        if not outputs:
+            raise failure
+        return outputs
+
+    return handle
