@@ -21,7 +21,6 @@ import structlog
 
 from printery import _json
 from printery._util import parse_rfc3339
-from printery.keys import StreamKeys
 from printery.pipeline.dag import Step
 from printery.runtime.handler import HandlerResult, Message, Output
 from printery.runtime.stream_worker import CONNECTION_ERRORS, StreamWorker
@@ -112,7 +111,6 @@ class Aggregator:
         self,
         name: str,
         *,
-        keys_for: Callable[[StreamWorker], StreamKeys] | None = None,
         opens: str,
         opens_as: str,
         branches: Mapping[str, str],
@@ -123,6 +121,8 @@ class Aggregator:
         ttl: float = 7 * 86400.0,
         sweep_interval: float | None = None,
         concurrency: int = 1,
+        on_timeout: Callable[[JoinState, Any], Sequence[Output]] | None = None,
+        extra_produces: Sequence[str] = (),
     ) -> None:
         self.name = name
         self.opens, self.opens_as = opens, opens_as
@@ -134,13 +134,15 @@ class Aggregator:
         self.ttl_s = int(ttl)
         self.sweep_interval = sweep_interval or max(0.05, min(deadline / 4, 1.0))
         self.concurrency = concurrency
+        self.on_timeout = on_timeout
+        self.extra_produces = tuple(extra_produces)
         self._worker: StreamWorker | None = None
 
     def step(self) -> Step:
         return Step(
             name=self.name,
             consumes=(self.opens, *self.branches, *self.closes),
-            produces=(self.emits,),
+            produces=(self.emits, *self.extra_produces),
             handler=self.handle,
             concurrency=self.concurrency,
             companions=(self._bind, self.sweep),
@@ -211,8 +213,11 @@ class Aggregator:
                                  worker.client.hgetall(keys.join(self.name, cid)))
                 merged = self.policy(self._state(cid, raw, timed_out=True))
                 if merged is not None:
+                    state = self._state(cid, raw, timed_out=True)
+                    extra = list(self.on_timeout(state, merged)) if self.on_timeout else []
                     finished += await worker.emit(
-                        [Output(self.emits, merged, correlation_id=cid, once=self._once(cid))],
+                        [Output(self.emits, merged, correlation_id=cid, once=self._once(cid)),
+                         *extra],
                         correlation_id=cid,
                     )
                     log.warning("join finished at its deadline", worker=self.name,
