@@ -1,0 +1,113 @@
+"""``printery-workers``: the service command (CONTRACT §1).
+
+Options are generated from :data:`printery.config.SETTINGS_DOC`, so ``--help`` and the
+loader can never disagree on a flag, its env var or its default. Click's own ``envvar``
+is deliberately not used: the loader reads the environment itself, which is what makes
+the precedence flag > env > file > default hold in one place. A flag counts as given
+only when it was on the command line (click's parameter source), so a switch left off
+does not hide ``SUPERVISED_MODE=true``.
+
+Settings are validated twice before anything connects: once without knowing the
+pipeline (to find ``--app``), then again with the app's worker names, so ``--worker``
+and ``[workers.<name>]`` are checked against the pipeline actually run. Any
+:class:`ConfigError` becomes exit 2 with exactly one line on stderr.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import Callable
+from typing import Any
+
+import click
+from click.core import ParameterSource
+
+from printery.cli.common import load_app
+from printery.config import SETTINGS_DOC, Settings, load_settings
+from printery.errors import ConfigError
+from printery.pipeline.dag import Pipeline
+
+__all__ = ["EXIT_CONFIG", "main", "resolve"]
+
+EXIT_CONFIG = 2
+
+
+def _param_name(flag: str) -> str:
+    return flag.lstrip("-").replace("-", "_")
+
+
+def _options(func: Callable[..., Any]) -> Callable[..., Any]:
+    """Attach one click option per setting, in ``SETTINGS_DOC`` order."""
+    for doc in reversed(list(SETTINGS_DOC.values())):
+        if doc.name == "config":
+            # SETTINGS_DOC's config entry keeps its metavar in the `help` slot.
+            option = click.option(
+                "--config", "config", metavar="FILE", default=None,
+                help="TOML config file (§7) [env: PRINTERY_CONFIG; default: none]",
+            )
+        elif doc.metavar is None:
+            option = click.option(
+                doc.flag, _param_name(doc.flag), is_flag=True, default=False,
+                help=doc.help_text,
+            )
+        else:
+            option = click.option(
+                doc.flag, _param_name(doc.flag), metavar=doc.metavar, default=None,
+                help=doc.help_text,
+            )
+        func = option(func)
+    return func
+
+
+def resolve(
+    flags: dict[str, object | None], env: dict[str, str]
+) -> tuple[Settings, Pipeline]:
+    """Validated settings and the loaded pipeline, or :class:`ConfigError`."""
+    first = load_settings(flags, env)
+    pipeline = load_app(first.app, first)
+    settings = load_settings(flags, env, worker_names=list(pipeline.steps))
+    if settings.app != first.app:  # cannot happen: same inputs; guard against drift
+        raise ConfigError("app", settings.app, "a stable value")
+    settings.selected_workers(list(pipeline.steps))
+    return settings, pipeline
+
+
+@click.command(
+    "printery-workers",
+    context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100},
+)
+@_options
+@click.pass_context
+def cli(ctx: click.Context, /, **params: Any) -> None:
+    """Run printery's workers until SIGTERM or SIGINT.
+
+    Exit status: 0 after a graceful shutdown, 1 when a worker fails (standalone mode,
+    or --exit-on-failure), 2 for a bad setting.
+    """
+    flags: dict[str, object | None] = {}
+    for name, value in params.items():
+        given = ctx.get_parameter_source(name) == ParameterSource.COMMANDLINE
+        flags[name] = value if given else None
+    env = dict(os.environ)
+    try:
+        settings, pipeline = resolve(flags, env)
+    except ConfigError as exc:
+        click.echo(" ".join(str(exc).split()), err=True)
+        ctx.exit(EXIT_CONFIG)
+    if settings.processes > 1:
+        from printery.cli.processes import Parent
+
+        ctx.exit(Parent(settings, pipeline, sys.argv[1:]).run())
+    from printery.service import Service
+
+    ctx.exit(Service(settings, pipeline).run())
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Console-script entry point (``printery.cli.workers:main``)."""
+    cli.main(args=argv, prog_name="printery-workers")
+
+
+if __name__ == "__main__":
+    main()

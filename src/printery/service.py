@@ -1,0 +1,375 @@
+"""The composition root of ``printery-workers``: one :class:`Service` runs one process.
+
+Everything the other modules provide is wired here, in the order the contract needs:
+
+1. logging, with the Redis password and webhook secret registered for redaction, so no
+   later line can leak them; the first line names the server in use (CONTRACT §6);
+2. the server: the given URL, or the embedded server of the data dir (found or started);
+3. every consumer group of the pipeline, whichever workers this process runs, *before*
+   any worker reads (CONTRACT §2): a process running only ``notifier`` must not let
+   ``validator``'s entries published meanwhile go unseen by a later process;
+4. the selected workers, started by the :class:`WorkerManager` in dependency order;
+5. HTTP (``/healthz``, ``/readyz``, ``/status``, ``/metrics``), the process registry
+   heartbeat and a gauge updater, which only observe.
+
+Shutdown is the reverse. SIGTERM/SIGINT start a graceful stop (drain within
+``shutdown_timeout``, ack what finished, leave the rest pending for redelivery); a second
+SIGINT exits at once with 130, the way an impatient operator expects from Ctrl-C twice.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import signal
+import time
+from collections.abc import Mapping
+from typing import Any
+
+import redis.asyncio as aioredis
+from redis.exceptions import RedisError
+
+from printery import _json
+from printery._util import hostname, now_rfc3339
+from printery.config import Settings
+from printery.http import HttpServer
+from printery.keys import StreamKeys
+from printery.logging import configure_logging, get_logger
+from printery.metrics import OUTCOMES, Metrics
+from printery.pipeline.dag import Pipeline
+from printery.runtime.payloads import PayloadStore
+from printery.runtime.registry import ProcessRegistry
+from printery.runtime.stream_worker import ConsumerSettings
+from printery.supervisor.manager import WorkerManager
+from printery.transport.connection import connect
+from printery.transport.embedded import EmbeddedServer
+from printery.transport.streams import ensure_group
+
+__all__ = ["EXIT_FAILED", "EXIT_INTERRUPTED", "EXIT_OK", "MetricsObserver", "Service"]
+
+EXIT_OK = 0
+EXIT_FAILED = 1
+EXIT_INTERRUPTED = 130
+
+log = get_logger("printery.service")
+
+#: Runtime outcome names -> the ``outcome`` label values of ``printery_messages_total``.
+_OUTCOME_LABEL = {"error": "retry", "dead_lettered": "dead_letter", "fenced": "duplicate"}
+
+#: Seconds between refreshes of the per-worker gauges (up, uptime, pending).
+GAUGE_INTERVAL = 1.0
+#: Seconds a readiness/status PING may take before Redis counts as not answering.
+PING_TIMEOUT = 2.0
+
+
+class MetricsObserver:
+    """Adapts the runtime's :class:`~printery.runtime.observe.Observer` hooks to
+    :class:`Metrics`, so the consume loop never knows about Prometheus."""
+
+    def __init__(self, metrics: Metrics) -> None:
+        self.metrics = metrics
+
+    def processed(self, worker: str, outcome: str, seconds: float) -> None:
+        self.metrics.observe_message(worker, _OUTCOME_LABEL.get(outcome, outcome), seconds)
+
+    def dead_lettered(self, worker: str, reason_code: str) -> None:
+        self.metrics.dlq.labels(worker, reason_code).inc()
+
+    def retried(self, worker: str) -> None:
+        self.metrics.retries.labels(worker).inc()
+
+    def cost(self, worker: str, unit: str, amount: float) -> None:
+        self.metrics.observe_cost(worker, {unit: amount})
+
+
+class Service:
+    """One ``printery-workers`` process: call :meth:`run` from synchronous code.
+
+    ``pipeline`` is already loaded and validated, ``settings`` already validated: every
+    configuration error has exited 2 before this class connects to anything.
+    """
+
+    def __init__(self, settings: Settings, pipeline: Pipeline) -> None:
+        self.settings = settings
+        self.pipeline = pipeline
+        self.workers = settings.selected_workers(list(pipeline.steps))
+        self.keys = StreamKeys(settings.stream_prefix)
+        self.prom = Metrics()
+        self.started_at = now_rfc3339()
+        self.pid = os.getpid()
+        self.host = hostname()
+        self.process_id = f"{self.host}:{self.pid}:{int(time.time() * 1000):x}"
+        self.url: str | None = None
+        self.display_url: str | None = None
+        self.client: aioredis.Redis | None = None
+        self.manager: WorkerManager | None = None
+        self.http: HttpServer | None = None
+        self.http_port: int | None = None
+        self.registry: ProcessRegistry | None = None
+        self._embedded: EmbeddedServer | None = None
+        self._stop = asyncio.Event()
+        self._signals = 0
+        self._tasks: list[asyncio.Task[None]] = []
+        self._redis_ok = False
+
+    # -- entry point -----------------------------------------------------------------------
+
+    def run(self) -> int:
+        """Run until a signal or a worker failure; return the process exit status."""
+        configure_logging(self.settings.log_level, secrets=self.settings.secrets(os.environ))
+        try:
+            self._acquire_server()
+        except Exception as exc:
+            log.error("cannot start or reach the server", error=str(exc))
+            return EXIT_FAILED
+        try:
+            return asyncio.run(self._main())
+        finally:
+            self._release_server()
+
+    def _acquire_server(self) -> None:
+        """Pick the server and say which in the first log line (CONTRACT §6)."""
+        if self.settings.redis_url:
+            self.url = self.settings.redis_url
+            self.display_url = self.settings.redacted_redis_url
+            log.info(f"using redis server at {self.display_url}", url=self.display_url)
+            return
+        self._embedded = EmbeddedServer(self.settings.data_dir)
+        # The embedded module's own "started" line would come first; ours says it all.
+        quiet = logging.getLogger("printery.transport.embedded")
+        level = quiet.level
+        quiet.setLevel(logging.WARNING)
+        try:
+            self.url = self._embedded.acquire()
+        finally:
+            quiet.setLevel(level)
+        self.display_url = self.url
+        how = "started" if self._embedded.started else "reused"
+        log.info(
+            f"using embedded server at {self.url} "
+            f"(data dir {self._embedded.data_dir}; {how})",
+            url=self.url, data_dir=str(self._embedded.data_dir), server=how,
+        )
+
+    def _release_server(self) -> None:
+        if self._embedded is not None:
+            try:
+                self._embedded.release()
+            except Exception as exc:
+                log.warning("could not release the embedded server", error=str(exc))
+            self._embedded = None
+
+    # -- lifecycle -------------------------------------------------------------------------
+
+    def _install_signals(self) -> None:
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, self._on_signal, sig)
+
+    def _on_signal(self, sig: signal.Signals) -> None:
+        self._signals += 1
+        if self._signals > 1 and sig == signal.SIGINT:
+            # The operator insists: no drain. Pending entries are redelivered later.
+            log.warning("second SIGINT: exiting at once")
+            os._exit(EXIT_INTERRUPTED)
+        if self._signals == 1:
+            log.info("shutdown requested: draining", signal=sig.name,
+                     timeout_s=self.settings.shutdown_timeout)
+        self._stop.set()
+
+    async def _main(self) -> int:
+        self._install_signals()
+        assert self.url is not None
+        s = self.settings
+        self.client = connect(self.url)
+        try:
+            await self._prepare_streams(self.client)
+            self.manager = self._build_manager(self.client)
+            await self.manager.start_all()
+            await self._start_observers()
+            log.info("service started", workers=self.workers, worker_mode=s.worker,
+                     supervised=s.supervised, environment=s.environment,
+                     http_port=self.http_port, pid=self.pid)
+            code = await self._wait()
+        except Exception as exc:
+            log.error("service failed", error=f"{type(exc).__name__}: {exc}")
+            code = EXIT_FAILED
+        await self._shutdown()
+        log.info("service stopped", exit_code=code)
+        return code
+
+    async def _prepare_streams(self, client: aioredis.Redis) -> None:
+        """Every group of the pipeline, then its description for ``printery pipeline show``."""
+        for event_type, groups in self.pipeline.groups().items():
+            for group in groups:
+                await ensure_group(client, self.keys.stream(event_type), group)
+        await client.set(self.keys.pipeline, _json.dumps(self.pipeline.describe()))
+
+    def _build_manager(self, client: aioredis.Redis) -> WorkerManager:
+        s = self.settings
+        manager = WorkerManager(
+            supervised=s.supervised,
+            max_restarts=s.max_restarts,
+            backoff_ms=s.backoff_ms,
+            health_check_interval=s.health_check_interval,
+            drain_timeout=s.shutdown_timeout,
+            on_restart=lambda name: self.prom.worker_restarts.labels(name).inc(),
+        )
+        base = ConsumerSettings(
+            max_deliveries=s.transport.max_deliveries,
+            visibility_timeout=s.transport.visibility_timeout,
+            claim_interval=s.transport.claim_interval,
+        )
+        overrides = worker_overrides(
+            s, {name: self.pipeline.steps[name].concurrency for name in self.workers}
+        )
+        payloads = PayloadStore(
+            client, self.keys,
+            limit=s.transport.payload_limit_bytes,
+            inline_limit=s.transport.inline_limit_bytes,
+            ttl=s.transport.blob_ttl,
+        )
+        built = self.pipeline.build_workers(
+            client=client, keys=self.keys, settings=base, overrides=overrides,
+            observer=MetricsObserver(self.prom), payloads=payloads, only=self.workers,
+        )
+        for worker, deps in built:
+            manager.register(worker, deps)
+            self._init_series(worker.name)
+        return manager
+
+    def _init_series(self, name: str) -> None:
+        """Create each worker's series at zero, so scrapes see them before any traffic."""
+        m = self.prom
+        for outcome in OUTCOMES:
+            m.messages.labels(name, outcome)
+        m.processing_seconds.labels(name)
+        m.worker_restarts.labels(name)
+        m.retries.labels(name)
+        m.set_worker(name, up=False, uptime_s=0.0, pending=0)
+
+    async def _start_observers(self) -> None:
+        assert self.client is not None
+        bind = self.settings.http_bind
+        if bind is not None:
+            self.http = HttpServer(self)
+            self.http_port = await self.http.start(*bind)
+            log.info("http listening", host=bind[0], port=self.http_port)
+        self.registry = ProcessRegistry(self.client, self.keys, self.process_id)
+        self._tasks.append(asyncio.create_task(self.registry.run(self._registry_status)))
+        self._tasks.append(asyncio.create_task(self._update_gauges()))
+
+    async def _wait(self) -> int:
+        """Block until a stop signal, or a worker failure that should end the process."""
+        assert self.manager is not None
+        s = self.settings
+        stop = asyncio.create_task(self._stop.wait())
+        waits: list[asyncio.Task[Any]] = [stop]
+        if not s.supervised or s.exit_on_failure:
+            waits.append(asyncio.create_task(self.manager.failed.wait()))
+        await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+        for task in waits:
+            task.cancel()
+        if self._stop.is_set():
+            return EXIT_OK
+        failures = self.manager.failures
+        log.error(
+            "worker failed: exiting 1: " + ", ".join(f.worker for f in failures),
+            workers=[f.worker for f in failures], reasons=[f.reason for f in failures],
+        )
+        return EXIT_FAILED
+
+    async def _shutdown(self) -> None:
+        if self.manager is not None:
+            await self.manager.stop_all(self.settings.shutdown_timeout)
+        for task in self._tasks:
+            task.cancel()
+        for task in self._tasks:
+            with contextlib.suppress(BaseException):
+                await task
+        if self.registry is not None:
+            await self.registry.remove()
+        if self.http is not None:
+            await self.http.stop()
+        if self.client is not None:
+            with contextlib.suppress(Exception):
+                await self.client.aclose()
+
+    async def _update_gauges(self) -> None:
+        while True:
+            if self.manager is not None:
+                for name, st in self.manager.get_status().items():
+                    self.prom.set_worker(
+                        name, up=bool(st["healthy"]), uptime_s=float(st["uptime_s"]),
+                        pending=int(st["pending"]),
+                    )
+            await asyncio.sleep(GAUGE_INTERVAL)
+
+    # -- StatusProvider ----------------------------------------------------------------------
+
+    async def _ping(self) -> bool:
+        if self.client is None:
+            return False
+        try:
+            async with asyncio.timeout(PING_TIMEOUT):
+                self._redis_ok = bool(await self.client.ping())
+        except (RedisError, OSError, TimeoutError):
+            self._redis_ok = False
+        return self._redis_ok
+
+    def _process_doc(self) -> dict[str, Any]:
+        s = self.settings
+        return {
+            "host": self.host, "pid": self.pid, "started_at": self.started_at,
+            "worker_mode": s.worker, "supervised": s.supervised, "environment": s.environment,
+        }
+
+    def _workers_doc(self) -> dict[str, dict[str, Any]]:
+        return self.manager.get_status() if self.manager is not None else {}
+
+    async def status(self) -> dict[str, Any]:
+        """The ``/status`` document of CONTRACT §8; the URL is the redacted one."""
+        connected = await self._ping()
+        return {
+            "process": self._process_doc(),
+            "redis": {"connected": connected, "url": self.display_url},
+            "workers": self._workers_doc(),
+        }
+
+    async def readiness(self) -> tuple[bool, list[str]]:
+        reasons: list[str] = []
+        if not await self._ping():
+            reasons.append("redis is not answering")
+        if self.manager is None:
+            reasons.append("workers not started")
+        else:
+            health = await self.manager.health_check()
+            reasons.extend(f"worker {name} is not healthy" for name, ok in health.items() if not ok)
+        return (not reasons, reasons)
+
+    def metrics(self) -> bytes:
+        return self.prom.render()
+
+    async def _registry_status(self) -> dict[str, Any]:
+        """What ``printery status`` shows for this process."""
+        return {
+            **self._process_doc(),
+            "process_id": self.process_id,
+            "http_port": self.http_port,
+            "redis": {"connected": self._redis_ok, "url": self.display_url},
+            "workers": self._workers_doc(),
+        }
+
+
+def worker_overrides(settings: Settings, names: Mapping[str, int]) -> dict[str, dict[str, int]]:
+    """``[workers.<name>]`` tuning as ``build_workers`` overrides (concurrency, prefetch)."""
+    out: dict[str, dict[str, int]] = {}
+    for name, default in names.items():
+        fields = {"concurrency": settings.concurrency(name, default)}
+        tuning = settings.workers.get(name)
+        if tuning is not None and tuning.prefetch is not None:
+            fields["prefetch"] = tuning.prefetch
+        out[name] = fields
+    return out
