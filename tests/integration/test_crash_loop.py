@@ -1,0 +1,75 @@
+"""Crash loops (issue 6 item 3): an entry whose handler kills the whole process goes to
+``dlq`` after ``max_deliveries``, counted from Redis's delivery count (the dying process
+never gets to write anything), and the entries behind it are still processed."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import redis
+
+from printery.keys import StreamKeys
+from printery.testing import wait_for_sync
+from printery.transport.server import ServerProcess
+from support.crash_proc import Proc
+from support.spine import CODEC
+
+MAX_DELIVERIES = 3
+OK_ENTRIES = 5
+
+
+@pytest.fixture
+def procs() -> Iterator[list[Proc]]:
+    started: list[Proc] = []
+    yield started
+    for proc in started:
+        proc.kill()
+
+
+def test_process_killing_entry_is_dead_lettered_after_max_deliveries(
+    server: ServerProcess, prefix: str, procs: list[Proc], tmp_path: Path
+) -> None:
+    keys = StreamKeys(prefix)
+    r = redis.Redis.from_url(server.url, decode_responses=True)
+    poison = CODEC.new("in", {"n": 0, "crash": True}, correlation_id="poison", producer="t")
+    poison_id = r.xadd(keys.stream("in"), CODEC.encode(poison))
+    for i in range(1, OK_ENTRIES + 1):
+        envelope = CODEC.new("in", {"n": i}, correlation_id=f"c{i}", producer="t")
+        r.xadd(keys.stream("in"), CODEC.encode(envelope))
+
+    def settled() -> bool:
+        return r.xlen(keys.dlq) >= 1 and r.xlen(keys.stream("out")) >= OK_ENTRIES
+
+    # The supervisor's role: restart the process whenever it dies (bounded).
+    crashes = 0
+    deadline = time.monotonic() + 60
+    while not settled():
+        assert time.monotonic() < deadline, "crash loop did not settle"
+        assert crashes <= MAX_DELIVERIES + 2, f"too many crashes: {crashes}"
+        proc = Proc(
+            server.url, prefix, tmp_path, "--visibility", "1", "--prefetch", "1",
+            "--max-deliveries", str(MAX_DELIVERIES),
+        )
+        procs.append(proc)
+        wait_for_sync(
+            lambda p=proc: p.popen.poll() is not None or settled(),  # type: ignore[misc]
+            timeout=20, message="a crash or the end",
+        )
+        if proc.popen.poll() is not None:
+            assert proc.popen.returncode == 1
+            crashes += 1
+
+    wait_for_sync(lambda: r.xpending(keys.stream("in"), "w")["pending"] == 0, timeout=10)
+    (_, dead), = r.xrange(keys.dlq)
+    assert dead["source_id"] == poison_id and dead["source_stream"] == keys.stream("in")
+    assert dead["reason_code"] == "max_deliveries_exceeded"
+    assert int(dead["deliveries"]) >= MAX_DELIVERIES
+    assert crashes == MAX_DELIVERIES, "the handler ran (and crashed) max_deliveries times"
+    poison_runs = sum(p.starts().count(0) for p in procs)
+    assert poison_runs == MAX_DELIVERIES
+    outs = sorted(int(CODEC.decode(f, "out").data["n"]) for _, f in r.xrange(keys.stream("out")))
+    assert outs == list(range(1, OK_ENTRIES + 1)), "later entries processed, exactly once"
+    print(f"crashes: {crashes}, dlq deliveries: {dead['deliveries']}, processed: {len(outs)}")
