@@ -146,6 +146,10 @@ class Aggregator:
             handler=self.handle,
             concurrency=self.concurrency,
             companions=(self._bind, self.sweep),
+            # One join evaluation at a time per consumer, so a branch that arrives after the
+            # decision sees it and is recorded as late; across consumers the ``once`` guard
+            # still keeps the result unique.
+            settings={"parallel": 1},
         )
 
     async def _bind(self, worker: StreamWorker) -> None:

@@ -1,0 +1,34 @@
+"""The public API is pinned, and the layering holds (import-linter contracts)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import printery
+
+EXPECTED = {
+    "Aggregator", "BlobMissing", "Codec", "ConfigError", "ConsumerSettings", "DecodeError",
+    "DependencyCycle", "Envelope", "Handler", "HandlerError", "HandlerResult", "JoinState",
+    "MergePolicy", "Message", "MessageError", "Output", "PayloadTooLarge", "Pipeline",
+    "PipelineError", "PrinteryError", "Reason", "Reject", "Retry", "RunContext", "Settings",
+    "Step", "StreamWorker", "SupervisorError", "TransportError", "Worker", "WorkerFailed",
+    "WorkerManager", "WorkerState", "WorkerStats", "all_must_pass", "any_pass",
+    "compute_backoff", "escalate", "first_wins", "review_output", "to_mermaid", "to_text",
+}
+
+
+def test_exported_members() -> None:
+    assert set(printery.__all__) == EXPECTED
+    for name in printery.__all__:
+        assert getattr(printery, name) is not None
+
+
+def test_layering_contracts_hold() -> None:
+    """The deployment app imports only the public API; the framework knows no deployments."""
+    root = Path(__file__).resolve().parents[2]
+    lint = Path(sys.executable).parent / "lint-imports"
+    result = subprocess.run([str(lint)], cwd=root, capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "BROKEN" not in result.stdout
