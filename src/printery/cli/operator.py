@@ -1,0 +1,69 @@
+"""``printery``: the operator's tool (CONTRACT §1).
+
+A click group whose global options (before the subcommand) are the connection settings
+shared with ``printery-workers``; each subcommand lives in a small ``ops_*`` module.
+Exit status: 0 success, 1 failure or negative outcome, 2 usage (click's own usage errors
+already exit 2), 3 for ``emit --wait`` timing out.
+"""
+
+from __future__ import annotations
+
+import click
+
+from printery.cli.ops_bench import bench
+from printery.cli.ops_common import OpsContext
+from printery.cli.ops_dlq import dlq
+from printery.cli.ops_emit import emit
+from printery.cli.ops_inspect import pipeline_group, status, streams
+from printery.cli.ops_review import review
+from printery.cli.ops_trace import cost, replay, trace
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.option("--redis-url", metavar="URL", default=None,
+              help="redis://, rediss:// or unix:// URL [env: REDIS_URL; default: the "
+                   "embedded server of the data dir]")
+@click.option("--stream-prefix", metavar="PREFIX", default=None,
+              help="key prefix of every stream [env: STREAM_PREFIX; default: "
+                   "materi:events:deployment]")
+@click.option("--data-dir", metavar="DIR", default=None,
+              help="the embedded server's data dir [env: PRINTERY_DATA_DIR; default: ./.printery]")
+@click.option("--config", metavar="FILE", default=None,
+              help="TOML config file [env: PRINTERY_CONFIG]")
+@click.pass_context
+def printery(
+    ctx: click.Context,
+    redis_url: str | None,
+    stream_prefix: str | None,
+    data_dir: str | None,
+    config: str | None,
+) -> None:
+    """Operate printery: publish, inspect streams, dead letters and reviews, trace, replay.
+
+    Environment variables are read by the shared settings loader (not by click), so
+    precedence is the same as the service's: flag > env var > config file > default.
+    """
+    ctx.obj = OpsContext(flags={
+        "redis_url": redis_url or None, "stream_prefix": stream_prefix,
+        "data_dir": data_dir, "config": config,
+    })
+
+
+for _command in (emit, status, streams, dlq, review, trace, pipeline_group, replay, cost, bench):
+    printery.add_command(_command)
+
+try:  # `printery demo` ships separately; the group works without it.
+    from printery.cli.demo import demo as _demo  # type: ignore[import-not-found,unused-ignore]
+except ImportError:
+    pass
+else:
+    printery.add_command(_demo)
+
+
+def main() -> None:
+    """Console-script entry point."""
+    printery(prog_name="printery")
+
+
+if __name__ == "__main__":
+    main()

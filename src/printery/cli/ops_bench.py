@@ -1,0 +1,52 @@
+"""``printery bench`` (CONTRACT §9): the option surface; the benchmark itself lives in
+``printery.bench`` and is imported only when the command runs (it is heavy, and the tool
+must work in builds without it)."""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import os
+from typing import Any
+
+import click
+
+from printery.cli.ops_common import fail, print_json
+
+
+@click.command()
+@click.option("--events", type=click.IntRange(min=1), default=10_000, show_default=True)
+@click.option("--stages", type=click.IntRange(min=1), default=4, show_default=True)
+@click.option("--processes", type=click.IntRange(min=1), default=1, show_default=True)
+@click.option("--payload-bytes", type=click.IntRange(min=0), default=256, show_default=True)
+@click.option("--redis-url", "bench_url", default=None, metavar="URL",
+              help="server to measure on (default: the global --redis-url, else a private "
+                   "embedded server without persistence)")
+@click.option("--rate", type=click.FloatRange(min=0), default=None,
+              help="events/s to offer (default: as fast as possible)")
+@click.option("--duration", type=click.FloatRange(min=0), default=None,
+              help="seconds to run at --rate instead of a fixed --events")
+@click.option("--json", "as_json", is_flag=True, help="one JSON document on stdout")
+@click.pass_context
+def bench(
+    ctx: click.Context, events: int, stages: int, processes: int, payload_bytes: int,
+    bench_url: str | None, rate: float | None, duration: float | None, as_json: bool,
+) -> None:
+    """Throughput benchmark: hand-written relay ceiling vs printery's pipeline."""
+    try:
+        from printery.bench import format_table, run_bench
+    except ImportError as exc:
+        fail(f"bench is not available in this build ({exc})")
+    parent = ctx.parent.params if ctx.parent is not None else {}
+    url = bench_url or parent.get("redis_url") or os.environ.get("REDIS_URL") or None
+    kwargs: dict[str, Any] = {"events": events, "stages": stages, "processes": processes,
+                              "payload_bytes": payload_bytes, "redis_url": url,
+                              "rate": rate, "duration": duration}
+    outcome: Any = run_bench(**kwargs)
+    result: dict[str, Any] = asyncio.run(outcome) if inspect.iscoroutine(outcome) else outcome
+    if as_json:
+        print_json(result)
+    else:
+        click.echo(format_table(result))
+    if not result.get("verified", True):
+        raise SystemExit(1)

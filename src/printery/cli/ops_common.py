@@ -1,0 +1,161 @@
+"""What every ``printery`` subcommand shares: settings, the server, the pipeline, output.
+
+Settings are loaded once per invocation from the global options (flag > env > config
+file > default); a bad one exits 2 with one stderr line, as ``printery-workers`` does.
+Nothing connects before a subcommand asks for the client, so ``pipeline show`` works
+without a server.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import sys
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, NoReturn, TypeVar
+
+import click
+import redis.asyncio as aioredis
+from redis.exceptions import RedisError
+
+from printery import _json
+from printery.cli.common import load_app
+from printery.config import Settings, load_settings, redact_text
+from printery.errors import ConfigError
+from printery.keys import StreamKeys
+from printery.pipeline.dag import Pipeline
+from printery.transport.connection import connect
+from printery.transport.embedded import find_running
+
+T = TypeVar("T")
+
+#: Exit statuses of CONTRACT §1.
+EXIT_OK, EXIT_FAIL, EXIT_USAGE, EXIT_TIMEOUT = 0, 1, 2, 3
+
+
+class Failure(Exception):
+    """A negative outcome: printed as one line on stderr, exit status ``code``."""
+
+    def __init__(self, message: str, code: int = EXIT_FAIL) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+@dataclass
+class OpsContext:
+    """Per-invocation state: the global options, resolved lazily."""
+
+    flags: dict[str, object | None]
+    _settings: Settings | None = None
+    _pipeline: Pipeline | None = None
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def settings(self) -> Settings:
+        if self._settings is None:
+            try:
+                self._settings = load_settings(self.flags, os.environ)
+            except ConfigError as exc:
+                fail(str(exc), EXIT_USAGE)
+        return self._settings
+
+    @property
+    def keys(self) -> StreamKeys:
+        return StreamKeys(self.settings.stream_prefix)
+
+    @property
+    def pipeline(self) -> Pipeline:
+        if self._pipeline is None:
+            try:
+                self._pipeline = load_app(self.settings.app, self.settings)
+            except ConfigError as exc:
+                fail(str(exc), EXIT_USAGE)
+        return self._pipeline
+
+    def redis_url(self) -> str:
+        """The configured URL, else the embedded server of the data dir, else exit 1.
+
+        Only ``demo`` starts a server of its own: an operator command that silently
+        started an empty server would show empty streams instead of the real ones.
+        """
+        url = self.settings.redis_url or find_running(self.settings.data_dir)
+        if url is None:
+            data_dir = self.settings.data_dir
+            fail(
+                f"no Redis URL given and no embedded server running for data dir {data_dir}; "
+                f"start one with `printery-workers --data-dir {data_dir}` (or `printery demo`), "
+                "or pass --redis-url / set REDIS_URL"
+            )
+        return url
+
+    def run(self, body: Callable[[aioredis.Redis], Awaitable[T]]) -> T:
+        """Run ``body`` with a connected client; a connection problem exits 1 cleanly."""
+        url = self.redis_url()
+
+        async def main() -> T:
+            client = connect(url, max_connections=16)
+            try:
+                return await body(client)
+            finally:
+                await client.aclose()
+
+        try:
+            return asyncio.run(main())
+        except Failure as exc:
+            fail(str(exc), exc.code)
+        except (RedisError, OSError) as exc:
+            fail(f"redis error: {redact_text(str(exc))}")
+
+
+def fail(message: str, code: int = EXIT_FAIL) -> NoReturn:
+    """Exit with ``code`` after one stderr line (secrets masked)."""
+    click.echo(f"printery: {redact_text(message)}", err=True)
+    sys.exit(code)
+
+
+def get_ctx() -> OpsContext:
+    obj = click.get_current_context().find_object(OpsContext)
+    if obj is None:  # only when a command is invoked outside the group
+        obj = OpsContext(flags={})
+    return obj
+
+
+def print_json(value: Any) -> None:
+    """One JSON document on stdout, secrets masked (URLs may travel in data)."""
+    click.echo(redact_text(_json.dumps(value)))
+
+
+def table(rows: Sequence[Sequence[object]], headers: Sequence[str]) -> str:
+    """A plain aligned text table; ``-`` for empty cells."""
+    cells = [[str(h) for h in headers]]
+    cells += [["-" if c is None or c == "" else str(c) for c in row] for row in rows]
+    widths = [max(len(r[i]) for r in cells) for i in range(len(headers))]
+    lines = ["  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in cells]
+    lines.insert(1, "  ".join("-" * w for w in widths))
+    return "\n".join(lines)
+
+
+def decode_fields(fields: Mapping[str, str]) -> dict[str, Any]:
+    """An entry's fields with ``data`` and ``cost`` parsed from JSON where possible."""
+    out: dict[str, Any] = dict(fields)
+    for name in ("data", "cost"):
+        raw = fields.get(name)
+        if raw is not None:
+            try:
+                out[name] = _json.loads(raw)
+            except (_json.JSONDecodeError, ValueError):
+                out[name] = raw
+    return out
+
+
+async def get_entry(client: aioredis.Redis, stream: str, entry_id: str) -> dict[str, str] | None:
+    """The fields of one entry, or None when it does not exist (or the id is malformed)."""
+    try:
+        found = await client.xrange(stream, entry_id, entry_id, count=1)
+    except RedisError:
+        return None
+    return dict(found[0][1]) if found else None
+
+
+json_option = click.option("--json", "as_json", is_flag=True, help="one JSON document on stdout")

@@ -1,0 +1,203 @@
+"""``printery emit``: publish a ``deployment:started`` and optionally wait for its outcome.
+
+``--wait`` reads ``deployment:finished`` from the id that stream had *before* publishing,
+so an outcome written between publishing and the first read cannot be missed.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from typing import Any
+
+import click
+import redis.asyncio as aioredis
+
+from printery import _json
+from printery._util import new_id
+from printery.cli.ops_common import (
+    EXIT_FAIL,
+    EXIT_OK,
+    EXIT_TIMEOUT,
+    decode_fields,
+    fail,
+    get_ctx,
+    json_option,
+    print_json,
+    table,
+)
+
+FINISHED = "deployment:finished"
+PRODUCER = "printery-cli"
+_CONSTRAINT_START = tuple("<>=!~0123456789")
+
+EXAMPLE: dict[str, Any] = {
+    "service": "billing-api",
+    "version": "1.4.2",
+    "environment": "staging",
+    "requested_by": "alice",
+    "notify": ["log"],
+}
+
+
+def parse_dependency(text: str) -> dict[str, str]:
+    """``SERVICE=URL[@CONSTRAINT]``; the ``@`` splits only when what follows looks like a
+    version constraint, so a URL with ``user@host`` still parses."""
+    service, sep, rest = text.partition("=")
+    if not sep or not service or not rest:
+        raise click.BadParameter(f"{text!r}: expected SERVICE=URL[@CONSTRAINT]",
+                                 param_hint="--dependency")
+    url, at, constraint = rest.rpartition("@")
+    dep = {"service": service, "health_url": rest}
+    if at and url and constraint.startswith(_CONSTRAINT_START):
+        dep = {"service": service, "health_url": url, "version": constraint}
+    return dep
+
+
+def build_request(
+    file: click.File | None, data: str | None, example: bool, flags: dict[str, Any]
+) -> dict[str, Any]:
+    """The request from exactly one source (``--file``/``--data``/``--example``) and/or the
+    field flags, which override fields of the source. Nothing given: usage error (exit 2)."""
+    sources = [s for s in (file is not None, data is not None, example) if s]
+    if len(sources) > 1:
+        raise click.UsageError("give only one of --file, --data, --example")
+    given = {k: v for k, v in flags.items() if v not in (None, ())}
+    if not sources and not given:
+        raise click.UsageError(
+            "no request given: use --file F, --data JSON, --example or the field flags"
+        )
+    request: Any = {}
+    raw: str | None = None
+    if file is not None:
+        raw = file.read()  # type: ignore[attr-defined]
+    elif data is not None:
+        raw = data
+    elif example:
+        request = dict(EXAMPLE)
+    if raw is not None:
+        try:
+            request = _json.loads(raw)
+        except (_json.JSONDecodeError, ValueError) as exc:
+            raise click.UsageError(f"the request is not valid JSON: {exc}") from None
+    if given and not isinstance(request, dict):
+        raise click.UsageError("field flags need a JSON object request")
+    if isinstance(request, dict):
+        request.update(given)
+    if not isinstance(request, dict):
+        raise click.UsageError("the request must be a JSON object")
+    return request
+
+
+@click.command()
+@click.option("--file", "file", type=click.File("r"), default=None,
+              help="request JSON file, - = stdin")
+@click.option("--data", default=None, metavar="JSON", help="request as a JSON string")
+@click.option("--example", is_flag=True, help="publish a sample request")
+@click.option("--deployment-id", default=None)
+@click.option("--service", default=None)
+@click.option("--version", default=None)
+@click.option("--environment", default=None)
+@click.option("--requested-by", default=None)
+@click.option("--approved-by", default=None)
+@click.option("--health-url", default=None)
+@click.option("--dependency", "dependencies", multiple=True, metavar="SERVICE=URL[@CONSTRAINT]")
+@click.option("--notify", multiple=True, metavar="CHANNEL")
+@click.option("--wait", is_flag=True, help="block until the deployment finishes")
+@click.option("--timeout", type=click.FloatRange(min=0), default=120.0, show_default=True,
+              help="seconds --wait waits (exit 3 after)")
+@json_option
+def emit(
+    file: click.File | None, data: str | None, example: bool, deployment_id: str | None,
+    service: str | None, version: str | None, environment: str | None,
+    requested_by: str | None, approved_by: str | None, health_url: str | None,
+    dependencies: tuple[str, ...], notify: tuple[str, ...], wait: bool, timeout: float,
+    as_json: bool,
+) -> None:
+    """Publish a deployment request (deployment:started) and print its deployment_id."""
+    flags: dict[str, Any] = {
+        "deployment_id": deployment_id, "service": service, "version": version,
+        "environment": environment, "requested_by": requested_by, "approved_by": approved_by,
+        "health_url": health_url,
+        "dependencies": [parse_dependency(d) for d in dependencies] or None,
+        "notify": list(notify) or None,
+    }
+    request = build_request(file, data, example, flags)
+    ops = get_ctx()
+    pipeline = ops.pipeline
+    cid = request.get(pipeline.correlation_field)
+    if not isinstance(cid, str) or not cid:
+        cid = new_id(pipeline.id_prefix)
+        request[pipeline.correlation_field] = cid
+
+    async def body(client: aioredis.Redis) -> tuple[str, dict[str, Any] | None]:
+        keys, codec = ops.keys, pipeline.codec()
+        finished = keys.stream(FINISHED)
+        last = await client.xrevrange(finished, count=1)
+        start = last[0][0] if last else "0-0"
+        envelope = codec.new(pipeline.ingress[0], request, correlation_id=cid, producer=PRODUCER)
+        entry_id = await client.xadd(keys.stream(pipeline.ingress[0]), codec.encode(envelope))  # type: ignore[arg-type]
+        if not wait:
+            return str(entry_id), None
+        if not as_json:
+            click.echo(cid)
+        return str(entry_id), await _wait_finished(client, finished, start, cid,
+                                                   pipeline.correlation_field, timeout)
+
+    entry_id, outcome = ops.run(body)
+    if not wait:
+        if as_json:
+            print_json({"deployment_id": cid, "entry_id": entry_id})
+        else:
+            click.echo(cid)
+        return
+    if outcome is None:
+        if as_json:
+            print_json({"deployment_id": cid, "entry_id": entry_id, "status": "timeout"})
+        fail(f"timed out after {timeout:g}s waiting for {cid} to finish", EXIT_TIMEOUT)
+    raw_data = outcome.get("data")
+    data_out: dict[str, Any] = raw_data if isinstance(raw_data, dict) else {}
+    status = str(data_out.get("status", "unknown"))
+    if as_json:
+        print_json({"deployment_id": cid, "entry_id": entry_id, "status": status,
+                    "finished": outcome})
+    else:
+        reasons = data_out.get("reasons") or []
+        click.echo(f"{cid}: {status}")
+        if reasons:
+            click.echo(table([(r.get("code"), r.get("field"), r.get("message")) for r in reasons],
+                             ["code", "field", "message"]))
+    sys.exit(EXIT_OK if status == "succeeded" else EXIT_FAIL)
+
+
+async def _wait_finished(
+    client: aioredis.Redis, stream: str, start: str, cid: str, field: str, timeout: float  # noqa: ASYNC109
+) -> dict[str, Any] | None:
+    """The ``finished`` entry of ``cid`` written after ``start``, or None at the timeout.
+
+    A progress line (elapsed seconds) goes to stderr only when it is a terminal, so
+    scripts and logs stay clean.
+    """
+    tty = sys.stderr.isatty()
+    began = time.monotonic()
+    deadline = began + timeout
+    last = start
+    try:
+        while True:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                return None
+            if tty:
+                sys.stderr.write(f"\rwaiting for {cid} ... {time.monotonic() - began:4.0f}s")
+                sys.stderr.flush()
+            block = max(1, int(min(remaining, 1.0) * 1000))
+            reply = await client.xread({stream: last}, count=100, block=block)
+            for _name, entries in reply or []:
+                for entry_id, fields in entries:
+                    last = entry_id
+                    if fields.get(field) == cid:
+                        return {"id": entry_id, **decode_fields(fields)}
+    finally:
+        if tty:
+            sys.stderr.write("\r\033[K")
+            sys.stderr.flush()

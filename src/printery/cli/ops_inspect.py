@@ -1,0 +1,105 @@
+"""``printery status``, ``streams`` and ``pipeline show``: what runs and what waits."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import click
+import redis.asyncio as aioredis
+from redis.exceptions import ResponseError
+
+from printery.cli.ops_common import get_ctx, json_option, print_json, table
+from printery.config import redact_text
+from printery.keys import DLQ, REVIEW, REVIEW_DECIDED
+from printery.pipeline.dag import to_mermaid, to_text
+from printery.runtime.registry import list_processes
+
+
+@click.command()
+@json_option
+def status(as_json: bool) -> None:
+    """Every running printery-workers process (any host) with its workers.
+
+    Read from the process registry's heartbeat keys: a process that died disappears when
+    its key expires.
+    """
+    ops = get_ctx()
+    processes = ops.run(lambda client: list_processes(client, ops.keys))
+    if as_json:
+        print_json(processes)
+        return
+    if not processes:
+        click.echo("no running printery-workers processes")
+        return
+    rows: list[tuple[object, ...]] = []
+    for proc in processes:
+        raw_info, raw_workers = proc.get("process"), proc.get("workers")
+        info: dict[str, Any] = raw_info if isinstance(raw_info, dict) else proc
+        workers: dict[str, Any] = raw_workers if isinstance(raw_workers, dict) else {}
+        where = f"{info.get('host', '?')}:{info.get('pid', '?')}"
+        if not workers:
+            rows.append((proc.get("process_id"), where, info.get("started_at"), "-", "-", "", ""))
+        for name, w in workers.items():
+            fields: dict[str, Any] = w if isinstance(w, dict) else {"state": w}
+            rows.append((proc.get("process_id"), where, info.get("started_at"), name,
+                         fields.get("state"), fields.get("processed"), fields.get("restarts")))
+    click.echo(table(rows, ["process", "host:pid", "started_at", "worker", "state",
+                            "processed", "restarts"]))
+
+
+@click.command()
+@json_option
+def streams(as_json: bool) -> None:
+    """Each stream of the pipeline plus dlq and review: length, groups, pending, lag."""
+    ops = get_ctx()
+    pipeline, keys = ops.pipeline, ops.keys
+
+    async def body(client: aioredis.Redis) -> list[dict[str, Any]]:
+        found = []
+        for event_type in dict.fromkeys([*pipeline.event_types(), DLQ, REVIEW, REVIEW_DECIDED]):
+            key = keys.stream(event_type)
+            try:
+                info = await client.xinfo_stream(key)
+                groups = await client.xinfo_groups(key)
+            except ResponseError:  # the stream does not exist yet
+                info, groups = {"length": 0}, []
+            found.append({
+                "stream": key, "type": event_type, "length": int(info.get("length", 0)),
+                "groups": [{"name": g["name"], "consumers": g.get("consumers"),
+                            "pending": g.get("pending"), "lag": g.get("lag"),
+                            "last_delivered_id": g.get("last-delivered-id")} for g in groups],
+            })
+        return found
+
+    rows = ops.run(body)
+    if as_json:
+        print_json(rows)
+        return
+    lines = []
+    for r in rows:
+        if not r["groups"]:
+            lines.append((r["type"], r["length"], "-", "", "", ""))
+        for g in r["groups"]:
+            lines.append((r["type"], r["length"], g["name"], g["consumers"], g["pending"],
+                          "?" if g["lag"] is None else g["lag"]))
+    click.echo(table(lines, ["stream", "length", "group", "consumers", "pending", "lag"]))
+
+
+@click.group("pipeline")
+def pipeline_group() -> None:
+    """The pipeline's DAG."""
+
+
+@pipeline_group.command("show")
+@click.option("--mermaid", is_flag=True, help="a Mermaid flowchart instead of text")
+@json_option
+def pipeline_show(mermaid: bool, as_json: bool) -> None:
+    """Show the pipeline loaded from --app/PRINTERY_APP (needs no server)."""
+    pipeline = get_ctx().pipeline
+    if as_json:
+        doc = pipeline.describe()
+        if mermaid:
+            doc["mermaid"] = to_mermaid(pipeline)
+        print_json(doc)
+    else:
+        click.echo(redact_text(to_mermaid(pipeline) if mermaid else to_text(pipeline)))

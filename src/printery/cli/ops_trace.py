@@ -1,0 +1,142 @@
+"""``printery trace``, ``replay`` and ``cost``: one run's history, re-running it, and
+what it spent.
+
+``trace`` scans every stream of the pipeline plus ``dlq``, ``review`` and
+``review:decided`` with XRANGE in chunks and keeps the entries of one correlation id:
+O(total stream length), fine for operator use on retained history, not for a hot path.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from typing import Any
+
+import click
+import redis.asyncio as aioredis
+
+from printery._util import stream_id_ms
+from printery.cli.ops_common import (
+    Failure,
+    decode_fields,
+    fail,
+    get_ctx,
+    json_option,
+    print_json,
+    table,
+)
+from printery.cost import cost_summary, parse_duration
+from printery.keys import DLQ, REVIEW, REVIEW_DECIDED
+from printery.replay import ReplayError, scan_stream
+from printery.replay import replay as replay_run
+
+
+@click.command()
+@click.argument("deployment_id")
+@json_option
+def trace(deployment_id: str, as_json: bool) -> None:
+    """Every entry of one deployment across all streams, in time order, with durations."""
+    ops = get_ctx()
+    pipeline, keys = ops.pipeline, ops.keys
+    field = pipeline.correlation_field
+
+    async def body(client: aioredis.Redis) -> list[dict[str, Any]]:
+        found: list[dict[str, Any]] = []
+        for event_type in dict.fromkeys([*pipeline.event_types(), DLQ, REVIEW, REVIEW_DECIDED]):
+            stream = keys.stream(event_type)
+            async for entry_id, fields in scan_stream(client, stream):
+                if fields.get(field) == deployment_id:
+                    found.append({"id": entry_id, "stream": event_type,
+                                  **decode_fields(fields)})
+        return found
+
+    entries = ops.run(body)
+    if not entries:
+        fail(f"no entries of {field} {deployment_id!r}")
+    entries.sort(key=lambda e: tuple(int(p) for p in e["id"].split("-")))
+    first = stream_id_ms(entries[0]["id"])
+    previous = first
+    for entry in entries:
+        ms = stream_id_ms(entry["id"])
+        entry["at_ms"] = ms - first
+        entry["since_previous_ms"] = ms - previous
+        previous = ms
+        if "duration_ms" in entry:
+            with contextlib.suppress(ValueError):
+                entry["duration_ms"] = float(entry["duration_ms"])
+    if as_json:
+        print_json(entries)
+        return
+    rows = [(e["id"], f"+{e['at_ms']}ms", f"+{e['since_previous_ms']}ms", e["stream"],
+             e.get("producer", ""), e.get("duration_ms", ""), _short(e.get("cost")),
+             e.get("replay_of", ""), _outcome(e)) for e in entries]
+    click.echo(table(rows, ["id", "at", "step gap", "stream", "producer", "duration_ms",
+                            "cost", "replay_of", "detail"]))
+
+
+def _short(value: object) -> str:
+    if isinstance(value, dict):
+        return ",".join(f"{k}={v}" for k, v in value.items())
+    return "" if value is None else str(value)
+
+
+def _outcome(entry: dict[str, Any]) -> str:
+    """A few words about an entry: status, reason, decision, error."""
+    data = entry.get("data")
+    parts = []
+    if isinstance(data, dict) and "status" in data:
+        parts.append(str(data["status"]))
+    for name in ("kind", "decision", "reason_code", "reason", "channel"):
+        if entry.get(name):
+            parts.append(f"{name}={entry[name]}")
+    if isinstance(data, dict) and data.get("channel") and entry["stream"] != "review":
+        parts.append(str(data["channel"]))
+    return " ".join(parts)[:80]
+
+
+@click.command()
+@click.argument("deployment_id")
+@click.option("--from", "from_step", default=None, metavar="STEP",
+              help="the step to run again from (default: the ingress)")
+@click.option("--as", "new_id", default=None, metavar="NEW_ID",
+              help="the new deployment id (default: <id>-r<n>, first free n)")
+@json_option
+def replay(deployment_id: str, from_step: str | None, new_id: str | None, as_json: bool) -> None:
+    """Run a deployment again from a step under a new id (replay_of = the original)."""
+    ops = get_ctx()
+    pipeline = ops.pipeline
+
+    async def body(client: aioredis.Redis) -> dict[str, Any]:
+        try:
+            result = await replay_run(client, ops.keys, pipeline, deployment_id, from_step,
+                                      new_id, producer="printery-cli")
+        except ReplayError as exc:
+            raise Failure(str(exc)) from None
+        return result.as_dict()
+
+    result = ops.run(body)
+    if as_json:
+        print_json({pipeline.correlation_field: result["new_id"], **result})
+    else:
+        click.echo(result["new_id"])
+
+
+@click.command()
+@click.argument("deployment_id", required=False)
+@click.option("--since", default=None, metavar="DURATION", help="only the last 10m, 2h, 1d ...")
+@json_option
+def cost(deployment_id: str | None, since: str | None, as_json: bool) -> None:
+    """Handler time and reported cost, summed per step and unit."""
+    try:
+        since_seconds = parse_duration(since) if since is not None else None
+    except ValueError as exc:
+        raise click.BadParameter(str(exc), param_hint="--since") from None
+    ops = get_ctx()
+    summary = ops.run(lambda client: cost_summary(client, ops.keys, ops.pipeline,
+                                                  deployment_id, since_seconds))
+    if as_json:
+        print_json(summary)
+        return
+    units = sorted({u for s in summary["steps"].values() for u in s["cost"]})
+    rows = [(name, s["calls"], s["duration_ms"], *(s["cost"].get(u, 0) for u in units))
+            for name, s in [*summary["steps"].items(), ("total", summary["total"])]]
+    click.echo(table(rows, ["step", "calls", "duration_ms", *units]))

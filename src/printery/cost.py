@@ -1,0 +1,98 @@
+"""Time and reported cost per step and unit (CONTRACT §10), from the streams themselves.
+
+Every entry a worker writes carries ``duration_ms`` (handler time) and, when reported,
+``cost`` (JSON of named amounts); ``producer`` names the step. One handler call that
+writes several outputs puts the same figures on each, so entries are counted once per
+(producer, correlation id, duration_ms, cost) — one handler call. Handler calls that
+wrote no output (an aggregator still waiting for branches) leave no trace and are not
+counted. Scans with XRANGE (from the ``since`` time when given): operator use only.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import re
+import time
+from typing import Any
+
+import redis.asyncio as aioredis
+
+from printery import _json
+from printery.keys import DLQ, REVIEW, StreamKeys
+from printery.pipeline.dag import Pipeline
+from printery.replay import scan_stream
+
+__all__ = ["cost_summary", "parse_duration"]
+
+_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h|d|w)?\s*$")
+_UNIT_SECONDS = {"ms": 0.001, "s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
+
+
+def parse_duration(text: str) -> float:
+    """``10m``, ``2h``, ``30s``, ``1d``, ``500ms`` (bare number: seconds) -> seconds."""
+    match = _DURATION.match(text)
+    if match is None:
+        raise ValueError(f"{text!r}: expected a duration like 30s, 10m, 2h, 1d")
+    return float(match.group(1)) * _UNIT_SECONDS[match.group(2) or "s"]
+
+
+async def cost_summary(
+    client: aioredis.Redis,
+    keys: StreamKeys,
+    pipeline: Pipeline,
+    correlation_id: str | None = None,
+    since_seconds: float | None = None,
+) -> dict[str, Any]:
+    """``{"steps": {step: {"calls", "duration_ms", "cost": {unit: sum}}}, "total": {...}}``.
+
+    Only entries produced by the pipeline's steps count; ``correlation_id`` restricts to
+    one run, ``since_seconds`` to entries written in that window (by entry id time).
+    """
+    field = pipeline.correlation_field
+    start = "-"
+    if since_seconds is not None:
+        start = str(int((time.time() - since_seconds) * 1000))
+    seen: set[tuple[str, str, str, str]] = set()
+    steps: dict[str, dict[str, Any]] = {}
+    streams = dict.fromkeys([*pipeline.event_types(), REVIEW, DLQ])
+    for event_type in streams:
+        async for _id, fields in scan_stream(client, keys.stream(event_type), start):
+            producer = fields.get("producer", "")
+            if producer not in pipeline.steps or "duration_ms" not in fields:
+                continue
+            cid = fields.get(field, "")
+            if correlation_id is not None and cid != correlation_id:
+                continue
+            call = (producer, cid, fields["duration_ms"], fields.get("cost", ""))
+            if call in seen:
+                continue
+            seen.add(call)
+            _add(steps.setdefault(producer, {"calls": 0, "duration_ms": 0.0, "cost": {}}), fields)
+    ordered = {name: steps[name] for name in pipeline.steps if name in steps}
+    total: dict[str, Any] = {"calls": 0, "duration_ms": 0.0, "cost": {}}
+    for summary in ordered.values():
+        total["calls"] += summary["calls"]
+        total["duration_ms"] += summary["duration_ms"]
+        for unit, amount in summary["cost"].items():
+            total["cost"][unit] = total["cost"].get(unit, 0) + amount
+    for summary in (*ordered.values(), total):
+        summary["duration_ms"] = round(summary["duration_ms"], 3)
+    return {field: correlation_id, "since_seconds": since_seconds, "steps": ordered,
+            "total": total}
+
+
+def _add(summary: dict[str, Any], fields: dict[str, str]) -> None:
+    summary["calls"] += 1
+    with contextlib.suppress(ValueError):
+        summary["duration_ms"] += float(fields["duration_ms"])
+    raw = fields.get("cost")
+    if not raw:
+        return
+    try:
+        cost = _json.loads(raw)
+    except (_json.JSONDecodeError, ValueError):
+        return
+    if isinstance(cost, dict):
+        for unit, amount in cost.items():
+            if isinstance(amount, int | float) and not isinstance(amount, bool):
+                summary["cost"][unit] = summary["cost"].get(unit, 0) + amount

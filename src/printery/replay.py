@@ -1,0 +1,168 @@
+"""Replay a run of any pipeline from any step under a new correlation id (CONTRACT §10).
+
+Streams are append-only history, so the entry a step consumed for a correlation id is
+still there (until trimmed): replay finds it and publishes a copy under a new id. The
+new id keeps the rule "one outcome per correlation id" intact, and the field
+``replay_of`` (propagated by every worker to its outputs) ties the new run to the old.
+
+Limitation: finding entries scans streams with XRANGE in chunks (O(stream length)); fine
+for operator use, not for a hot path. Entries trimmed by retention cannot be replayed.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Iterable
+from dataclasses import dataclass
+from typing import Any
+
+import redis.asyncio as aioredis
+
+from printery import _json
+from printery.keys import StreamKeys
+from printery.pipeline.dag import Pipeline
+
+__all__ = ["ReplayError", "ReplayResult", "find_entries", "replay", "scan_stream"]
+
+_CHUNK = 1000
+_REF_PREFIX = "blob:"
+
+
+class ReplayError(Exception):
+    """The replay cannot be done: unknown correlation id or step, or the id is taken."""
+
+
+@dataclass(frozen=True, slots=True)
+class ReplayResult:
+    """What was re-published: ``entries`` maps each new entry id to its stream."""
+
+    original_id: str
+    new_id: str
+    step: str | None
+    entries: list[dict[str, str]]
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"replay_of": self.original_id, "new_id": self.new_id,
+                "from": self.step or "ingress", "entries": self.entries}
+
+
+async def scan_stream(
+    client: aioredis.Redis, stream: str, start: str = "-", chunk: int = _CHUNK
+) -> AsyncIterator[tuple[str, dict[str, str]]]:
+    """Every entry of ``stream`` from ``start``, in id order, ``chunk`` at a time.
+
+    Bounded memory per round trip; the next chunk starts exclusively after the last id
+    (``(`` syntax), so nothing is read twice.
+    """
+    lower = start
+    while True:
+        batch = await client.xrange(stream, lower, "+", count=chunk)
+        for entry_id, fields in batch:
+            yield _text(entry_id), {_text(k): _text(v) for k, v in fields.items()}
+        if len(batch) < chunk:
+            return
+        lower = "(" + _text(batch[-1][0])
+
+
+async def find_entries(
+    client: aioredis.Redis, stream: str, field: str, value: str
+) -> list[tuple[str, dict[str, str]]]:
+    """Entries of ``stream`` whose ``field`` equals ``value``, oldest first."""
+    return [(i, f) async for i, f in scan_stream(client, stream) if f.get(field) == value]
+
+
+async def replay(
+    client: aioredis.Redis,
+    keys: StreamKeys,
+    pipeline: Pipeline,
+    correlation_id: str,
+    from_step: str | None = None,
+    new_id: str | None = None,
+    *,
+    producer: str = "printery-replay",
+) -> ReplayResult:
+    """Re-publish what ``from_step`` consumed for ``correlation_id`` under a new id.
+
+    ``from_step`` None means the ingress: the first ingress entry of that id. For a step,
+    the first entry of that id in each stream it consumes (a join step gets all its
+    inputs back). The copies get the new id in the correlation field and in ``data``
+    (when ``data`` carries it), a fresh event id and idempotency key, ``attempt`` 1 and
+    ``replay_of``; they are written in one MULTI/EXEC. ``new_id`` defaults to
+    ``<id>-r<n>``, the first ``n`` no entry of the pipeline uses yet.
+    """
+    field = pipeline.correlation_field
+    if from_step is None:
+        types: Iterable[str] = pipeline.ingress
+    elif from_step in pipeline.steps:
+        types = pipeline.steps[from_step].consumes
+    else:
+        raise ReplayError(f"unknown step {from_step!r}; steps: {', '.join(pipeline.steps)}")
+    originals: list[tuple[str, str, dict[str, str]]] = []
+    for event_type in types:
+        found = await find_entries(client, keys.stream(event_type), field, correlation_id)
+        if found:
+            originals.append((event_type, *found[0]))
+            if from_step is None:
+                break
+    if not originals:
+        where = f"step {from_step!r}" if from_step else "the ingress"
+        raise ReplayError(f"no entry of {field} {correlation_id!r} consumed by {where}")
+    new_id = await _new_id(client, keys, pipeline, correlation_id, new_id)
+    codec = pipeline.codec()
+    encoded: list[tuple[str, dict[str, str]]] = []
+    for event_type, _entry_id, fields in sorted(originals, key=lambda o: _order(o[1])):
+        data = await _data(client, keys, fields.get("data", "null"))
+        if isinstance(data, dict) and field in data:
+            data = {**data, field: new_id}
+        envelope = codec.new(fields.get("type") or event_type, data, correlation_id=new_id,
+                             producer=producer, extra={"replay_of": correlation_id})
+        encoded.append((keys.stream(event_type), codec.encode(envelope)))
+    async with client.pipeline(transaction=True) as pipe:
+        for stream, entry in encoded:
+            pipe.xadd(stream, entry)  # type: ignore[arg-type]
+        ids = await pipe.execute()
+    entries = [{"stream": s, "id": _text(i)} for (s, _), i in zip(encoded, ids, strict=True)]
+    return ReplayResult(correlation_id, new_id, from_step, entries)
+
+
+async def _new_id(
+    client: aioredis.Redis, keys: StreamKeys, pipeline: Pipeline, original: str,
+    wanted: str | None,
+) -> str:
+    """``wanted`` if no entry uses it, else (when not given) the first free ``-r<n>``."""
+    field = pipeline.correlation_field
+    used: set[str] = set()
+    stem = wanted if wanted is not None else f"{original}-r"
+    for event_type in pipeline.event_types():
+        async for _i, fields in scan_stream(client, keys.stream(event_type)):
+            value = fields.get(field, "")
+            if value.startswith(stem):
+                used.add(value)
+    if wanted is not None:
+        if wanted in used:
+            raise ReplayError(f"{field} {wanted!r} is already used; choose another --as")
+        return wanted
+    n = 1
+    while f"{original}-r{n}" in used:
+        n += 1
+    return f"{original}-r{n}"
+
+
+async def _data(client: aioredis.Redis, keys: StreamKeys, raw: str) -> Any:
+    """The entry's data, with a blob reference resolved (the copy must carry the id)."""
+    data = _json.loads(raw)
+    ref = data.get("$ref") if isinstance(data, dict) else None
+    if isinstance(ref, str) and ref.startswith(_REF_PREFIX):
+        blob = await client.get(keys.blob(ref[len(_REF_PREFIX):]))
+        if blob is None:
+            raise ReplayError(f"the entry's payload {ref} has expired")
+        return _json.loads(blob)
+    return data
+
+
+def _order(entry_id: str) -> tuple[int, int]:
+    ms, _, seq = entry_id.partition("-")
+    return int(ms), int(seq or 0)
+
+
+def _text(value: object) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
