@@ -1,0 +1,59 @@
+"""The hand-written ceiling: the least a relay over the same client can do per event.
+
+One read loop per stage: ``XREADGROUP`` a batch, then one pipeline with an ``XADD`` of each
+entry's fields, unchanged, to the next stage and a single ``XACK`` of the whole batch. No
+decode, no idempotency, no atomic commit, no fencing: it is what printery is measured
+against, not something to run in production (a crash between the XADD and the XACK
+duplicates, and nothing notices a consumer that died holding entries).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from typing import Any
+
+import redis.asyncio as aioredis
+
+from printery.bench.layout import BenchLayout
+from printery.transport.streams import ensure_group
+
+
+class CeilingRelay:
+    """Relays stage ``i`` to stage ``i + 1`` for every stage of ``layout``, in one process."""
+
+    def __init__(
+        self, client: aioredis.Redis, layout: BenchLayout, *, batch: int, block_ms: int
+    ) -> None:
+        self.client = client
+        self.layout = layout
+        self.batch = batch
+        self.block_ms = block_ms
+        self.consumer = f"ceiling-{os.getpid()}"
+        self.stopping = asyncio.Event()
+
+    async def prepare(self) -> None:
+        """Create every stage's group from id 0, so entries loaded earlier are seen."""
+        for stage in range(self.layout.stages):
+            await ensure_group(self.client, self.layout.stream(stage), self.layout.group(stage))
+
+    async def run(self) -> None:
+        """Relay until :attr:`stopping` is set (checked between batches)."""
+        await asyncio.gather(*(self._relay(stage) for stage in range(self.layout.stages)))
+
+    async def _relay(self, stage: int) -> None:
+        source = self.layout.stream(stage)
+        target = self.layout.stream(stage + 1)
+        group = self.layout.group(stage)
+        while not self.stopping.is_set():
+            reply: Any = await self.client.xreadgroup(
+                group, self.consumer, {source: ">"}, count=self.batch, block=self.block_ms
+            )
+            if not reply:
+                continue
+            entries = reply[0][1]
+            pipe = self.client.pipeline(transaction=False)
+            for _entry_id, fields in entries:
+                pipe.xadd(target, fields)
+            pipe.xack(source, group, *(entry_id for entry_id, _ in entries))
+            await pipe.execute()

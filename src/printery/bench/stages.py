@@ -1,0 +1,50 @@
+"""printery's side of the bench: ``stages`` no-op steps built with the public API only
+(:class:`~printery.Pipeline`, :class:`~printery.ConsumerSettings`,
+:class:`~printery.WorkerManager`), so the bench measures what a user's pipeline gets."""
+
+from __future__ import annotations
+
+import redis.asyncio as aioredis
+
+from printery.bench.layout import BenchLayout
+from printery.pipeline.dag import Pipeline, Step
+from printery.runtime.handler import Handler, Message, Output
+from printery.runtime.stream_worker import ConsumerSettings
+from printery.supervisor.manager import WorkerManager
+
+
+def _forward(target: str) -> Handler:
+    async def handle(message: Message) -> Output:
+        return Output(target, message.data)
+
+    return handle
+
+
+def bench_pipeline(layout: BenchLayout) -> Pipeline:
+    """A chain ``s0 -> stage0 -> s1 -> ... -> s<stages>`` of handlers that pass data on."""
+    pipeline = Pipeline("bench", ingress=[layout.event_type(0)])
+    for stage in range(layout.stages):
+        target = layout.event_type(stage + 1)
+        pipeline.add(
+            Step(
+                name=layout.group(stage), consumes=(layout.event_type(stage),),
+                produces=(target,), handler=_forward(target),
+            )
+        )
+    return pipeline
+
+
+def bench_manager(
+    client: aioredis.Redis, layout: BenchLayout, *, batch: int, block_ms: int
+) -> WorkerManager:
+    """The stage workers, registered with their dependencies, not yet started.
+
+    ``prefetch`` is the read batch: the same count the ceiling reads per XREADGROUP.
+    """
+    settings = ConsumerSettings(prefetch=batch, block_ms=block_ms)
+    manager = WorkerManager(drain_timeout=10.0)
+    for worker, deps in bench_pipeline(layout).build_workers(
+        client=client, keys=layout.keys, settings=settings
+    ):
+        manager.register(worker, deps)
+    return manager
