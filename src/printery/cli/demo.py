@@ -15,7 +15,7 @@ from typing import Any
 
 import click
 
-from printery import ConsumerSettings, Settings, WorkerManager
+from printery import ConsumerSettings, Settings, WorkerManager, _json
 from printery.cli.ops_common import OpsContext, table
 from printery.cli.ops_trace import trace
 from printery.deploy.app import build_pipeline
@@ -67,14 +67,15 @@ async def run_demo(url: str, prefix: str) -> list[dict[str, Any]]:
     try:
         for name, request in scenarios(sandbox):
             envelope = codec.new("deployment:started", request, producer="printery-demo")
-            await client.xadd(keys.stream("deployment:started"), codec.encode(envelope))
+            await client.xadd(keys.stream("deployment:started"), dict(codec.encode(envelope)))  # type: ignore[arg-type]
             rows.append({"scenario": name, "deployment_id": envelope.correlation_id})
         wanted = {r["deployment_id"] for r in rows}
         finished: dict[str, dict[str, Any]] = {}
         loop = asyncio.get_running_loop()
         deadline = loop.time() + 60
-        with click.progressbar(length=len(rows), label="deployments finished",
-                               file=click.get_text_stream("stderr")) as bar:
+        progress: Any = click.progressbar(length=len(rows), label="deployments finished",
+                                          file=click.get_text_stream("stderr"))
+        with progress as bar:
             while len(finished) < len(rows) and loop.time() < deadline:
                 for _id, fields in await client.xrange(keys.stream("deployment:finished")):
                     cid = fields.get("deployment_id", "")
@@ -108,7 +109,7 @@ def demo(ctx: click.Context, as_json: bool) -> None:
     try:
         rows = asyncio.run(run_demo(server.url, prefix))
         if as_json:
-            click.echo(__import__("json").dumps(rows))
+            click.echo(_json.dumps(rows))
         else:
             click.echo(table(
                 [(r["scenario"], r["deployment_id"], r["status"], r["reasons"], r["review"])
