@@ -73,9 +73,8 @@ async def run_demo(url: str, prefix: str) -> list[dict[str, Any]]:
         finished: dict[str, dict[str, Any]] = {}
         loop = asyncio.get_running_loop()
         deadline = loop.time() + 60
-        progress: Any = click.progressbar(length=len(rows), label="deployments finished",
-                                          file=click.get_text_stream("stderr"))
-        with progress as bar:
+        stderr = click.get_text_stream("stderr")  # type: ignore[operator]
+        with click.progressbar(length=len(rows), label="deployments finished", file=stderr) as bar:
             while len(finished) < len(rows) and loop.time() < deadline:
                 for _id, fields in await client.xrange(keys.stream("deployment:finished")):
                     cid = fields.get("deployment_id", "")
@@ -85,7 +84,8 @@ async def run_demo(url: str, prefix: str) -> list[dict[str, Any]]:
                 await asyncio.sleep(0.1)
         # Let the notifier record its deliveries before the table is printed.
         await asyncio.sleep(1.0)
-        reviews = {f.get("deployment_id"): f.get("kind") for _, f in await client.xrange(keys.review)}
+        review_entries = await client.xrange(keys.review)
+        reviews = {f.get("deployment_id"): f.get("kind") for _, f in review_entries}
         for row in rows:
             result = finished.get(row["deployment_id"], {"status": "timeout", "reasons": []})
             row["status"] = result["status"]
