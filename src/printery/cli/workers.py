@@ -90,6 +90,10 @@ def cli(ctx: click.Context, /, **params: Any) -> None:
         given = ctx.get_parameter_source(name) == ParameterSource.COMMANDLINE
         flags[name] = value if given else None
     env = dict(os.environ)
+    # Like `celery -A` and `uvicorn`: an app module in the working directory is importable
+    # even when started through the console script (whose sys.path lacks the cwd).
+    if os.getcwd() not in sys.path and "" not in sys.path:
+        sys.path.insert(0, os.getcwd())
     try:
         settings, pipeline = resolve(flags, env)
     except ConfigError as exc:
