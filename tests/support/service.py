@@ -35,7 +35,9 @@ SETTING_ENV = (
 class ServiceHandle:
     """A running ``printery-workers``; ``.proc`` is the ``Popen``."""
 
-    def __init__(self, proc: subprocess.Popen[bytes], http_base: str | None, log_path: Path) -> None:
+    def __init__(
+        self, proc: subprocess.Popen[bytes], http_base: str | None, log_path: Path
+    ) -> None:
         self.proc = proc
         self.http_base = http_base
         self.log_path = log_path
@@ -85,7 +87,9 @@ class ServiceHandle:
             if last and not isinstance(last, Exception):
                 return last
             time.sleep(0.05)
-        raise AssertionError(f"{what} not reached within {timeout}s (last: {last!r}):\n{self.log()}")
+        raise AssertionError(
+            f"{what} not reached within {timeout}s (last: {last!r}):\n{self.log()}"
+        )
 
     def stop(self, sig: signal.Signals = signal.SIGTERM, timeout: float = 40.0) -> int:
         """Send ``sig`` and wait for the exit status (SIGKILL and fail after ``timeout``)."""
