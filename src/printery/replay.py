@@ -113,7 +113,7 @@ async def replay(
         data = await _data(client, keys, fields.get("data", "null"))
         if isinstance(data, dict) and field in data:
             data = {**data, field: new_id}
-        envelope = codec.new(fields.get("type") or event_type, data, correlation_id=new_id,
+        envelope = codec.new(event_type, data, correlation_id=new_id,
                              producer=producer, extra={"replay_of": correlation_id})
         encoded.append((keys.stream(event_type), codec.encode(envelope)))
     async with client.pipeline(transaction=True) as pipe:

@@ -41,15 +41,15 @@ EXAMPLE: dict[str, Any] = {
 
 
 def parse_dependency(text: str) -> dict[str, str]:
-    """``SERVICE=URL[@CONSTRAINT]``; the ``@`` splits only when what follows looks like a
-    version constraint, so a URL with ``user@host`` still parses."""
+    """``SERVICE=URL[@CONSTRAINT]``; the last ``@`` splits only when what follows looks
+    like a version constraint (no ``/`` or ``:``), so ``user@host`` URLs still parse."""
     service, sep, rest = text.partition("=")
     if not sep or not service or not rest:
         raise click.BadParameter(f"{text!r}: expected SERVICE=URL[@CONSTRAINT]",
                                  param_hint="--dependency")
     url, at, constraint = rest.rpartition("@")
     dep = {"service": service, "health_url": rest}
-    if at and url and constraint.startswith(_CONSTRAINT_START):
+    if at and url and constraint.startswith(_CONSTRAINT_START) and not set(constraint) & set("/:"):
         dep = {"service": service, "health_url": url, "version": constraint}
     return dep
 
