@@ -71,3 +71,28 @@ def test_two_processes_share_work_and_stop(server: ServerProcess, tmp_path: Path
     assert code == 0, svc.log()
     assert not any(psutil.pid_exists(pid) and psutil.Process(pid).status() != "zombie"
                    for pid in children)
+
+
+def test_crashed_child_is_restarted(server: ServerProcess, tmp_path: Path) -> None:
+    svc = spawn(
+        ["--redis-url", server.url, "--stream-prefix", unique_prefix("child"),
+         "--processes", "2", "--worker", "validator", "--backoff", "50"],
+        cwd=tmp_path,
+    )
+    try:
+        def pids() -> list[int]:
+            procs = svc.json("/status")["processes"]
+            alive = [p["pid"] for p in procs if p["alive"] and p["workers"]]
+            return alive if len(alive) == 2 else []
+
+        first = svc.wait_until(pids, what="two children")
+        psutil.Process(first[0]).kill()
+
+        def replaced() -> bool:
+            now = pids()
+            return len(now) == 2 and first[0] not in now and first[1] in now
+
+        svc.wait_until(replaced, timeout=20, what="child restarted")
+        assert 'printery_process_restarts_total 1.0' in svc.get("/metrics").text
+    finally:
+        assert svc.stop() == 0, svc.log()

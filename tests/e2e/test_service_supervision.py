@@ -92,3 +92,53 @@ def test_exit_on_failure_in_supervised_mode(server: ServerProcess, tmp_path: Pat
         cwd=cwd, wait=False,
     )
     assert svc.wait(timeout=20) == 1
+
+
+SLOW_APP = textwrap.dedent(
+    """
+    import asyncio
+
+    from printery import Message, Pipeline
+
+    pipeline = Pipeline("slow", ingress=["job"])
+
+
+    @pipeline.step("sleeper", consumes=["job"])
+    async def sleeper(msg: Message) -> None:
+        await asyncio.sleep(60)
+    """
+)
+
+
+def test_second_sigint_exits_at_once(server: ServerProcess, tmp_path: Path) -> None:
+    import signal
+    import time
+
+    import redis
+
+    (tmp_path / "slowapp.py").write_text(SLOW_APP)
+    prefix = unique_prefix("int2")
+    svc = spawn(
+        ["--redis-url", server.url, "--stream-prefix", prefix, "--app", "slowapp:pipeline",
+         "--shutdown-timeout", "30"],
+        cwd=tmp_path,
+    )
+    r = redis.Redis.from_url(server.url, decode_responses=True)
+    try:
+        r.xadd(f"{prefix}:job", {"data": "{}"})
+        svc.wait_until(
+            lambda: svc.json("/status")["workers"]["sleeper"]["pending"] >= 1
+            or r.xpending(f"{prefix}:job", "sleeper")["pending"] >= 1,
+            what="entry in flight",
+        )
+        svc.proc.send_signal(signal.SIGINT)
+        svc.wait_until(lambda: "shutdown requested" in svc.log(), what="drain started")
+        started = time.monotonic()
+        code = svc.stop(signal.SIGINT, timeout=10)
+        assert code == 130
+        assert time.monotonic() - started < 5
+        # Nothing lost: the entry is still pending, for redelivery.
+        assert r.xpending(f"{prefix}:job", "sleeper")["pending"] == 1
+    finally:
+        r.close()
+        svc.kill()

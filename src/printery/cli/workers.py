@@ -73,6 +73,20 @@ def resolve(
     return settings, pipeline
 
 
+def _child_args(flags: dict[str, object | None]) -> list[str]:
+    """The command line given, rebuilt from the parsed flags, for ``--processes`` children
+    (env vars and the config file reach them through inheritance)."""
+    args: list[str] = []
+    for name, value in flags.items():
+        if value is None or value is False:
+            continue
+        flag = "--config" if name == "config" else next(
+            doc.flag for doc in SETTINGS_DOC.values() if _param_name(doc.flag) == name
+        )
+        args += [flag] if value is True else [flag, str(value)]
+    return args
+
+
 @click.command(
     "printery-workers",
     context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100},
@@ -102,7 +116,7 @@ def cli(ctx: click.Context, /, **params: Any) -> None:
     if settings.processes > 1:
         from printery.cli.processes import Parent
 
-        ctx.exit(Parent(settings, pipeline, sys.argv[1:]).run())
+        ctx.exit(Parent(settings, pipeline, _child_args(flags)).run())
     from printery.service import Service
 
     ctx.exit(Service(settings, pipeline).run())
