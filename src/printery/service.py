@@ -29,10 +29,13 @@ from collections.abc import Mapping
 from typing import Any
 
 import redis.asyncio as aioredis
+from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import RedisError
+from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from printery import _json
 from printery._util import hostname, now_rfc3339
+from printery.backoff import compute_backoff
 from printery.config import Settings
 from printery.http import HttpServer
 from printery.keys import StreamKeys
@@ -194,18 +197,38 @@ class Service:
                      http_port=self.http_port, pid=self.pid)
             code = await self._wait()
         except Exception as exc:
-            log.error("service failed", error=f"{type(exc).__name__}: {exc}")
-            code = EXIT_FAILED
+            if self._stop.is_set():  # stopped while still waiting for the server
+                code = EXIT_OK
+            else:
+                log.error("service failed", error=f"{type(exc).__name__}: {exc}")
+                code = EXIT_FAILED
         await self._shutdown()
         log.info("service stopped", exit_code=code)
         return code
 
     async def _prepare_streams(self, client: aioredis.Redis) -> None:
-        """Every group of the pipeline, then its description for ``printery pipeline show``."""
-        for event_type, groups in self.pipeline.groups().items():
-            for group in groups:
-                await ensure_group(client, self.keys.stream(event_type), group)
-        await client.set(self.keys.pipeline, _json.dumps(self.pipeline.describe()))
+        """Every group of the pipeline, then its description for ``printery pipeline show``.
+
+        A server that is not up yet (started after us by systemd or compose) is waited
+        for with backoff, not treated as a failure (CONTRACT §1): a signal still stops us.
+        """
+        attempt = 0
+        while True:
+            try:
+                for event_type, groups in self.pipeline.groups().items():
+                    for group in groups:
+                        await ensure_group(client, self.keys.stream(event_type), group)
+                await client.set(self.keys.pipeline, _json.dumps(self.pipeline.describe()))
+                return
+            except (RedisConnectionError, RedisTimeoutError, OSError) as exc:
+                attempt += 1
+                delay = compute_backoff(attempt, base_ms=200, cap_ms=5000)
+                if attempt == 1:
+                    log.warning("server not reachable yet: waiting", error=str(exc))
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._stop.wait(), delay)
+                if self._stop.is_set():
+                    raise
 
     def _build_manager(self, client: aioredis.Redis) -> WorkerManager:
         s = self.settings
