@@ -173,7 +173,8 @@ def test_dlq_list_show_replay_purge(server: ServerProcess, prefix: str, r: redis
     assert done[0]["replayed"] is True
     [(_, fields)] = r.xrange(source)
     assert fields["attempt"] == "3" and fields["replayed_from"] == ids[0]
-    assert fields["deployment_id"] == "dep-0" and fields["data"] == json.dumps({"deployment_id": "dep-0"})
+    assert fields["deployment_id"] == "dep-0"
+    assert fields["data"] == json.dumps({"deployment_id": "dep-0"})
     assert not {"error", "reason_code", "worker", "deliveries", "failed_at", "source_stream",
                 "source_id"} & set(fields)
     assert [i for i, _ in r.xrange(dlq)] == ids[1:]
@@ -268,7 +269,8 @@ def test_cost_sums_exactly_per_step_and_unit(server: ServerProcess, prefix: str,
     one = as_json(cli(server.url, prefix, "cost", "dep-b", "--json"))
     assert one["steps"] == {"health-monitor": {"calls": 1, "duration_ms": 50.25,
                                                "cost": {"probes": 1}}}
-    assert as_json(cli(server.url, prefix, "cost", "--since", "10m", "--json"))["total"]["calls"] == 4
+    recent = as_json(cli(server.url, prefix, "cost", "--since", "10m", "--json"))
+    assert recent["total"]["calls"] == 4
     assert cli(server.url, prefix, "cost", "--since", "soon").returncode == 2
     assert "health-monitor" in cli(server.url, prefix, "cost").stdout
 

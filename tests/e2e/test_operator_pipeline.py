@@ -11,10 +11,10 @@ from collections.abc import AsyncIterator
 
 import pytest
 import redis.asyncio as aioredis
-from support.deploy import DeployRun, fast_settings, start_pipeline, stop_pipeline
 
 from printery.testing import wait_for
 from printery.transport.server import ServerProcess
+from support.deploy import DeployRun, fast_settings, start_pipeline, stop_pipeline
 
 
 async def cli(url: str, prefix: str, *args: str) -> tuple[int, str, str]:
@@ -40,9 +40,9 @@ async def test_emit_wait_exit_codes_and_replay(run: DeployRun, server: ServerPro
     good = run.request(deployment_id="dep-ok-1")
     bad = run.request(version="not-semver")
     (ok_code, ok_out, ok_err), (bad_code, bad_out, _) = await asyncio.gather(
-        cli(server.url, prefix, "emit", "--data", json.dumps(good), "--wait", "--timeout", "30",
+        cli(server.url, prefix, "emit", "--data", json.dumps(good), "--wait", "--timeout", "60",
             "--json"),
-        cli(server.url, prefix, "emit", "--data", json.dumps(bad), "--wait", "--timeout", "30"),
+        cli(server.url, prefix, "emit", "--data", json.dumps(bad), "--wait", "--timeout", "60"),
     )
     assert ok_code == 0, ok_err
     doc = json.loads(ok_out)
@@ -59,7 +59,7 @@ async def test_emit_wait_exit_codes_and_replay(run: DeployRun, server: ServerPro
     assert code == 0, err
     assert out.strip() == "dep-ok-1-r2"
     for new_id in ("dep-ok-1-r1", "dep-ok-1-r2"):
-        finished = await run.finished(new_id)
+        finished = await run.finished(new_id, timeout=40)
         assert finished["status"] == "succeeded"
         [entry] = await run.entries("deployment:finished", new_id)
         assert entry["replay_of"] == "dep-ok-1"
@@ -70,6 +70,6 @@ async def test_emit_wait_exit_codes_and_replay(run: DeployRun, server: ServerPro
         rows = json.loads(out) if code == 0 else []
         return out if any(r["stream"] == "notification:sent" for r in rows) else ""
 
-    rows = json.loads(await wait_for(traced, timeout=15))
+    rows = json.loads(await wait_for(traced, timeout=40, interval=0.5))
     assert all(r.get("replay_of") == "dep-ok-1" for r in rows)
     assert all("duration_ms" in r for r in rows if r["producer"] != "printery-cli")

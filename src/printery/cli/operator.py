@@ -19,7 +19,32 @@ from printery.cli.ops_review import review
 from printery.cli.ops_trace import cost, replay, trace
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+def _demo_command() -> click.Command | None:
+    """``printery demo`` ships separately (``printery.cli.demo:demo``); the group works
+    without it. Imported only when asked for: it pulls in the demo web services, which
+    every other subcommand would otherwise pay for at start-up."""
+    try:
+        from printery.cli.demo import demo  # type: ignore[import-not-found,unused-ignore]
+    except ImportError:
+        return None
+    return demo if isinstance(demo, click.Command) else None
+
+
+class _OperatorGroup(click.Group):
+    """A click group that adds the optional ``demo`` command lazily."""
+
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        names = super().list_commands(ctx)
+        return sorted([*names, "demo"]) if _demo_command() is not None else names
+
+    def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
+        command = super().get_command(ctx, cmd_name)
+        if command is None and cmd_name == "demo":
+            return _demo_command()
+        return command
+
+
+@click.group(cls=_OperatorGroup, context_settings={"help_option_names": ["-h", "--help"]})
 @click.option("--redis-url", metavar="URL", default=None,
               help="redis://, rediss:// or unix:// URL [env: REDIS_URL; default: the "
                    "embedded server of the data dir]")
@@ -51,13 +76,6 @@ def printery(
 
 for _command in (emit, status, streams, dlq, review, trace, pipeline_group, replay, cost, bench):
     printery.add_command(_command)
-
-try:  # `printery demo` ships separately; the group works without it.
-    from printery.cli.demo import demo as _demo  # type: ignore[import-not-found,unused-ignore]
-except ImportError:
-    pass
-else:
-    printery.add_command(_demo)
 
 
 def main() -> None:
