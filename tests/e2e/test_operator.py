@@ -132,7 +132,9 @@ async def test_status_lists_registered_processes(server: ServerProcess, prefix: 
 
     client = aioredis.Redis.from_url(server.url, decode_responses=True)
     registry = ProcessRegistry(client, StreamKeys(prefix), "hostA:4242", ttl=30, interval=10)
-    await registry.beat({"process": {"host": "hostA", "pid": 4242, "started_at": "t0"},
+    # The shape printery-workers writes: process fields at the top, then its workers.
+    await registry.beat({"host": "hostA", "pid": 4242, "started_at": "t0",
+                         "process_id": "hostA:4242",
                          "workers": {"validator": {"state": "running", "processed": 7}}})
     await client.aclose()
     rows = as_json(cli(server.url, prefix, "status", "--json"))

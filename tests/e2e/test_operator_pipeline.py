@@ -50,6 +50,11 @@ async def test_emit_wait_exit_codes_and_replay(run: DeployRun, server: ServerPro
     assert doc["finished"]["data"]["status"] == "succeeded"
     assert bad_code == 1 and "rejected" in bad_out and "invalid_version" in bad_out
 
+    # The same id again is not run again; --wait finds the earlier outcome at once.
+    code, out, err = await cli(server.url, prefix, "emit", "--data", json.dumps(good), "--wait",
+                               "--timeout", "20")
+    assert code == 0 and "succeeded" in out, err
+
     # Replay from the ingress and from health-monitor: a second finish under each new id.
     code, out, err = await cli(server.url, prefix, "replay", "dep-ok-1", "--json")
     assert code == 0, err

@@ -126,6 +126,7 @@ def emit(
     ops = get_ctx()
     pipeline = ops.pipeline
     cid = request.get(pipeline.correlation_field)
+    given_id = isinstance(cid, str) and bool(cid)
     if not isinstance(cid, str) or not cid:
         cid = new_id(pipeline.id_prefix)
         request[pipeline.correlation_field] = cid
@@ -133,7 +134,9 @@ def emit(
     async def body(client: aioredis.Redis) -> tuple[str, dict[str, Any] | None]:
         keys, codec = ops.keys, pipeline.codec()
         finished = keys.stream(FINISHED)
-        last = await client.xrevrange(finished, count=1)
+        # A generated id is new: only outcomes after now can be its own. A given id may
+        # have finished before (a repeated start is not run again): read from the start.
+        last = [] if given_id else await client.xrevrange(finished, count=1)
         start = last[0][0] if last else "0-0"
         envelope = codec.new(pipeline.ingress[0], request, correlation_id=cid, producer=PRODUCER)
         entry_id = await client.xadd(keys.stream(pipeline.ingress[0]), codec.encode(envelope))  # type: ignore[arg-type]
