@@ -129,6 +129,8 @@ class Service:
             return EXIT_FAILED
         try:
             return asyncio.run(self._main())
+        except KeyboardInterrupt:  # Ctrl-C before the loop's own handlers were installed
+            return EXIT_INTERRUPTED
         finally:
             self._release_server()
 

@@ -203,6 +203,8 @@ class Parent:
             log.info(f"using redis server at {self.display_url}", url=self.display_url)
         try:
             return asyncio.run(self._main())
+        except KeyboardInterrupt:  # Ctrl-C before the loop's own handlers were installed
+            return EXIT_INTERRUPTED
         finally:
             self._kill_all()
             if self._embedded is not None:
