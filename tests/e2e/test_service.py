@@ -80,6 +80,14 @@ def test_bad_config_file_key_and_password_masked(tmp_path: Path) -> None:
     assert "hunter2" not in done.stderr
 
 
+def test_app_that_raises_on_import_is_a_config_error(tmp_path: Path) -> None:
+    (tmp_path / "brokenapp.py").write_text("raise RuntimeError('broken at import')\n")
+    done = run_cli(["--app", "brokenapp:pipeline"], cwd=tmp_path)
+    assert done.returncode == 2
+    assert len(done.stderr.strip().splitlines()) == 1
+    assert "app" in done.stderr and "broken at import" in done.stderr
+
+
 def test_help_shows_env_and_default(tmp_path: Path) -> None:
     done = run_cli(["--help"], cwd=tmp_path)
     assert done.returncode == 0

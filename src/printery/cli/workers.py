@@ -65,7 +65,13 @@ def resolve(
 ) -> tuple[Settings, Pipeline]:
     """Validated settings and the loaded pipeline, or :class:`ConfigError`."""
     first = load_settings(flags, env)
-    pipeline = load_app(first.app, first)
+    try:
+        pipeline = load_app(first.app, first)
+    except ConfigError:
+        raise
+    except Exception as exc:  # the user's module raised at import or in its factory
+        detail = " ".join(f"{type(exc).__name__}: {exc}".split())
+        raise ConfigError("app", first.app, f"a module that imports cleanly ({detail})") from None
     settings = load_settings(flags, env, worker_names=list(pipeline.steps))
     if settings.app != first.app:  # cannot happen: same inputs; guard against drift
         raise ConfigError("app", settings.app, "a stable value")
