@@ -1,6 +1,7 @@
 """printery: worker orchestration over Redis Streams."""
 
 from printery.backoff import compute_backoff
+from printery.config import Settings
 from printery.errors import (
     BlobMissing,
     ConfigError,
@@ -17,9 +18,15 @@ from printery.errors import (
     TransportError,
     WorkerFailed,
 )
-from printery.config import Settings
 from printery.message import Codec, Envelope
-from printery.pipeline.aggregate import Aggregator, JoinState, MergePolicy, all_must_pass, any_pass, first_wins
+from printery.pipeline.aggregate import (
+    Aggregator,
+    JoinState,
+    MergePolicy,
+    all_must_pass,
+    any_pass,
+    first_wins,
+)
 from printery.pipeline.dag import Pipeline, Step, to_mermaid, to_text
 from printery.pipeline.escalation import escalate, review_output
 from printery.pipeline.gate import Reason
@@ -30,45 +37,45 @@ from printery.worker import RunContext, Worker, WorkerState, WorkerStats
 
 __all__ = [
     "Aggregator",
+    "BlobMissing",
     "Codec",
+    "ConfigError",
     "ConsumerSettings",
+    "DecodeError",
+    "DependencyCycle",
     "Envelope",
     "Handler",
+    "HandlerError",
     "HandlerResult",
     "JoinState",
     "MergePolicy",
     "Message",
-    "Output",
-    "Pipeline",
-    "Settings",
-    "Step",
-    "StreamWorker",
-    "WorkerManager",
-    "all_must_pass",
-    "any_pass",
-    "escalate",
-    "first_wins",
-    "review_output",
-    "to_mermaid",
-    "to_text",
-    "BlobMissing",
-    "ConfigError",
-    "DecodeError",
-    "DependencyCycle",
-    "HandlerError",
     "MessageError",
+    "Output",
     "PayloadTooLarge",
+    "Pipeline",
     "PipelineError",
     "PrinteryError",
     "Reason",
     "Reject",
     "Retry",
     "RunContext",
+    "Settings",
+    "Step",
+    "StreamWorker",
     "SupervisorError",
     "TransportError",
     "Worker",
     "WorkerFailed",
+    "WorkerManager",
     "WorkerState",
     "WorkerStats",
+    "all_must_pass",
+    "any_pass",
     "compute_backoff",
+    "escalate",
+    "first_wins",
+    "review_output",
+    "to_mermaid",
+    "to_text",
 ]

@@ -27,5 +27,5 @@ def compute_backoff(
     delay = min(cap_ms, base_ms * (2**exponent))
     if jitter > 0:
         spread = delay * jitter
-        delay += (rng or random).uniform(-spread, spread)
-    return max(0.0, min(delay, cap_ms)) / 1000.0
+        delay += float((rng or random).uniform(-spread, spread))
+    return float(max(0.0, min(delay, cap_ms))) / 1000.0

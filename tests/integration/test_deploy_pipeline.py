@@ -9,9 +9,9 @@ from collections.abc import AsyncIterator
 
 import pytest
 import redis.asyncio as aioredis
-from support.deploy import DeployRun, fast_settings, start_pipeline, stop_pipeline
 
 from printery.testing import wait_for
+from support.deploy import DeployRun, fast_settings, start_pipeline, stop_pipeline
 
 
 @pytest.fixture

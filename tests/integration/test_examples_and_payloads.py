@@ -5,15 +5,15 @@ from __future__ import annotations
 import json
 
 import redis.asyncio as aioredis
-from support.spine import publish, stream_worker
-
 from examples import docflow
+
 from printery.keys import StreamKeys
 from printery.runtime.handler import Message, Output
 from printery.runtime.payloads import PayloadStore
 from printery.supervisor.manager import WorkerManager
 from printery.testing import wait_for
 from printery.transport.server import ServerProcess
+from support.spine import publish, stream_worker
 
 
 async def test_docflow_example_runs_end_to_end(server: ServerProcess, client: aioredis.Redis,

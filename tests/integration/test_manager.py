@@ -6,13 +6,13 @@ import asyncio
 
 import pytest
 import redis.asyncio as aioredis
-from support.spine import PlainWorker, publish, relay, stream_worker
 
 from printery.errors import DependencyCycle
 from printery.keys import StreamKeys
 from printery.runtime.handler import Message, Output
 from printery.supervisor.manager import WorkerManager
 from printery.testing import wait_for
+from support.spine import PlainWorker, publish, relay, stream_worker
 
 
 async def test_worker_manager_startup() -> None:

@@ -12,11 +12,11 @@ from pathlib import Path
 
 import pytest
 import redis
-from support.spine import CODEC
 
 from printery.keys import StreamKeys
 from printery.testing import wait_for_sync
 from printery.transport.server import ServerProcess
+from support.spine import CODEC
 
 TESTS = Path(__file__).resolve().parents[1]
 

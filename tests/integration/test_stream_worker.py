@@ -5,13 +5,13 @@ from __future__ import annotations
 import asyncio
 
 import redis.asyncio as aioredis
-from support.spine import CODEC, outputs_by_n, publish, relay, stream_worker
 
 from printery.errors import Reject
 from printery.keys import StreamKeys
 from printery.runtime.handler import Message, Output
 from printery.supervisor.manager import WorkerManager
 from printery.testing import wait_for
+from support.spine import CODEC, outputs_by_n, publish, relay, stream_worker
 
 
 async def _running(*workers: object) -> WorkerManager:

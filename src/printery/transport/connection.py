@@ -13,7 +13,7 @@ def connect(url: str, *, max_connections: int = 256, block_ms: int = 1000) -> ai
     above the blocking-read time so a quiet stream is not mistaken for a dead server; no
     connection is made until the first command.
     """
-    return aioredis.Redis.from_url(
+    client: aioredis.Redis = aioredis.Redis.from_url(
         url,
         decode_responses=True,
         max_connections=max_connections,
@@ -23,3 +23,4 @@ def connect(url: str, *, max_connections: int = 256, block_ms: int = 1000) -> ai
         health_check_interval=30,
         retry_on_timeout=False,
     )
+    return client
