@@ -174,7 +174,7 @@ def emit(
 
 
 async def _wait_finished(
-    client: aioredis.Redis, stream: str, start: str, cid: str, field: str, timeout: float  # noqa: ASYNC109
+    client: aioredis.Redis, stream: str, start: str, cid: str, field: str, timeout: float
 ) -> dict[str, Any] | None:
     """The ``finished`` entry of ``cid`` written after ``start``, or None at the timeout.
 

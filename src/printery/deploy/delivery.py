@@ -180,7 +180,7 @@ async def post_webhook(
     secret: str | None,
     retries: int,
     backoff_ms: float,
-    timeout: float,  # noqa: ASYNC109 - per attempt; a caller's asyncio.timeout can't say that
+    timeout: float,
     max_response_bytes: int = 65536,
     allow_hosts: Collection[str] = (),
 ) -> DeliveryResult:

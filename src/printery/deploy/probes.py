@@ -120,7 +120,7 @@ async def probe_dependency(
     client: httpx.AsyncClient,
     dep: dict[str, Any],
     *,
-    timeout: float,  # noqa: ASYNC109 - per attempt; a caller's asyncio.timeout can't say that
+    timeout: float,
     retries: int,
     backoff_ms: float = DEFAULT_BACKOFF_MS,
 ) -> dict[str, Any]:
@@ -175,7 +175,7 @@ async def check_dependencies(
     client: httpx.AsyncClient,
     deps: Sequence[dict[str, Any]],
     *,
-    timeout: float,  # noqa: ASYNC109 - per probe attempt, see probe_dependency
+    timeout: float,
     retries: int,
     deployment_id: str | None = None,
     backoff_ms: float = DEFAULT_BACKOFF_MS,

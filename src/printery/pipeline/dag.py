@@ -21,7 +21,7 @@ from printery.errors import PipelineError, Reject
 from printery.keys import StreamKeys
 from printery.message import Codec
 from printery.pipeline.gate import Reason
-from printery.runtime.handler import Handler, HandlerResult, Message, Output, outputs_of
+from printery.runtime.handler import Handler, HandlerResult, Message, outputs_of
 from printery.runtime.observe import Observer
 from printery.runtime.payloads import PayloadStore
 from printery.runtime.stream_worker import ConsumerSettings, StreamWorker

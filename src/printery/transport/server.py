@@ -116,7 +116,7 @@ class ServerProcess:
         if self.process and self.process.poll() is None:
             return
         self.data_dir.mkdir(parents=True, exist_ok=True)
-        self.process = subprocess.Popen(  # noqa: S603 - our own binary and arguments
+        self.process = subprocess.Popen(
             self.command(),
             stdin=subprocess.DEVNULL,
             stdout=subprocess.DEVNULL,
