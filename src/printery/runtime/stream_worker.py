@@ -33,9 +33,9 @@ from printery._util import consumer_name, now_rfc3339
 from printery.backoff import compute_backoff
 from printery.errors import MessageError, Reject
 from printery.keys import StreamKeys
-from printery.message import Codec
-from printery.runtime.committer import GroupCommitter
-from printery.runtime.handler import Handler, Message, Output, outputs_of
+from printery.message import Codec, Envelope
+from printery.runtime.committer import Call, GroupCommitter
+from printery.runtime.handler import Handler, HandlerResult, Message, Output, outputs_of
 from printery.runtime.observe import NullObserver, Observer
 from printery.runtime.payloads import PayloadStore
 from printery.transport.streams import (
@@ -105,17 +105,41 @@ class _Held:
 
 
 class _Consumer:
+    """One consumer name with its read loop, the entries it holds and its handler slots.
+
+    Slots are a counter rather than a semaphore so the read path can take one without
+    awaiting: entries that get a slot at once are processed together in their read
+    batch's task; the rest wait in a task of their own.
+    """
+
     def __init__(self, worker: StreamWorker, index: int) -> None:
         self.worker = worker
         self.name = consumer_name(worker.name, index)
         self.held: dict[tuple[str, str], _Held] = {}
-        self.slots = asyncio.Semaphore(worker.settings.effective_parallel)
+        self.parallel = worker.settings.effective_parallel
+        self.running = 0
+        self.slot_freed = asyncio.Event()
         self.room = asyncio.Event()
         self.room.set()
 
     @property
     def free(self) -> int:
         return max(0, self.worker.settings.prefetch - len(self.held))
+
+    def try_take(self) -> bool:
+        if self.running < self.parallel:
+            self.running += 1
+            return True
+        return False
+
+    async def take(self) -> None:
+        while not self.try_take():
+            self.slot_freed.clear()
+            await self.slot_freed.wait()
+
+    def give(self) -> None:
+        self.running -= 1
+        self.slot_freed.set()
 
     def release(self, held: _Held) -> None:
         self.held.pop((held.stream, held.entry_id), None)
@@ -238,7 +262,9 @@ class StreamWorker:
             stream="", group=self.name, consumer="", entry_id="", marker_key="",
             marker_ttl_ms=int(self.settings.marker_ttl * 1000), outputs=pending,
         )
-        result = await self.scripts.call(COMMIT_LUA, keys, args)
+        (result,) = await self.scripts.call(COMMIT_LUA, keys, args)
+        if isinstance(result, Exception):
+            raise result
         return max(0, int(result) - 1)
 
     # -- reading ---------------------------------------------------------------------------
@@ -283,10 +309,22 @@ class StreamWorker:
     def _accept(
         self, consumer: _Consumer, stream: str, entries: list[tuple[str, dict[str, str] | None, int]]
     ) -> None:
+        """Hold a read (or claimed) batch. Entries that get a handler slot at once are
+        processed together by one task; the others each wait for a slot in their own."""
+        now = time.monotonic()
+        batch: list[tuple[_Held, dict[str, str], int]] = []
         for entry_id, fields, deliveries in entries:
             held = _Held(consumer, stream, entry_id)
             consumer.held[(stream, entry_id)] = held
-            held.task = asyncio.create_task(self._process(held, fields or {}, deliveries))
+            if consumer.try_take():
+                held.started = now
+                batch.append((held, fields or {}, deliveries))
+            else:
+                held.task = asyncio.create_task(self._process(held, fields or {}, deliveries))
+        if batch:
+            task = asyncio.create_task(self._process_batch(stream, batch))
+            for held, _, _ in batch:
+                held.task = task
 
     async def _connection_trouble(self, exc: BaseException, failures: int) -> None:
         if self.connected:
@@ -312,26 +350,143 @@ class StreamWorker:
 
     # -- processing ------------------------------------------------------------------------
 
-    async def _process(self, held: _Held, fields: dict[str, str], deliveries: int) -> None:
-        consumer = held.consumer
+    def _finish(self, held: _Held) -> None:
+        """The entry is done with (committed, or left pending): free its slot and room."""
+        held.consumer.give()
+        held.consumer.release(held)
+
+    def _decode(self, fields: dict[str, str], stream_type: str) -> Envelope:
+        return self.codec.decode(fields, stream_type)
+
+    def _message(
+        self, held: _Held, fields: dict[str, str], deliveries: int, envelope: Envelope
+    ) -> Message:
+        return Message(
+            envelope=envelope, stream=held.stream, entry_id=held.entry_id,
+            deliveries=deliveries, worker=self.name, consumer=held.consumer.name,
+            fields=fields,
+        )
+
+    async def _process_batch(self, stream: str, items: list[tuple[_Held, dict[str, str], int]]) -> None:  # noqa: C901
+        """The fast path of a read batch whose entries all got a slot.
+
+        Per-entry work is only what the contract needs, and every round trip is shared:
+        one decode pass, one lookup of all idempotency markers, each handler started
+        eagerly (one that finishes without awaiting needs no task of its own), and one
+        group commit for every entry that finished, each entry still atomic on its own.
+        A handler that suspends, or fails, continues in a task of its own (the slow path).
+        """
+        begun = time.perf_counter()
+        owned = {id(held): held for held, _, _ in items}
+        commits: list[_Commit] = []
+        started: list[tuple[_Held, Message, str, asyncio.Future[HandlerResult]]] = []
         try:
-            async with consumer.slots:
-                held.started = time.monotonic()
-                await self._process_started(held, fields, deliveries)
+            stream_type = self.keys.event_type(stream)
+            decoded: list[tuple[_Held, dict[str, str], int, Envelope]] = []
+            for held, fields, deliveries in items:
+                try:
+                    if PayloadStore.reference_of(fields.get("data", "")) is not None:
+                        fields = await self.payloads.resolve_fields(fields)
+                    envelope = self._decode(fields, stream_type)
+                except MessageError as exc:
+                    commits.append(self._dead_letter_commit(
+                        held, fields, deliveries, exc.reason_code, str(exc)))
+                    continue
+                if deliveries > self.settings.max_deliveries:
+                    commits.append(self._dead_letter_commit(
+                        held, fields, deliveries, "max_deliveries_exceeded",
+                        f"delivered {deliveries} times (limit {self.settings.max_deliveries})",
+                    ))
+                    continue
+                decoded.append((held, fields, deliveries, envelope))
+            markers = [self.keys.idempotency(self.name, e.idempotency_key) for *_, e in decoded]
+            seen: list[Any] = (
+                await self._with_reconnect(lambda: self.client.mget(markers)) if markers else []
+            )
+            for (held, fields, deliveries, envelope), marker, exists in zip(
+                decoded, markers, seen, strict=True
+            ):
+                if exists is not None:
+                    commits.append(_Commit(held, marker, [], "duplicate"))
+                    continue
+                message = self._message(held, fields, deliveries, envelope)
+                started.append((held, message, marker, asyncio.ensure_future(self.handler(message))))
+            if started:
+                # One turn of the loop: every handler runs up to its first real await, and
+                # those that finish by then are committed together below.
+                await asyncio.sleep(0)
+            for held, message, marker, handler_task in started:
+                commit = await self._finished(held, message, marker, handler_task, begun, owned)
+                if commit is not None:
+                    commits.append(commit)
+            await self._commit_all(commits, begun)
+        except asyncio.CancelledError:
+            for held, _, _, handler_task in started:
+                if id(held) in owned:
+                    handler_task.cancel()
+            raise
+        except Exception as exc:  # a bug in the runtime itself: keep the entries pending
+            self._record_error(exc)
+            log.exception("batch processing failed", worker=self.name, entries=len(items))
+        finally:
+            for held in owned.values():
+                self._finish(held)
+
+    async def _finished(
+        self, held: _Held, message: Message, marker: str, handler: asyncio.Future[HandlerResult],
+        begun: float, owned: dict[int, _Held],
+    ) -> _Commit | None:
+        """The commit for a handler that finished in the batch's turn; or None, when the
+        entry moved to a task of its own (handler still running, or failed: retries wait
+        out a backoff, which must not hold up the batch)."""
+        if handler.done() and not handler.cancelled():
+            error = handler.exception()
+            if isinstance(error, Reject):
+                return self._dead_letter_commit(
+                    held, message.fields, message.deliveries, error.reason_code, str(error))
+            if error is None:
+                try:
+                    outputs = outputs_of(handler.result())
+                except Exception as exc:
+                    handler = asyncio.ensure_future(_raise(exc))
+                else:
+                    seconds = time.perf_counter() - begun
+                    pending = await self._pending_outputs(message, outputs, seconds)
+                    return _Commit(held, marker, pending, "handled", message)
+        owned.pop(id(held), None)
+        held.task = asyncio.create_task(
+            self._own(held, self._handle(held, message, marker, begun, handler))
+        )
+        return None
+
+    async def _own(self, held: _Held, work: Awaitable[None]) -> None:
+        """Run one entry's slow path; whatever happens, free its slot afterwards."""
+        try:
+            await work
         except asyncio.CancelledError:
             raise
         except Exception as exc:  # a bug in the runtime itself: keep the entry pending
             self._record_error(exc)
             log.exception("entry processing failed", worker=self.name, entry_id=held.entry_id)
         finally:
-            consumer.release(held)
+            self._finish(held)
+
+    async def _process(self, held: _Held, fields: dict[str, str], deliveries: int) -> None:
+        """The slow path of an entry that found no free slot: wait for one, then process."""
+        try:
+            await held.consumer.take()
+        except BaseException:
+            held.consumer.release(held)
+            raise
+        held.started = time.monotonic()
+        await self._own(held, self._process_started(held, fields, deliveries))
 
     async def _process_started(self, held: _Held, fields: dict[str, str], deliveries: int) -> None:
         begun = time.perf_counter()
         stream_type = self.keys.event_type(held.stream)
         try:
             fields = await self.payloads.resolve_fields(fields)
-            envelope = self.codec.decode(fields, stream_type)
+            envelope = self._decode(fields, stream_type)
         except MessageError as exc:
             await self._dead_letter(held, fields, deliveries, exc.reason_code, str(exc))
             return
@@ -346,41 +501,50 @@ class StreamWorker:
             await self._commit(held, marker, [])
             self.observer.processed(self.name, "duplicate", time.perf_counter() - begun)
             return
+        message = self._message(held, fields, deliveries, envelope)
+        await self._handle(held, message, marker, begun, self.handler(message))
+
+    async def _handle(
+        self, held: _Held, message: Message, marker: str, begun: float,
+        result: Awaitable[HandlerResult],
+    ) -> None:
+        """Finish a handler call (``result``) and commit, or retry with backoff (each retry
+        a counted delivery) until it succeeds or goes to the dead-letter stream."""
+        deliveries = message.deliveries
         while True:
-            message = Message(
-                envelope=envelope, stream=held.stream, entry_id=held.entry_id,
-                deliveries=deliveries, worker=self.name, consumer=held.consumer.name,
-                fields=fields,
-            )
             try:
-                result = await self.handler(message)
-                outputs = outputs_of(result)
+                outputs = outputs_of(await result)
             except Reject as exc:
-                await self._dead_letter(held, fields, deliveries, exc.reason_code, str(exc))
+                await self._dead_letter(held, message.fields, deliveries, exc.reason_code, str(exc))
                 return
             except Exception as exc:
                 self._record_error(exc)
                 self.observer.processed(self.name, "error", time.perf_counter() - begun)
                 if deliveries >= self.settings.max_deliveries:
                     await self._dead_letter(
-                        held, fields, deliveries, "max_deliveries_exceeded", _describe(exc)
+                        held, message.fields, deliveries, "max_deliveries_exceeded", _describe(exc)
                     )
                     return
                 log.warning(
                     "handler failed, will retry", worker=self.name, consumer=held.consumer.name,
-                    event_id=envelope.event_id, attempt=deliveries, error=_describe(exc),
+                    event_id=message.envelope.event_id, attempt=deliveries, error=_describe(exc),
                 )
                 deliveries = await self._redeliver(held, deliveries)
                 if deliveries < 0:
                     return
+                message = self._message(held, message.fields, deliveries, message.envelope)
+                result = self.handler(message)
                 continue
             pending = await self._pending_outputs(message, outputs, time.perf_counter() - begun)
             outcome = await self._commit(held, marker, pending)
-            self._stats.processed += 1
-            self.observer.processed(self.name, outcome, time.perf_counter() - begun)
-            for unit, amount in message.costs.items():
-                self.observer.cost(self.name, unit, amount)
+            self._handled(message, outcome, begun)
             return
+
+    def _handled(self, message: Message, outcome: str, begun: float) -> None:
+        self._stats.processed += 1
+        self.observer.processed(self.name, outcome, time.perf_counter() - begun)
+        for unit, amount in message.costs.items():
+            self.observer.cost(self.name, unit, amount)
 
     async def _pending_outputs(
         self, message: Message, outputs: list[Output], seconds: float
@@ -400,7 +564,8 @@ class StreamWorker:
                 extra={**extra, **out.extra},
             )
             fields = self.codec.encode(envelope)
-            fields["data"] = await self.payloads.store_if_large(fields["data"])
+            if len(fields["data"]) > self.payloads.inline_limit:
+                fields["data"] = await self.payloads.store_if_large(fields["data"])
             pending.append(
                 PendingOutput(
                     stream=self.keys.stream(out.type), fields=fields,
@@ -409,26 +574,59 @@ class StreamWorker:
             )
         return pending
 
-    async def _commit(self, held: _Held, marker: str, outputs: list[PendingOutput]) -> str:
-        """Commit until it is done or we are fenced out; returns the outcome label."""
-        keys, args = commit_args(
+    def _commit_call(self, held: _Held, marker: str, outputs: list[PendingOutput]) -> Call:
+        return commit_args(
             stream=held.stream, group=self.name, consumer=held.consumer.name,
             entry_id=held.entry_id, marker_key=marker,
             marker_ttl_ms=int(self.settings.marker_ttl * 1000), outputs=outputs,
         )
+
+    async def _commit_results(self, calls: list[Call]) -> list[Any]:
+        """Commit until the round trip succeeds (the script is idempotent and fenced, so a
+        retry after a lost reply cannot write twice); each entry's result or error."""
         failures = 0
         while True:
             try:
-                result = int(await asyncio.shield(self._committer.commit(keys, args)))
-                break
+                return await asyncio.shield(self._committer.commit_many(calls))
             except CONNECTION_ERRORS as exc:
                 failures += 1
                 await self._connection_trouble(exc, failures)
-        if result == FENCED:
+
+    def _outcome(self, held: _Held, marker: str, result: Any) -> str:
+        if isinstance(result, Exception):
+            raise result
+        if int(result) == FENCED:
             log.warning("entry was reclaimed by another consumer; not committing",
                         worker=self.name, entry_id=held.entry_id)
             return "fenced"
-        return "duplicate" if result == DUPLICATE and marker else "ok"
+        return "duplicate" if int(result) == DUPLICATE and marker else "ok"
+
+    async def _commit(self, held: _Held, marker: str, outputs: list[PendingOutput]) -> str:
+        """Commit one entry until it is done or we are fenced out; the outcome label."""
+        (result,) = await self._commit_results([self._commit_call(held, marker, outputs)])
+        return self._outcome(held, marker, result)
+
+    async def _commit_all(self, commits: list[_Commit], begun: float) -> None:
+        """Commit a batch's finished entries in one group commit, then account for each."""
+        if not commits:
+            return
+        results = await self._commit_results(
+            [self._commit_call(c.held, c.marker, c.outputs) for c in commits]
+        )
+        for commit, result in zip(commits, results, strict=True):
+            try:
+                outcome = self._outcome(commit.held, commit.marker, result)
+            except Exception as exc:  # this entry's commit failed: it stays pending
+                self._record_error(exc)
+                log.error("commit failed", worker=self.name, entry_id=commit.held.entry_id,
+                          error=_describe(exc))
+                continue
+            if commit.kind == "handled" and commit.message is not None:
+                self._handled(commit.message, outcome, begun)
+            elif commit.kind == "duplicate":
+                self.observer.processed(self.name, "duplicate", time.perf_counter() - begun)
+            else:
+                self._dead_lettered(commit)
 
     async def _redeliver(self, held: _Held, deliveries: int) -> int:
         """Wait the backoff, then take the entry again as a counted delivery (-1: lost)."""
@@ -445,9 +643,11 @@ class StreamWorker:
         )
         return int(count)
 
-    async def _dead_letter(
+    def _dead_letter_commit(
         self, held: _Held, fields: dict[str, str], deliveries: int, reason_code: str, error: str
-    ) -> None:
+    ) -> _Commit:
+        """The commit that moves an entry to the dead-letter stream, with the original
+        fields and why, and acks it (no marker: a fixed producer may send it again)."""
         entry = {
             **{k: v for k, v in fields.items()},
             "error": error[:2000],
@@ -459,11 +659,24 @@ class StreamWorker:
             "source_id": held.entry_id,
         }
         entry.setdefault("type", self.keys.event_type(held.stream))
-        await self._commit(held, "", [PendingOutput(stream=self.keys.dlq, fields=entry)])
-        self.observer.dead_lettered(self.name, reason_code)
+        return _Commit(
+            held, "", [PendingOutput(stream=self.keys.dlq, fields=entry)], "dead_lettered",
+            reason_code=reason_code, error=error, deliveries=deliveries,
+        )
+
+    async def _dead_letter(
+        self, held: _Held, fields: dict[str, str], deliveries: int, reason_code: str, error: str
+    ) -> None:
+        commit = self._dead_letter_commit(held, fields, deliveries, reason_code, error)
+        await self._commit(held, "", commit.outputs)
+        self._dead_lettered(commit)
+
+    def _dead_lettered(self, commit: _Commit) -> None:
+        self.observer.dead_lettered(self.name, commit.reason_code)
         self.observer.processed(self.name, "dead_lettered", 0.0)
-        log.error("entry dead-lettered", worker=self.name, entry_id=held.entry_id,
-                  reason_code=reason_code, deliveries=deliveries, error=error[:500])
+        log.error("entry dead-lettered", worker=self.name, entry_id=commit.held.entry_id,
+                  reason_code=commit.reason_code, deliveries=commit.deliveries,
+                  error=commit.error[:500])
 
     def _record_error(self, exc: BaseException) -> None:
         self._stats.errors += 1
@@ -552,6 +765,24 @@ class StreamWorker:
                     held.task.cancel()
             for stream, ids in leftover.items():
                 await self._hand_back(consumer, stream, ids)
+
+
+@dataclass(slots=True)
+class _Commit:
+    """One entry's commit as a batch collects it, with what to account once it is done."""
+
+    held: _Held
+    marker: str
+    outputs: list[PendingOutput]
+    kind: str  # handled, duplicate, dead_lettered
+    message: Message | None = None
+    reason_code: str = ""
+    error: str = ""
+    deliveries: int = 0
+
+
+async def _raise(exc: BaseException) -> HandlerResult:
+    raise exc
 
 
 def _describe(exc: BaseException) -> str:
