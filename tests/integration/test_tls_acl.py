@@ -1,0 +1,172 @@
+"""Secure connections (issue 6 item 7): ``rediss://`` with a CA the test generates, and an
+ACL user allowed only the commands printery needs (the rule is documented in
+docs/security.md; keep the two in sync)."""
+
+from __future__ import annotations
+
+import asyncio
+import ssl
+from pathlib import Path
+
+import pytest
+import redis.asyncio as aioredis
+import trustme
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import NoPermissionError, ResponseError
+
+from printery.errors import Reject, Retry
+from printery.keys import StreamKeys
+from printery.runtime.handler import Message, Output
+from printery.runtime.registry import ProcessRegistry, list_processes
+from printery.runtime.retention import trim_stream
+from printery.runtime.stream_worker import ConsumerSettings, StreamWorker
+from printery.supervisor.manager import WorkerManager
+from printery.testing import wait_for
+from printery.transport.connection import connect
+from printery.transport.server import ServerProcess
+from support.spine import CODEC, outputs_by_n, publish
+from support.tls_proxy import TlsProxy
+
+#: The ACL rule of docs/security.md, for a user confined to one stream prefix.
+ACL_COMMANDS = (
+    "-@all +ping +client|setname +client|setinfo"
+    " +xreadgroup +xadd +xack +xautoclaim +xclaim +xpending +xgroup|create +xinfo|groups"
+    " +xinfo|consumers +xrange +xlen +xtrim +time"
+    " +evalsha +script|load +exists +get +set +mget +del"
+    " +hset +hsetnx +hgetall +expire +zadd +zrangebyscore +zrem +scan"
+)
+
+
+def acl_rule(prefix: str, password: str) -> list[str]:
+    # "~" alone grants the empty key name: the commit script is passed '' for "no
+    # idempotency marker" (dead letters) and "no source stream" (emits).
+    return ["on", f">{password}", "resetkeys", f"~{prefix}:*", "~", "resetchannels",
+            *ACL_COMMANDS.split()]
+
+
+async def _relay_run(client: aioredis.Redis, keys: StreamKeys, n: int) -> StreamWorker:
+    """Exercise everything a stream worker does: reads, commits, retries (redeliver),
+    dead letters, leases (visibility 0.6 s; handler runs 0.5 s), claims."""
+    attempts: dict[int, int] = {}
+
+    async def handler(msg: Message) -> Output:
+        i = int(msg.data["n"])
+        attempts[i] = attempts.get(i, 0) + 1
+        if i == 0:
+            raise Reject("bad_input", "entry 0 is rejected")
+        if i == 1 and attempts[i] == 1:
+            raise Retry("once more")
+        if i == 2:
+            await asyncio.sleep(0.5)
+        return Output("out", msg.data)
+
+    worker = StreamWorker(
+        "w", client=client, keys=keys, consumes=["in"], handler=handler, codec=CODEC,
+        settings=ConsumerSettings(block_ms=100, visibility_timeout=0.6, claim_interval=0.1,
+                                  retry_backoff_ms=20),
+    )
+    manager = WorkerManager(drain_timeout=2)
+    manager.register(worker)
+    await manager.start_all()
+    try:
+        await publish(client, keys, "in", n)
+        await wait_for(lambda: _xlen_at_least(client, keys.stream("out"), n - 1), timeout=15)
+        await wait_for(lambda: _xlen_at_least(client, keys.dlq, 1), timeout=5)
+    finally:
+        await manager.stop_all(2)
+    assert await outputs_by_n(client, keys, "out") == {i: 1 for i in range(1, n)}
+    assert worker.stats().errors >= 1  # the retry happened
+    return worker
+
+
+async def _xlen_at_least(client: aioredis.Redis, key: str, n: int) -> bool:
+    return int(await client.xlen(key)) >= n
+
+
+# -- TLS -------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def ca(tmp_path: Path) -> tuple[trustme.CA, Path]:
+    authority = trustme.CA()
+    path = tmp_path / "ca.pem"
+    authority.cert_pem.write_to_path(str(path))
+    return authority, path
+
+
+async def test_stream_worker_over_rediss(
+    server: ServerProcess, prefix: str, ca: tuple[trustme.CA, Path], tmp_path: Path
+) -> None:
+    authority, ca_path = ca
+    async with TlsProxy("127.0.0.1", server.port, authority) as proxy:
+        url = f"rediss://localhost:{proxy.port}/0?ssl_ca_certs={ca_path}"
+        client = connect(url, block_ms=100)
+        try:
+            assert await client.ping()
+            await _relay_run(client, StreamKeys(prefix), 10)
+        finally:
+            await client.aclose()
+        assert proxy.connections >= 2  # the blocking reads have their own connections
+
+        # A CA the client does not trust: the handshake fails, nothing is sent.
+        other = tmp_path / "other-ca.pem"
+        trustme.CA().cert_pem.write_to_path(str(other))
+        stranger = connect(f"rediss://localhost:{proxy.port}/0?ssl_ca_certs={other}")
+        with pytest.raises(RedisConnectionError) as failure:
+            await stranger.ping()
+        assert isinstance(failure.value.__context__, ssl.SSLError) or "certificate" in str(
+            failure.value
+        ).lower()
+        await stranger.aclose()
+        # Plain text against the TLS port is refused too.
+        plain = aioredis.Redis(host="127.0.0.1", port=proxy.port, socket_timeout=3,
+                               socket_connect_timeout=3)
+        with pytest.raises((RedisConnectionError, ResponseError, TimeoutError, OSError)):
+            await plain.ping()
+        await plain.aclose()
+
+
+# -- ACL -------------------------------------------------------------------------------
+
+
+async def test_stream_worker_registry_and_trim_under_minimal_acl_user(
+    server: ServerProcess, prefix: str, client: aioredis.Redis
+) -> None:
+    user, password = f"printery-{prefix.rsplit(':', 1)[-1]}", "s3cret-pw"
+    await client.execute_command("ACL", "SETUSER", user, *acl_rule(prefix, password))
+    await client.execute_command("ACL", "LOG", "RESET")
+    limited = connect(f"redis://{user}:{password}@127.0.0.1:{server.port}/0", block_ms=100)
+    try:
+        keys = StreamKeys(prefix)
+        await _relay_run(limited, keys, 10)
+        registry = ProcessRegistry(limited, keys, "proc-1", interval=0.1, ttl=5)
+        await registry.beat({"pid": 1})
+        assert [p.get("pid") for p in await list_processes(limited, keys)] == [1]
+        await registry.remove()
+        result = await trim_stream(limited, keys.stream("in"), retention=0)
+        assert result.trimmed >= 1
+        denied = [
+            entry for entry in await client.execute_command("ACL", "LOG")
+            if _field(entry, "username") == user
+        ]
+        assert denied == [], f"commands the rule misses: {denied}"
+
+        # Outside its prefix, and anything not on the list, is refused.
+        with pytest.raises(NoPermissionError):
+            await limited.set("elsewhere:key", "1")
+        with pytest.raises(NoPermissionError):
+            await limited.execute_command("FLUSHALL")
+        with pytest.raises(NoPermissionError):
+            await limited.execute_command("CONFIG", "GET", "dir")
+    finally:
+        await limited.aclose()
+        await client.execute_command("ACL", "DELUSER", user)
+
+
+def _field(entry: object, name: str) -> object:
+    if isinstance(entry, dict):
+        return entry.get(name)
+    if isinstance(entry, list):
+        pairs = dict(zip(entry[::2], entry[1::2], strict=False))
+        return pairs.get(name)
+    return None
