@@ -230,3 +230,53 @@ def test_fuzz_summary(relay: Relay, server: ServerProcess) -> None:
     duplicates = total - processed - sum(reasons.values())
     print(f"fuzzed entries: {total}, processed: {processed}, dlq: {reasons}, "
           f"deduplicated: {duplicates}, worker crashes: 0, pending: 0")
+
+
+# -- the deployment app's validator ----------------------------------------------------
+
+REQUEST_KEYS = ["deployment_id", "service", "version", "environment", "dependencies",
+                "notify", "requested_by", "timeout_s"]
+REQUEST = st.dictionaries(
+    st.one_of(st.sampled_from(REQUEST_KEYS), st.text(max_size=8)),
+    st.one_of(
+        JSON,
+        st.sampled_from(["payments", "1.2.3", "production", "staging", "log", "webhook+x"]),
+        st.lists(st.fixed_dictionaries({"name": st.text(max_size=6),
+                                        "health_url": st.text(max_size=30)}), max_size=3),
+    ),
+    max_size=8,
+)
+
+
+def _message(data: Any) -> Message:
+    from printery.deploy.events import STARTED
+
+    codec = Codec(correlation_field="deployment_id")
+    envelope = codec.new(STARTED, data, correlation_id="dep-fuzz", producer="fuzz")
+    return Message(envelope=envelope, stream=f"x:{STARTED}", entry_id="1-0", deliveries=1,
+                   worker="validator", consumer="c", fields={})
+
+
+@settings(max_examples=150, deadline=None, derandomize=True)
+@given(data=st.one_of(JSON, REQUEST))
+def test_validator_rejects_random_requests_with_reasons(data: Any) -> None:
+    """Random requests to the deployment app's validator (with its input contract) end in
+    ``deployment:rejected`` with reasons, a contract rejection with reasons, or a valid
+    decision: never any other exception."""
+    from printery.deploy.app import build_pipeline
+    from printery.deploy.events import REJECTED, VALIDATED
+    from printery.runtime.handler import outputs_of
+
+    handler = build_pipeline().steps["validator"].guarded_handler()
+    try:
+        outputs = outputs_of(asyncio.run(handler(_message(data))))
+    except Reject as exc:
+        assert exc.reason_code == "invalid_input"
+        assert json.loads(str(exc)), "a contract rejection carries its reasons"
+        return
+    (out,) = outputs
+    if out.type == REJECTED:
+        reasons = out.data["reasons"]
+        assert reasons and all(r["code"] and "message" in r for r in reasons), reasons
+    else:
+        assert out.type in {VALIDATED, "review"}, out.type
