@@ -172,9 +172,15 @@ class ScriptChannel:
         return sha
 
     def _pack(self, command: tuple[Any, ...]) -> bytes:
-        if _hiredis_pack is not None:
-            return _hiredis_pack(command)
         assert self._conn is not None
+        if _hiredis_pack is not None:
+            try:
+                return _hiredis_pack(command)
+            except UnicodeEncodeError:
+                # hiredis encodes text as strict UTF-8; text that is not (binary fields
+                # read with ``encoding_errors``) is encoded as the client would encode it.
+                encode = self._conn.encoder.encode
+                return _hiredis_pack(tuple(encode(arg) for arg in command))
         return b"".join(self._conn.pack_command(*command))
 
 
