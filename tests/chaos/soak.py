@@ -1,0 +1,44 @@
+"""The chaos soak (``make chaos``): the in-suite chaos run, longer and bigger.
+
+    python -m tests.chaos.soak --duration 600 --deployments 20000
+
+Prints the figures (deployments, kills, restarts, duplicates found, lost) and exits 1
+when any guarantee was broken.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import sys
+import tempfile
+from pathlib import Path
+
+from tests.chaos.driver import run_chaos
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(prog="python -m tests.chaos.soak")
+    parser.add_argument("--duration", type=float, default=600.0,
+                        help="seconds of chaos (kills, a server restart, a connection cut)")
+    parser.add_argument("--deployments", type=int, default=20_000)
+    parser.add_argument("--processes", type=int, default=3)
+    parser.add_argument("--kill-every", type=float, default=3.0)
+    parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--workdir", type=Path, default=None)
+    args = parser.parse_args()
+    workdir = args.workdir or Path(tempfile.mkdtemp(prefix="printery-chaos-"))
+    print(f"chaos soak: {args.deployments} deployments, {args.processes} processes, "
+          f"{args.duration:.0f}s of chaos; logs in {workdir}", flush=True)
+    figures = asyncio.run(run_chaos(
+        workdir, deployments=args.deployments, duration=args.duration, seed=args.seed,
+        kill_every=args.kill_every, processes=args.processes,
+        log=lambda text: print(text, flush=True),
+    ))
+    print(figures.line(), flush=True)
+    print("OK" if figures.ok else "GUARANTEE BROKEN", flush=True)
+    return 0 if figures.ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
