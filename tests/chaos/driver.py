@@ -134,6 +134,11 @@ class CuttingProxy:
         if task is not None:
             self._tasks.add(task)
             task.add_done_callback(self._tasks.discard)
+        # The proxy stopping cancels this task: end quietly (asyncio would log it).
+        with contextlib.suppress(asyncio.CancelledError):
+            await self._relay(reader, writer)
+
+    async def _relay(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         if time.monotonic() < self.blocked_until:
             writer.transport.abort()
             return
