@@ -161,7 +161,7 @@ class Aggregator:
     def _state(self, correlation_id: str, raw: Mapping[str, str], *, timed_out: bool = False) -> JoinState:
         arrived = {k: _json.loads(v) for k, v in raw.items() if not k.startswith(("__", "late:"))}
         closed_by = next((n for n in self.closes.values() if n in raw), None)
-        names = tuple(self.branches.values())
+        names = (self.opens_as, *self.branches.values())
         missing = tuple(b for b in names if b not in arrived) if timed_out else ()
         return JoinState(correlation_id, arrived, names, closed_by, timed_out, missing)
 

@@ -22,5 +22,6 @@ def connect(url: str, *, max_connections: int = 256, block_ms: int = 1000) -> ai
         socket_keepalive=True,
         health_check_interval=30,
         retry_on_timeout=False,
+        encoding_errors="surrogateescape",
     )
     return client
