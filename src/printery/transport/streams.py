@@ -180,7 +180,7 @@ class ScriptChannel:
                 # hiredis encodes text as strict UTF-8; text that is not (binary fields
                 # read with ``encoding_errors``) is encoded as the client would encode it.
                 encode = self._conn.encoder.encode
-                return _hiredis_pack(tuple(encode(arg) for arg in command))
+                return _hiredis_pack(tuple(encode(arg) for arg in command))  # type: ignore[no-untyped-call]
         return b"".join(self._conn.pack_command(*command))
 
 
