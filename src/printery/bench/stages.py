@@ -39,9 +39,11 @@ def bench_manager(
 ) -> WorkerManager:
     """The stage workers, registered with their dependencies, not yet started.
 
-    ``prefetch`` is the read batch: the same count the ceiling reads per XREADGROUP.
+    A stream worker reads at most half its ``prefetch`` at a time (so one batch is read
+    while the previous commits); ``prefetch`` is twice ``batch`` so each read asks for the
+    same count the ceiling reads per XREADGROUP.
     """
-    settings = ConsumerSettings(prefetch=batch, block_ms=block_ms)
+    settings = ConsumerSettings(prefetch=batch * 2, block_ms=block_ms)
     manager = WorkerManager(drain_timeout=10.0)
     for worker, deps in bench_pipeline(layout).build_workers(
         client=client, keys=layout.keys, settings=settings
