@@ -17,12 +17,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import contextvars
 import random
 import time
-from collections.abc import Awaitable, Callable, Coroutine, Sequence
+from collections.abc import Awaitable, Callable, Coroutine, Generator, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, cast
 
 import redis.asyncio as aioredis
 import structlog
@@ -49,6 +50,7 @@ from printery.transport.streams import (
     PendingOutput,
     Scripts,
     commit_args,
+    commit_args_of,
     delivery_counts,
     ensure_group,
 )
@@ -182,6 +184,9 @@ class StreamWorker:
         self.scripts = Scripts(client)
         kwargs: Any = getattr(getattr(client, "connection_pool", None), "connection_kwargs", {})
         self._text_replies = bool(kwargs.get("decode_responses"))
+        #: Handlers run one after another in their batch's task until one awaits for real.
+        self._inline = True
+        self._marker_ttl_ms = int(self.settings.marker_ttl * 1000)
         self._stats = WorkerStats(consumers=self.settings.concurrency)
         self._consumers: list[_Consumer] = []
         self._ctx: RunContext | None = None
@@ -383,95 +388,176 @@ class StreamWorker:
             fields=fields,
         )
 
-    async def _process_batch(self, stream: str, items: list[tuple[_Held, dict[str, str], int]]) -> None:  # noqa: C901
+    async def _process_batch(self, stream: str, items: list[tuple[_Held, dict[str, str], int]]) -> None:
         """The fast path of a read batch whose entries all got a slot.
 
         Per-entry work is only what the contract needs, and every round trip is shared:
-        one decode pass, one lookup of all idempotency markers, each handler started
-        eagerly (one that finishes without awaiting needs no task of its own), and one
-        group commit for every entry that finished, each entry still atomic on its own.
-        A handler that suspends, or fails, continues in a task of its own (the slow path).
+        one decode pass, one lookup of all idempotency markers, and one group commit for
+        every entry whose handler finished, each entry still atomic on its own. A handler
+        that fails (retries wait out a backoff) or is still running continues on its own.
         """
         begun = time.perf_counter()
         owned = {id(held): held for held, _, _ in items}
-        commits: list[_Commit] = []
-        started: list[tuple[_Held, Message, str, asyncio.Future[HandlerResult]]] = []
+        await self._guard_batch(owned, self._batch_body(stream, items, owned, begun))
+
+    async def _guard_batch(self, owned: dict[int, _Held], work: Awaitable[None]) -> None:
+        """Run batch work; whatever happens, free the slots of the entries it still owns
+        (an entry not committed stays pending and is redelivered)."""
         try:
-            stream_type = self.keys.event_type(stream)
-            decoded: list[tuple[_Held, dict[str, str], int, Envelope]] = []
-            for held, fields, deliveries in items:
-                try:
-                    if PayloadStore.reference_of(fields.get("data", "")) is not None:
-                        fields = await self.payloads.resolve_fields(fields)
-                    envelope = self._decode(fields, stream_type)
-                except MessageError as exc:
-                    commits.append(self._dead_letter_commit(
-                        held, fields, deliveries, exc.reason_code, str(exc)))
-                    continue
-                if deliveries > self.settings.max_deliveries:
-                    commits.append(self._dead_letter_commit(
-                        held, fields, deliveries, "max_deliveries_exceeded",
-                        f"delivered {deliveries} times (limit {self.settings.max_deliveries})",
-                    ))
-                    continue
-                decoded.append((held, fields, deliveries, envelope))
-            markers = [self.keys.idempotency(self.name, e.idempotency_key) for *_, e in decoded]
-            seen: list[Any] = (
-                await self._with_reconnect(lambda: self.client.mget(markers)) if markers else []
-            )
-            for (held, fields, deliveries, envelope), marker, exists in zip(
-                decoded, markers, seen, strict=True
-            ):
-                if exists is not None:
-                    commits.append(_Commit(held, marker, [], "duplicate"))
-                    continue
-                message = self._message(held, fields, deliveries, envelope)
-                started.append((held, message, marker, _start(self.handler(message))))
+            await work
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:  # a bug in the runtime itself: keep the entries pending
+            self._record_error(exc)
+            log.exception("batch processing failed", worker=self.name, entries=len(owned))
+        finally:
+            for held in owned.values():
+                self._finish(held)
+
+    async def _batch_body(
+        self, stream: str, items: list[tuple[_Held, dict[str, str], int]],
+        owned: dict[int, _Held], begun: float,
+    ) -> None:
+        commits: list[_Commit] = []
+        to_run = await self._prepare_batch(stream, items, commits)
+        if self._inline:
+            for index, (held, message, marker) in enumerate(to_run):
+                step = self._step_inline(message)
+                if isinstance(step, _Suspended):
+                    # This handler awaits for real: it goes on here, in the task that was
+                    # current when it started (so asyncio.timeout and TaskGroup inside it
+                    # are bound right), and the rest of the batch moves to a task of its
+                    # own. From now on this worker gives every handler a task.
+                    self._inline = False
+                    rest = {key: h for key, h in owned.items() if h is not held}
+                    owned.clear()
+                    owned[id(held)] = held
+                    tail = asyncio.create_task(self._guard_batch(
+                        rest, self._batch_tail(to_run[index + 1 :], commits, rest, begun)))
+                    for moved in rest.values():
+                        moved.task = tail
+                    await self._handle(held, message, marker, begun, step)
+                    return
+                commit = await self._finished(held, message, marker, step, begun, owned)
+                if commit is not None:
+                    commits.append(commit)
+            to_run = []
+        await self._batch_tail(to_run, commits, owned, begun)
+
+    async def _prepare_batch(
+        self, stream: str, items: list[tuple[_Held, dict[str, str], int]], commits: list[_Commit]
+    ) -> list[tuple[_Held, Message, str]]:
+        """Decode every entry (the undecodable and the over-delivered go to ``commits`` as
+        dead letters), look up all markers in one round trip (duplicates go to ``commits``
+        as acks); what is left is to be handled, with its marker key."""
+        stream_type = self.keys.event_type(stream)
+        decoded: list[tuple[_Held, dict[str, str], int, Envelope]] = []
+        for held, fields, deliveries in items:
+            try:
+                if PayloadStore.reference_of(fields.get("data", "")) is not None:
+                    fields = await self.payloads.resolve_fields(fields)
+                envelope = self._decode(fields, stream_type)
+            except MessageError as exc:
+                commits.append(self._dead_letter_commit(
+                    held, fields, deliveries, exc.reason_code, str(exc)))
+                continue
+            if deliveries > self.settings.max_deliveries:
+                commits.append(self._dead_letter_commit(
+                    held, fields, deliveries, "max_deliveries_exceeded",
+                    f"delivered {deliveries} times (limit {self.settings.max_deliveries})",
+                ))
+                continue
+            decoded.append((held, fields, deliveries, envelope))
+        markers = [self.keys.idempotency(self.name, e.idempotency_key) for *_, e in decoded]
+        seen: list[Any] = (
+            await self._with_reconnect(lambda: self.client.mget(markers)) if markers else []
+        )
+        to_run = []
+        for (held, fields, deliveries, envelope), marker, exists in zip(
+            decoded, markers, seen, strict=True
+        ):
+            if exists is not None:
+                commits.append(
+                    _Commit(held, marker, self._commit_call(held, marker, []), "duplicate"))
+            else:
+                to_run.append((held, self._message(held, fields, deliveries, envelope), marker))
+        return to_run
+
+    def _step_inline(self, message: Message) -> _Step:
+        """Call the handler and run it up to its first real await, in a context of its own
+        (as a task would, so context variables never leak between handlers)."""
+        result = self.handler(message)
+        if not isinstance(result, Coroutine):
+            return _Suspended(_await(result), None)
+        context = contextvars.copy_context()
+        try:
+            yielded = context.run(result.send, None)
+        except StopIteration as stop:
+            return _Done(stop.value, None)
+        except Exception as exc:
+            return _Done(None, exc)
+        return _Suspended(_Resumed(result, yielded, context), context)
+
+    async def _batch_tail(
+        self, to_run: list[tuple[_Held, Message, str]], commits: list[_Commit],
+        owned: dict[int, _Held], begun: float,
+    ) -> None:
+        """Task mode: every handler gets a task; one turn of the loop lets each run up to
+        its first real await, and those finished by then are committed with ``commits``."""
+        started = [(held, message, marker, _start(self.handler(message)))
+                   for held, message, marker in to_run]
+        try:
             if started:
-                # One turn of the loop: every handler runs up to its first real await, and
-                # those that finish by then are committed together below.
                 await asyncio.sleep(0)
             for held, message, marker, handler_task in started:
                 commit = await self._finished(held, message, marker, handler_task, begun, owned)
                 if commit is not None:
                     commits.append(commit)
-            await self._commit_all(commits, begun)
         except asyncio.CancelledError:
             for held, _, _, handler_task in started:
                 if id(held) in owned:
                     handler_task.cancel()
             raise
-        except Exception as exc:  # a bug in the runtime itself: keep the entries pending
-            self._record_error(exc)
-            log.exception("batch processing failed", worker=self.name, entries=len(items))
-        finally:
-            for held in owned.values():
-                self._finish(held)
+        await self._commit_all(commits, begun)
 
     async def _finished(
-        self, held: _Held, message: Message, marker: str, handler: asyncio.Future[HandlerResult],
-        begun: float, owned: dict[int, _Held],
+        self, held: _Held, message: Message, marker: str,
+        handler: asyncio.Future[HandlerResult] | _Done, begun: float, owned: dict[int, _Held],
     ) -> _Commit | None:
-        """The commit for a handler that finished in the batch's turn; or None, when the
-        entry moved to a task of its own (handler still running, or failed: retries wait
-        out a backoff, which must not hold up the batch)."""
-        if handler.done() and not handler.cancelled():
+        """The commit for a handler that finished; or None, when the entry moved to a task
+        of its own (handler still running, or failed: retries wait out a backoff, which
+        must not hold up the batch)."""
+        if isinstance(handler, _Done):
+            error, value = handler.error, handler.value
+        elif handler.done() and not handler.cancelled():
             error = handler.exception()
-            if isinstance(error, Reject):
-                return self._dead_letter_commit(
-                    held, message.fields, message.deliveries, error.reason_code, str(error))
-            if error is None:
-                try:
-                    outputs = outputs_of(handler.result())
-                except Exception as exc:
-                    handler = asyncio.ensure_future(_raise(exc))
-                else:
-                    seconds = time.perf_counter() - begun
+            value = None if error else handler.result()
+        else:
+            error, value = _PENDING, None
+        if isinstance(error, Reject):
+            return self._dead_letter_commit(
+                held, message.fields, message.deliveries, error.reason_code, str(error))
+        result: Awaitable[HandlerResult]
+        if error is None:
+            try:
+                outputs = outputs_of(value)
+            except Exception as exc:
+                result = _raise(exc)
+            else:
+                seconds = time.perf_counter() - begun
+                call = self._output_call(held, marker, message, outputs, seconds)
+                if call is None:  # a large payload goes to the blob store first
                     pending = await self._pending_outputs(message, outputs, seconds)
-                    return _Commit(held, marker, pending, "handled", message)
+                    call = self._commit_call(held, marker, pending)
+                return _Commit(held, marker, call, "handled", message)
+        elif error is _PENDING:
+            assert not isinstance(handler, _Done)
+            result = handler
+        else:
+            result = _raise(error)
         owned.pop(id(held), None)
         held.task = asyncio.create_task(
-            self._own(held, self._handle(held, message, marker, begun, handler))
+            self._own(held, self._handle(held, message, marker, begun, result))
         )
         return None
 
@@ -584,6 +670,30 @@ class StreamWorker:
             )
         return pending
 
+    def _output_call(
+        self, held: _Held, marker: str, message: Message, outputs: list[Output], seconds: float
+    ) -> Call | None:
+        """The commit call for handler outputs in one pass (what ``_pending_outputs`` and
+        ``_commit_call`` give), or None when a payload must go to the blob store first."""
+        extra: dict[str, str] = {"duration_ms": f"{seconds * 1000:.3f}"}
+        if message.costs:
+            extra["cost"] = _json.dumps(message.costs)
+        replay_of = message.envelope.extra.get("replay_of")
+        if replay_of:
+            extra["replay_of"] = replay_of
+        correlation = message.envelope.correlation_id
+        triples = []
+        for out in outputs:
+            fields = self._output_fields(out, out.correlation_id or correlation, extra)
+            if len(fields["data"]) > self.payloads.inline_limit:
+                return None
+            once = self.keys.once(out.once) if out.once else ""
+            triples.append((self.keys.stream(out.type), once, fields))
+        return commit_args_of(
+            held.stream, self.name, held.consumer.name, held.entry_id, marker,
+            self._marker_ttl_ms, triples,
+        )
+
     def _output_fields(self, out: Output, correlation: str, extra: dict[str, str]) -> dict[str, str]:
         """What ``codec.encode(codec.new(...))`` gives for an output, field for field, without
         the intermediate envelope: on the hot path that object, a cryptographic random id
@@ -640,9 +750,7 @@ class StreamWorker:
         """Commit a batch's finished entries in one group commit, then account for each."""
         if not commits:
             return
-        results = await self._commit_results(
-            [self._commit_call(c.held, c.marker, c.outputs) for c in commits]
-        )
+        results = await self._commit_results([c.call for c in commits])
         for commit, result in zip(commits, results, strict=True):
             try:
                 outcome = self._outcome(commit.held, commit.marker, result)
@@ -689,8 +797,9 @@ class StreamWorker:
             "source_id": held.entry_id,
         }
         entry.setdefault("type", self.keys.event_type(held.stream))
+        outputs = [PendingOutput(stream=self.keys.dlq, fields=entry)]
         return _Commit(
-            held, "", [PendingOutput(stream=self.keys.dlq, fields=entry)], "dead_lettered",
+            held, "", self._commit_call(held, "", outputs), "dead_lettered",
             reason_code=reason_code, error=error, deliveries=deliveries,
         )
 
@@ -698,7 +807,8 @@ class StreamWorker:
         self, held: _Held, fields: dict[str, str], deliveries: int, reason_code: str, error: str
     ) -> None:
         commit = self._dead_letter_commit(held, fields, deliveries, reason_code, error)
-        await self._commit(held, "", commit.outputs)
+        (result,) = await self._commit_results([commit.call])
+        self._outcome(held, "", result)
         self._dead_lettered(commit)
 
     def _dead_lettered(self, commit: _Commit) -> None:
@@ -803,7 +913,7 @@ class _Commit:
 
     held: _Held
     marker: str
-    outputs: list[PendingOutput]
+    call: Call
     kind: str  # handled, duplicate, dead_lettered
     message: Message | None = None
     reason_code: str = ""
@@ -838,6 +948,70 @@ _CLOCK = _Rfc3339Clock()
 
 async def _raise(exc: BaseException) -> HandlerResult:
     raise exc
+
+
+async def _await(result: Awaitable[HandlerResult]) -> HandlerResult:
+    return await result
+
+
+#: Stands for "still running" where a finished handler's error would be.
+_PENDING = Exception("handler still running")
+
+
+@dataclass(slots=True)
+class _Done:
+    """A handler call that finished during its first step: its value or its error."""
+
+    value: HandlerResult
+    error: BaseException | None
+
+
+@dataclass(slots=True)
+class _Suspended:
+    """A handler call that awaits for real: what to await for the rest of it."""
+
+    rest: Awaitable[HandlerResult]
+    context: contextvars.Context | None
+
+    def __await__(self) -> Generator[Any, Any, HandlerResult]:
+        return self.rest.__await__()
+
+
+_Step = _Done | _Suspended
+
+
+class _Resumed:
+    """The rest of a coroutine that already ran up to its first suspension, driven from
+    the awaiting task step by step, each step in the coroutine's own context: exactly
+    what a task would do, without the cost of one for handlers that never suspend."""
+
+    __slots__ = ("_context", "_coro", "_yielded")
+
+    def __init__(
+        self, coro: Coroutine[Any, Any, HandlerResult], yielded: Any, context: contextvars.Context
+    ) -> None:
+        self._coro = coro
+        self._yielded = yielded
+        self._context = context
+
+    def __await__(self) -> Generator[Any, Any, HandlerResult]:
+        coro, run, value = self._coro, self._context.run, self._yielded
+        while True:
+            try:
+                sent = yield value
+            except GeneratorExit:
+                coro.close()
+                raise
+            except BaseException as exc:
+                try:
+                    value = run(coro.throw, exc)
+                except StopIteration as stop:
+                    return cast(HandlerResult, stop.value)
+            else:
+                try:
+                    value = run(coro.send, sent)
+                except StopIteration as stop:
+                    return cast(HandlerResult, stop.value)
 
 
 def _describe(exc: BaseException) -> str:

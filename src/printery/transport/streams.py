@@ -9,6 +9,7 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from importlib import resources
+from itertools import chain
 from typing import Any, cast
 
 import redis.asyncio as aioredis
@@ -195,13 +196,29 @@ def commit_args(
     outputs: Iterable[PendingOutput],
     fence: bool = True,
 ) -> tuple[list[str], list[Any]]:
-    """Keys and arguments for one call of the commit script."""
-    outs = list(outputs)
-    args: list[Any] = [group, consumer, entry_id, marker_ttl_ms, "1" if fence else "0", len(outs)]
-    for out in outs:
-        args += [out.stream, out.once_key, len(out.fields)]
-        for key, value in out.fields.items():
-            args += [key, value]
+    """Keys and arguments for one entry's part of a call of the commit script."""
+    return commit_args_of(
+        stream, group, consumer, entry_id, marker_key, marker_ttl_ms,
+        [(out.stream, out.once_key, out.fields) for out in outputs], fence,
+    )
+
+
+def commit_args_of(
+    stream: str,
+    group: str,
+    consumer: str,
+    entry_id: str,
+    marker_key: str,
+    marker_ttl_ms: int,
+    outputs: Sequence[tuple[str, str, Fields]],
+    fence: bool = True,
+) -> tuple[list[str], list[Any]]:
+    """:func:`commit_args` from ``(stream, once key, fields)`` triples: the hot path's
+    form, which builds no intermediate objects per output."""
+    args: list[Any] = [group, consumer, entry_id, marker_ttl_ms, "1" if fence else "0", len(outputs)]
+    for stream_key, once_key, fields in outputs:
+        args += (stream_key, once_key, len(fields))
+        args += chain.from_iterable(fields.items())
     return [stream, marker_key], args
 
 
