@@ -48,6 +48,7 @@ from printery.transport.streams import (
     LEASE_LUA,
     REDELIVER_LUA,
     PendingOutput,
+    ScriptChannel,
     Scripts,
     commit_args,
     commit_args_of,
@@ -227,6 +228,8 @@ class StreamWorker:
         self._consumers = [_Consumer(self, i) for i in range(self.settings.concurrency)]
         committer = GroupCommitter(self.scripts)
         self._committer = committer
+        self._lookups = ScriptChannel(self.client)
+        self._lookup_lock = asyncio.Lock()
         await self._with_reconnect(self.prepare)
         background = [
             asyncio.create_task(committer.run(), name=f"{self.name}:commit"),
@@ -254,6 +257,7 @@ class StreamWorker:
                 task.cancel()
             await asyncio.gather(*readers, *background, return_exceptions=True)
             committer.fail_pending(asyncio.CancelledError())
+            await self._lookups.close()
             for consumer in self._consumers:
                 for held in list(consumer.held.values()):
                     if held.task:
@@ -470,7 +474,7 @@ class StreamWorker:
             decoded.append((held, fields, deliveries, envelope))
         markers = [self.keys.idempotency(self.name, e.idempotency_key) for *_, e in decoded]
         seen: list[Any] = (
-            await self._with_reconnect(lambda: self.client.mget(markers)) if markers else []
+            await self._with_reconnect(lambda: self._lookup(markers)) if markers else []
         )
         to_run = []
         for (held, fields, deliveries, envelope), marker, exists in zip(
@@ -482,6 +486,11 @@ class StreamWorker:
             else:
                 to_run.append((held, self._message(held, fields, deliveries, envelope), marker))
         return to_run
+
+    async def _lookup(self, keys: list[str]) -> list[Any]:
+        """MGET over the worker's own connection (one at a time), packed by hiredis."""
+        async with self._lookup_lock:
+            return cast(list[Any], await self._lookups.execute("MGET", *keys))
 
     def _step_inline(self, message: Message) -> _Step:
         """Call the handler and run it up to its first real await, in a context of its own

@@ -151,16 +151,24 @@ class ScriptChannel:
             todo = missing
         raise AssertionError("unreachable")
 
+    async def execute(self, *command: Any) -> Any:
+        """One plain command (e.g. a batch's MGET), packed the same way; its reply."""
+        conn = await self._connection()
+        await conn.send_packed_command(self._pack(command), check_health=False)
+        return await conn.read_response()
+
     async def close(self) -> None:
-        """Give the connection back to the client's pool."""
+        """Close the connection (it is the channel's own, made with the pool's settings
+        but never in the pool: a call cancelled mid-reply cannot hand anyone a
+        connection with a reply still unread)."""
         conn, self._conn = self._conn, None
         if conn is not None:
-            await self.client.connection_pool.release(conn)
+            await conn.disconnect(nowait=True)
 
     async def _connection(self) -> AbstractConnection:
         if self._conn is None:
             pool: Any = self.client.connection_pool
-            self._conn = cast(AbstractConnection, await pool.get_connection())
+            self._conn = cast(AbstractConnection, pool.make_connection())
         return self._conn
 
     async def _sha_of(self, conn: AbstractConnection, source: str) -> str:
