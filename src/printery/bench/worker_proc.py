@@ -16,9 +16,9 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import resource
 import sys
 
+import psutil
 import structlog
 
 from printery import _json
@@ -34,13 +34,33 @@ def _say(line: str) -> None:
     sys.stdout.flush()
 
 
+class _PeakRss:
+    """Samples this process's resident memory: ``ru_maxrss`` would not do, because Linux
+    carries it over ``exec`` from the forked driver, whose own peak it may then report."""
+
+    def __init__(self) -> None:
+        self.process = psutil.Process()
+        self.peak = 0
+
+    def sample(self) -> None:
+        self.peak = max(self.peak, int(self.process.memory_info().rss))
+
+    async def run(self, interval: float = 0.05) -> None:
+        while True:
+            self.sample()
+            await asyncio.sleep(interval)
+
+
 async def _next_command() -> str:
     line = await asyncio.to_thread(sys.stdin.readline)
     return line.strip() or "stop"
 
 
-async def _serve(kind: str, url: str, layout: BenchLayout, batch: int, block_ms: int) -> None:
+async def _serve(
+    kind: str, url: str, layout: BenchLayout, batch: int, block_ms: int, rss: _PeakRss
+) -> None:
     client = connect(url, block_ms=block_ms)
+    sampler = asyncio.create_task(rss.run())
     try:
         if kind == "ceiling":
             relay = CeilingRelay(client, layout, batch=batch, block_ms=block_ms)
@@ -67,6 +87,8 @@ async def _serve(kind: str, url: str, layout: BenchLayout, batch: int, block_ms:
             await _next_command()
             await manager.stop_all(10.0)
     finally:
+        sampler.cancel()
+        rss.sample()
         await client.aclose()
 
 
@@ -81,9 +103,9 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     structlog.configure(logger_factory=structlog.PrintLoggerFactory(sys.stderr))
     layout = BenchLayout(args.prefix, args.stages)
-    asyncio.run(_serve(args.kind, args.url, layout, args.batch, args.block_ms))
-    usage = resource.getrusage(resource.RUSAGE_SELF)
-    _say("done " + _json.dumps({"maxrss_kb": usage.ru_maxrss}))
+    rss = _PeakRss()
+    asyncio.run(_serve(args.kind, args.url, layout, args.batch, args.block_ms, rss))
+    _say("done " + _json.dumps({"maxrss_kb": rss.peak // 1024}))
 
 
 if __name__ == "__main__":

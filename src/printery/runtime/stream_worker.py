@@ -11,6 +11,14 @@ Life of an entry (CONTRACT §4):
    reclaimed from us meanwhile is not committed by us;
 6. a failure leaves the entry pending; it is redelivered (a counted delivery) after a
    backoff, and after ``max_deliveries`` goes to ``dlq`` with the error.
+
+The hot path works per read batch, not per entry (docs/performance.md has the numbers):
+one task per batch, one MGET for all its markers, handlers called one after another in
+that task, each in a context of its own, for as long as none of them awaits for real (one
+that does goes on in that task, the rest of the batch moves to a new one, and from then on
+every handler gets a task of its own), and one group commit for the whole batch, packed
+by hiredis, each entry still its own all-or-nothing, fenced unit inside the script.
+Entries that find no free handler slot, and retries, take the per-entry slow path.
 """
 
 from __future__ import annotations

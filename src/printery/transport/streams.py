@@ -6,6 +6,7 @@ They know streams, groups and entries; nothing about what the entries mean.
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from importlib import resources
@@ -119,6 +120,7 @@ class ScriptChannel:
         self.client = client
         self._sha: dict[str, str] = {}
         self._conn: AbstractConnection | None = None
+        self._timeout: float | None = None
 
     async def call_many(
         self, source: str, calls: Sequence[tuple[Sequence[Any], Sequence[Any]]]
@@ -138,7 +140,7 @@ class ScriptChannel:
             missing = []
             for index in todo:
                 try:
-                    replies[index] = await conn.read_response()
+                    replies[index] = await self._read(conn)
                 except NoScriptError as exc:
                     # The server restarted and forgot the script: nothing ran for this call.
                     missing.append(index)
@@ -155,7 +157,7 @@ class ScriptChannel:
         """One plain command (e.g. a batch's MGET), packed the same way; its reply."""
         conn = await self._connection()
         await conn.send_packed_command(self._pack(command), check_health=False)
-        return await conn.read_response()
+        return await self._read(conn)
 
     async def close(self) -> None:
         """Close the connection (it is the channel's own, made with the pool's settings
@@ -167,16 +169,30 @@ class ScriptChannel:
 
     async def _connection(self) -> AbstractConnection:
         if self._conn is None:
+            # The pool's settings, less the socket timeout: with one, redis-py wraps every
+            # write in ``asyncio.wait_for`` (a task per write on Python 3.11); reads keep
+            # the timeout, applied in :meth:`_read`.
             pool: Any = self.client.connection_pool
-            self._conn = cast(AbstractConnection, pool.make_connection())
+            settings = dict(pool.connection_kwargs)
+            self._timeout = settings.get("socket_timeout")
+            settings["socket_timeout"] = None
+            self._conn = cast(AbstractConnection, pool.connection_class(**settings))
         return self._conn
+
+    async def _read(self, conn: AbstractConnection) -> Any:
+        """The next reply, within the client's socket timeout (on expiry the connection is
+        dropped, as redis-py does, and :class:`TimeoutError` raised)."""
+        if self._timeout is None:
+            return await conn.read_response()
+        async with asyncio.timeout(self._timeout):
+            return await conn.read_response()
 
     async def _sha_of(self, conn: AbstractConnection, source: str) -> str:
         sha = self._sha.get(source)
         if sha is None:
             load = self._pack(("SCRIPT", "LOAD", source))
             await conn.send_packed_command(load, check_health=False)
-            sha = str(await conn.read_response())
+            sha = str(await self._read(conn))
             self._sha[source] = sha
         return sha
 
