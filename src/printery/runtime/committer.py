@@ -30,6 +30,7 @@ class GroupCommitter:
         self._channel = ScriptChannel(scripts.client)
         self._queue: list[tuple[Sequence[Call], asyncio.Future[list[Any]]]] = []
         self._wake = asyncio.Event()
+        self._busy = False
 
     async def commit(self, keys: Sequence[str], args: Sequence[Any]) -> Any:
         """Commit one entry; returns the script's result, raises its error."""
@@ -41,21 +42,50 @@ class GroupCommitter:
     async def commit_many(self, calls: Sequence[Call]) -> list[Any]:
         """Commit entries (each one ``commit_args`` call); returns each result, or the
         exception of an entry that failed. Raises when the round trip itself failed."""
+        return await self.submit(calls)
+
+    def submit(self, calls: Sequence[Call]) -> asyncio.Future[list[Any]]:
+        """Queue entries for the next flush; the future resolves as :meth:`commit_many`
+        returns. Awaiting it through ``asyncio.shield`` protects the commit from the
+        caller's cancellation without a task of its own (shielding a coroutine makes one)."""
         future: asyncio.Future[list[Any]] = asyncio.get_running_loop().create_future()
         self._queue.append((calls, future))
         self._wake.set()
-        return await future
+        return future
+
+    async def lead(self) -> None:
+        """Flush from the caller's task when no flush is on the wire: at low load this
+        saves the hand-over to the committer task, which is a wait behind everything else
+        the event loop has to do. A flush already on the wire takes the queue next."""
+        if self._busy or not self._queue:
+            return
+        await self._drain_queue(once=True)
 
     async def run(self) -> None:
+        """The committer of last resort: flushes whatever no caller leads."""
         try:
             while True:
                 await self._wake.wait()
                 self._wake.clear()
-                batch, self._queue = self._queue, []
-                if batch:
-                    await self._flush(batch)
+                if not self._busy and self._queue:
+                    await self._drain_queue()
         finally:
             await self._channel.close()
+
+    async def _drain_queue(self, *, once: bool = False) -> None:
+        """Flush until the queue is empty (``once``: one flush, so a leading caller is
+        held up by one round trip at most; the committer task takes what queued since)."""
+        self._busy = True
+        try:
+            while self._queue:
+                batch, self._queue = self._queue, []
+                await self._flush(batch)
+                if once:
+                    break
+        finally:
+            self._busy = False
+            if self._queue:
+                self._wake.set()
 
     async def _flush(self, batch: list[tuple[Sequence[Call], asyncio.Future[list[Any]]]]) -> None:
         calls = [call for group, _ in batch for call in group]
@@ -63,10 +93,15 @@ class GroupCommitter:
                 for i in range(0, len(calls), MAX_ENTRIES_PER_RUN)]
         try:
             replies = await self._channel.call_many(COMMIT_LUA, runs)
-        except Exception as exc:  # connection trouble: every caller retries on its own
+        except BaseException as exc:
+            # Connection trouble, or the flushing task was cancelled mid-reply: every
+            # caller retries on its own (the script is idempotent and fenced).
+            failure = exc if isinstance(exc, Exception) else ConnectionError("commit interrupted")
             for _, future in batch:
                 if not future.done():
-                    future.set_exception(exc)
+                    future.set_exception(failure)
+            if not isinstance(exc, Exception):
+                raise
             return
         results: list[Any] = []
         for run, reply in zip(runs, replies, strict=True):

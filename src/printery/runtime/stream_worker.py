@@ -744,7 +744,9 @@ class StreamWorker:
         failures = 0
         while True:
             try:
-                return await asyncio.shield(self._committer.commit_many(calls))
+                future = self._committer.submit(calls)
+                await self._committer.lead()
+                return await asyncio.shield(future)
             except CONNECTION_ERRORS as exc:
                 failures += 1
                 await self._connection_trouble(exc, failures)
