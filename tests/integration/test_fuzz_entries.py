@@ -12,7 +12,7 @@ import asyncio
 import json
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -215,7 +215,9 @@ def test_binary_entry_is_dead_lettered_byte_for_byte(relay: Relay, server: Serve
         raise AssertionError("dlq entry not found")
 
 
-def test_fuzz_summary(relay: Relay, server: ServerProcess) -> None:
+def test_fuzz_summary(
+    relay: Relay, server: ServerProcess, report_figures: Callable[[str], None]
+) -> None:
     """The figures of the whole module run (printed)."""
     r = redis.Redis.from_url(server.url, decode_responses=True, encoding_errors="replace")
     reasons: dict[str, int] = {}
@@ -228,7 +230,7 @@ def test_fuzz_summary(relay: Relay, server: ServerProcess) -> None:
     assert r.ping() and time.monotonic() - started < 1, "the server is fine too"
     total = r.xlen(relay.keys.stream("in"))
     duplicates = total - processed - sum(reasons.values())
-    print(f"fuzzed entries: {total}, processed: {processed}, dlq: {reasons}, "
+    report_figures(f"fuzzed entries: {total}, processed: {processed}, dlq: {reasons}, "
           f"deduplicated: {duplicates}, worker crashes: 0, pending: 0")
 
 
