@@ -166,8 +166,12 @@ class TransportSettings(_Table):
     payload_limit_bytes: Int = Field(default=1_048_576, ge=1)
     inline_limit_bytes: Int = Field(default=65_536, ge=1)
     blob_ttl: Int = Field(default=604_800, ge=1)
-    #: Approximate maximum entries kept per stream (``XADD MAXLEN ~``); 0 keeps everything.
-    retention: Int = Field(default=0, ge=0)
+    #: Seconds an entry that every group has acknowledged stays in its stream (for
+    #: ``trace``, ``replay`` and ``cost``); 0 keeps everything. Unacknowledged and unread
+    #: entries are never trimmed, nor are ``dlq``, ``review`` and ``review:decided``.
+    retention: Float = Field(default=604_800.0, ge=0)
+    #: Seconds between retention sweeps.
+    retention_interval: Float = Field(default=60.0, gt=0)
     #: Seconds between sweeps for messages of dead consumers; unset: half the visibility
     #: timeout, so an orphan waits at most 1.5 timeouts.
     claim_interval: Float | None = Field(default=None, gt=0)

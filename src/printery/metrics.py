@@ -79,6 +79,11 @@ class Metrics:
             "printery_retries_total", "Handler failures left for redelivery.", ["worker"],
             registry=r,
         )
+        self.stream_trimmed = Counter(
+            "printery_stream_trimmed_total",
+            "Acknowledged entries removed by the retention sweep, by event type.",
+            ["event_type"], registry=r,
+        )
         self.step_cost = Counter(
             "printery_step_cost_total", "Cost reported by handlers, by worker and unit.",
             ["worker", "unit"], registry=r,

@@ -10,7 +10,8 @@ Everything the other modules provide is wired here, in the order the contract ne
    ``validator``'s entries published meanwhile go unseen by a later process;
 4. the selected workers, started by the :class:`WorkerManager` in dependency order;
 5. HTTP (``/healthz``, ``/readyz``, ``/status``, ``/metrics``), the process registry
-   heartbeat and a gauge updater, which only observe.
+   heartbeat and a gauge updater, which only observe, and the retention sweep
+   (``transport.retention``), which trims only what every group has acknowledged.
 
 Shutdown is the reverse. SIGTERM/SIGINT start a graceful stop (drain within
 ``shutdown_timeout``, ack what finished, leave the rest pending for redelivery); a second
@@ -44,6 +45,7 @@ from printery.metrics import OUTCOMES, Metrics
 from printery.pipeline.dag import Pipeline
 from printery.runtime.payloads import PayloadStore
 from printery.runtime.registry import ProcessRegistry
+from printery.runtime.retention import trim_pipeline_streams
 from printery.runtime.stream_worker import ConsumerSettings
 from printery.supervisor.manager import WorkerManager
 from printery.transport.connection import connect
@@ -285,6 +287,8 @@ class Service:
         self.registry = ProcessRegistry(self.client, self.keys, self.process_id)
         self._tasks.append(asyncio.create_task(self.registry.run(self._registry_status)))
         self._tasks.append(asyncio.create_task(self._update_gauges()))
+        if self.settings.transport.retention > 0:
+            self._tasks.append(asyncio.create_task(self._retain()))
 
     async def _wait(self) -> int:
         """Block until a stop signal, or a worker failure that should end the process."""
@@ -331,6 +335,30 @@ class Service:
                         pending=int(st["pending"]),
                     )
             await asyncio.sleep(GAUGE_INTERVAL)
+
+    async def _retain(self) -> None:
+        """Sweep every stream of the pipeline each ``retention_interval``: entries older
+        than ``retention`` that every group has acknowledged go (a stream no group reads,
+        such as ``deployment:finished``, is trimmed by age alone). Every process sweeps;
+        the trim is idempotent, so more processes only repeat a cheap no-op."""
+        assert self.client is not None
+        transport = self.settings.transport
+        event_types = self.pipeline.event_types()
+        while True:
+            try:
+                trimmed = await trim_pipeline_streams(
+                    self.client, self.keys, event_types, transport.retention,
+                    trim_without_groups=True,
+                )
+            except (RedisError, OSError) as exc:
+                log.warning("retention sweep failed: retrying next interval", error=str(exc))
+            else:
+                for event_type, count in trimmed.items():
+                    if count:
+                        self.prom.stream_trimmed.labels(event_type).inc(count)
+                if any(trimmed.values()):
+                    log.info("retention sweep", trimmed={k: v for k, v in trimmed.items() if v})
+            await asyncio.sleep(transport.retention_interval)
 
     # -- StatusProvider ----------------------------------------------------------------------
 

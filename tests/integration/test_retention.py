@@ -37,22 +37,22 @@ async def test_pending_and_undelivered_survive_acked_are_trimmed(
     await client.xack(stream, "slow", *await _read(client, stream, "slow", 2))
 
     result = await trim_stream(client, stream, retention=0)
-    # slow's last-delivered id (2-0) is the bound: only 1-0 can go.
-    assert result.trimmed == 1 and result.minid == "2-0"
-    assert await _ids(client, stream) == ids[1:]
+    # slow's last-delivered id (2-0) is the bound: 1-0 and 2-0 can go, 3-0 was never read.
+    assert result.trimmed == 2 and result.minid == "2-1"
+    assert await _ids(client, stream) == ids[2:]
 
     # slow catches up completely; now fast's oldest pending entry (5-0) is the bound.
     await client.xack(stream, "slow", *await _read(client, stream, "slow", 100))
     result = await trim_stream(client, stream, retention=0)
-    assert result.minid == "5-0" and result.trimmed == 3
+    assert result.minid == "5-0" and result.trimmed == 2
     remaining = await _ids(client, stream)
     assert remaining == ids[4:], "pending (5, 6) and undelivered-to-fast (7..10) survive"
 
     # fast acks its pending entries: now its last-delivered id (6-0) bounds the trim.
     await client.xack(stream, "fast", *read[4:])
     result = await trim_stream(client, stream, retention=0)
-    assert result.minid == "6-0"
-    assert await _ids(client, stream) == ids[5:]
+    assert result.minid == "6-1" and result.trimmed == 2
+    assert await _ids(client, stream) == ids[6:]
 
 
 async def test_retention_age_keeps_recent_history(client: aioredis.Redis, prefix: str) -> None:
@@ -63,10 +63,10 @@ async def test_retention_age_keeps_recent_history(client: aioredis.Redis, prefix
     await client.xack(stream, "g", *await _read(client, stream, "g", 100))
     result = await trim_stream(client, stream, retention=3600)
     assert result.trimmed == 0 and await client.xlen(stream) == 5
-    # An explicit cutoff in the past trims nothing either; retention 0 trims all but the
-    # last delivered entry (the bound is inclusive).
+    # An explicit cutoff in the past trims nothing either; one in the future leaves the
+    # groups as the only bound: everything read and acknowledged goes.
     assert (await trim_stream(client, stream, keep_after_ms=1)).trimmed == 0
-    assert (await trim_stream(client, stream, retention=0)).trimmed == 4
+    assert (await trim_stream(client, stream, keep_after_ms=2**52)).trimmed == 5
 
 
 async def test_new_group_from_zero_and_stream_without_groups_are_untouched(
@@ -96,7 +96,7 @@ async def test_pipeline_trim_never_touches_dlq_or_review(
         await ensure_group(client, stream, "g")
         await client.xack(stream, "g", *await _read(client, stream, "g", 100))
     trimmed = await trim_pipeline_streams(client, keys, types, retention_s=0, approximate=False)
-    assert trimmed == {"in": 3}
-    assert await client.xlen(keys.stream("in")) == 1
+    assert trimmed == {"in": 4}
+    assert await client.xlen(keys.stream("in")) == 0
     for event_type in ("dlq", "review", "review:decided"):
         assert await client.xlen(keys.stream(event_type)) == 4, event_type

@@ -61,11 +61,13 @@ for _, group in ipairs(groups) do
   local info = {}
   for i = 1, #group, 2 do info[group[i]] = group[i + 1] end
   -- Never above what the group has read: later entries were delivered to no one yet.
-  lower(info['last-delivered-id'])
+  -- The last-delivered entry itself may go (read and, unless pending, acknowledged).
+  local last_ms, last_seq = parse(info['last-delivered-id'])
+  lower(string.format('%d-%d', last_ms, last_seq + 1))
   local pending = redis.call('XPENDING', stream, info['name'])
   if tonumber(pending[1]) > 0 then lower(pending[2]) end
 end
-if bound == nil or bound == '0-0' then return {0, ''} end
+if bound == nil then return {0, ''} end
 local trimmed
 if approximate then
   trimmed = redis.call('XTRIM', stream, 'MINID', '~', bound)
@@ -97,8 +99,8 @@ async def trim_stream(
 ) -> TrimResult:
     """Trim ``stream`` (XTRIM MINID) below the safe bound.
 
-    The bound is the lowest of: every group's oldest pending id, every group's
-    last-delivered id, ``now - retention`` (seconds, server clock) and ``keep_after_ms``
+    The bound is the lowest of: every group's oldest pending id, the id just after every
+    group's last-delivered id, ``now - retention`` (seconds, server clock) and ``keep_after_ms``
     (an entry-id timestamp). A stream that no group reads is left alone unless
     ``trim_without_groups`` (a group created later would start from its beginning).
     ``approximate`` trims whole macro nodes only (cheaper; never removes more).
@@ -121,6 +123,7 @@ async def trim_pipeline_streams(
     retention_s: float,
     *,
     approximate: bool = True,
+    trim_without_groups: bool = False,
 ) -> dict[str, int]:
     """Trim each event type's stream with :func:`trim_stream`; ``dlq``, ``review`` and
     ``review:decided`` are skipped whatever ``event_types`` says. Returns entries trimmed
@@ -132,7 +135,8 @@ async def trim_pipeline_streams(
             continue
         result = await trim_stream(
             client, keys.stream(event_type), retention=retention_s,
-            approximate=approximate, scripts=scripts,
+            approximate=approximate, trim_without_groups=trim_without_groups,
+            scripts=scripts,
         )
         trimmed[event_type] = result.trimmed
     return trimmed
