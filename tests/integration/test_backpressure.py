@@ -5,28 +5,18 @@ memory stays bounded (the figure is printed)."""
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 import redis
 
 from printery.keys import StreamKeys
-from printery.testing import wait_for_sync
 from printery.transport.server import ServerProcess
-from support.crash_proc import Proc
+from support.relay_proc import Relays
 from support.spine import CODEC
 
 ENTRIES = 100_000
 PREFETCH = 32
-
-
-@pytest.fixture
-def procs() -> Iterator[list[Proc]]:
-    started: list[Proc] = []
-    yield started
-    for proc in started:
-        proc.kill()
 
 
 def rss_kib(pid: int) -> int:
@@ -38,14 +28,12 @@ def rss_kib(pid: int) -> int:
 
 @pytest.mark.skipif(not Path("/proc/self/status").exists(), reason="needs /proc")
 def test_100k_waiting_entries_bounded_in_flight_and_memory(
-    server: ServerProcess, prefix: str, procs: list[Proc], tmp_path: Path
+    server: ServerProcess, prefix: str, relays: Relays
 ) -> None:
     keys = StreamKeys(prefix)
     r = redis.Redis.from_url(server.url, decode_responses=True)
-    proc = Proc(server.url, prefix, tmp_path, "--delay", "0.01", "--prefetch", str(PREFETCH),
-                "--parallel", "8", "--visibility", "30")
-    procs.append(proc)
-    wait_for_sync(proc.ready, timeout=15, message="ready")
+    proc = relays.start(prefix, "--delay", "0.01", "--prefetch", str(PREFETCH),
+                        "--parallel", "8", "--visibility", "30")
     idle_rss = rss_kib(proc.pid)
     body = CODEC.encode(CODEC.new("in", {"n": 0, "pad": "x" * 200}, producer="t"))
     for start in range(0, ENTRIES, 5000):

@@ -5,32 +5,21 @@ never gets to write anything), and the entries behind it are still processed."""
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
-from pathlib import Path
 
-import pytest
 import redis
 
 from printery.keys import StreamKeys
 from printery.testing import wait_for_sync
 from printery.transport.server import ServerProcess
-from support.crash_proc import Proc
+from support.relay_proc import Relays
 from support.spine import CODEC
 
 MAX_DELIVERIES = 3
 OK_ENTRIES = 5
 
 
-@pytest.fixture
-def procs() -> Iterator[list[Proc]]:
-    started: list[Proc] = []
-    yield started
-    for proc in started:
-        proc.kill()
-
-
 def test_process_killing_entry_is_dead_lettered_after_max_deliveries(
-    server: ServerProcess, prefix: str, procs: list[Proc], tmp_path: Path
+    server: ServerProcess, prefix: str, relays: Relays
 ) -> None:
     keys = StreamKeys(prefix)
     r = redis.Redis.from_url(server.url, decode_responses=True)
@@ -49,11 +38,10 @@ def test_process_killing_entry_is_dead_lettered_after_max_deliveries(
     while not settled():
         assert time.monotonic() < deadline, "crash loop did not settle"
         assert crashes <= MAX_DELIVERIES + 2, f"too many crashes: {crashes}"
-        proc = Proc(
-            server.url, prefix, tmp_path, "--visibility", "1", "--prefetch", "1",
-            "--max-deliveries", str(MAX_DELIVERIES),
+        proc = relays.start(
+            prefix, "--visibility", "1", "--prefetch", "1",
+            "--max-deliveries", str(MAX_DELIVERIES), ready=False,
         )
-        procs.append(proc)
         wait_for_sync(
             lambda p=proc: p.popen.poll() is not None or settled(),  # type: ignore[misc]
             timeout=20, message="a crash or the end",
@@ -68,7 +56,7 @@ def test_process_killing_entry_is_dead_lettered_after_max_deliveries(
     assert dead["reason_code"] == "max_deliveries_exceeded"
     assert int(dead["deliveries"]) >= MAX_DELIVERIES
     assert crashes == MAX_DELIVERIES, "the handler ran (and crashed) max_deliveries times"
-    poison_runs = sum(p.starts().count(0) for p in procs)
+    poison_runs = sum(p.starts().count(0) for p in relays.started)
     assert poison_runs == MAX_DELIVERIES
     outs = sorted(int(CODEC.decode(f, "out").data["n"]) for _, f in r.xrange(keys.stream("out")))
     assert outs == list(range(1, OK_ENTRIES + 1)), "later entries processed, exactly once"

@@ -8,27 +8,14 @@ entries that were reclaimed from it meanwhile (the commit script checks ownershi
 from __future__ import annotations
 
 import signal
-from collections.abc import Iterator
-from pathlib import Path
 
-import pytest
 import redis
 
 from printery.keys import StreamKeys
 from printery.testing import wait_for_sync
 from printery.transport.server import ServerProcess
-from support.crash_proc import Proc
+from support.relay_proc import Relays
 from support.spine import CODEC
-
-
-@pytest.fixture
-def procs() -> Iterator[list[Proc]]:
-    started: list[Proc] = []
-    yield started
-    for proc in started:
-        if proc.popen.poll() is None:
-            proc.popen.send_signal(signal.SIGCONT)
-        proc.kill()
 
 
 def publish(r: redis.Redis, keys: StreamKeys, n: int) -> None:
@@ -50,15 +37,13 @@ def owners(r: redis.Redis, keys: StreamKeys) -> list[str]:
 
 
 def test_handler_sleeping_past_visibility_keeps_its_entries(
-    server: ServerProcess, prefix: str, procs: list[Proc], tmp_path: Path
+    server: ServerProcess, prefix: str, relays: Relays
 ) -> None:
     """Handlers run 3.5 s against a 1 s visibility timeout, with a second process (and each
     process's own claim loop) looking for idle entries every 0.1 s: nothing is claimed."""
     keys = StreamKeys(prefix)
     r = redis.Redis.from_url(server.url, decode_responses=True)
-    for _ in range(2):
-        procs.append(Proc(server.url, prefix, tmp_path, "--delay", "3.5", "--visibility", "1"))
-    wait_for_sync(lambda: all(p.ready() for p in procs), timeout=15, message="ready")
+    procs = [relays.start(prefix, "--delay", "3.5", "--visibility", "1") for _ in range(2)]
     publish(r, keys, 6)
     wait_for_sync(lambda: r.xlen(keys.stream("out")) >= 6, timeout=20, message="outputs")
     wait_for_sync(lambda: r.xpending(keys.stream("in"), "w")["pending"] == 0, timeout=10)
@@ -70,7 +55,7 @@ def test_handler_sleeping_past_visibility_keeps_its_entries(
 
 
 def test_paused_process_cannot_commit_reclaimed_entries(
-    server: ServerProcess, prefix: str, procs: list[Proc], tmp_path: Path
+    server: ServerProcess, prefix: str, relays: Relays
 ) -> None:
     """A is SIGSTOPped mid-handler; B claims its entries after the 1 s visibility timeout;
     A resumes (SIGCONT) and finishes its handlers while B still runs its own: A's commits
@@ -78,16 +63,12 @@ def test_paused_process_cannot_commit_reclaimed_entries(
     keys = StreamKeys(prefix)
     r = redis.Redis.from_url(server.url, decode_responses=True)
     n = 5
-    paused = Proc(server.url, prefix, tmp_path, "--delay", "2", "--visibility", "1")
-    procs.append(paused)
-    wait_for_sync(paused.ready, timeout=15, message="A ready")
+    paused = relays.start(prefix, "--delay", "2", "--visibility", "1")
     publish(r, keys, n)
     wait_for_sync(lambda: len(paused.starts()) == n, timeout=10, message="A started all")
     paused.popen.send_signal(signal.SIGSTOP)
 
-    taker = Proc(server.url, prefix, tmp_path, "--delay", "4", "--visibility", "1")
-    procs.append(taker)
-    wait_for_sync(taker.ready, timeout=15, message="B ready")
+    taker = relays.start(prefix, "--delay", "4", "--visibility", "1")
     tag = f":{taker.pid}:"
     wait_for_sync(
         lambda: (o := owners(r, keys)) and len(o) == n and all(tag in c for c in o),

@@ -2,45 +2,16 @@
 
 from __future__ import annotations
 
-import os
 import signal
-import subprocess
-import sys
 import time
-from collections.abc import Iterator
-from pathlib import Path
 
-import pytest
 import redis
 
 from printery.keys import StreamKeys
 from printery.testing import wait_for_sync
 from printery.transport.server import ServerProcess
+from support.relay_proc import Relays
 from support.spine import CODEC
-
-TESTS = Path(__file__).resolve().parents[1]
-
-
-def spawn(url: str, prefix: str, *args: str) -> subprocess.Popen[str]:
-    env = {**os.environ, "PYTHONPATH": str(TESTS)}
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "support.relay_proc", url, prefix, *args],
-        stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, env=env,
-    )
-    assert proc.stdout is not None
-    line = proc.stdout.readline()
-    assert line.strip() == "ready", f"relay did not start: {line!r}"
-    return proc
-
-
-@pytest.fixture
-def procs() -> Iterator[list[subprocess.Popen[str]]]:
-    started: list[subprocess.Popen[str]] = []
-    yield started
-    for proc in started:
-        if proc.poll() is None:
-            proc.kill()
-        proc.wait(10)
 
 
 def publish(r: redis.Redis, keys: StreamKeys, n: int) -> None:
@@ -61,11 +32,12 @@ def outputs(r: redis.Redis, keys: StreamKeys) -> tuple[dict[int, int], dict[str,
 
 
 def test_two_processes_share_2000_entries_exactly_once(
-    server: ServerProcess, prefix: str, procs: list[subprocess.Popen[str]]
+    server: ServerProcess, prefix: str, relays: Relays
 ) -> None:
     keys = StreamKeys(prefix)
     r = redis.Redis.from_url(server.url, decode_responses=True)
-    procs += [spawn(server.url, prefix, "--delay", "0.002"), spawn(server.url, prefix, "--delay", "0.002")]
+    for _ in range(2):
+        relays.start(prefix, "--delay", "0.002")
     publish(r, keys, 2000)
     wait_for_sync(lambda: r.xlen(keys.stream("out")) >= 2000, timeout=60)
     per_n, per_pid = outputs(r, keys)
@@ -75,14 +47,12 @@ def test_two_processes_share_2000_entries_exactly_once(
 
 
 def test_kill_9_survivor_claims_in_flight(
-    server: ServerProcess, prefix: str, procs: list[subprocess.Popen[str]]
+    server: ServerProcess, prefix: str, relays: Relays
 ) -> None:
     keys = StreamKeys(prefix)
     r = redis.Redis.from_url(server.url, decode_responses=True)
-    victim = spawn(server.url, prefix, "--delay", "0.05", "--visibility", "1")
-    procs.append(victim)
-    survivor = spawn(server.url, prefix, "--delay", "0.002", "--visibility", "1")
-    procs.append(survivor)
+    victim = relays.start(prefix, "--delay", "0.05", "--visibility", "1")
+    relays.start(prefix, "--delay", "0.002", "--visibility", "1")  # the survivor
     publish(r, keys, 2000)
     # Wait until the victim holds entries in flight, then kill it without warning.
     def victim_holds() -> bool:
@@ -90,8 +60,8 @@ def test_kill_9_survivor_claims_in_flight(
         return any(c["pending"] > 0 and f":{victim.pid}:" in c["name"] for c in consumers)
 
     wait_for_sync(victim_holds, timeout=20)
-    victim.send_signal(signal.SIGKILL)
-    victim.wait(10)
+    victim.popen.send_signal(signal.SIGKILL)
+    victim.popen.wait(10)
     wait_for_sync(lambda: r.xlen(keys.stream("out")) >= 2000, timeout=60)
     wait_for_sync(lambda: r.xpending(keys.stream("in"), "w")["pending"] == 0, timeout=20)
     per_n, _ = outputs(r, keys)
@@ -99,22 +69,20 @@ def test_kill_9_survivor_claims_in_flight(
 
 
 def test_sigterm_hands_prefetched_entries_back_at_once(
-    server: ServerProcess, prefix: str, procs: list[subprocess.Popen[str]]
+    server: ServerProcess, prefix: str, relays: Relays
 ) -> None:
     """Entries read but not started are claimable by the other process well before the
     visibility timeout (30 s here)."""
     keys = StreamKeys(prefix)
     r = redis.Redis.from_url(server.url, decode_responses=True)
-    holder = spawn(server.url, prefix, "--delay", "0.5", "--visibility", "30",
-                   "--prefetch", "20", "--parallel", "1", "--drain", "5")
-    procs.append(holder)
+    holder = relays.start(prefix, "--delay", "0.5", "--visibility", "30",
+                          "--prefetch", "20", "--parallel", "1", "--drain", "5")
     publish(r, keys, 20)
     wait_for_sync(lambda: r.xpending(keys.stream("in"), "w")["pending"] == 20, timeout=10)
-    other = spawn(server.url, prefix, "--visibility", "30")
-    procs.append(other)
+    other = relays.start(prefix, "--visibility", "30")
     begun = time.monotonic()
-    holder.send_signal(signal.SIGTERM)
-    assert holder.wait(15) == 0
+    holder.popen.send_signal(signal.SIGTERM)
+    assert holder.popen.wait(15) == 0
     wait_for_sync(lambda: r.xlen(keys.stream("out")) >= 20, timeout=15)
     elapsed = time.monotonic() - begun
     per_n, per_pid = outputs(r, keys)

@@ -1,7 +1,13 @@
-"""A relay service in its own OS process, for multi-process tests.
+"""A relay service in its own OS process, for multi-process, lease and crash-loop tests.
 
 Usage: python -m support.relay_proc URL PREFIX [--delay S] [--visibility S] [--prefetch N]
-Prints "ready" once its worker reads; stops gracefully on SIGTERM.
+       [--parallel N] [--max-deliveries N] [--drain S]
+
+The handler sleeps ``--delay`` seconds, then relays ``data`` to ``out`` tagged with the
+pid (field ``by``). An entry whose data has ``"crash": true`` kills the whole process
+with ``os._exit(1)`` (no cleanup, no commit, nothing written). Each handler start is
+reported on stdout as ``start <n>``; "ready" once the worker reads; it stops gracefully
+on SIGTERM.
 """
 
 from __future__ import annotations
@@ -10,7 +16,10 @@ import argparse
 import asyncio
 import os
 import signal
+import subprocess
 import sys
+import time
+from pathlib import Path
 
 import structlog
 
@@ -18,7 +27,70 @@ from printery.keys import StreamKeys
 from printery.runtime.handler import Message, Output
 from printery.runtime.stream_worker import ConsumerSettings, StreamWorker
 from printery.supervisor.manager import WorkerManager
+from printery.testing import wait_for_sync
 from printery.transport.connection import connect
+
+TESTS = Path(__file__).resolve().parents[1]
+
+
+class Proc:
+    """A relay child whose stdout and stderr go to files the test reads."""
+
+    def __init__(self, url: str, prefix: str, logdir: Path, *args: str) -> None:
+        logdir.mkdir(parents=True, exist_ok=True)
+        stamp = f"{time.monotonic_ns()}"
+        self.out_path = logdir / f"{stamp}.out"
+        self.err_path = logdir / f"{stamp}.err"
+        env = {**os.environ, "PYTHONPATH": str(TESTS)}
+        with self.out_path.open("w") as out, self.err_path.open("w") as err:
+            self.popen = subprocess.Popen(
+                [sys.executable, "-m", "support.relay_proc", url, prefix, *args],
+                stdout=out, stderr=err, text=True, env=env,
+            )
+
+    @property
+    def pid(self) -> int:
+        return self.popen.pid
+
+    def lines(self) -> list[str]:
+        return self.out_path.read_text().splitlines()
+
+    def stderr(self) -> str:
+        return self.err_path.read_text()
+
+    def starts(self) -> list[int]:
+        return [int(line.split()[1]) for line in self.lines() if line.startswith("start ")]
+
+    def ready(self) -> bool:
+        return "ready" in self.lines()
+
+    def kill(self) -> None:
+        """SIGKILL (after SIGCONT, should the test have stopped it) and reap."""
+        if self.popen.poll() is None:
+            self.popen.send_signal(signal.SIGCONT)
+            self.popen.kill()
+        self.popen.wait(10)
+
+
+class Relays:
+    """The relay processes one test starts against one server; all are killed at its end."""
+
+    def __init__(self, url: str, logdir: Path) -> None:
+        self.url = url
+        self.logdir = logdir
+        self.started: list[Proc] = []
+
+    def start(self, prefix: str, *args: str, ready: bool = True) -> Proc:
+        """Start a relay with ``args``; with ``ready``, wait until its worker reads."""
+        proc = Proc(self.url, prefix, self.logdir, *args)
+        self.started.append(proc)
+        if ready:
+            wait_for_sync(proc.ready, timeout=15, message=f"relay {proc.pid} ready")
+        return proc
+
+    def kill_all(self) -> None:
+        for proc in self.started:
+            proc.kill()
 
 
 async def main() -> None:
@@ -29,6 +101,7 @@ async def main() -> None:
     parser.add_argument("--visibility", type=float, default=2.0)
     parser.add_argument("--prefetch", type=int, default=16)
     parser.add_argument("--parallel", type=int, default=0)
+    parser.add_argument("--max-deliveries", type=int, default=5)
     parser.add_argument("--drain", type=float, default=10.0)
     args = parser.parse_args()
     structlog.configure(logger_factory=structlog.PrintLoggerFactory(sys.stderr))
@@ -36,6 +109,10 @@ async def main() -> None:
     pid = str(os.getpid())
 
     async def handler(msg: Message) -> Output:
+        data = msg.data if isinstance(msg.data, dict) else {}
+        print(f"start {data.get('n')}", flush=True)
+        if data.get("crash"):
+            os._exit(1)
         if args.delay:
             await asyncio.sleep(args.delay)
         return Output("out", msg.data, extra={"by": pid})
@@ -45,6 +122,7 @@ async def main() -> None:
         settings=ConsumerSettings(
             block_ms=100, visibility_timeout=args.visibility, prefetch=args.prefetch,
             parallel=args.parallel or None, claim_interval=0.1,
+            max_deliveries=args.max_deliveries, retry_backoff_ms=20,
         ),
     )
     manager = WorkerManager(drain_timeout=args.drain)
