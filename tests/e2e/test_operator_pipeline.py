@@ -5,8 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
-import sys
 from collections.abc import AsyncIterator
 
 import pytest
@@ -15,17 +13,7 @@ import redis.asyncio as aioredis
 from printery.testing import wait_for
 from printery.transport.server import ServerProcess
 from support.deploy import DeployRun, fast_settings, start_pipeline, stop_pipeline
-
-
-async def cli(url: str, prefix: str, *args: str) -> tuple[int, str, str]:
-    env = {k: v for k, v in os.environ.items() if k not in ("REDIS_URL", "STREAM_PREFIX")}
-    proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "printery.cli.operator", "--redis-url", url,
-        "--stream-prefix", prefix, *args, env=env,
-        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
-    out, err = await asyncio.wait_for(proc.communicate(), 60)
-    assert proc.returncode is not None
-    return proc.returncode, out.decode(), err.decode()
+from support.operator_cli import cli
 
 
 @pytest.fixture

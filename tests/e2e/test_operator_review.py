@@ -3,10 +3,7 @@
 
 from __future__ import annotations
 
-import asyncio
 import json
-import os
-import sys
 from typing import Any
 
 import redis.asyncio as aioredis
@@ -14,18 +11,7 @@ import redis.asyncio as aioredis
 from printery.deploy.app import delivery_key
 from printery.deploy.sandbox import Sandbox
 from printery.transport.server import ServerProcess
-
-
-async def cli(url: str, prefix: str, *args: str) -> tuple[int, str, str]:
-    env = {k: v for k, v in os.environ.items() if k not in ("REDIS_URL", "STREAM_PREFIX")}
-    proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "printery.cli.operator", "--redis-url", url,
-        "--stream-prefix", prefix, *args, env=env,
-        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
-    out, err = await asyncio.wait_for(proc.communicate(), 60)
-    assert proc.returncode is not None
-    return proc.returncode, out.decode(), err.decode()
-
+from support.operator_cli import cli
 
 REQUEST = {"deployment_id": "dep-prod-1", "service": "billing-api", "version": "1.4.2",
            "environment": "production", "requested_by": "alice", "approved_by": None,

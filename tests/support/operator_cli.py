@@ -1,0 +1,20 @@
+"""The operator command (``printery.cli.operator``) run as a subprocess."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import sys
+
+
+async def cli(url: str, prefix: str, *args: str) -> tuple[int, str, str]:
+    """Run the operator CLI against ``url``/``prefix`` (given as flags, with REDIS_URL and
+    STREAM_PREFIX removed from its environment); return its exit code, stdout and stderr."""
+    env = {k: v for k, v in os.environ.items() if k not in ("REDIS_URL", "STREAM_PREFIX")}
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "printery.cli.operator", "--redis-url", url,
+        "--stream-prefix", prefix, *args, env=env,
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
+    out, err = await asyncio.wait_for(proc.communicate(), 60)
+    assert proc.returncode is not None
+    return proc.returncode, out.decode(), err.decode()
