@@ -2,6 +2,7 @@
 
 from printery.backoff import compute_backoff
 from printery.config import Settings
+from printery.cost import cost_summary
 from printery.errors import (
     BlobMissing,
     ConfigError,
@@ -18,6 +19,7 @@ from printery.errors import (
     TransportError,
     WorkerFailed,
 )
+from printery.keys import StreamKeys
 from printery.message import Codec, Envelope
 from printery.pipeline.aggregate import (
     Aggregator,
@@ -30,6 +32,7 @@ from printery.pipeline.aggregate import (
 from printery.pipeline.dag import Pipeline, Step, to_mermaid, to_text
 from printery.pipeline.escalation import escalate, review_output
 from printery.pipeline.gate import Reason
+from printery.replay import ReplayError, ReplayResult, replay
 from printery.runtime.handler import Handler, HandlerResult, Message, Output
 from printery.runtime.stream_worker import ConsumerSettings, StreamWorker
 from printery.supervisor.manager import WorkerManager
@@ -58,10 +61,13 @@ __all__ = [
     "PrinteryError",
     "Reason",
     "Reject",
+    "ReplayError",
+    "ReplayResult",
     "Retry",
     "RunContext",
     "Settings",
     "Step",
+    "StreamKeys",
     "StreamWorker",
     "SupervisorError",
     "TransportError",
@@ -73,8 +79,10 @@ __all__ = [
     "all_must_pass",
     "any_pass",
     "compute_backoff",
+    "cost_summary",
     "escalate",
     "first_wins",
+    "replay",
     "review_output",
     "to_mermaid",
     "to_text",

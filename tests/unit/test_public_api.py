@@ -16,6 +16,8 @@ EXPECTED = {
     "Step", "StreamWorker", "SupervisorError", "TransportError", "Worker", "WorkerFailed",
     "WorkerManager", "WorkerState", "WorkerStats", "all_must_pass", "any_pass",
     "compute_backoff", "escalate", "first_wins", "review_output", "to_mermaid", "to_text",
+    # replay and cost accounting for any pipeline (CONTRACT §10)
+    "ReplayError", "ReplayResult", "StreamKeys", "cost_summary", "replay",
 }
 
 
