@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 
 import redis.asyncio as aioredis
 
@@ -14,12 +16,31 @@ from printery.testing import wait_for
 from support.spine import CODEC, outputs_by_n, publish, relay, stream_worker
 
 
-async def _running(*workers: object) -> WorkerManager:
+@asynccontextmanager
+async def _running(*workers: object) -> AsyncIterator[WorkerManager]:
+    """The workers started under one manager, stopped (2 s drain) when the block ends."""
     manager = WorkerManager()
     for worker in workers:
         manager.register(worker)  # type: ignore[arg-type]
     await manager.start_all()
-    return manager
+    try:
+        yield manager
+    finally:
+        await manager.stop_all(2)
+
+
+class _Counting:
+    """A handler relaying to ``out`` that counts its calls, sleeping ``delay`` s in each."""
+
+    def __init__(self, delay: float = 0.0) -> None:
+        self.delay = delay
+        self.calls = 0
+
+    async def __call__(self, msg: Message) -> Output:
+        self.calls += 1
+        if self.delay:
+            await asyncio.sleep(self.delay)
+        return Output("out", msg.data)
 
 
 async def _len(client: aioredis.Redis, key: str, n: int) -> bool:
@@ -32,26 +53,20 @@ async def test_group_created_idempotently_from_zero(client: aioredis.Redis, pref
     worker = stream_worker("w", client, keys, ["in"], relay("out"))
     await worker.prepare()
     await worker.prepare()  # an existing group is fine
-    manager = await _running(worker)
-    try:
+    async with _running(worker):
         await wait_for(lambda: _len(client, keys.stream("out"), 3))
-    finally:
-        await manager.stop_all(2)
 
 
 async def test_consumers_have_unique_names(client: aioredis.Redis, prefix: str) -> None:
     keys = StreamKeys(prefix)
     worker = stream_worker("w", client, keys, ["in"], relay("out"), concurrency=3)
-    manager = await _running(worker)
-    try:
+    async with _running(worker):
         await publish(client, keys, "in", 30)
         await wait_for(lambda: _len(client, keys.stream("out"), 30))
         consumers = await client.xinfo_consumers(keys.stream("in"), "w")
         names = [c["name"] for c in consumers]
         assert len(names) == 3 and len(set(names)) == 3
         assert all(name.split(":")[2] == "w" for name in names)
-    finally:
-        await manager.stop_all(2)
 
 
 async def test_envelope_defaults_filled_for_external_producer(client: aioredis.Redis, prefix: str) -> None:
@@ -62,8 +77,7 @@ async def test_envelope_defaults_filled_for_external_producer(client: aioredis.R
         seen.append(msg)
         return Output("out", msg.data)
 
-    manager = await _running(stream_worker("w", client, keys, ["in"], handler))
-    try:
+    async with _running(stream_worker("w", client, keys, ["in"], handler)):
         await client.xadd(keys.stream("in"), {"data": '{"correlation_id": "abc", "x": 1}'})
         await wait_for(lambda: _len(client, keys.stream("out"), 1))
         env = seen[0].envelope
@@ -75,30 +89,19 @@ async def test_envelope_defaults_filled_for_external_producer(client: aioredis.R
                       "produced_at", "producer", "duration_ms"):
             assert field in out, field
         assert out["producer"] == "w" and out["correlation_id"] == "abc"
-    finally:
-        await manager.stop_all(2)
 
 
 async def test_duplicate_idempotency_key_acked_without_handler(client: aioredis.Redis, prefix: str) -> None:
     keys = StreamKeys(prefix)
-    calls = 0
-
-    async def handler(msg: Message) -> Output:
-        nonlocal calls
-        calls += 1
-        return Output("out", msg.data)
-
-    manager = await _running(stream_worker("w", client, keys, ["in"], handler))
-    try:
+    handler = _Counting()
+    async with _running(stream_worker("w", client, keys, ["in"], handler)):
         fields = {"data": '{"n": 1}', "idempotency_key": "same"}
         await client.xadd(keys.stream("in"), fields)
         await wait_for(lambda: _len(client, keys.stream("out"), 1))
         await client.xadd(keys.stream("in"), fields)
         await wait_for(lambda: _all_acked(client, keys.stream("in"), "w", 2))
-        assert calls == 1
+        assert handler.calls == 1
         assert await client.xlen(keys.stream("out")) == 1
-    finally:
-        await manager.stop_all(2)
 
 
 async def _all_acked(client: aioredis.Redis, stream: str, group: str, delivered: int) -> bool:
@@ -109,8 +112,7 @@ async def _all_acked(client: aioredis.Redis, stream: str, group: str, delivered:
 
 async def test_poison_undecodable_goes_to_dlq_at_once(client: aioredis.Redis, prefix: str) -> None:
     keys = StreamKeys(prefix)
-    manager = await _running(stream_worker("w", client, keys, ["in"], relay("out")))
-    try:
+    async with _running(stream_worker("w", client, keys, ["in"], relay("out"))):
         await client.xadd(keys.stream("in"), {"data": "{not json"})
         await client.xadd(keys.stream("in"), {"nodata": "x"})
         await publish(client, keys, "in", 1)
@@ -123,8 +125,6 @@ async def test_poison_undecodable_goes_to_dlq_at_once(client: aioredis.Redis, pr
             assert entry["source_stream"] == keys.stream("in")
             assert entry["source_id"] and entry["failed_at"] and entry["error"]
         assert (await client.xpending(keys.stream("in"), "w"))["pending"] == 0
-    finally:
-        await manager.stop_all(2)
 
 
 async def test_failing_handler_goes_to_dlq_after_max_deliveries(client: aioredis.Redis, prefix: str) -> None:
@@ -137,8 +137,7 @@ async def test_failing_handler_goes_to_dlq_after_max_deliveries(client: aioredis
             raise ValueError("always fails")
         return Output("out", msg.data)
 
-    manager = await _running(stream_worker("w", client, keys, ["in"], handler, max_deliveries=3))
-    try:
+    async with _running(stream_worker("w", client, keys, ["in"], handler, max_deliveries=3)) as manager:
         await publish(client, keys, "in", 4)
         await wait_for(lambda: _len(client, keys.dlq, 1))
         await wait_for(lambda: _len(client, keys.stream("out"), 3))
@@ -149,8 +148,6 @@ async def test_failing_handler_goes_to_dlq_after_max_deliveries(client: aioredis
         assert "always fails" in entry["error"]
         assert CODEC.decode(entry, "in").data == {"n": 0}, "the original fields are kept"
         assert manager.get_status()["w"]["errors"] == 3
-    finally:
-        await manager.stop_all(2)
 
 
 async def test_reject_dead_letters_at_once(client: aioredis.Redis, prefix: str) -> None:
@@ -159,14 +156,11 @@ async def test_reject_dead_letters_at_once(client: aioredis.Redis, prefix: str) 
     async def handler(msg: Message) -> None:
         raise Reject("invalid_input", "field x is wrong")
 
-    manager = await _running(stream_worker("w", client, keys, ["in"], handler))
-    try:
+    async with _running(stream_worker("w", client, keys, ["in"], handler)):
         await publish(client, keys, "in", 1)
         await wait_for(lambda: _len(client, keys.dlq, 1))
         (_id, entry), = await client.xrange(keys.dlq)
         assert entry["reason_code"] == "invalid_input" and entry["deliveries"] == "1"
-    finally:
-        await manager.stop_all(2)
 
 
 async def test_dead_consumer_entries_claimed_after_visibility_timeout(
@@ -178,37 +172,24 @@ async def test_dead_consumer_entries_claimed_after_visibility_timeout(
     # A consumer that reads and dies: its entries stay pending under its name.
     await client.xreadgroup("w", "dead-consumer", {keys.stream("in"): ">"}, count=5)
     worker = stream_worker("w", client, keys, ["in"], relay("out"), visibility_timeout=0.5)
-    manager = await _running(worker)
-    try:
+    async with _running(worker):
         await wait_for(lambda: _len(client, keys.stream("out"), 5), timeout=10)
         assert await outputs_by_n(client, keys, "out") == {i: 1 for i in range(5)}
         pending = await client.xpending(keys.stream("in"), "w")
         assert pending["pending"] == 0
-    finally:
-        await manager.stop_all(2)
 
 
 async def test_long_handler_keeps_its_entry(client: aioredis.Redis, prefix: str) -> None:
     """A handler running past the visibility timeout is not claimed by another consumer."""
     keys = StreamKeys(prefix)
-    calls = 0
-
-    async def slow(msg: Message) -> Output:
-        nonlocal calls
-        calls += 1
-        await asyncio.sleep(1.5)
-        return Output("out", msg.data)
-
+    slow = _Counting(delay=1.5)
     first = stream_worker("w", client, keys, ["in"], slow, visibility_timeout=0.4, claim_interval=0.1)
     second = stream_worker("w", client, keys, ["in"], slow, visibility_timeout=0.4, claim_interval=0.1)
-    manager = await _running(first, _renamed(second))
-    try:
+    async with _running(first, _renamed(second)):
         await publish(client, keys, "in", 1)
         await wait_for(lambda: _len(client, keys.stream("out"), 1), timeout=10)
-        assert calls == 1
+        assert slow.calls == 1
         assert await client.xlen(keys.stream("out")) == 1
-    finally:
-        await manager.stop_all(2)
 
 
 def _renamed(worker: object) -> object:
@@ -236,24 +217,23 @@ async def test_server_restart_loses_nothing(own_server: object, prefix: str) -> 
     client = connect(own_server.url, block_ms=100)
     keys = StreamKeys(prefix)
     worker = stream_worker("w", client, keys, ["in"], relay("out"), concurrency=2)
-    manager = await _running(worker)
     try:
-        await publish(client, keys, "in", 1000)
-        await wait_for(lambda: _len(client, keys.stream("out"), 100), timeout=20)
-        await asyncio.to_thread(own_server.stop)
-        await wait_for(lambda: _async(not worker.connected), timeout=10, message="disconnect noticed")
-        await asyncio.to_thread(own_server.start)
-        await publish(client, keys, "in", 1000, start=1000)
-        await wait_for(lambda: _len(client, keys.stream("out"), 2000), timeout=60)
-        counts = await outputs_by_n(client, keys, "out")
-        assert set(counts) == set(range(2000))
-        duplicates = {n: c for n, c in counts.items() if c > 1}
-        # appendfsync everysec may lose the last second of acks on a SIGTERM-less crash, but
-        # a clean stop flushes: every entry must appear exactly once.
-        assert not duplicates
-        await wait_for(lambda: _async(worker.connected), timeout=10)
+        async with _running(worker):
+            await publish(client, keys, "in", 1000)
+            await wait_for(lambda: _len(client, keys.stream("out"), 100), timeout=20)
+            await asyncio.to_thread(own_server.stop)
+            await wait_for(lambda: _async(not worker.connected), timeout=10, message="disconnect noticed")
+            await asyncio.to_thread(own_server.start)
+            await publish(client, keys, "in", 1000, start=1000)
+            await wait_for(lambda: _len(client, keys.stream("out"), 2000), timeout=60)
+            counts = await outputs_by_n(client, keys, "out")
+            assert set(counts) == set(range(2000))
+            duplicates = {n: c for n, c in counts.items() if c > 1}
+            # appendfsync everysec may lose the last second of acks on a SIGTERM-less crash, but
+            # a clean stop flushes: every entry must appear exactly once.
+            assert not duplicates
+            await wait_for(lambda: _async(worker.connected), timeout=10)
     finally:
-        await manager.stop_all(2)
         await client.aclose()
 
 
