@@ -12,7 +12,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import psutil
@@ -110,17 +110,29 @@ def data_dir(tmp_path: Path) -> Iterator[Path]:
 
 
 @pytest.fixture
-def holders() -> Iterator[list[Holder]]:
+def new_holder(data_dir: Path) -> Iterator[Callable[[], Holder]]:
+    """Start another process holding the ``data_dir`` server; all are closed at the end."""
     started: list[Holder] = []
-    yield started
+
+    def start() -> Holder:
+        started.append(Holder(data_dir))
+        return started[-1]
+
+    yield start
     for holder in started:
         holder.close()
 
 
 @pytest.fixture
-def local(data_dir: Path) -> Iterator[list[EmbeddedServer]]:
+def new_server(data_dir: Path) -> Iterator[Callable[[], EmbeddedServer]]:
+    """An ``EmbeddedServer`` on ``data_dir`` in this process; all are released at the end."""
     made: list[EmbeddedServer] = []
-    yield made
+
+    def make() -> EmbeddedServer:
+        made.append(EmbeddedServer(data_dir))
+        return made[-1]
+
+    yield make
     for server in made:
         server.release()
 
@@ -132,10 +144,9 @@ def test_find_running_is_none_when_nothing_runs(data_dir: Path) -> None:
 
 
 def test_acquire_starts_a_server_and_records_it(
-    data_dir: Path, local: list[EmbeddedServer]
+    data_dir: Path, new_server: Callable[[], EmbeddedServer]
 ) -> None:
-    server = EmbeddedServer(data_dir)
-    local.append(server)
+    server = new_server()
 
     url = server.acquire()
 
@@ -149,14 +160,12 @@ def test_acquire_starts_a_server_and_records_it(
 
 
 def test_second_process_shares_the_server_and_keeps_it_alive(
-    data_dir: Path, local: list[EmbeddedServer], holders: list[Holder]
+    data_dir: Path, new_server: Callable[[], EmbeddedServer], new_holder: Callable[[], Holder]
 ) -> None:
-    server = EmbeddedServer(data_dir)
-    local.append(server)
+    server = new_server()
     url = server.acquire()
     pid = state_pid(data_dir)
-    other = Holder(data_dir)
-    holders.append(other)
+    other = new_holder()
 
     assert other.url() == url
     assert state_pid(data_dir) == pid
@@ -173,13 +182,11 @@ def test_second_process_shares_the_server_and_keeps_it_alive(
 
 
 def test_last_release_stops_a_server_another_process_started(
-    data_dir: Path, local: list[EmbeddedServer], holders: list[Holder]
+    data_dir: Path, new_server: Callable[[], EmbeddedServer], new_holder: Callable[[], Holder]
 ) -> None:
-    other = Holder(data_dir)
-    holders.append(other)
+    other = new_holder()
     url = other.url()
-    server = EmbeddedServer(data_dir)
-    local.append(server)
+    server = new_server()
 
     assert server.acquire() == url
     assert not server.started
@@ -192,13 +199,11 @@ def test_last_release_stops_a_server_another_process_started(
 
 
 def test_a_crashed_holder_does_not_keep_the_server_alive(
-    data_dir: Path, local: list[EmbeddedServer], holders: list[Holder]
+    data_dir: Path, new_server: Callable[[], EmbeddedServer], new_holder: Callable[[], Holder]
 ) -> None:
-    server = EmbeddedServer(data_dir)
-    local.append(server)
+    server = new_server()
     url = server.acquire()
-    other = Holder(data_dir)
-    holders.append(other)
+    other = new_holder()
     assert other.url() == url
 
     other.kill()  # no release: the kernel drops its lease lock
@@ -208,8 +213,8 @@ def test_a_crashed_holder_does_not_keep_the_server_alive(
     assert list((data_dir / LEASES_DIR).glob("*.lease")) == []
 
 
-def test_concurrent_starts_share_one_server(data_dir: Path, holders: list[Holder]) -> None:
-    holders.extend(Holder(data_dir) for _ in range(3))
+def test_concurrent_starts_share_one_server(data_dir: Path, new_holder: Callable[[], Holder]) -> None:
+    holders = [new_holder() for _ in range(3)]
 
     urls = {holder.url() for holder in holders}
 
@@ -220,9 +225,8 @@ def test_concurrent_starts_share_one_server(data_dir: Path, holders: list[Holder
     assert servers_in(data_dir) == []
 
 
-def test_data_survives_a_restart(data_dir: Path, local: list[EmbeddedServer]) -> None:
-    server = EmbeddedServer(data_dir)
-    local.append(server)
+def test_data_survives_a_restart(data_dir: Path, new_server: Callable[[], EmbeddedServer]) -> None:
+    server = new_server()
     url = server.acquire()
     with redis.Redis.from_url(url) as client:
         entry_id = client.xadd("s", {"data": "{}"})
@@ -238,7 +242,7 @@ def test_data_survives_a_restart(data_dir: Path, local: list[EmbeddedServer]) ->
         assert [eid for eid, _ in client.xrange("s")] == [entry_id]
 
 
-def test_a_stale_state_file_is_replaced(data_dir: Path, local: list[EmbeddedServer]) -> None:
+def test_a_stale_state_file_is_replaced(data_dir: Path, new_server: Callable[[], EmbeddedServer]) -> None:
     dead = subprocess.Popen(["true"])
     dead.wait(10)
     data_dir.mkdir(parents=True)
@@ -253,8 +257,7 @@ def test_a_stale_state_file_is_replaced(data_dir: Path, local: list[EmbeddedServ
     (data_dir / STATE_FILE).write_text(json.dumps(stale))
     assert find_running(data_dir) is None
 
-    server = EmbeddedServer(data_dir)
-    local.append(server)
+    server = new_server()
     url = server.acquire()
 
     assert server.started
@@ -264,11 +267,9 @@ def test_a_stale_state_file_is_replaced(data_dir: Path, local: list[EmbeddedServ
 
 
 def test_a_server_that_lost_its_state_file_is_replaced(
-    data_dir: Path, local: list[EmbeddedServer]
+    data_dir: Path, new_server: Callable[[], EmbeddedServer]
 ) -> None:
-    first = EmbeddedServer(data_dir)
-    second = EmbeddedServer(data_dir)
-    local.extend([first, second])
+    first, second = new_server(), new_server()
     first.acquire()
     old_pid = state_pid(data_dir)
     (data_dir / STATE_FILE).unlink()
