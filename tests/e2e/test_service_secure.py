@@ -1,0 +1,75 @@
+"""The whole service over a secure connection (issue 6 item 7): ``printery-workers`` on
+``rediss://`` (a TLS proxy with a CA the test generates, in front of the server) as an
+ACL user confined to its prefix and to the commands of docs/security.md. Deployments
+run end to end, the server refuses nothing, and the password shows up nowhere."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from pathlib import Path
+
+import redis.asyncio as aioredis
+import trustme
+
+from printery.testing import unique_prefix, wait_for
+from printery.transport.server import ServerProcess
+from support.acl import acl_denials, acl_rule
+from support.service import spawn
+from support.tls_proxy import TlsProxy
+
+DEPLOYMENTS = 10
+PASSWORD = "acl-Pa55-word-xyz"
+
+
+def _request(i: int) -> dict[str, str]:
+    return {"data": json.dumps({
+        "deployment_id": f"dep-sec-{i}", "service": "billing-api", "version": "1.0.0",
+        "environment": "development", "requested_by": "alice", "notify": ["log"],
+    })}
+
+
+async def test_service_over_tls_as_minimal_acl_user(
+    server: ServerProcess, client: aioredis.Redis, tmp_path: Path
+) -> None:
+    prefix = unique_prefix("sec")
+    user = f"svc-{prefix.rsplit(':', 1)[-1]}"
+    await client.execute_command("ACL", "SETUSER", user, *acl_rule(prefix, PASSWORD))
+    await client.execute_command("ACL", "LOG", "RESET")
+    authority = trustme.CA()
+    ca_path = tmp_path / "ca.pem"
+    authority.cert_pem.write_to_path(str(ca_path))
+    try:
+        async with TlsProxy("127.0.0.1", server.port, authority) as proxy:
+            url = f"rediss://{user}:{PASSWORD}@localhost:{proxy.port}/0?ssl_ca_certs={ca_path}"
+            # The service is driven from a thread: this loop keeps serving the proxy.
+            svc = await asyncio.to_thread(
+                spawn, ["--redis-url", url, "--stream-prefix", prefix], cwd=tmp_path)
+            try:
+                await asyncio.to_thread(
+                    svc.wait_until, lambda: svc.get("/readyz").status_code == 200,
+                    what="/readyz 200 over TLS")
+                for i in range(DEPLOYMENTS):
+                    await client.xadd(f"{prefix}:deployment:started", _request(i))
+
+                async def all_sent() -> bool:
+                    return int(await client.xlen(f"{prefix}:notification:sent")) == DEPLOYMENTS
+
+                try:
+                    await wait_for(all_sent, timeout=30)
+                except TimeoutError:
+                    log = await client.execute_command("ACL", "LOG")
+                    raise AssertionError(f"{acl_denials(log, user)}\n{svc.log()}") from None
+                status = await asyncio.to_thread(svc.get, "/status")
+                metrics = await asyncio.to_thread(svc.get, "/metrics")
+            finally:
+                code = await asyncio.to_thread(svc.stop)
+            assert code == 0, svc.log()
+            assert proxy.connections >= 2, "every connection went through TLS"
+        denied = acl_denials(await client.execute_command("ACL", "LOG"), user)
+        assert denied == [], f"commands or keys the rule misses: {denied}"
+        for text in (svc.log(), status.text, metrics.text):
+            assert PASSWORD not in text
+        assert status.json()["redis"]["connected"] is True
+    finally:
+        await client.execute_command("ACL", "DELUSER", user)

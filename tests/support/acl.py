@@ -1,0 +1,35 @@
+"""The ACL rule of docs/security.md for a user confined to one stream prefix: the
+integration and service tests both run under it, so the document, the rule and what
+printery really sends cannot drift apart."""
+
+from __future__ import annotations
+
+ACL_COMMANDS = (
+    "-@all +ping +client|setname +client|setinfo"
+    " +xreadgroup +xadd +xack +xautoclaim +xclaim +xpending +xgroup|create +xinfo|groups"
+    " +xinfo|consumers +xrange +xlen +xtrim +time"
+    " +evalsha +script|load +exists +get +set +mget +del"
+    " +hset +hsetnx +hgetall +expire +zadd +zrangebyscore +zrem +scan"
+    " +multi +exec +discard +watch +unwatch"
+)
+
+
+def acl_rule(prefix: str, password: str) -> list[str]:
+    """``ACL SETUSER <user>`` arguments. ``~`` alone grants the empty key name: the
+    commit script is passed '' for "no idempotency marker" and "no source stream"."""
+    return ["on", f">{password}", "resetkeys", f"~{prefix}:*", "~", "resetchannels",
+            *ACL_COMMANDS.split()]
+
+
+def acl_denials(log: object, user: str) -> list[object]:
+    """The ``ACL LOG`` entries of ``user`` (commands or keys the rule refused)."""
+    entries = log if isinstance(log, list) else []
+    return [entry for entry in entries if _field(entry, "username") == user]
+
+
+def _field(entry: object, name: str) -> object:
+    if isinstance(entry, dict):
+        return entry.get(name)
+    if isinstance(entry, list):
+        return dict(zip(entry[::2], entry[1::2], strict=False)).get(name)
+    return None
