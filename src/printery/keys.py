@@ -34,9 +34,10 @@ class StreamKeys:
     def review_decided(self) -> str:
         return self.stream(REVIEW_DECIDED)
 
-    def idempotency(self, worker: str, key: str) -> str:
-        """Marker that ``worker`` already committed the entry with this idempotency key."""
-        return f"{self.prefix}:idem:{worker}:{key}"
+    def idempotency_index(self, worker: str) -> str:
+        """Where ``worker`` records the idempotency keys it committed: this hash names the
+        current generation; the records are fields of ``<index>:<generation>`` hashes."""
+        return f"{self.prefix}:idem:{worker}"
 
     def once(self, key: str) -> str:
         """Guard that makes an output unique (written at most once, ever)."""

@@ -33,14 +33,14 @@ ACL_COMMANDS = (
     " +xreadgroup +xadd +xack +xautoclaim +xclaim +xpending +xgroup|create +xinfo|groups"
     " +xinfo|consumers +xrange +xlen +xtrim +time"
     " +evalsha +script|load +exists +get +set +mget +del"
-    " +hset +hsetnx +hgetall +expire +zadd +zrangebyscore +zrem +scan"
+    " +hset +hsetnx +hgetall +hmget +hexists +hdel +expire +pexpire"
+    " +zadd +zrangebyscore +zrem +scan"
 )
 
 
 def acl_rule(prefix: str, password: str) -> list[str]:
-    # "~" alone grants the empty key name: the commit script is passed '' for "no
-    # idempotency marker" (dead letters) and "no source stream" (emits).
-    return ["on", f">{password}", "resetkeys", f"~{prefix}:*", "~", "resetchannels",
+    # Keys under the prefix only: no script is ever passed an empty key name.
+    return ["on", f">{password}", "resetkeys", f"~{prefix}:*", "resetchannels",
             *ACL_COMMANDS.split()]
 
 

@@ -9,15 +9,15 @@ ACL_COMMANDS = (
     " +xreadgroup +xadd +xack +xautoclaim +xclaim +xpending +xgroup|create +xinfo|groups"
     " +xinfo|consumers +xrange +xlen +xtrim +time"
     " +evalsha +script|load +exists +get +set +mget +del"
-    " +hset +hsetnx +hgetall +expire +zadd +zrangebyscore +zrem +scan"
+    " +hset +hsetnx +hgetall +hmget +hexists +hdel +expire +pexpire"
+    " +zadd +zrangebyscore +zrem +scan"
     " +multi +exec +discard +watch +unwatch"
 )
 
 
 def acl_rule(prefix: str, password: str) -> list[str]:
-    """``ACL SETUSER <user>`` arguments. ``~`` alone grants the empty key name: the
-    commit script is passed '' for "no idempotency marker" and "no source stream"."""
-    return ["on", f">{password}", "resetkeys", f"~{prefix}:*", "~", "resetchannels",
+    """``ACL SETUSER <user>`` arguments: keys under the prefix only."""
+    return ["on", f">{password}", "resetkeys", f"~{prefix}:*", "resetchannels",
             *ACL_COMMANDS.split()]
 
 

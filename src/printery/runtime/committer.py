@@ -8,7 +8,7 @@ import asyncio
 from collections.abc import Sequence
 from typing import Any
 
-from printery.transport.streams import COMMIT_LUA, ScriptChannel, Scripts
+from printery.transport.streams import COMMIT_LUA, ScriptChannel, Scripts, commit_run
 
 Call = tuple[Sequence[str], Sequence[Any]]
 
@@ -26,8 +26,9 @@ class GroupCommitter:
     commit script is idempotent through its marker and fenced by ownership).
     """
 
-    def __init__(self, scripts: Scripts) -> None:
+    def __init__(self, scripts: Scripts, *, index_key: str, group: str, ttl_ms: int) -> None:
         self._channel = ScriptChannel(scripts.client)
+        self._header = (index_key, group, ttl_ms)
         self._queue: list[tuple[Sequence[Call], asyncio.Future[list[Any]]]] = []
         self._wake = asyncio.Event()
         self._busy = False
@@ -89,8 +90,9 @@ class GroupCommitter:
 
     async def _flush(self, batch: list[tuple[Sequence[Call], asyncio.Future[list[Any]]]]) -> None:
         calls = [call for group, _ in batch for call in group]
-        runs = [_merge(calls[i : i + MAX_ENTRIES_PER_RUN])
-                for i in range(0, len(calls), MAX_ENTRIES_PER_RUN)]
+        chunks = [calls[i : i + MAX_ENTRIES_PER_RUN]
+                  for i in range(0, len(calls), MAX_ENTRIES_PER_RUN)]
+        runs = [commit_run(*self._header, chunk) for chunk in chunks]
         try:
             replies = await self._channel.call_many(COMMIT_LUA, runs)
         except BaseException as exc:
@@ -104,10 +106,9 @@ class GroupCommitter:
                 raise
             return
         results: list[Any] = []
-        for run, reply in zip(runs, replies, strict=True):
-            entries = len(run[0]) // 2
+        for chunk, reply in zip(chunks, replies, strict=True):
             # A run that failed as a whole (not one entry of it) fails all its entries.
-            results += reply if isinstance(reply, list) else [reply] * entries
+            results += reply if isinstance(reply, list) else [reply] * len(chunk)
         start = 0
         for group, future in batch:
             if not future.done():
@@ -121,12 +122,3 @@ class GroupCommitter:
             if not future.done():
                 future.set_exception(exc)
 
-
-def _merge(calls: Sequence[Call]) -> Call:
-    """Many entries' keys and arguments as the keys and arguments of one script run."""
-    keys: list[str] = []
-    args: list[Any] = []
-    for entry_keys, entry_args in calls:
-        keys += entry_keys
-        args += entry_args
-    return keys, args

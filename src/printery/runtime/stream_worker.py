@@ -4,16 +4,16 @@ Life of an entry (CONTRACT §4):
 
 1. read with XREADGROUP (or claimed with XAUTOCLAIM once idle past the visibility timeout);
 2. decoded once; an undecodable entry is dead-lettered at once;
-3. an entry whose idempotency marker exists is acked without calling the handler;
+3. an entry whose idempotency key has a record is acked without calling the handler;
 4. the handler runs while a lease loop keeps the entry's idle time low, so no one
    else claims a live entry however long it runs;
-5. outputs + XACK + marker commit in one script call, fenced on ownership: an entry
+5. outputs + XACK + idempotency record commit in one script call, fenced on ownership: an entry
    reclaimed from us meanwhile is not committed by us;
 6. a failure leaves the entry pending; it is redelivered (a counted delivery) after a
    backoff, and after ``max_deliveries`` goes to ``dlq`` with the error.
 
 The hot path works per read batch, not per entry (docs/performance.md has the numbers):
-one task per batch, one MGET for all its markers, handlers called one after another in
+one task per batch, one lookup for all its idempotency records, handlers called one after another in
 that task, each in a context of its own, for as long as none of them awaits for real (one
 that does goes on in that task, the rest of the batch moves to a new one, and from then on
 every handler gets a task of its own), and one group commit for the whole batch, packed
@@ -55,11 +55,13 @@ from printery.transport.streams import (
     FENCED,
     LEASE_LUA,
     REDELIVER_LUA,
+    SEEN_LUA,
     PendingOutput,
     ScriptChannel,
     Scripts,
     commit_args,
     commit_args_of,
+    commit_run,
     delivery_counts,
     ensure_group,
 )
@@ -196,6 +198,7 @@ class StreamWorker:
         #: Handlers run one after another in their batch's task until one awaits for real.
         self._inline = True
         self._marker_ttl_ms = int(self.settings.marker_ttl * 1000)
+        self._index = keys.idempotency_index(name)
         self._stats = WorkerStats(consumers=self.settings.concurrency)
         self._consumers: list[_Consumer] = []
         self._ctx: RunContext | None = None
@@ -234,7 +237,9 @@ class StreamWorker:
     async def run(self, ctx: RunContext) -> None:
         self._ctx = ctx
         self._consumers = [_Consumer(self, i) for i in range(self.settings.concurrency)]
-        committer = GroupCommitter(self.scripts)
+        committer = GroupCommitter(
+            self.scripts, index_key=self._index, group=self.name, ttl_ms=self._marker_ttl_ms
+        )
         self._committer = committer
         self._lookups = ScriptChannel(self.client)
         self._lookup_lock = asyncio.Lock()
@@ -279,11 +284,11 @@ class StreamWorker:
             stream="", entry_id="", deliveries=1, worker=self.name, consumer="", fields={},
         )
         pending = await self._pending_outputs(origin, list(outputs), 0.0)
-        keys, args = commit_args(
-            stream="", group=self.name, consumer="", entry_id="", marker_key="",
-            marker_ttl_ms=int(self.settings.marker_ttl * 1000), outputs=pending,
+        call = commit_args(
+            stream="", consumer="", entry_id="", idempotency_key=None, outputs=pending
         )
-        (result,) = await self.scripts.call(COMMIT_LUA, keys, args)
+        run = commit_run(self._index, self.name, self._marker_ttl_ms, [call])
+        (result,) = await self.scripts.call(COMMIT_LUA, *run)
         if isinstance(result, Exception):
             raise result
         return max(0, int(result) - 1)
@@ -480,7 +485,7 @@ class StreamWorker:
                 ))
                 continue
             decoded.append((held, fields, deliveries, envelope))
-        markers = [self.keys.idempotency(self.name, e.idempotency_key) for *_, e in decoded]
+        markers = [e.idempotency_key for *_, e in decoded]
         seen: list[Any] = (
             await self._with_reconnect(lambda: self._lookup(markers)) if markers else []
         )
@@ -488,17 +493,22 @@ class StreamWorker:
         for (held, fields, deliveries, envelope), marker, exists in zip(
             decoded, markers, seen, strict=True
         ):
-            if exists is not None:
+            if exists:
                 commits.append(
                     _Commit(held, marker, self._commit_call(held, marker, []), "duplicate"))
             else:
                 to_run.append((held, self._message(held, fields, deliveries, envelope), marker))
         return to_run
 
-    async def _lookup(self, keys: list[str]) -> list[Any]:
-        """MGET over the worker's own connection (one at a time), packed by hiredis."""
+    async def _lookup(self, idempotency_keys: list[str]) -> list[Any]:
+        """Which keys have a record (1 or 0 each), over the worker's own connection (one
+        lookup at a time), packed by hiredis."""
         async with self._lookup_lock:
-            return cast(list[Any], await self._lookups.execute("MGET", *keys))
+            (seen,) = await self._lookups.call_many(
+                SEEN_LUA, [([self._index], idempotency_keys)])
+        if isinstance(seen, Exception):
+            raise seen
+        return cast(list[Any], seen)
 
     def _step_inline(self, message: Message) -> _Step:
         """Call the handler and run it up to its first real await, in a context of its own
@@ -615,8 +625,10 @@ class StreamWorker:
                 f"delivered {deliveries} times (limit {self.settings.max_deliveries})",
             )
             return
-        marker = self.keys.idempotency(self.name, envelope.idempotency_key)
-        if await self._with_reconnect(lambda: self.client.exists(marker)):
+        marker = envelope.idempotency_key
+        seen = await self._with_reconnect(
+            lambda: self.scripts.call(SEEN_LUA, [self._index], [marker]))
+        if seen[0]:
             await self._commit(held, marker, [])
             self.observer.processed(self.name, "duplicate", time.perf_counter() - begun)
             return
@@ -706,10 +718,7 @@ class StreamWorker:
                 return None
             once = self.keys.once(out.once) if out.once else ""
             triples.append((self.keys.stream(out.type), once, fields))
-        return commit_args_of(
-            held.stream, self.name, held.consumer.name, held.entry_id, marker,
-            self._marker_ttl_ms, triples,
-        )
+        return commit_args_of(held.stream, held.consumer.name, held.entry_id, marker, triples)
 
     def _output_fields(self, out: Output, correlation: str, extra: dict[str, str]) -> dict[str, str]:
         """What ``codec.encode(codec.new(...))`` gives for an output, field for field, without
@@ -731,11 +740,10 @@ class StreamWorker:
             fields.update(out.extra)
         return fields
 
-    def _commit_call(self, held: _Held, marker: str, outputs: list[PendingOutput]) -> Call:
+    def _commit_call(self, held: _Held, marker: str | None, outputs: list[PendingOutput]) -> Call:
         return commit_args(
-            stream=held.stream, group=self.name, consumer=held.consumer.name,
-            entry_id=held.entry_id, marker_key=marker,
-            marker_ttl_ms=int(self.settings.marker_ttl * 1000), outputs=outputs,
+            stream=held.stream, consumer=held.consumer.name, entry_id=held.entry_id,
+            idempotency_key=marker, outputs=outputs,
         )
 
     async def _commit_results(self, calls: list[Call]) -> list[Any]:
@@ -751,14 +759,14 @@ class StreamWorker:
                 failures += 1
                 await self._connection_trouble(exc, failures)
 
-    def _outcome(self, held: _Held, marker: str, result: Any) -> str:
+    def _outcome(self, held: _Held, marker: str | None, result: Any) -> str:
         if isinstance(result, Exception):
             raise result
         if int(result) == FENCED:
             log.warning("entry was reclaimed by another consumer; not committing",
                         worker=self.name, entry_id=held.entry_id)
             return "fenced"
-        return "duplicate" if int(result) == DUPLICATE and marker else "ok"
+        return "duplicate" if int(result) == DUPLICATE and marker is not None else "ok"
 
     async def _commit(self, held: _Held, marker: str, outputs: list[PendingOutput]) -> str:
         """Commit one entry until it is done or we are fenced out; the outcome label."""
@@ -818,7 +826,7 @@ class StreamWorker:
         entry.setdefault("type", self.keys.event_type(held.stream))
         outputs = [PendingOutput(stream=self.keys.dlq, fields=entry)]
         return _Commit(
-            held, "", self._commit_call(held, "", outputs), "dead_lettered",
+            held, None, self._commit_call(held, None, outputs), "dead_lettered",
             reason_code=reason_code, error=error, deliveries=deliveries,
         )
 
@@ -827,7 +835,7 @@ class StreamWorker:
     ) -> None:
         commit = self._dead_letter_commit(held, fields, deliveries, reason_code, error)
         (result,) = await self._commit_results([commit.call])
-        self._outcome(held, "", result)
+        self._outcome(held, None, result)
         self._dead_lettered(commit)
 
     def _dead_lettered(self, commit: _Commit) -> None:
@@ -931,7 +939,7 @@ class _Commit:
     """One entry's commit as a batch collects it, with what to account once it is done."""
 
     held: _Held
-    marker: str
+    marker: str | None
     call: Call
     kind: str  # handled, duplicate, dead_lettered
     message: Message | None = None

@@ -1,72 +1,152 @@
--- Commit processed entries, each atomically: its outputs, ack and idempotency marker, or
+-- Commit processed entries, each atomically: its outputs, ack and idempotency record, or
 -- nothing. One call commits a batch (one round trip, one script run for many entries);
 -- every entry keeps its own fence, duplicate check and result.
--- KEYS: per entry, the source stream and the idempotency marker key ('' for none)
--- ARGV: per entry: group, consumer, entry id, marker ttl ms, fence ('1' = only if still
---       ours), output count, then per output: stream key, once key ('' for none), field
---       count, field, value, ...
--- An empty entry id commits outputs alone (no ack, no fence): emits not caused by an entry.
+--
+-- KEYS[1]  the group's idempotency index (a hash: current generation and when it began);
+--          the records are fields of hashes named KEYS[1] .. ':' .. generation
+-- KEYS[2…] the source stream of each entry that has a source entry id, in entry order
+--          (no key is ever the empty name: an ACL confined to a prefix allows them all)
+-- ARGV[1]  group; ARGV[2] idempotency record ttl in ms; then per entry: consumer, entry
+--          id ('' = outputs alone: no source, no ack, no fence), flags ('f' = fenced:
+--          only if the entry is still ours; 'm' = with an idempotency record), the
+--          idempotency key, output count, then per output: stream key, once key ('' for
+--          none), field count, field, value, ...
 -- Returns one reply per entry: -1 when fenced out (another consumer owns the entry now),
--- 0 when the marker already existed (duplicate: acked, nothing written), else 1 + number of
--- outputs written; or an error reply for an entry whose command failed (as with any script
--- error, what that entry wrote before the failure stays; the other entries are unaffected).
+-- 0 when its idempotency record already existed (a duplicate: acked, nothing written),
+-- else 1 + number of outputs written; or an error reply for an entry that failed (its
+-- record is withdrawn and it is not acked; outputs it wrote before the failure stay, as
+-- with any script error; the other entries are unaffected).
+--
+-- The server's work per entry is what bounds throughput, so whatever can be done once
+-- per run is: one TIME and HMGET for the record generation, one XACK per stream (at the
+-- end: the run is atomic, so no one sees an entry's outputs without its ack). Per entry
+-- that leaves the fence (XPENDING), HSETNX (plus HEXISTS while a previous generation
+-- exists) and the XADDs.
+--
+-- Records: one hash per generation instead of a key with a TTL each (a key per record
+-- cost the server more than the XADD). A generation is current for ttl (it rotates at
+-- the first commit after that), then previous (still checked), and expires ttl after the
+-- rotation; so a record is kept at least ttl and at most about twice that.
 
-local function commit_one(stream, marker, a)
-  local group, consumer, id = ARGV[a], ARGV[a + 1], ARGV[a + 2]
-  local ttl = tonumber(ARGV[a + 3])
-  if ARGV[a + 4] == '1' and id ~= '' then
-    local pending = redis.call('XPENDING', stream, group, id, id, 1)
-    if #pending == 0 or pending[1][2] ~= consumer then
-      return -1
-    end
+local group, ttl = ARGV[1], tonumber(ARGV[2])
+local FENCE = {f = true, fm = true}
+local MARK = {m = true, fm = true}
+
+-- Pass 1: where each entry's arguments start and which stream it came from. Found before
+-- any entry runs, so a failing entry cannot shift the arguments of those after it.
+local starts, sources = {}, {}
+local marked = false
+local a, k, n, last = 3, 2, 0, #ARGV
+while a <= last do
+  n = n + 1
+  starts[n] = a
+  if ARGV[a + 1] ~= '' then
+    sources[n] = KEYS[k]
+    k = k + 1
   end
-  if marker ~= '' and redis.call('EXISTS', marker) == 1 then
-    if id ~= '' then redis.call('XACK', stream, group, id) end
-    return 0
+  if MARK[ARGV[a + 2]] then marked = true end
+  local i = a + 5
+  for _ = 1, tonumber(ARGV[a + 4]) do
+    i = i + 3 + tonumber(ARGV[i + 2]) * 2
   end
-  local count = tonumber(ARGV[a + 5])
-  local i = a + 6
-  local written = 0
-  for _ = 1, count do
+  a = i
+end
+
+-- The record generation, only if some entry records one.
+local current, previous
+if marked then
+  local index = KEYS[1]
+  local t = redis.call('TIME')
+  local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+  local meta = redis.call('HMGET', index, 'gen', 'start')
+  local gen, start = tonumber(meta[1]), tonumber(meta[2])
+  if gen == nil or start == nil then
+    gen = 1
+    redis.call('HSET', index, 'gen', gen, 'start', now)
+    redis.call('PEXPIRE', index, 3 * ttl)
+  elseif now - start >= ttl then
+    redis.call('PEXPIRE', index .. ':' .. gen, ttl)
+    gen = gen + 1
+    redis.call('HSET', index, 'gen', gen, 'start', now)
+    redis.call('PEXPIRE', index, 3 * ttl)
+  end
+  current = index .. ':' .. gen
+  if gen > 1 and redis.call('EXISTS', index .. ':' .. (gen - 1)) == 1 then
+    previous = index .. ':' .. (gen - 1)
+  end
+end
+
+local acks = {}
+local function ack(stream, id)
+  local ids = acks[stream]
+  if ids == nil then
+    acks[stream] = {id}
+  else
+    ids[#ids + 1] = id
+  end
+end
+
+local function write_outputs(a)
+  local i, written = a + 5, 0
+  for _ = 1, tonumber(ARGV[a + 4]) do
     local key, once, nfields = ARGV[i], ARGV[i + 1], tonumber(ARGV[i + 2])
     i = i + 3
-    local emit = true
-    if once ~= '' then
-      emit = redis.call('SET', once, '1', 'NX', 'PX', ttl)
-    end
-    if emit then
+    if once == '' or redis.call('SET', once, '1', 'NX', 'PX', ttl) then
       redis.call('XADD', key, '*', unpack(ARGV, i, i + nfields * 2 - 1))
       written = written + 1
     end
     i = i + nfields * 2
   end
-  if id ~= '' then
-    redis.call('XACK', stream, group, id)
+  return written
+end
+
+local recorded = false
+local function commit_one(e)
+  local a = starts[e]
+  local consumer, id, flags = ARGV[a], ARGV[a + 1], ARGV[a + 2]
+  local stream = sources[e]
+  if stream and FENCE[flags] then
+    local pending = redis.call('XPENDING', stream, group, id, id, 1)
+    if #pending == 0 or pending[1][2] ~= consumer then
+      return -1
+    end
   end
-  if marker ~= '' then
-    redis.call('SET', marker, '1', 'PX', ttl)
+  local marker
+  if MARK[flags] then
+    marker = ARGV[a + 3]
+    if (previous and redis.call('HEXISTS', previous, marker) == 1)
+        or redis.call('HSETNX', current, marker, '1') == 0 then
+      if stream then ack(stream, id) end
+      return 0
+    end
+    recorded = true
   end
+  local ok, written = pcall(write_outputs, a)
+  if not ok then
+    if marker then redis.call('HDEL', current, marker) end
+    error(written)
+  end
+  if stream then ack(stream, id) end
   return 1 + written
 end
 
 local results = {}
-local a = 1
-for e = 1, #KEYS / 2 do
-  -- Find where the next entry's arguments start before running this one, so a failing
-  -- entry cannot shift the arguments of the entries after it.
-  local start = a
-  local i = start + 6
-  for _ = 1, tonumber(ARGV[start + 5]) do
-    i = i + 3 + tonumber(ARGV[i + 2]) * 2
-  end
-  a = i
-  local ok, result = pcall(commit_one, KEYS[2 * e - 1], KEYS[2 * e], start)
+for e = 1, n do
+  local ok, result = pcall(commit_one, e)
   if ok then
     results[e] = result
   elseif type(result) == 'table' and result.err then
     results[e] = redis.error_reply(result.err)
   else
     results[e] = redis.error_reply(tostring(result))
+  end
+end
+if recorded then
+  redis.call('PEXPIRE', current, 2 * ttl, 'NX')
+end
+for stream, ids in pairs(acks) do
+  for i = 1, #ids, 1000 do
+    redis.call('XACK', stream, group, unpack(ids, i, math.min(i + 999, #ids)))
   end
 end
 return results

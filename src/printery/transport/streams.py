@@ -31,6 +31,7 @@ def _script(name: str) -> str:
 
 
 COMMIT_LUA = _script("commit.lua")
+SEEN_LUA = _script("seen.lua")
 LEASE_LUA = _script("lease.lua")
 REDELIVER_LUA = _script("redeliver.lua")
 
@@ -212,38 +213,56 @@ class ScriptChannel:
 def commit_args(
     *,
     stream: str,
-    group: str,
     consumer: str,
     entry_id: str,
-    marker_key: str,
-    marker_ttl_ms: int,
+    idempotency_key: str | None,
     outputs: Iterable[PendingOutput],
     fence: bool = True,
 ) -> tuple[list[str], list[Any]]:
-    """Keys and arguments for one entry's part of a call of the commit script."""
+    """Keys and arguments of one entry's part of a commit script run (see
+    :func:`commit_run`). ``idempotency_key`` None: no record (dead letters, emits); an
+    empty ``entry_id``: outputs alone, not caused by an entry (no ack, no fence)."""
     return commit_args_of(
-        stream, group, consumer, entry_id, marker_key, marker_ttl_ms,
+        stream, consumer, entry_id, idempotency_key,
         [(out.stream, out.once_key, out.fields) for out in outputs], fence,
     )
 
 
 def commit_args_of(
     stream: str,
-    group: str,
     consumer: str,
     entry_id: str,
-    marker_key: str,
-    marker_ttl_ms: int,
+    idempotency_key: str | None,
     outputs: Sequence[tuple[str, str, Fields]],
     fence: bool = True,
 ) -> tuple[list[str], list[Any]]:
     """:func:`commit_args` from ``(stream, once key, fields)`` triples: the hot path's
     form, which builds no intermediate objects per output."""
-    args: list[Any] = [group, consumer, entry_id, marker_ttl_ms, "1" if fence else "0", len(outputs)]
+    flags = _FLAGS[bool(fence and entry_id), idempotency_key is not None]
+    args: list[Any] = [consumer, entry_id, flags, idempotency_key or "", len(outputs)]
     for stream_key, once_key, fields in outputs:
         args += (stream_key, once_key, len(fields))
         args += chain.from_iterable(fields.items())
-    return [stream, marker_key], args
+    # A key is passed only when there is one: never the empty name, which an ACL user
+    # confined to its prefix may not touch.
+    return ([stream] if entry_id else []), args
+
+
+_FLAGS = {(False, False): "", (True, False): "f", (False, True): "m", (True, True): "fm"}
+
+
+def commit_run(
+    index_key: str, group: str, ttl_ms: int, calls: Sequence[tuple[Sequence[str], Sequence[Any]]]
+) -> tuple[list[str], list[Any]]:
+    """Keys and arguments of one commit script run over entries (each a
+    :func:`commit_args` call) of ``group``, whose idempotency records live under
+    ``index_key`` (``StreamKeys.idempotency_index``) for at least ``ttl_ms``."""
+    keys: list[str] = [index_key]
+    args: list[Any] = [group, ttl_ms]
+    for entry_keys, entry_args in calls:
+        keys += entry_keys
+        args += entry_args
+    return keys, args
 
 
 async def delivery_counts(
