@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import os
 import random
 import signal
@@ -25,6 +26,8 @@ from pathlib import Path
 from typing import Any
 
 import redis.asyncio as aioredis
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from printery.deploy.delivery import IDEMPOTENCY_HEADER
 from printery.deploy.sandbox import Sandbox
@@ -75,6 +78,8 @@ class Figures:
     server_restarts: int = 0
     connection_cuts: int = 0
     seconds: float = 0.0
+    #: ``deployment:finished`` statuses (all ``succeeded`` unless a deadline was missed).
+    statuses: dict[str, int] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
 
     def line(self) -> str:
@@ -86,7 +91,8 @@ class Figures:
             f"{self.webhook_posts - self.webhook_keys}, missing {self.missing_webhooks}), "
             f"dlq: {self.dlq}, pending: {self.pending}, kills: {self.kills}, "
             f"process restarts: {self.restarts}, server restarts: {self.server_restarts}, "
-            f"connection cuts: {self.connection_cuts}, seconds: {self.seconds:.1f}"
+            f"connection cuts: {self.connection_cuts}, seconds: {self.seconds:.1f}, "
+            f"statuses: {dict(sorted(self.statuses.items()))}"
         )
 
     @property
@@ -202,27 +208,54 @@ class Service:
                 self.kill()
 
 
-async def _publish(client: aioredis.Redis, prefix: str, sandbox: Sandbox, n: int) -> list[str]:
+def _request(codec: Codec, sandbox: Sandbox, i: int) -> dict[str, str]:
+    deployment_id = f"dep-chaos-{i:06d}"
+    data = {
+        "deployment_id": deployment_id, "service": f"svc-{i % 50}", "version": "1.0.0",
+        "environment": "staging", "requested_by": "chaos",
+        "health_url": sandbox.url("/svc/healthy/1.0.0"),
+        "notify": [f"webhook+{sandbox.url('/hooks/ok')}"],
+    }
+    return codec.encode(codec.new(STARTED, data, correlation_id=deployment_id, producer="chaos"))
+
+
+async def _publish(url: str, prefix: str, sandbox: Sandbox, n: int, over: float) -> None:
+    """Publish ``n`` deployments evenly over ``over`` seconds, the way producers do, so
+    the pipeline runs in a steady state under the chaos rather than draining one huge
+    backlog (whose age alone would exceed the aggregator's branch deadline). A batch cut
+    by the server restart is sent again: the validator decides each id once."""
     codec = Codec(correlation_field="deployment_id", id_prefix="dep")
-    ids = []
-    for start in range(0, n, 500):
-        pipe = client.pipeline(transaction=False)
-        for i in range(start, min(n, start + 500)):
-            deployment_id = f"dep-chaos-{i:06d}"
-            data = {
-                "deployment_id": deployment_id, "service": f"svc-{i % 50}", "version": "1.0.0",
-                "environment": "staging", "requested_by": "chaos",
-                "health_url": sandbox.url("/svc/healthy/1.0.0"),
-                "notify": [f"webhook+{sandbox.url('/hooks/ok')}"],
-            }
-            envelope = codec.new(STARTED, data, correlation_id=deployment_id, producer="chaos")
-            pipe.xadd(f"{prefix}:{STARTED}", codec.encode(envelope))
-            ids.append(deployment_id)
-        await pipe.execute()
-    return ids
+    client = aioredis.Redis.from_url(url, decode_responses=True)
+    batches = max(1, int(over / 0.25))
+    size = -(-n // batches)
+    begun = time.monotonic()
+    try:
+        for b, start in enumerate(range(0, n, size)):
+            while True:
+                try:
+                    pipe = client.pipeline(transaction=True)
+                    for i in range(start, min(n, start + size)):
+                        pipe.xadd(f"{prefix}:{STARTED}", _request(codec, sandbox, i))
+                    await pipe.execute()
+                    break
+                except (RedisConnectionError, RedisTimeoutError, OSError):
+                    await asyncio.sleep(0.2)
+            await asyncio.sleep(max(0.0, begun + (b + 1) * over / batches - time.monotonic()))
+    finally:
+        await client.aclose()
 
 
-async def _count(client: aioredis.Redis, stream: str, field_name: str) -> dict[str, int]:
+def _status(data: str) -> str:
+    try:
+        return str(json.loads(data).get("status", ""))
+    except (ValueError, AttributeError):
+        return "undecodable"
+
+
+async def _count(
+    client: aioredis.Redis, stream: str, field_name: str, key: Any = str
+) -> dict[str, int]:
+    """How many entries of ``stream`` have each value of ``key(field)``."""
     counts: dict[str, int] = {}
     last = "-"
     while True:
@@ -232,8 +265,8 @@ async def _count(client: aioredis.Redis, stream: str, field_name: str) -> dict[s
         if not batch:
             return counts
         for _id, fields in batch:
-            key = fields.get(field_name, "")
-            counts[key] = counts.get(key, 0) + 1
+            value = key(fields.get(field_name, ""))
+            counts[value] = counts.get(value, 0) + 1
         last = batch[-1][0]
 
 
@@ -267,11 +300,16 @@ async def run_chaos(
     client = aioredis.Redis(port=server.port, decode_responses=True)
     services = [Service(i, url, prefix, workdir, config) for i in range(processes)]
     begun = time.monotonic()
+    publisher: asyncio.Task[None] | None = None
     try:
         for service in services:
             service.start()
-        ids = await _publish(client, prefix, sandbox, deployments)
-        log(f"published {len(ids)} deployments")
+        ids = [f"dep-chaos-{i:06d}" for i in range(deployments)]
+        publisher = asyncio.create_task(_publish(
+            f"redis://127.0.0.1:{server.port}/0", prefix, sandbox, deployments,
+            over=duration * 0.7))
+        publisher.add_done_callback(
+            lambda t: t.cancelled() or t.exception() or log(f"published {deployments} deployments"))
         server_restart_at = begun + duration * 0.35
         cut_at = begun + duration * 0.6
         next_kill = begun + kill_every
@@ -299,6 +337,8 @@ async def run_chaos(
                 proxy.cut(2.0)
                 figures.connection_cuts += 1
                 log("every connection cut for 2 s")
+            if publisher.done() and publisher.exception() is not None:
+                raise RuntimeError("publishing failed") from publisher.exception()
             if (figures.server_restarts and figures.connection_cuts and figures.kills >= 3
                     and await finished() >= deployments):
                 break
@@ -317,6 +357,7 @@ async def run_chaos(
         figures.seconds = time.monotonic() - begun
 
         finished_by = await _count(client, f"{prefix}:{FINISHED}", "deployment_id")
+        figures.statuses = await _count(client, f"{prefix}:{FINISHED}", "data", key=_status)
         sent_by = await _count(client, f"{prefix}:{SENT}", "deployment_id")
         figures.finished = sum(1 for d in ids if finished_by.get(d))
         figures.duplicates_finished = sum(c - 1 for c in finished_by.values() if c > 1)
@@ -330,6 +371,8 @@ async def run_chaos(
         figures.pending = await _pending(client, prefix)
         return figures
     finally:
+        if publisher is not None and not publisher.done():
+            publisher.cancel()
         for service in services:
             service.terminate()
         for service in services:
