@@ -7,6 +7,7 @@ import time
 from typing import Any
 
 import httpx
+import pytest
 from aiohttp import web
 
 from printery.deploy.probes import check_dependencies, probe_dependency, watch_health
@@ -60,76 +61,54 @@ def dep(url: str, version: str | None = None) -> dict[str, Any]:
     return {"service": "ledger", "health_url": url, "version": version}
 
 
-async def test_healthy_dependency(serve: Serve, client: httpx.AsyncClient) -> None:
-    hits = Hits()
-    base = await serve(health_app(hits))
-    result = await probe_dependency(client, dep(f"{base}/ok"), timeout=2, retries=2)
-    assert result["service"] == "ledger"
-    assert result["status"] == "healthy"
-    assert isinstance(result["latency_ms"], float)
-    assert hits.by_path == {"/ok": 1}
-
-
-async def test_server_error_is_retried_then_unhealthy(
-    serve: Serve, client: httpx.AsyncClient
+@pytest.mark.parametrize(
+    ("path", "timeout", "retries", "status", "details", "hits"),
+    [
+        pytest.param("/ok", 2, 2, "healthy", [], {"/ok": 1}, id="healthy"),
+        pytest.param(
+            "/fail", 2, 2, "unhealthy", ["HTTP 500"], {"/fail": 3},
+            id="server-error-is-retried-then-unhealthy",
+        ),
+        pytest.param("/missing", 2, 3, "unhealthy", [], {"/missing": 1}, id="client-error-is-not-retried"),
+        pytest.param(
+            "/flaky", 2, 2, "healthy", [], {"/flaky": 3}, id="transient-failure-recovers-within-retries"
+        ),
+        pytest.param(None, 2, 1, "unreachable", ["attempt 2 of 2"], {}, id="closed-port-is-unreachable"),
+        pytest.param(
+            "/slow", 0.2, 0, "unreachable", ["0.2s"], {"/slow": 1},
+            id="slow-dependency-is-unreachable-within-timeout",
+        ),
+        pytest.param(
+            "/moved", 2, 2, "unhealthy", ["redirect", "not followed"], {"/moved": 1},
+            id="redirect-is-not-followed",
+        ),
+    ],
+)
+async def test_probe_dependency(
+    serve: Serve,
+    client: httpx.AsyncClient,
+    closed_port_url: str,
+    path: str | None,
+    timeout: float,
+    retries: int,
+    status: str,
+    details: list[str],
+    hits: dict[str, int],
 ) -> None:
-    hits = Hits()
-    base = await serve(health_app(hits))
-    result = await probe_dependency(client, dep(f"{base}/fail"), timeout=2, retries=2, backoff_ms=1)
-    assert result["status"] == "unhealthy"
-    assert "HTTP 500" in result["detail"]
-    assert hits.by_path["/fail"] == 3
-
-
-async def test_client_error_is_not_retried(serve: Serve, client: httpx.AsyncClient) -> None:
-    hits = Hits()
-    base = await serve(health_app(hits))
-    result = await probe_dependency(
-        client, dep(f"{base}/missing"), timeout=2, retries=3, backoff_ms=1
-    )
-    assert result["status"] == "unhealthy"
-    assert hits.by_path["/missing"] == 1
-
-
-async def test_transient_failure_recovers_within_retries(
-    serve: Serve, client: httpx.AsyncClient
-) -> None:
-    hits = Hits()
-    base = await serve(health_app(hits))
-    result = await probe_dependency(
-        client, dep(f"{base}/flaky"), timeout=2, retries=2, backoff_ms=1
-    )
-    assert result["status"] == "healthy"
-    assert hits.by_path["/flaky"] == 3
-
-
-async def test_closed_port_is_unreachable(client: httpx.AsyncClient, closed_port_url: str) -> None:
-    result = await probe_dependency(
-        client, dep(closed_port_url), timeout=2, retries=1, backoff_ms=1
-    )
-    assert result["status"] == "unreachable"
-    assert "attempt 2 of 2" in result["detail"]
-
-
-async def test_slow_dependency_is_unreachable_within_timeout(
-    serve: Serve, client: httpx.AsyncClient
-) -> None:
-    base = await serve(health_app(Hits()))
+    """One probe against a local server's ``path`` (None: a closed port): its status, the
+    words its detail must carry, and exactly which requests the server saw (retries)."""
+    counted = Hits()
+    base = await serve(health_app(counted))
+    url = closed_port_url if path is None else f"{base}{path}"
     started = time.monotonic()
-    result = await probe_dependency(client, dep(f"{base}/slow"), timeout=0.2, retries=0)
-    assert result["status"] == "unreachable"
-    assert "0.2s" in result["detail"]
+    result = await probe_dependency(client, dep(url), timeout=timeout, retries=retries, backoff_ms=1)
+    assert result["service"] == "ledger"
+    assert result["status"] == status
+    assert isinstance(result["latency_ms"], float)
+    for words in details:
+        assert words in result["detail"]
+    assert counted.by_path == hits
     assert time.monotonic() - started < 2
-
-
-async def test_redirect_is_not_followed(serve: Serve, client: httpx.AsyncClient) -> None:
-    hits = Hits()
-    base = await serve(health_app(hits))
-    result = await probe_dependency(client, dep(f"{base}/moved"), timeout=2, retries=2)
-    assert result["status"] == "unhealthy"
-    assert "redirect" in result["detail"] and "not followed" in result["detail"]
-    assert "/ok" not in hits.by_path
-    assert hits.by_path["/moved"] == 1
 
 
 async def test_version_constraint(serve: Serve, client: httpx.AsyncClient) -> None:
@@ -178,137 +157,85 @@ def request(url: str | None, version: str = "1.4.2") -> dict[str, Any]:
     return {"deployment_id": "dep-7", "service": "billing", "version": version, "health_url": url}
 
 
-async def test_watch_healthy_after_consecutive_successes(
-    serve: Serve, client: httpx.AsyncClient
+@pytest.mark.parametrize(
+    ("version", "path", "consecutive", "probes"),
+    [
+        pytest.param("1.4.2", "/version", 3, 3, id="healthy-after-consecutive-successes"),
+        pytest.param(None, "/flaky", 2, 4, id="counts-again-after-a-failure"),
+        pytest.param("1.4.2", "/flaky-version", 2, 4, id="new-version-rolling-out-becomes-healthy"),
+        pytest.param(None, "/text", 2, 2, id="plain-text-2xx-is-a-success"),
+    ],
+)
+async def test_watch_becomes_healthy(
+    serve: Serve,
+    client: httpx.AsyncClient,
+    version: str | None,
+    path: str,
+    consecutive: int,
+    probes: int,
 ) -> None:
-    base = await serve(health_app(Hits(), version="1.4.2"))
+    """Healthy once ``consecutive`` probes in a row succeed, after ``probes`` in all."""
+    base = await serve(health_app(Hits(), version=version))
     calls: list[int] = []
     result = await watch_health(
         client,
-        request(f"{base}/version"),
+        request(f"{base}{path}"),
         interval=0.01,
-        consecutive=3,
+        consecutive=consecutive,
         deadline=5,
         probe_timeout=1,
         on_probe=lambda: calls.append(1),
     )
     assert result["status"] == "healthy"
     assert result["deployment_id"] == "dep-7"
-    assert result["probes"] == 3
-    assert result["consecutive_successes"] == 3
+    assert result["probes"] == probes
+    assert result["consecutive_successes"] == consecutive
     assert result["last_status_code"] == 200
-    assert len(calls) == 3
+    assert len(calls) == probes
 
 
-async def test_watch_counts_again_after_a_failure(serve: Serve, client: httpx.AsyncClient) -> None:
-    base = await serve(health_app(Hits()))
-    result = await watch_health(
-        client,
-        request(f"{base}/flaky"),
-        interval=0.01,
-        consecutive=2,
-        deadline=5,
-        probe_timeout=1,
-    )
-    assert result["status"] == "healthy"
-    assert result["probes"] == 4
-    assert result["consecutive_successes"] == 2
-
-
-async def test_watch_unhealthy_at_deadline(serve: Serve, client: httpx.AsyncClient) -> None:
-    base = await serve(health_app(Hits()))
+@pytest.mark.parametrize(
+    ("version", "path", "consecutive", "deadline", "probe_timeout", "status_code", "min_probes", "details"),
+    [
+        pytest.param(None, "/fail", 2, 0.5, 1, 500, 2, [], id="unhealthy-at-deadline"),
+        pytest.param(None, "/slow", 1, 0.3, 5, None, 1, [], id="deadline-bounds-a-slow-probe"),
+        pytest.param("1.4.1", "/version", 1, 0.5, 1, 200, 1, ["1.4.1"], id="old-version-is-not-healthy"),
+        pytest.param(None, None, 1, 0.3, 1, None, 1, [], id="unreachable-service-is-unhealthy"),
+    ],
+)
+async def test_watch_unhealthy_at_deadline(
+    serve: Serve,
+    client: httpx.AsyncClient,
+    closed_port_url: str,
+    version: str | None,
+    path: str | None,
+    consecutive: int,
+    deadline: float,
+    probe_timeout: float,
+    status_code: int | None,
+    min_probes: int,
+    details: list[str],
+) -> None:
+    """Never healthy (``path`` None: a closed port): unhealthy once the deadline passes,
+    which bounds the watch even while a probe is still waiting for its answer."""
+    base = await serve(health_app(Hits(), version=version))
     started = time.monotonic()
     result = await watch_health(
         client,
-        request(f"{base}/fail"),
+        request(closed_port_url if path is None else f"{base}{path}"),
         interval=0.05,
-        consecutive=2,
-        deadline=0.5,
-        probe_timeout=1,
+        consecutive=consecutive,
+        deadline=deadline,
+        probe_timeout=probe_timeout,
     )
     elapsed = time.monotonic() - started
     assert result["status"] == "unhealthy"
-    assert result["last_status_code"] == 500
+    assert result["last_status_code"] == status_code
     assert result["consecutive_successes"] == 0
-    assert 2 <= result["probes"] <= 12
-    assert 0.45 <= elapsed < 1.5
-    assert "0.5s" in result["detail"]
-
-
-async def test_watch_deadline_bounds_a_slow_probe(serve: Serve, client: httpx.AsyncClient) -> None:
-    base = await serve(health_app(Hits()))
-    started = time.monotonic()
-    result = await watch_health(
-        client,
-        request(f"{base}/slow"),
-        interval=0.05,
-        consecutive=1,
-        deadline=0.3,
-        probe_timeout=5,
-    )
-    assert result["status"] == "unhealthy"
-    assert result["last_status_code"] is None
-    assert time.monotonic() - started < 1.5
-
-
-async def test_old_version_is_not_healthy(serve: Serve, client: httpx.AsyncClient) -> None:
-    base = await serve(health_app(Hits(), version="1.4.1"))
-    result = await watch_health(
-        client,
-        request(f"{base}/version"),
-        interval=0.05,
-        consecutive=1,
-        deadline=0.5,
-        probe_timeout=1,
-    )
-    assert result["status"] == "unhealthy"
-    assert result["last_status_code"] == 200
-    assert "1.4.1" in result["detail"]
-
-
-async def test_new_version_rolling_out_becomes_healthy(
-    serve: Serve, client: httpx.AsyncClient
-) -> None:
-    base = await serve(health_app(Hits(), version="1.4.2"))
-    result = await watch_health(
-        client,
-        request(f"{base}/flaky-version"),
-        interval=0.01,
-        consecutive=2,
-        deadline=5,
-        probe_timeout=1,
-    )
-    assert result["status"] == "healthy"
-    assert result["probes"] == 4
-
-
-async def test_plain_text_2xx_is_a_success(serve: Serve, client: httpx.AsyncClient) -> None:
-    base = await serve(health_app(Hits()))
-    result = await watch_health(
-        client,
-        request(f"{base}/text"),
-        interval=0.01,
-        consecutive=2,
-        deadline=5,
-        probe_timeout=1,
-    )
-    assert result["status"] == "healthy"
-
-
-async def test_unreachable_service_is_unhealthy(
-    client: httpx.AsyncClient, closed_port_url: str
-) -> None:
-    result = await watch_health(
-        client,
-        request(closed_port_url),
-        interval=0.05,
-        consecutive=1,
-        deadline=0.3,
-        probe_timeout=1,
-    )
-    assert result["status"] == "unhealthy"
-    assert result["last_status_code"] is None
-    assert result["probes"] >= 1
+    assert min_probes <= result["probes"] <= 12
+    assert 0.9 * deadline <= elapsed < 1.5
+    for words in [f"{deadline:g}s", *details]:
+        assert words in result["detail"]
 
 
 async def test_no_health_url_is_skipped(client: httpx.AsyncClient) -> None:
