@@ -7,6 +7,7 @@ import hashlib
 import hmac
 import json
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -16,6 +17,7 @@ from aiohttp import web
 
 from printery.deploy.delivery import (
     Channel,
+    DeliveryResult,
     parse_channel,
     post_webhook,
     redact_channel,
@@ -59,101 +61,57 @@ class Sink:
         return app
 
 
-async def test_delivered_with_headers_and_verified_signature(
-    serve: Serve, client: httpx.AsyncClient
+async def deliver(client: httpx.AsyncClient, url: str, key: str, **options: Any) -> DeliveryResult:
+    """``post_webhook`` of PAYLOAD with idempotency key ``key``: no secret, no retries, a
+    1 ms backoff and a 2 s timeout unless ``options`` say otherwise."""
+    settings: dict[str, Any] = {"secret": None, "retries": 0, "backoff_ms": 1, "timeout": 2, **options}
+    return await post_webhook(client, url, PAYLOAD, idempotency_key=key, **settings)
+
+
+@pytest.mark.parametrize(
+    ("sink", "secret", "retries", "outcome", "detail"),
+    [
+        pytest.param(Sink, SECRET, 3, ("delivered", 1, 204), "", id="delivered-with-verified-signature"),
+        pytest.param(Sink, None, 0, ("delivered", 1, 204), "", id="no-secret-means-no-signature"),
+        pytest.param(
+            lambda: Sink(fail_first=100), SECRET, 3, ("failed", 4, 500), "HTTP 500",
+            id="failing-sink-gets-every-attempt-with-the-same-key",
+        ),
+        pytest.param(
+            lambda: Sink(fail_first=2, status_on_failure=503), None, 3, ("delivered", 3, 204), "",
+            id="recovers-within-retries",
+        ),
+    ],
+)
+async def test_delivery_to_a_sink(
+    serve: Serve,
+    client: httpx.AsyncClient,
+    sink: Callable[[], Sink],
+    secret: str | None,
+    retries: int,
+    outcome: tuple[str, int, int],
+    detail: str,
 ) -> None:
-    sink = Sink()
-    base = await serve(sink.app())
-    result = await post_webhook(
-        client,
-        f"{base}/hooks/deploy",
-        PAYLOAD,
-        idempotency_key="k-1",
-        secret=SECRET,
-        retries=3,
-        backoff_ms=1,
-        timeout=2,
-    )
-    assert (result.status, result.attempts, result.status_code) == ("delivered", 1, 204)
-    [got] = sink.received
-    assert got["verified"] is True
-    assert got["key"] == "k-1"
-    assert got["content_type"] == "application/json"
-    assert json.loads(got["body"]) == PAYLOAD
-
-
-async def test_no_secret_means_no_signature(serve: Serve, client: httpx.AsyncClient) -> None:
-    sink = Sink()
-    base = await serve(sink.app())
-    result = await post_webhook(
-        client,
-        f"{base}/hooks/deploy",
-        PAYLOAD,
-        idempotency_key="k-2",
-        secret=None,
-        retries=0,
-        backoff_ms=1,
-        timeout=2,
-    )
-    assert result.status == "delivered"
-    assert sink.received[0]["signature"] is None
-
-
-async def test_failing_sink_gets_every_attempt_with_the_same_key(
-    serve: Serve, client: httpx.AsyncClient
-) -> None:
-    sink = Sink(fail_first=100)
-    base = await serve(sink.app())
-    result = await post_webhook(
-        client,
-        f"{base}/hooks/deploy",
-        PAYLOAD,
-        idempotency_key="k-3",
-        secret=SECRET,
-        retries=3,
-        backoff_ms=1,
-        timeout=2,
-    )
-    assert result.status == "failed"
-    assert result.attempts == 4
-    assert result.status_code == 500
-    assert "HTTP 500" in result.detail
-    assert len(sink.received) == 4
-    assert {got["key"] for got in sink.received} == {"k-3"}
-    # Serialized once: identical bytes and signature on every attempt.
-    assert len({got["body"] for got in sink.received}) == 1
-    assert all(got["verified"] for got in sink.received)
-
-
-async def test_recovers_within_retries(serve: Serve, client: httpx.AsyncClient) -> None:
-    sink = Sink(fail_first=2, status_on_failure=503)
-    base = await serve(sink.app())
-    result = await post_webhook(
-        client,
-        f"{base}/hooks/deploy",
-        PAYLOAD,
-        idempotency_key="k-4",
-        secret=None,
-        retries=3,
-        backoff_ms=1,
-        timeout=2,
-    )
-    assert (result.status, result.attempts) == ("delivered", 3)
+    """Every attempt reaches the sink with the same key, the same bytes (serialized once)
+    and the JSON content type; signed (and verifiable) exactly when there is a secret."""
+    receiver = sink()
+    base = await serve(receiver.app())
+    result = await deliver(client, f"{base}/hooks/deploy", "k-1", secret=secret, retries=retries)
+    assert (result.status, result.attempts, result.status_code) == outcome
+    assert detail in result.detail
+    assert len(receiver.received) == result.attempts
+    assert {got["key"] for got in receiver.received} == {"k-1"}
+    assert {got["body"] for got in receiver.received} == {receiver.received[0]["body"]}
+    assert json.loads(receiver.received[0]["body"]) == PAYLOAD
+    assert {got["content_type"] for got in receiver.received} == {"application/json"}
+    assert all(got["verified"] is (secret is not None) for got in receiver.received)
+    assert all((got["signature"] is None) is (secret is None) for got in receiver.received)
 
 
 async def test_unreachable_receiver_fails_after_all_attempts(
     client: httpx.AsyncClient, closed_port_url: str
 ) -> None:
-    result = await post_webhook(
-        client,
-        closed_port_url,
-        PAYLOAD,
-        idempotency_key="k-5",
-        secret=None,
-        retries=2,
-        backoff_ms=1,
-        timeout=2,
-    )
+    result = await deliver(client, closed_port_url, "k-5", retries=2)
     assert (result.status, result.attempts, result.status_code) == ("failed", 3, None)
 
 
@@ -162,31 +120,12 @@ async def test_host_outside_allowlist_is_refused_without_a_request(
 ) -> None:
     sink = Sink()
     base = await serve(sink.app())
-    result = await post_webhook(
-        client,
-        f"{base}/hooks/deploy",
-        PAYLOAD,
-        idempotency_key="k-6",
-        secret=None,
-        retries=3,
-        backoff_ms=1,
-        timeout=2,
-        allow_hosts=("hooks.example.com",),
-    )
+    url = f"{base}/hooks/deploy"
+    result = await deliver(client, url, "k-6", retries=3, allow_hosts=("hooks.example.com",))
     assert (result.status, result.attempts, result.detail) == ("failed", 0, "host not allowed")
     assert sink.received == []
 
-    allowed = await post_webhook(
-        client,
-        f"{base}/hooks/deploy",
-        PAYLOAD,
-        idempotency_key="k-6",
-        secret=None,
-        retries=0,
-        backoff_ms=1,
-        timeout=2,
-        allow_hosts=("127.0.0.1",),
-    )
+    allowed = await deliver(client, url, "k-6", allow_hosts=("127.0.0.1",))
     assert allowed.status == "delivered"
 
 
@@ -199,16 +138,7 @@ async def test_redirect_is_not_followed(serve: Serve, client: httpx.AsyncClient)
     app = sink.app()
     app.router.add_post("/old", moved)
     base = await serve(app)
-    result = await post_webhook(
-        client,
-        f"{base}/old",
-        PAYLOAD,
-        idempotency_key="k-7",
-        secret=None,
-        retries=1,
-        backoff_ms=1,
-        timeout=2,
-    )
+    result = await deliver(client, f"{base}/old", "k-7", retries=1)
     assert (result.status, result.status_code) == ("failed", 307)
     assert sink.received == []
 
@@ -237,17 +167,7 @@ async def test_response_is_read_only_up_to_the_limit(
     app.router.add_post("/hooks/deploy", endless)
     base = await serve(app)
     started = time.monotonic()
-    result = await post_webhook(
-        client,
-        f"{base}/hooks/deploy",
-        PAYLOAD,
-        idempotency_key="k-8",
-        secret=None,
-        retries=0,
-        backoff_ms=1,
-        timeout=10,
-        max_response_bytes=16384,
-    )
+    result = await deliver(client, f"{base}/hooks/deploy", "k-8", timeout=10, max_response_bytes=16384)
     assert result.status == "delivered"
     assert time.monotonic() - started < 3
 
@@ -261,16 +181,7 @@ async def test_slow_receiver_times_out_per_attempt(serve: Serve, client: httpx.A
     app.router.add_post("/hooks/deploy", slow)
     base = await serve(app)
     started = time.monotonic()
-    result = await post_webhook(
-        client,
-        f"{base}/hooks/deploy",
-        PAYLOAD,
-        idempotency_key="k-9",
-        secret=None,
-        retries=1,
-        backoff_ms=1,
-        timeout=0.2,
-    )
+    result = await deliver(client, f"{base}/hooks/deploy", "k-9", retries=1, timeout=0.2)
     assert (result.status, result.attempts) == ("failed", 2)
     assert "timed out" in result.detail
     assert time.monotonic() - started < 2
