@@ -7,31 +7,25 @@ Life of an entry (CONTRACT §4):
 3. an entry whose idempotency key has a record is acked without calling the handler;
 4. the handler runs while a lease loop keeps the entry's idle time low, so no one
    else claims a live entry however long it runs;
-5. outputs + XACK + idempotency record commit in one script call, fenced on ownership: an entry
-   reclaimed from us meanwhile is not committed by us;
+5. outputs + XACK + idempotency record commit in one script call, fenced on ownership:
+   an entry reclaimed from us meanwhile is not committed by us;
 6. a failure leaves the entry pending; it is redelivered (a counted delivery) after a
    backoff, and after ``max_deliveries`` goes to ``dlq`` with the error.
 
-The hot path works per read batch, not per entry (docs/performance.md has the numbers):
-one task per batch, one lookup for all its idempotency records, handlers called one after another in
-that task, each in a context of its own, for as long as none of them awaits for real (one
-that does goes on in that task, the rest of the batch moves to a new one, and from then on
-every handler gets a task of its own), and one group commit for the whole batch, packed
-by hiredis, each entry still its own all-or-nothing, fenced unit inside the script.
-Entries that find no free handler slot, and retries, take the per-entry slow path.
+The hot path works per read batch, not per entry (:mod:`printery.runtime.batch`;
+docs/performance.md has the numbers). Entries that find no free handler slot, retries,
+and handlers that are still running when their batch commits take the per-entry path,
+here.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import contextvars
-import random
 import time
-from collections.abc import Awaitable, Callable, Coroutine, Generator, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
-from datetime import UTC, datetime
-from typing import Any, cast
+from typing import Any
 
 import redis.asyncio as aioredis
 import structlog
@@ -45,9 +39,12 @@ from printery.backoff import compute_backoff
 from printery.errors import MessageError, Reject
 from printery.keys import StreamKeys
 from printery.message import Codec, Envelope
+from printery.runtime.batch import BatchPath, Commit
 from printery.runtime.committer import Call, GroupCommitter
 from printery.runtime.handler import Handler, HandlerResult, Message, Output, outputs_of
+from printery.runtime.inline import describe
 from printery.runtime.observe import NullObserver, Observer
+from printery.runtime.outputs import extra_fields, output_fields
 from printery.runtime.payloads import PayloadStore
 from printery.transport.streams import (
     COMMIT_LUA,
@@ -57,10 +54,8 @@ from printery.transport.streams import (
     REDELIVER_LUA,
     SEEN_LUA,
     PendingOutput,
-    ScriptChannel,
     Scripts,
     commit_args,
-    commit_args_of,
     commit_run,
     delivery_counts,
     ensure_group,
@@ -106,7 +101,7 @@ class ConsumerSettings:
         return max(0.05, min(self.visibility_timeout / 4, 5.0))
 
 
-class _Held:
+class Held:
     """One entry a consumer holds, from read to commit (or hand-back)."""
 
     __slots__ = ("consumer", "entry_id", "started", "stream", "task")
@@ -130,7 +125,7 @@ class _Consumer:
     def __init__(self, worker: StreamWorker, index: int) -> None:
         self.worker = worker
         self.name = consumer_name(worker.name, index)
-        self.held: dict[tuple[str, str], _Held] = {}
+        self.held: dict[tuple[str, str], Held] = {}
         self.parallel = worker.settings.effective_parallel
         self.running = 0
         self.slot_freed = asyncio.Event()
@@ -156,7 +151,7 @@ class _Consumer:
         self.running -= 1
         self.slot_freed.set()
 
-    def release(self, held: _Held) -> None:
+    def release(self, held: Held) -> None:
         self.held.pop((held.stream, held.entry_id), None)
         self.room.set()
 
@@ -195,10 +190,8 @@ class StreamWorker:
         self.scripts = Scripts(client)
         kwargs: Any = getattr(getattr(client, "connection_pool", None), "connection_kwargs", {})
         self._text_replies = bool(kwargs.get("decode_responses"))
-        #: Handlers run one after another in their batch's task until one awaits for real.
-        self._inline = True
         self._marker_ttl_ms = int(self.settings.marker_ttl * 1000)
-        self._index = keys.idempotency_index(name)
+        self.idempotency_index = keys.idempotency_index(name)
         self._stats = WorkerStats(consumers=self.settings.concurrency)
         self._consumers: list[_Consumer] = []
         self._ctx: RunContext | None = None
@@ -238,11 +231,11 @@ class StreamWorker:
         self._ctx = ctx
         self._consumers = [_Consumer(self, i) for i in range(self.settings.concurrency)]
         committer = GroupCommitter(
-            self.scripts, index_key=self._index, group=self.name, ttl_ms=self._marker_ttl_ms
+            self.scripts, index_key=self.idempotency_index, group=self.name,
+            ttl_ms=self._marker_ttl_ms,
         )
         self._committer = committer
-        self._lookups = ScriptChannel(self.client)
-        self._lookup_lock = asyncio.Lock()
+        self._batches = BatchPath(self)
         await self._with_reconnect(self.prepare)
         background = [
             asyncio.create_task(committer.run(), name=f"{self.name}:commit"),
@@ -270,7 +263,7 @@ class StreamWorker:
                 task.cancel()
             await asyncio.gather(*readers, *background, return_exceptions=True)
             committer.fail_pending(asyncio.CancelledError())
-            await self._lookups.close()
+            await self._batches.close()
             for consumer in self._consumers:
                 for held in list(consumer.held.values()):
                     if held.task:
@@ -287,7 +280,7 @@ class StreamWorker:
         call = commit_args(
             stream="", consumer="", entry_id="", idempotency_key=None, outputs=pending
         )
-        run = commit_run(self._index, self.name, self._marker_ttl_ms, [call])
+        run = commit_run(self.idempotency_index, self.name, self._marker_ttl_ms, [call])
         (result,) = await self.scripts.call(COMMIT_LUA, *run)
         if isinstance(result, Exception):
             raise result
@@ -340,9 +333,9 @@ class StreamWorker:
         """Hold a read (or claimed) batch. Entries that get a handler slot at once are
         processed together by one task; the others each wait for a slot in their own."""
         now = time.monotonic()
-        batch: list[tuple[_Held, dict[str, str], int]] = []
+        batch: list[tuple[Held, dict[str, str], int]] = []
         for entry_id, fields, deliveries in entries:
-            held = _Held(consumer, stream, entry_id)
+            held = Held(consumer, stream, entry_id)
             consumer.held[(stream, entry_id)] = held
             if consumer.try_take():
                 held.started = now
@@ -350,7 +343,7 @@ class StreamWorker:
             else:
                 held.task = asyncio.create_task(self._process(held, fields or {}, deliveries))
         if batch:
-            task = asyncio.create_task(self._process_batch(stream, batch))
+            task = asyncio.create_task(self._batches.process(stream, batch))
             for held, _, _ in batch:
                 held.task = task
 
@@ -378,7 +371,7 @@ class StreamWorker:
 
     # -- processing ------------------------------------------------------------------------
 
-    def _finish(self, held: _Held) -> None:
+    def _finish(self, held: Held) -> None:
         """The entry is done with (committed, or left pending): free its slot and room."""
         held.consumer.give()
         held.consumer.release(held)
@@ -397,7 +390,7 @@ class StreamWorker:
         return self.codec.decode(fields, stream_type)
 
     def _message(
-        self, held: _Held, fields: dict[str, str], deliveries: int, envelope: Envelope
+        self, held: Held, fields: dict[str, str], deliveries: int, envelope: Envelope
     ) -> Message:
         return Message(
             envelope=envelope, stream=held.stream, entry_id=held.entry_id,
@@ -405,190 +398,7 @@ class StreamWorker:
             fields=fields,
         )
 
-    async def _process_batch(self, stream: str, items: list[tuple[_Held, dict[str, str], int]]) -> None:
-        """The fast path of a read batch whose entries all got a slot.
-
-        Per-entry work is only what the contract needs, and every round trip is shared:
-        one decode pass, one lookup of all idempotency markers, and one group commit for
-        every entry whose handler finished, each entry still atomic on its own. A handler
-        that fails (retries wait out a backoff) or is still running continues on its own.
-        """
-        begun = time.perf_counter()
-        owned = {id(held): held for held, _, _ in items}
-        await self._guard_batch(owned, self._batch_body(stream, items, owned, begun))
-
-    async def _guard_batch(self, owned: dict[int, _Held], work: Awaitable[None]) -> None:
-        """Run batch work; whatever happens, free the slots of the entries it still owns
-        (an entry not committed stays pending and is redelivered)."""
-        try:
-            await work
-        except asyncio.CancelledError:
-            raise
-        except Exception as exc:  # a bug in the runtime itself: keep the entries pending
-            self._record_error(exc)
-            log.exception("batch processing failed", worker=self.name, entries=len(owned))
-        finally:
-            for held in owned.values():
-                self._finish(held)
-
-    async def _batch_body(
-        self, stream: str, items: list[tuple[_Held, dict[str, str], int]],
-        owned: dict[int, _Held], begun: float,
-    ) -> None:
-        commits: list[_Commit] = []
-        to_run = await self._prepare_batch(stream, items, commits)
-        if self._inline:
-            for index, (held, message, marker) in enumerate(to_run):
-                step = self._step_inline(message)
-                if isinstance(step, _Suspended):
-                    # This handler awaits for real: it goes on here, in the task that was
-                    # current when it started (so asyncio.timeout and TaskGroup inside it
-                    # are bound right), and the rest of the batch moves to a task of its
-                    # own. From now on this worker gives every handler a task.
-                    self._inline = False
-                    rest = {key: h for key, h in owned.items() if h is not held}
-                    owned.clear()
-                    owned[id(held)] = held
-                    tail = asyncio.create_task(self._guard_batch(
-                        rest, self._batch_tail(to_run[index + 1 :], commits, rest, begun)))
-                    for moved in rest.values():
-                        moved.task = tail
-                    await self._handle(held, message, marker, begun, step)
-                    return
-                commit = await self._finished(held, message, marker, step, begun, owned)
-                if commit is not None:
-                    commits.append(commit)
-            to_run = []
-        await self._batch_tail(to_run, commits, owned, begun)
-
-    async def _prepare_batch(
-        self, stream: str, items: list[tuple[_Held, dict[str, str], int]], commits: list[_Commit]
-    ) -> list[tuple[_Held, Message, str]]:
-        """Decode every entry (the undecodable and the over-delivered go to ``commits`` as
-        dead letters), look up all markers in one round trip (duplicates go to ``commits``
-        as acks); what is left is to be handled, with its marker key."""
-        stream_type = self.keys.event_type(stream)
-        decoded: list[tuple[_Held, dict[str, str], int, Envelope]] = []
-        for held, fields, deliveries in items:
-            try:
-                if PayloadStore.reference_of(fields.get("data", "")) is not None:
-                    fields = await self.payloads.resolve_fields(fields)
-                envelope = self._decode(fields, stream_type)
-            except MessageError as exc:
-                commits.append(self._dead_letter_commit(
-                    held, fields, deliveries, exc.reason_code, str(exc)))
-                continue
-            if deliveries > self.settings.max_deliveries:
-                commits.append(self._dead_letter_commit(
-                    held, fields, deliveries, "max_deliveries_exceeded",
-                    f"delivered {deliveries} times (limit {self.settings.max_deliveries})",
-                ))
-                continue
-            decoded.append((held, fields, deliveries, envelope))
-        markers = [e.idempotency_key for *_, e in decoded]
-        seen: list[Any] = (
-            await self._with_reconnect(lambda: self._lookup(markers)) if markers else []
-        )
-        to_run = []
-        for (held, fields, deliveries, envelope), marker, exists in zip(
-            decoded, markers, seen, strict=True
-        ):
-            if exists:
-                commits.append(
-                    _Commit(held, marker, self._commit_call(held, marker, []), "duplicate"))
-            else:
-                to_run.append((held, self._message(held, fields, deliveries, envelope), marker))
-        return to_run
-
-    async def _lookup(self, idempotency_keys: list[str]) -> list[Any]:
-        """Which keys have a record (1 or 0 each), over the worker's own connection (one
-        lookup at a time), packed by hiredis."""
-        async with self._lookup_lock:
-            (seen,) = await self._lookups.call_many(
-                SEEN_LUA, [([self._index], idempotency_keys)])
-        if isinstance(seen, Exception):
-            raise seen
-        return cast(list[Any], seen)
-
-    def _step_inline(self, message: Message) -> _Step:
-        """Call the handler and run it up to its first real await, in a context of its own
-        (as a task would, so context variables never leak between handlers)."""
-        result = self.handler(message)
-        if not isinstance(result, Coroutine):
-            return _Suspended(_await(result), None)
-        context = contextvars.copy_context()
-        try:
-            yielded = context.run(result.send, None)
-        except StopIteration as stop:
-            return _Done(stop.value, None)
-        except Exception as exc:
-            return _Done(None, exc)
-        return _Suspended(_Resumed(result, yielded, context), context)
-
-    async def _batch_tail(
-        self, to_run: list[tuple[_Held, Message, str]], commits: list[_Commit],
-        owned: dict[int, _Held], begun: float,
-    ) -> None:
-        """Task mode: every handler gets a task; one turn of the loop lets each run up to
-        its first real await, and those finished by then are committed with ``commits``."""
-        started = [(held, message, marker, _start(self.handler(message)))
-                   for held, message, marker in to_run]
-        try:
-            if started:
-                await asyncio.sleep(0)
-            for held, message, marker, handler_task in started:
-                commit = await self._finished(held, message, marker, handler_task, begun, owned)
-                if commit is not None:
-                    commits.append(commit)
-        except asyncio.CancelledError:
-            for held, _, _, handler_task in started:
-                if id(held) in owned:
-                    handler_task.cancel()
-            raise
-        await self._commit_all(commits, begun)
-
-    async def _finished(
-        self, held: _Held, message: Message, marker: str,
-        handler: asyncio.Future[HandlerResult] | _Done, begun: float, owned: dict[int, _Held],
-    ) -> _Commit | None:
-        """The commit for a handler that finished; or None, when the entry moved to a task
-        of its own (handler still running, or failed: retries wait out a backoff, which
-        must not hold up the batch)."""
-        if isinstance(handler, _Done):
-            error, value = handler.error, handler.value
-        elif handler.done() and not handler.cancelled():
-            error = handler.exception()
-            value = None if error else handler.result()
-        else:
-            error, value = _PENDING, None
-        if isinstance(error, Reject):
-            return self._dead_letter_commit(
-                held, message.fields, message.deliveries, error.reason_code, str(error))
-        result: Awaitable[HandlerResult]
-        if error is None:
-            try:
-                outputs = outputs_of(value)
-            except Exception as exc:
-                result = _raise(exc)
-            else:
-                seconds = time.perf_counter() - begun
-                call = self._output_call(held, marker, message, outputs, seconds)
-                if call is None:  # a large payload goes to the blob store first
-                    pending = await self._pending_outputs(message, outputs, seconds)
-                    call = self._commit_call(held, marker, pending)
-                return _Commit(held, marker, call, "handled", message)
-        elif error is _PENDING:
-            assert not isinstance(handler, _Done)
-            result = handler
-        else:
-            result = _raise(error)
-        owned.pop(id(held), None)
-        held.task = asyncio.create_task(
-            self._own(held, self._handle(held, message, marker, begun, result))
-        )
-        return None
-
-    async def _own(self, held: _Held, work: Awaitable[None]) -> None:
+    async def _own(self, held: Held, work: Awaitable[None]) -> None:
         """Run one entry's slow path; whatever happens, free its slot afterwards."""
         try:
             await work
@@ -600,7 +410,7 @@ class StreamWorker:
         finally:
             self._finish(held)
 
-    async def _process(self, held: _Held, fields: dict[str, str], deliveries: int) -> None:
+    async def _process(self, held: Held, fields: dict[str, str], deliveries: int) -> None:
         """The slow path of an entry that found no free slot: wait for one, then process."""
         try:
             await held.consumer.take()
@@ -610,7 +420,7 @@ class StreamWorker:
         held.started = time.monotonic()
         await self._own(held, self._process_started(held, fields, deliveries))
 
-    async def _process_started(self, held: _Held, fields: dict[str, str], deliveries: int) -> None:
+    async def _process_started(self, held: Held, fields: dict[str, str], deliveries: int) -> None:
         begun = time.perf_counter()
         stream_type = self.keys.event_type(held.stream)
         try:
@@ -627,7 +437,7 @@ class StreamWorker:
             return
         marker = envelope.idempotency_key
         seen = await self._with_reconnect(
-            lambda: self.scripts.call(SEEN_LUA, [self._index], [marker]))
+            lambda: self.scripts.call(SEEN_LUA, [self.idempotency_index], [marker]))
         if seen[0]:
             await self._commit(held, marker, [])
             self.observer.processed(self.name, "duplicate", time.perf_counter() - begun)
@@ -636,7 +446,7 @@ class StreamWorker:
         await self._handle(held, message, marker, begun, self.handler(message))
 
     async def _handle(
-        self, held: _Held, message: Message, marker: str, begun: float,
+        self, held: Held, message: Message, marker: str, begun: float,
         result: Awaitable[HandlerResult],
     ) -> None:
         """Finish a handler call (``result``) and commit, or retry with backoff (each retry
@@ -653,12 +463,12 @@ class StreamWorker:
                 self.observer.processed(self.name, "error", time.perf_counter() - begun)
                 if deliveries >= self.settings.max_deliveries:
                     await self._dead_letter(
-                        held, message.fields, deliveries, "max_deliveries_exceeded", _describe(exc)
+                        held, message.fields, deliveries, "max_deliveries_exceeded", describe(exc)
                     )
                     return
                 log.warning(
                     "handler failed, will retry", worker=self.name, consumer=held.consumer.name,
-                    event_id=message.envelope.event_id, attempt=deliveries, error=_describe(exc),
+                    event_id=message.envelope.event_id, attempt=deliveries, error=describe(exc),
                 )
                 deliveries = await self._redeliver(held, deliveries)
                 if deliveries < 0:
@@ -680,15 +490,13 @@ class StreamWorker:
     async def _pending_outputs(
         self, message: Message, outputs: list[Output], seconds: float
     ) -> list[PendingOutput]:
-        extra: dict[str, str] = {"duration_ms": f"{seconds * 1000:.3f}"}
-        if message.costs:
-            extra["cost"] = _json.dumps(message.costs)
-        replay_of = message.envelope.extra.get("replay_of")
-        if replay_of:
-            extra["replay_of"] = replay_of
+        extra = extra_fields(message, seconds)
         pending = []
         for out in outputs:
-            fields = self._output_fields(out, out.correlation_id or message.correlation_id, extra)
+            fields = output_fields(
+                out, out.correlation_id or message.correlation_id, extra,
+                correlation_field=self.codec.correlation_field, producer=self.name,
+            )
             if len(fields["data"]) > self.payloads.inline_limit:
                 fields["data"] = await self.payloads.store_if_large(fields["data"])
             pending.append(
@@ -699,48 +507,7 @@ class StreamWorker:
             )
         return pending
 
-    def _output_call(
-        self, held: _Held, marker: str, message: Message, outputs: list[Output], seconds: float
-    ) -> Call | None:
-        """The commit call for handler outputs in one pass (what ``_pending_outputs`` and
-        ``_commit_call`` give), or None when a payload must go to the blob store first."""
-        extra: dict[str, str] = {"duration_ms": f"{seconds * 1000:.3f}"}
-        if message.costs:
-            extra["cost"] = _json.dumps(message.costs)
-        replay_of = message.envelope.extra.get("replay_of")
-        if replay_of:
-            extra["replay_of"] = replay_of
-        correlation = message.envelope.correlation_id
-        triples = []
-        for out in outputs:
-            fields = self._output_fields(out, out.correlation_id or correlation, extra)
-            if len(fields["data"]) > self.payloads.inline_limit:
-                return None
-            once = self.keys.once(out.once) if out.once else ""
-            triples.append((self.keys.stream(out.type), once, fields))
-        return commit_args_of(held.stream, held.consumer.name, held.entry_id, marker, triples)
-
-    def _output_fields(self, out: Output, correlation: str, extra: dict[str, str]) -> dict[str, str]:
-        """What ``codec.encode(codec.new(...))`` gives for an output, field for field, without
-        the intermediate envelope: on the hot path that object, a cryptographic random id
-        and a fresh timestamp format cost more per output than the commit round trip."""
-        ms, produced_at = _CLOCK.now()
-        fields = {
-            "data": _json.dumps(out.data),
-            "type": out.type,
-            "event_id": f"evt-{ms:x}-{random.getrandbits(40):010x}",
-            self.codec.correlation_field: correlation,
-            "idempotency_key": out.idempotency_key or f"{out.type}:{correlation}",
-            "attempt": "1",
-            "produced_at": produced_at,
-            "producer": self.name,
-        }
-        fields.update(extra)
-        if out.extra:
-            fields.update(out.extra)
-        return fields
-
-    def _commit_call(self, held: _Held, marker: str | None, outputs: list[PendingOutput]) -> Call:
+    def _commit_call(self, held: Held, marker: str | None, outputs: list[PendingOutput]) -> Call:
         return commit_args(
             stream=held.stream, consumer=held.consumer.name, entry_id=held.entry_id,
             idempotency_key=marker, outputs=outputs,
@@ -759,7 +526,7 @@ class StreamWorker:
                 failures += 1
                 await self._connection_trouble(exc, failures)
 
-    def _outcome(self, held: _Held, marker: str | None, result: Any) -> str:
+    def _outcome(self, held: Held, marker: str | None, result: Any) -> str:
         if isinstance(result, Exception):
             raise result
         if int(result) == FENCED:
@@ -768,32 +535,12 @@ class StreamWorker:
             return "fenced"
         return "duplicate" if int(result) == DUPLICATE and marker is not None else "ok"
 
-    async def _commit(self, held: _Held, marker: str, outputs: list[PendingOutput]) -> str:
+    async def _commit(self, held: Held, marker: str, outputs: list[PendingOutput]) -> str:
         """Commit one entry until it is done or we are fenced out; the outcome label."""
         (result,) = await self._commit_results([self._commit_call(held, marker, outputs)])
         return self._outcome(held, marker, result)
 
-    async def _commit_all(self, commits: list[_Commit], begun: float) -> None:
-        """Commit a batch's finished entries in one group commit, then account for each."""
-        if not commits:
-            return
-        results = await self._commit_results([c.call for c in commits])
-        for commit, result in zip(commits, results, strict=True):
-            try:
-                outcome = self._outcome(commit.held, commit.marker, result)
-            except Exception as exc:  # this entry's commit failed: it stays pending
-                self._record_error(exc)
-                log.error("commit failed", worker=self.name, entry_id=commit.held.entry_id,
-                          error=_describe(exc))
-                continue
-            if commit.kind == "handled" and commit.message is not None:
-                self._handled(commit.message, outcome, begun)
-            elif commit.kind == "duplicate":
-                self.observer.processed(self.name, "duplicate", time.perf_counter() - begun)
-            else:
-                self._dead_lettered(commit)
-
-    async def _redeliver(self, held: _Held, deliveries: int) -> int:
+    async def _redeliver(self, held: Held, deliveries: int) -> int:
         """Wait the backoff, then take the entry again as a counted delivery (-1: lost)."""
         self.observer.retried(self.name)
         delay = compute_backoff(
@@ -809,8 +556,8 @@ class StreamWorker:
         return int(count)
 
     def _dead_letter_commit(
-        self, held: _Held, fields: dict[str, str], deliveries: int, reason_code: str, error: str
-    ) -> _Commit:
+        self, held: Held, fields: dict[str, str], deliveries: int, reason_code: str, error: str
+    ) -> Commit:
         """The commit that moves an entry to the dead-letter stream, with the original
         fields and why, and acks it (no marker: a fixed producer may send it again)."""
         entry = {
@@ -825,20 +572,20 @@ class StreamWorker:
         }
         entry.setdefault("type", self.keys.event_type(held.stream))
         outputs = [PendingOutput(stream=self.keys.dlq, fields=entry)]
-        return _Commit(
+        return Commit(
             held, None, self._commit_call(held, None, outputs), "dead_lettered",
             reason_code=reason_code, error=error, deliveries=deliveries,
         )
 
     async def _dead_letter(
-        self, held: _Held, fields: dict[str, str], deliveries: int, reason_code: str, error: str
+        self, held: Held, fields: dict[str, str], deliveries: int, reason_code: str, error: str
     ) -> None:
         commit = self._dead_letter_commit(held, fields, deliveries, reason_code, error)
         (result,) = await self._commit_results([commit.call])
         self._outcome(held, None, result)
         self._dead_lettered(commit)
 
-    def _dead_lettered(self, commit: _Commit) -> None:
+    def _dead_lettered(self, commit: Commit) -> None:
         self.observer.dead_lettered(self.name, commit.reason_code)
         self.observer.processed(self.name, "dead_lettered", 0.0)
         log.error("entry dead-lettered", worker=self.name, entry_id=commit.held.entry_id,
@@ -847,7 +594,7 @@ class StreamWorker:
 
     def _record_error(self, exc: BaseException) -> None:
         self._stats.errors += 1
-        self._stats.last_error = _describe(exc)
+        self._stats.last_error = describe(exc)
 
     # -- leases, claims, hand-back, drain --------------------------------------------------
 
@@ -932,116 +679,3 @@ class StreamWorker:
                     held.task.cancel()
             for stream, ids in leftover.items():
                 await self._hand_back(consumer, stream, ids)
-
-
-@dataclass(slots=True)
-class _Commit:
-    """One entry's commit as a batch collects it, with what to account once it is done."""
-
-    held: _Held
-    marker: str | None
-    call: Call
-    kind: str  # handled, duplicate, dead_lettered
-    message: Message | None = None
-    reason_code: str = ""
-    error: str = ""
-    deliveries: int = 0
-
-
-def _start(result: Awaitable[HandlerResult]) -> asyncio.Future[HandlerResult]:
-    """A handler call as a task (a coroutine is the usual case: no wrapping checks)."""
-    if isinstance(result, Coroutine):
-        return asyncio.get_running_loop().create_task(result)
-    return asyncio.ensure_future(result)
-
-
-class _Rfc3339Clock:
-    """The current time as ms and RFC 3339 text, formatted once per millisecond."""
-
-    def __init__(self) -> None:
-        self._ms = -1
-        self._text = ""
-
-    def now(self) -> tuple[int, str]:
-        ms = int(time.time() * 1000)
-        if ms != self._ms:
-            stamp = datetime.fromtimestamp(ms / 1000, UTC).isoformat(timespec="milliseconds")
-            self._ms, self._text = ms, stamp.replace("+00:00", "Z")
-        return ms, self._text
-
-
-_CLOCK = _Rfc3339Clock()
-
-
-async def _raise(exc: BaseException) -> HandlerResult:
-    raise exc
-
-
-async def _await(result: Awaitable[HandlerResult]) -> HandlerResult:
-    return await result
-
-
-#: Stands for "still running" where a finished handler's error would be.
-_PENDING = Exception("handler still running")
-
-
-@dataclass(slots=True)
-class _Done:
-    """A handler call that finished during its first step: its value or its error."""
-
-    value: HandlerResult
-    error: BaseException | None
-
-
-@dataclass(slots=True)
-class _Suspended:
-    """A handler call that awaits for real: what to await for the rest of it."""
-
-    rest: Awaitable[HandlerResult]
-    context: contextvars.Context | None
-
-    def __await__(self) -> Generator[Any, Any, HandlerResult]:
-        return self.rest.__await__()
-
-
-_Step = _Done | _Suspended
-
-
-class _Resumed:
-    """The rest of a coroutine that already ran up to its first suspension, driven from
-    the awaiting task step by step, each step in the coroutine's own context: exactly
-    what a task would do, without the cost of one for handlers that never suspend."""
-
-    __slots__ = ("_context", "_coro", "_yielded")
-
-    def __init__(
-        self, coro: Coroutine[Any, Any, HandlerResult], yielded: Any, context: contextvars.Context
-    ) -> None:
-        self._coro = coro
-        self._yielded = yielded
-        self._context = context
-
-    def __await__(self) -> Generator[Any, Any, HandlerResult]:
-        coro, run, value = self._coro, self._context.run, self._yielded
-        while True:
-            try:
-                sent = yield value
-            except GeneratorExit:
-                coro.close()
-                raise
-            except BaseException as exc:
-                try:
-                    value = run(coro.throw, exc)
-                except StopIteration as stop:
-                    return cast(HandlerResult, stop.value)
-            else:
-                try:
-                    value = run(coro.send, sent)
-                except StopIteration as stop:
-                    return cast(HandlerResult, stop.value)
-
-
-def _describe(exc: BaseException) -> str:
-    text = str(exc)
-    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
-
