@@ -1,0 +1,156 @@
+"""Handlers that run inline in their read batch's task (printery.runtime.batch), against a
+real server: ``asyncio.timeout`` and ``asyncio.TaskGroup`` inside a handler are bound to
+the task the handler really runs in, and context variables a handler sets never reach
+the next handler of the same batch.
+
+Every test publishes its entries before the worker starts, so the first read returns
+them all in one batch (``prefetch`` 64 reads up to 32 at a time), which runs inline.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextvars
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+import redis.asyncio as aioredis
+
+from printery.keys import StreamKeys
+from printery.runtime.handler import Handler, Message, Output
+from printery.runtime.stream_worker import StreamWorker
+from printery.supervisor.manager import WorkerManager
+from printery.testing import wait_for
+from support.spine import CODEC, publish, stream_worker
+
+N = 20
+
+#: Set by the handlers of the context test; unset outside them.
+_CURRENT: contextvars.ContextVar[int | None] = contextvars.ContextVar("current", default=None)
+
+
+@asynccontextmanager
+async def _running(worker: StreamWorker) -> AsyncIterator[None]:
+    manager = WorkerManager()
+    manager.register(worker)
+    await manager.start_all()
+    try:
+        yield
+    finally:
+        await manager.stop_all(2)
+
+
+async def _outputs(client: aioredis.Redis, keys: StreamKeys) -> dict[int, dict[str, object]]:
+    """The ``out`` entries by input number (each must be there exactly once)."""
+    seen: dict[int, dict[str, object]] = {}
+    for _id, fields in await client.xrange(keys.stream("out")):
+        data = CODEC.decode(fields, "out").data
+        n = int(data["n"])
+        assert n not in seen, f"output for {n} written twice"
+        seen[n] = data
+    return seen
+
+
+async def _all_outputs(client: aioredis.Redis, keys: StreamKeys) -> dict[int, dict[str, object]]:
+    async def complete() -> dict[int, dict[str, object]]:
+        out = await _outputs(client, keys)
+        return out if len(out) == N else {}
+
+    return await wait_for(complete, message=f"{N} outputs")
+
+
+async def _run(client: aioredis.Redis, prefix: str, handler: Handler) -> dict[int, dict[str, object]]:
+    keys = StreamKeys(prefix)
+    await publish(client, keys, "in", N)
+    worker = stream_worker("w", client, keys, ["in"], handler, prefetch=64)
+    async with _running(worker):
+        outputs = await _all_outputs(client, keys)
+    assert await client.xpending(keys.stream("in"), "w") == {
+        "pending": 0, "min": None, "max": None, "consumers": []}
+    return outputs
+
+
+async def test_asyncio_timeout_inside_an_inline_handler(client: aioredis.Redis, prefix: str) -> None:
+    """Even entries wait on something that never happens under a short timeout (it must
+    fire in the task the handler runs in, or the handler would hang); odd entries finish
+    well within a long one without awaiting at all (the inline first step)."""
+
+    async def handle(msg: Message) -> Output:
+        n = int(msg.data["n"])
+        if n % 2:
+            # No await inside on purpose: it finishes in the inline first step.
+            async with asyncio.timeout(30):  # noqa: ASYNC100
+                return Output("out", {"n": n, "timed_out": False})
+        try:
+            async with asyncio.timeout(0.05):
+                await asyncio.Event().wait()
+        except TimeoutError:
+            return Output("out", {"n": n, "timed_out": True})
+        raise AssertionError("the event is never set")
+
+    outputs = await _run(client, prefix, handle)
+    assert {n: o["timed_out"] for n, o in outputs.items()} == {n: n % 2 == 0 for n in range(N)}
+
+
+async def test_task_group_inside_an_inline_handler(client: aioredis.Redis, prefix: str) -> None:
+    """A TaskGroup's children run and are awaited (their sum is the output), and a failing
+    child's error reaches the handler as an ExceptionGroup it can handle."""
+
+    async def child(value: int) -> int:
+        await asyncio.sleep(0)
+        if value < 0:
+            raise ValueError(value)
+        return value
+
+    async def handle(msg: Message) -> Output:
+        n = int(msg.data["n"])
+        total: int | None = None
+        try:
+            async with asyncio.TaskGroup() as group:
+                tasks = [group.create_task(child(v)) for v in (n, n, -1 if n == 3 else n)]
+            total = sum(t.result() for t in tasks)
+        except* ValueError:
+            pass
+        return Output("out", {"n": n, "sum": total})
+
+    outputs = await _run(client, prefix, handle)
+    assert {n: o["sum"] for n, o in outputs.items()} == {
+        n: None if n == 3 else 3 * n for n in range(N)}
+
+
+async def test_context_variables_do_not_leak_between_handlers_of_a_batch(
+    client: aioredis.Redis, prefix: str
+) -> None:
+    """Each handler sees the variable unset, though the one before it in the same batch
+    (and the same task: they ran inline) set it."""
+    tasks: set[int] = set()
+
+    async def handle(msg: Message) -> Output:
+        n = int(msg.data["n"])
+        tasks.add(id(asyncio.current_task()))
+        before = _CURRENT.get()
+        _CURRENT.set(n)
+        return Output("out", {"n": n, "before": before})
+
+    outputs = await _run(client, prefix, handle)
+    assert len(tasks) == 1, "the batch's handlers ran inline, in one task"
+    assert {n: o["before"] for n, o in outputs.items()} == dict.fromkeys(range(N))
+    assert _CURRENT.get() is None
+
+
+async def test_context_variables_of_a_suspended_handler_stay_its_own(
+    client: aioredis.Redis, prefix: str
+) -> None:
+    """A handler that sets the variable and then awaits for real still sees its own value
+    when it resumes, and the handlers after it do not see it."""
+
+    async def handle(msg: Message) -> Output:
+        n = int(msg.data["n"])
+        before = _CURRENT.get()
+        _CURRENT.set(n)
+        await asyncio.sleep(0)
+        return Output("out", {"n": n, "before": before, "after": _CURRENT.get()})
+
+    outputs = await _run(client, prefix, handle)
+    assert {n: (o["before"], o["after"]) for n, o in outputs.items()} == {
+        n: (None, n) for n in range(N)}
