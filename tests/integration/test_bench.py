@@ -49,3 +49,25 @@ async def test_impossible_options_are_refused_before_anything_starts() -> None:
     with pytest.raises(ConfigError, match="stages"):
         await run_bench(events=10, stages=0, processes=1, payload_bytes=100, redis_url=None,
                         rate=None, duration=None)
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--duration", "5"], "--duration needs --rate"),
+        (["--rate", "0"], "'--rate': 0.0 is not in the range x>0"),
+        (["--rate", "100", "--duration", "0"], "'--duration': 0.0 is not in the range x>0"),
+        (["--rate", "100", "--events", "10"], "--events and --rate exclude each other"),
+        (["--rate", "0.01", "--duration", "1"], "at least one event"),
+    ],
+)
+def test_cli_usage_errors_exit_2_before_anything_starts(args: list[str], message: str) -> None:
+    """Options that contradict each other or give no run are usage errors (exit 2) with
+    the reason, not a stack trace and not silently ignored."""
+    from click.testing import CliRunner
+
+    from printery.cli.ops_bench import bench
+
+    result = CliRunner().invoke(bench, args)
+    assert result.exit_code == 2, result.output
+    assert message in result.output

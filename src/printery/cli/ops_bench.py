@@ -12,6 +12,7 @@ from typing import Any
 import click
 
 from printery.cli.ops_common import fail, print_json
+from printery.errors import ConfigError
 
 
 @click.command()
@@ -22,10 +23,12 @@ from printery.cli.ops_common import fail, print_json
 @click.option("--redis-url", "bench_url", default=None, metavar="URL",
               help="server to measure on (default: the global --redis-url, else a private "
                    "embedded server without persistence)")
-@click.option("--rate", type=click.FloatRange(min=0), default=None,
-              help="events/s to offer (default: as fast as possible)")
-@click.option("--duration", type=click.FloatRange(min=0), default=None,
-              help="seconds to run at --rate instead of a fixed --events")
+@click.option("--rate", type=click.FloatRange(min=0, min_open=True), default=None,
+              help="open-loop mode: offer this many events/s for --duration seconds and "
+                   "report latency at that load (default: backlog mode, --events as fast "
+                   "as possible)")
+@click.option("--duration", type=click.FloatRange(min=0, min_open=True), default=None,
+              help="seconds to offer --rate for (only with --rate; default 20)")
 @click.option("--json", "as_json", is_flag=True, help="one JSON document on stdout")
 @click.pass_context
 def bench(
@@ -33,6 +36,11 @@ def bench(
     bench_url: str | None, rate: float | None, duration: float | None, as_json: bool,
 ) -> None:
     """Throughput benchmark: hand-written relay ceiling vs printery's pipeline."""
+    if rate is None and duration is not None:
+        raise click.UsageError("--duration needs --rate: a backlog run is sized by --events")
+    if rate is not None and _given(ctx, "events"):
+        raise click.UsageError(
+            "--events and --rate exclude each other: a rate run offers rate x duration events")
     try:
         from printery.bench import format_table, run_bench
     except ImportError as exc:
@@ -42,11 +50,20 @@ def bench(
     kwargs: dict[str, Any] = {"events": events, "stages": stages, "processes": processes,
                               "payload_bytes": payload_bytes, "redis_url": url,
                               "rate": rate, "duration": duration}
-    outcome: Any = run_bench(**kwargs)
-    result: dict[str, Any] = asyncio.run(outcome) if inspect.iscoroutine(outcome) else outcome
+    try:
+        outcome: Any = run_bench(**kwargs)
+        result: dict[str, Any] = asyncio.run(outcome) if inspect.iscoroutine(outcome) else outcome
+    except ConfigError as exc:  # what the options cannot express (rate x duration < 1)
+        raise click.UsageError(str(exc)) from exc
     if as_json:
         print_json(result)
     else:
         click.echo(format_table(result))
     if not result.get("verified", True):
         raise SystemExit(1)
+
+
+def _given(ctx: click.Context, name: str) -> bool:
+    """Whether the user set option ``name`` (rather than it taking its default)."""
+    source = ctx.get_parameter_source(name)
+    return source not in (None, click.core.ParameterSource.DEFAULT)
