@@ -266,12 +266,18 @@ async def watch_health(
     needed = max(consecutive, 1)
     probes = 0
     streak = 0
+    # What the service last answered: a final probe cut short by the deadline (no
+    # answer) must not hide what the service was saying until then.
+    last_status_code: int | None = None
+    last_answer = ""
     started = time.monotonic()
     while True:
         remaining = deadline - (time.monotonic() - started)
         answer = await _get(client, url, max(min(probe_timeout, remaining), 0.001))
         probes += 1
         success, detail = _judge_health(answer, request.get("version"))
+        if answer.status_code is not None:
+            last_status_code, last_answer = answer.status_code, detail
         streak = streak + 1 if success else 0
         if on_probe is not None:
             on_probe()
@@ -280,11 +286,11 @@ async def watch_health(
             break
         remaining = deadline - (time.monotonic() - started)
         if remaining <= 0:
-            status, summary = "unhealthy", _deadline_detail(deadline, probes, detail)
+            status, summary = "unhealthy", _deadline_detail(deadline, probes, last_answer or detail)
             break
         await asyncio.sleep(min(interval, remaining))
         if time.monotonic() - started >= deadline:
-            status, summary = "unhealthy", _deadline_detail(deadline, probes, detail)
+            status, summary = "unhealthy", _deadline_detail(deadline, probes, last_answer or detail)
             break
     return HealthChecked.model_validate(
         {
@@ -292,7 +298,7 @@ async def watch_health(
             "status": status,
             "probes": probes,
             "consecutive_successes": streak,
-            "last_status_code": answer.status_code,
+            "last_status_code": last_status_code,
             "detail": summary,
         }
     ).model_dump(mode="json")
