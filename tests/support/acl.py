@@ -16,7 +16,8 @@ ACL_COMMANDS = (
 
 
 def acl_rule(prefix: str, password: str) -> list[str]:
-    """``ACL SETUSER <user>`` arguments: keys under the prefix only."""
+    """``ACL SETUSER <user>`` arguments: keys under the prefix only (no script is ever
+    passed an empty key name), no pub/sub, and the commands above."""
     return ["on", f">{password}", "resetkeys", f"~{prefix}:*", "resetchannels",
             *ACL_COMMANDS.split()]
 
