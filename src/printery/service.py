@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import logging
 import os
 import signal
 import time
@@ -145,13 +144,7 @@ class Service:
             return
         self._embedded = EmbeddedServer(self.settings.data_dir)
         # The embedded module's own "started" line would come first; ours says it all.
-        quiet = logging.getLogger("printery.transport.embedded")
-        level = quiet.level
-        quiet.setLevel(logging.WARNING)
-        try:
-            self.url = self._embedded.acquire()
-        finally:
-            quiet.setLevel(level)
+        self.url = self._embedded.acquire(announce=False)
         self.display_url = self.url
         how = "started" if self._embedded.started else "reused"
         log.info(

@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import logging
 import os
 import signal
 import subprocess
@@ -183,16 +182,11 @@ class Parent:
         configure_logging(self.settings.log_level, secrets=self.settings.secrets(os.environ))
         if not self.settings.redis_url:
             self._embedded = EmbeddedServer(self.settings.data_dir)
-            quiet = logging.getLogger("printery.transport.embedded")
-            level = quiet.level
-            quiet.setLevel(logging.WARNING)
             try:
-                self.display_url = self._embedded.acquire()
+                self.display_url = self._embedded.acquire(announce=False)
             except Exception as exc:
                 log.error("cannot start the embedded server", error=str(exc))
                 return 1
-            finally:
-                quiet.setLevel(level)
             how = "started" if self._embedded.started else "reused"
             log.info(
                 f"using embedded server at {self.display_url} "

@@ -113,10 +113,11 @@ class EmbeddedServer:
         """The URL while this instance holds a lease, else None."""
         return self._url
 
-    def acquire(self) -> str:
+    def acquire(self, *, announce: bool = True) -> str:
         """Return the URL of the data dir's server, starting it if none runs; take a lease.
 
         Idempotent: a second call on a holding instance returns the same URL.
+        ``announce=False`` leaves the "started" log line to a caller that says it itself.
         Raises :class:`ServerStartError` when the server cannot be started, or when
         another process keeps the data dir locked past the start and stop timeouts.
         """
@@ -127,7 +128,7 @@ class EmbeddedServer:
             state = _live_state(self.data_dir)
             self.started = state is None
             if state is None:
-                state = self._start()
+                state = self._start(announce)
             self._take_lease()
         self._url = state.url
         return self._url
@@ -182,13 +183,13 @@ class EmbeddedServer:
         finally:
             os.close(fd)  # closing the descriptor releases the lock
 
-    def _start(self) -> ServerState:
+    def _start(self, announce: bool = True) -> ServerState:
         """Start a server in the AOF dir and record it; caller holds the dir lock."""
         # A server still running in our AOF dir without a live state (hung, or its state
         # file was removed) would share the append-only file with the new one.
         _stop_servers(self.aof_dir, self.stop_timeout)
         state = self._record(_start_server(self.aof_dir, True, self.start_timeout))
-        log.info(
+        (log.info if announce else log.debug)(
             "embedded server started: %s (pid %d, append-only file in %s)",
             state.url,
             state.pid,
