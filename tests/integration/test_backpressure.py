@@ -5,6 +5,7 @@ memory stays bounded (the figure is printed)."""
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -28,7 +29,7 @@ def rss_kib(pid: int) -> int:
 
 @pytest.mark.skipif(not Path("/proc/self/status").exists(), reason="needs /proc")
 def test_100k_waiting_entries_bounded_in_flight_and_memory(
-    server: ServerProcess, prefix: str, relays: Relays
+    server: ServerProcess, prefix: str, relays: Relays, report_figures: Callable[[str], None]
 ) -> None:
     keys = StreamKeys(prefix)
     r = redis.Redis.from_url(server.url, decode_responses=True)
@@ -54,10 +55,10 @@ def test_100k_waiting_entries_bounded_in_flight_and_memory(
     group = r.xinfo_groups(keys.stream("in"))[0]
     processed = r.xlen(keys.stream("out"))
     waiting = int(group.get("lag") or 0)
-    print(f"\nbackpressure: {ENTRIES} entries waiting; after 6 s processed {processed}, "
-          f"still waiting {waiting}; peak in flight per consumer {peak_pending} "
-          f"(prefetch {PREFETCH}); RSS idle {idle_rss // 1024} MiB, peak {peak_rss // 1024} MiB "
-          f"({samples} samples)")
+    report_figures(f"{ENTRIES} entries waiting; after 6 s processed {processed}, "
+                   f"still waiting {waiting}; peak in flight per consumer {peak_pending} "
+                   f"(prefetch {PREFETCH}); RSS idle {idle_rss // 1024} MiB, "
+                   f"peak {peak_rss // 1024} MiB ({samples} samples)")
     assert processed > 0 and waiting > ENTRIES // 2, "most entries still wait in the stream"
     assert peak_pending <= PREFETCH, "in-flight work per consumer is bounded by prefetch"
     assert peak_rss - idle_rss < 64 * 1024, "memory does not grow with the backlog"
