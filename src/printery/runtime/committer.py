@@ -1,6 +1,6 @@
 """Group commit: commits of entries that finish at about the same time share one round
 trip and one script run, while each entry stays atomic on its own (its outputs, ack and
-marker, or nothing; fenced and duplicate-checked on its own)."""
+idempotency record, or nothing; fenced and duplicate-checked on its own)."""
 
 from __future__ import annotations
 
@@ -23,7 +23,7 @@ class GroupCommitter:
     While a flush is on the wire the next commits queue up, so the batch grows with the
     load by itself and nothing waits for a timer. ``commit`` and ``commit_many`` are
     coroutine-safe; a failed round trip fails every call in it (the callers retry: the
-    commit script is idempotent through its marker and fenced by ownership).
+    commit script is idempotent through its record and fenced by ownership).
     """
 
     def __init__(self, scripts: Scripts, *, index_key: str, group: str, ttl_ms: int) -> None:
