@@ -155,7 +155,7 @@ class ScriptChannel:
         raise AssertionError("unreachable")
 
     async def execute(self, *command: Any) -> Any:
-        """One plain command (e.g. a batch's MGET), packed the same way; its reply."""
+        """One plain command, packed the same way; its reply."""
         conn = await self._connection()
         await conn.send_packed_command(self._pack(command), check_health=False)
         return await self._read(conn)
