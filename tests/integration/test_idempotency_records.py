@@ -1,0 +1,130 @@
+"""Idempotency records (transport/commit.lua): fields of one hash per generation, against
+a real server. A generation's age is set through its index, so no test waits for a TTL."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+import redis.asyncio as aioredis
+
+from printery.keys import StreamKeys
+from printery.runtime.handler import Message, Output
+from printery.runtime.stream_worker import StreamWorker
+from printery.supervisor.manager import WorkerManager
+from printery.testing import wait_for
+from printery.transport.streams import (
+    COMMIT_LUA,
+    DUPLICATE,
+    PendingOutput,
+    Scripts,
+    commit_args,
+    commit_run,
+    ensure_group,
+)
+from support.spine import stream_worker
+
+TTL_MS = 7 * 86400 * 1000  # ConsumerSettings.marker_ttl's default
+
+
+class _Counting:
+    def __init__(self) -> None:
+        self.calls = 0
+
+    async def __call__(self, msg: Message) -> Output:
+        self.calls += 1
+        return Output("out", msg.data)
+
+
+@asynccontextmanager
+async def _running(worker: StreamWorker) -> AsyncIterator[None]:
+    manager = WorkerManager()
+    manager.register(worker)
+    await manager.start_all()
+    try:
+        yield
+    finally:
+        await manager.stop_all(2)
+
+
+async def _settled(client: aioredis.Redis, keys: StreamKeys, read: int) -> bool:
+    """Every one of the first ``read`` entries of ``in`` was read and acked."""
+    (group,) = await client.xinfo_groups(keys.stream("in"))
+    return bool(group["pending"] == 0 and group["entries-read"] == read)
+
+
+async def test_records_are_hash_fields_kept_across_a_rotation(client: aioredis.Redis, prefix: str) -> None:
+    keys = StreamKeys(prefix)
+    index = keys.idempotency_index("w")
+    handler = _Counting()
+    async with _running(stream_worker("w", client, keys, ["in"], handler)):
+        await client.xadd(keys.stream("in"), {"data": '{"n": 1}', "idempotency_key": "k1"})
+        await wait_for(lambda: _settled(client, keys, 1))
+        assert await client.hget(index, "gen") == "1"
+        assert await client.type(f"{index}:1") == "hash"
+        assert await client.hexists(f"{index}:1", "k1")
+        assert 0 < await client.pttl(f"{index}:1") <= 2 * TTL_MS
+        assert sorted([k async for k in client.scan_iter(match=f"{prefix}:idem:*")]) == [
+            index, f"{index}:1"], "one hash per generation, no key per record"
+
+        # Generation 1 began a TTL ago: the next commit rotates; its records stay
+        # consulted as the previous generation, and expire one TTL from now.
+        await client.hset(index, "start", 0)
+        await client.xadd(keys.stream("in"), {"data": '{"n": 1}', "idempotency_key": "k1"})
+        await wait_for(lambda: _settled(client, keys, 2))
+        assert handler.calls == 1, "a duplicate of a previous generation's record"
+        assert await client.hget(index, "gen") == "2"
+        assert 0 < await client.pttl(f"{index}:1") <= TTL_MS
+
+        await client.xadd(keys.stream("in"), {"data": '{"n": 2}', "idempotency_key": "k2"})
+        await wait_for(lambda: _settled(client, keys, 3))
+        assert handler.calls == 2
+        assert await client.hexists(f"{index}:2", "k2")
+        assert not await client.hexists(f"{index}:1", "k2")
+    assert await client.xlen(keys.stream("out")) == 2
+
+
+async def test_dead_letters_and_emits_write_no_record(client: aioredis.Redis, prefix: str) -> None:
+    keys = StreamKeys(prefix)
+    worker = stream_worker("w", client, keys, ["in"], _Counting())
+    async with _running(worker):
+        await client.xadd(keys.stream("in"), {"data": "{not json", "idempotency_key": "bad"})
+        await wait_for(lambda: _settled(client, keys, 1))
+        assert await worker.emit([Output("out", {"n": 3})], correlation_id="c-3") == 1
+    assert await client.xlen(keys.dlq) == 1
+    assert await client.xlen(keys.stream("out")) == 1
+    assert [k async for k in client.scan_iter(match=f"{prefix}:idem:*")] == []
+
+
+async def test_commit_script_checks_the_previous_generation_itself(
+    client: aioredis.Redis, prefix: str
+) -> None:
+    """The commit script's own check (not the lookup before the handlers): an entry whose
+    key was recorded in the generation before the current one is a duplicate, written
+    nowhere and acked; a failed output withdraws the record it just wrote."""
+    keys = StreamKeys(prefix)
+    index, stream, scripts = keys.idempotency_index("g"), keys.stream("in"), Scripts(client)
+    await ensure_group(client, stream, "g")
+    for n in range(3):
+        await client.xadd(stream, {"data": f'{{"n": {n}}}'})
+    ((_, entries),) = await client.xreadgroup("g", "c", {stream: ">"}, count=3)
+    ids = [entry_id for entry_id, _ in entries]
+
+    async def commit(entry_id: str, key: str, out: str = "out") -> object:
+        call = commit_args(stream=stream, consumer="c", entry_id=entry_id, idempotency_key=key,
+                           outputs=[PendingOutput(keys.stream(out), {"data": "{}"})])
+        (result,) = await scripts.call(COMMIT_LUA, *commit_run(index, "g", TTL_MS, [call]))
+        return result
+
+    assert await commit(ids[0], "k1") == 2
+    await client.hset(index, "start", 0)
+    assert await commit(ids[1], "k1") == DUPLICATE
+    assert await client.hget(index, "gen") == "2"
+    assert await client.xlen(keys.stream("out")) == 1
+    assert (await client.xpending(stream, "g"))["pending"] == 1
+
+    await client.set(keys.stream("not-a-stream"), "x")
+    result = await commit(ids[2], "k2", out="not-a-stream")
+    assert isinstance(result, Exception) and "WRONGTYPE" in str(result)
+    assert not await client.hexists(f"{index}:2", "k2"), "the record is withdrawn"
+    assert (await client.xpending(stream, "g"))["pending"] == 1, "and the entry not acked"
