@@ -24,24 +24,9 @@ from printery.supervisor.manager import WorkerManager
 from printery.testing import wait_for
 from printery.transport.connection import connect
 from printery.transport.server import ServerProcess
+from support.acl import acl_denials, acl_rule
 from support.spine import CODEC, outputs_by_n, publish
 from support.tls_proxy import TlsProxy
-
-#: The ACL rule of docs/security.md, for a user confined to one stream prefix.
-ACL_COMMANDS = (
-    "-@all +ping +client|setname +client|setinfo"
-    " +xreadgroup +xadd +xack +xautoclaim +xclaim +xpending +xgroup|create +xinfo|groups"
-    " +xinfo|consumers +xrange +xlen +xtrim +time"
-    " +evalsha +script|load +exists +get +set +mget +del"
-    " +hset +hsetnx +hgetall +hmget +hexists +hdel +expire +pexpire"
-    " +zadd +zrangebyscore +zrem +scan"
-)
-
-
-def acl_rule(prefix: str, password: str) -> list[str]:
-    # Keys under the prefix only: no script is ever passed an empty key name.
-    return ["on", f">{password}", "resetkeys", f"~{prefix}:*", "resetchannels",
-            *ACL_COMMANDS.split()]
 
 
 async def _relay_run(client: aioredis.Redis, keys: StreamKeys, n: int) -> StreamWorker:
@@ -145,10 +130,7 @@ async def test_stream_worker_registry_and_trim_under_minimal_acl_user(
         await registry.remove()
         result = await trim_stream(limited, keys.stream("in"), retention=0)
         assert result.trimmed >= 1
-        denied = [
-            entry for entry in await client.execute_command("ACL", "LOG")
-            if _field(entry, "username") == user
-        ]
+        denied = acl_denials(await client.execute_command("ACL", "LOG"), user)
         assert denied == [], f"commands the rule misses: {denied}"
 
         # Outside its prefix, and anything not on the list, is refused.
@@ -161,12 +143,3 @@ async def test_stream_worker_registry_and_trim_under_minimal_acl_user(
     finally:
         await limited.aclose()
         await client.execute_command("ACL", "DELUSER", user)
-
-
-def _field(entry: object, name: str) -> object:
-    if isinstance(entry, dict):
-        return entry.get(name)
-    if isinstance(entry, list):
-        pairs = dict(zip(entry[::2], entry[1::2], strict=False))
-        return pairs.get(name)
-    return None
