@@ -11,33 +11,18 @@ from __future__ import annotations
 
 import asyncio
 import contextvars
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
 
 import redis.asyncio as aioredis
 
 from printery.keys import StreamKeys
 from printery.runtime.handler import Handler, Message, Output
-from printery.runtime.stream_worker import StreamWorker
-from printery.supervisor.manager import WorkerManager
 from printery.testing import wait_for
-from support.spine import CODEC, publish, stream_worker
+from support.spine import CODEC, publish, running, stream_worker
 
 N = 20
 
 #: Set by the handlers of the context test; unset outside them.
 _CURRENT: contextvars.ContextVar[int | None] = contextvars.ContextVar("current", default=None)
-
-
-@asynccontextmanager
-async def _running(worker: StreamWorker) -> AsyncIterator[None]:
-    manager = WorkerManager()
-    manager.register(worker)
-    await manager.start_all()
-    try:
-        yield
-    finally:
-        await manager.stop_all(2)
 
 
 async def _outputs(client: aioredis.Redis, keys: StreamKeys) -> dict[int, dict[str, object]]:
@@ -63,7 +48,7 @@ async def _run(client: aioredis.Redis, prefix: str, handler: Handler) -> dict[in
     keys = StreamKeys(prefix)
     await publish(client, keys, "in", N)
     worker = stream_worker("w", client, keys, ["in"], handler, prefetch=64)
-    async with _running(worker):
+    async with running(worker):
         outputs = await _all_outputs(client, keys)
     assert await client.xpending(keys.stream("in"), "w") == {
         "pending": 0, "min": None, "max": None, "consumers": []}

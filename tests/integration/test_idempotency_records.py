@@ -3,15 +3,10 @@ a real server. A generation's age is set through its index, so no test waits for
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
-
 import redis.asyncio as aioredis
 
 from printery.keys import StreamKeys
-from printery.runtime.handler import Message, Output
-from printery.runtime.stream_worker import StreamWorker
-from printery.supervisor.manager import WorkerManager
+from printery.runtime.handler import Output
 from printery.testing import wait_for
 from printery.transport.streams import (
     COMMIT_LUA,
@@ -22,29 +17,9 @@ from printery.transport.streams import (
     commit_run,
     ensure_group,
 )
-from support.spine import stream_worker
+from support.spine import Counting, running, stream_worker
 
 TTL_MS = 7 * 86400 * 1000  # ConsumerSettings.marker_ttl's default
-
-
-class _Counting:
-    def __init__(self) -> None:
-        self.calls = 0
-
-    async def __call__(self, msg: Message) -> Output:
-        self.calls += 1
-        return Output("out", msg.data)
-
-
-@asynccontextmanager
-async def _running(worker: StreamWorker) -> AsyncIterator[None]:
-    manager = WorkerManager()
-    manager.register(worker)
-    await manager.start_all()
-    try:
-        yield
-    finally:
-        await manager.stop_all(2)
 
 
 async def _settled(client: aioredis.Redis, keys: StreamKeys, read: int) -> bool:
@@ -56,8 +31,8 @@ async def _settled(client: aioredis.Redis, keys: StreamKeys, read: int) -> bool:
 async def test_records_are_hash_fields_kept_across_a_rotation(client: aioredis.Redis, prefix: str) -> None:
     keys = StreamKeys(prefix)
     index = keys.idempotency_index("w")
-    handler = _Counting()
-    async with _running(stream_worker("w", client, keys, ["in"], handler)):
+    handler = Counting()
+    async with running(stream_worker("w", client, keys, ["in"], handler)):
         await client.xadd(keys.stream("in"), {"data": '{"n": 1}', "idempotency_key": "k1"})
         await wait_for(lambda: _settled(client, keys, 1))
         assert await client.hget(index, "gen") == "1"
@@ -86,8 +61,8 @@ async def test_records_are_hash_fields_kept_across_a_rotation(client: aioredis.R
 
 async def test_dead_letters_and_emits_write_no_record(client: aioredis.Redis, prefix: str) -> None:
     keys = StreamKeys(prefix)
-    worker = stream_worker("w", client, keys, ["in"], _Counting())
-    async with _running(worker):
+    worker = stream_worker("w", client, keys, ["in"], Counting())
+    async with running(worker):
         await client.xadd(keys.stream("in"), {"data": "{not json", "idempotency_key": "bad"})
         await wait_for(lambda: _settled(client, keys, 1))
         assert await worker.emit([Output("out", {"n": 3})], correlation_id="c-3") == 1

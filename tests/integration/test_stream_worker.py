@@ -3,44 +3,14 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
 
 import redis.asyncio as aioredis
 
 from printery.errors import Reject
 from printery.keys import StreamKeys
 from printery.runtime.handler import Message, Output
-from printery.supervisor.manager import WorkerManager
 from printery.testing import wait_for
-from support.spine import CODEC, outputs_by_n, publish, relay, stream_worker
-
-
-@asynccontextmanager
-async def _running(*workers: object) -> AsyncIterator[WorkerManager]:
-    """The workers started under one manager, stopped (2 s drain) when the block ends."""
-    manager = WorkerManager()
-    for worker in workers:
-        manager.register(worker)  # type: ignore[arg-type]
-    await manager.start_all()
-    try:
-        yield manager
-    finally:
-        await manager.stop_all(2)
-
-
-class _Counting:
-    """A handler relaying to ``out`` that counts its calls, sleeping ``delay`` s in each."""
-
-    def __init__(self, delay: float = 0.0) -> None:
-        self.delay = delay
-        self.calls = 0
-
-    async def __call__(self, msg: Message) -> Output:
-        self.calls += 1
-        if self.delay:
-            await asyncio.sleep(self.delay)
-        return Output("out", msg.data)
+from support.spine import CODEC, Counting, outputs_by_n, publish, relay, running, stream_worker
 
 
 async def _len(client: aioredis.Redis, key: str, n: int) -> bool:
@@ -53,14 +23,14 @@ async def test_group_created_idempotently_from_zero(client: aioredis.Redis, pref
     worker = stream_worker("w", client, keys, ["in"], relay("out"))
     await worker.prepare()
     await worker.prepare()  # an existing group is fine
-    async with _running(worker):
+    async with running(worker):
         await wait_for(lambda: _len(client, keys.stream("out"), 3))
 
 
 async def test_consumers_have_unique_names(client: aioredis.Redis, prefix: str) -> None:
     keys = StreamKeys(prefix)
     worker = stream_worker("w", client, keys, ["in"], relay("out"), concurrency=3)
-    async with _running(worker):
+    async with running(worker):
         await publish(client, keys, "in", 30)
         await wait_for(lambda: _len(client, keys.stream("out"), 30))
         consumers = await client.xinfo_consumers(keys.stream("in"), "w")
@@ -77,7 +47,7 @@ async def test_envelope_defaults_filled_for_external_producer(client: aioredis.R
         seen.append(msg)
         return Output("out", msg.data)
 
-    async with _running(stream_worker("w", client, keys, ["in"], handler)):
+    async with running(stream_worker("w", client, keys, ["in"], handler)):
         await client.xadd(keys.stream("in"), {"data": '{"correlation_id": "abc", "x": 1}'})
         await wait_for(lambda: _len(client, keys.stream("out"), 1))
         env = seen[0].envelope
@@ -93,8 +63,8 @@ async def test_envelope_defaults_filled_for_external_producer(client: aioredis.R
 
 async def test_duplicate_idempotency_key_acked_without_handler(client: aioredis.Redis, prefix: str) -> None:
     keys = StreamKeys(prefix)
-    handler = _Counting()
-    async with _running(stream_worker("w", client, keys, ["in"], handler)):
+    handler = Counting()
+    async with running(stream_worker("w", client, keys, ["in"], handler)):
         fields = {"data": '{"n": 1}', "idempotency_key": "same"}
         await client.xadd(keys.stream("in"), fields)
         await wait_for(lambda: _len(client, keys.stream("out"), 1))
@@ -112,7 +82,7 @@ async def _all_acked(client: aioredis.Redis, stream: str, group: str, delivered:
 
 async def test_poison_undecodable_goes_to_dlq_at_once(client: aioredis.Redis, prefix: str) -> None:
     keys = StreamKeys(prefix)
-    async with _running(stream_worker("w", client, keys, ["in"], relay("out"))):
+    async with running(stream_worker("w", client, keys, ["in"], relay("out"))):
         await client.xadd(keys.stream("in"), {"data": "{not json"})
         await client.xadd(keys.stream("in"), {"nodata": "x"})
         await publish(client, keys, "in", 1)
@@ -137,7 +107,7 @@ async def test_failing_handler_goes_to_dlq_after_max_deliveries(client: aioredis
             raise ValueError("always fails")
         return Output("out", msg.data)
 
-    async with _running(stream_worker("w", client, keys, ["in"], handler, max_deliveries=3)) as manager:
+    async with running(stream_worker("w", client, keys, ["in"], handler, max_deliveries=3)) as manager:
         await publish(client, keys, "in", 4)
         await wait_for(lambda: _len(client, keys.dlq, 1))
         await wait_for(lambda: _len(client, keys.stream("out"), 3))
@@ -156,7 +126,7 @@ async def test_reject_dead_letters_at_once(client: aioredis.Redis, prefix: str) 
     async def handler(msg: Message) -> None:
         raise Reject("invalid_input", "field x is wrong")
 
-    async with _running(stream_worker("w", client, keys, ["in"], handler)):
+    async with running(stream_worker("w", client, keys, ["in"], handler)):
         await publish(client, keys, "in", 1)
         await wait_for(lambda: _len(client, keys.dlq, 1))
         (_id, entry), = await client.xrange(keys.dlq)
@@ -172,7 +142,7 @@ async def test_dead_consumer_entries_claimed_after_visibility_timeout(
     # A consumer that reads and dies: its entries stay pending under its name.
     await client.xreadgroup("w", "dead-consumer", {keys.stream("in"): ">"}, count=5)
     worker = stream_worker("w", client, keys, ["in"], relay("out"), visibility_timeout=0.5)
-    async with _running(worker):
+    async with running(worker):
         await wait_for(lambda: _len(client, keys.stream("out"), 5), timeout=10)
         assert await outputs_by_n(client, keys, "out") == {i: 1 for i in range(5)}
         pending = await client.xpending(keys.stream("in"), "w")
@@ -182,10 +152,10 @@ async def test_dead_consumer_entries_claimed_after_visibility_timeout(
 async def test_long_handler_keeps_its_entry(client: aioredis.Redis, prefix: str) -> None:
     """A handler running past the visibility timeout is not claimed by another consumer."""
     keys = StreamKeys(prefix)
-    slow = _Counting(delay=1.5)
+    slow = Counting(delay=1.5)
     first = stream_worker("w", client, keys, ["in"], slow, visibility_timeout=0.4, claim_interval=0.1)
     second = stream_worker("w", client, keys, ["in"], slow, visibility_timeout=0.4, claim_interval=0.1)
-    async with _running(first, _renamed(second)):
+    async with running(first, _renamed(second)):
         await publish(client, keys, "in", 1)
         await wait_for(lambda: _len(client, keys.stream("out"), 1), timeout=10)
         assert slow.calls == 1
@@ -218,7 +188,7 @@ async def test_server_restart_loses_nothing(own_server: object, prefix: str) -> 
     keys = StreamKeys(prefix)
     worker = stream_worker("w", client, keys, ["in"], relay("out"), concurrency=2)
     try:
-        async with _running(worker):
+        async with running(worker):
             await publish(client, keys, "in", 1000)
             await wait_for(lambda: _len(client, keys.stream("out"), 100), timeout=20)
             await asyncio.to_thread(own_server.stop)

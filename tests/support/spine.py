@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
 
 import redis.asyncio as aioredis
 
@@ -11,6 +12,7 @@ from printery.keys import StreamKeys
 from printery.message import Codec
 from printery.runtime.handler import Handler, Message, Output
 from printery.runtime.stream_worker import ConsumerSettings, StreamWorker
+from printery.supervisor.manager import WorkerManager
 from printery.worker import RunContext
 
 CODEC = Codec()
@@ -85,3 +87,30 @@ class PlainWorker:
         if self.crash:
             raise RuntimeError(f"{self._name} crashes on purpose")
         await ctx.stopping.wait()
+
+
+@asynccontextmanager
+async def running(*workers: object) -> AsyncIterator[WorkerManager]:
+    """The workers started under one manager, stopped (2 s drain) when the block ends."""
+    manager = WorkerManager()
+    for worker in workers:
+        manager.register(worker)  # type: ignore[arg-type]
+    await manager.start_all()
+    try:
+        yield manager
+    finally:
+        await manager.stop_all(2)
+
+
+class Counting:
+    """A handler relaying to ``out`` that counts its calls, sleeping ``delay`` s in each."""
+
+    def __init__(self, delay: float = 0.0) -> None:
+        self.delay = delay
+        self.calls = 0
+
+    async def __call__(self, msg: Message) -> Output:
+        self.calls += 1
+        if self.delay:
+            await asyncio.sleep(self.delay)
+        return Output("out", msg.data)
