@@ -371,13 +371,22 @@ async def run_chaos(
         figures.pending = await _pending(client, prefix)
         return figures
     finally:
-        if publisher is not None and not publisher.done():
+        if publisher is not None:
             publisher.cancel()
-        for service in services:
-            service.terminate()
-        for service in services:
-            service.stop()
-        await client.aclose()
-        await proxy.stop()
-        await sandbox.stop()
-        server.stop()
+        await _release(services, server, client, proxy, sandbox)
+
+
+async def _release(
+    services: list[Service], server: ServerProcess, client: aioredis.Redis,
+    proxy: CuttingProxy, sandbox: Sandbox,
+) -> None:
+    """Stop everything the run started; each step on its own, so an interrupted or failed
+    run still leaves no process behind."""
+    for service in services:
+        service.terminate()
+    for service in services:
+        service.stop()
+    server.stop()
+    for step in (client.aclose, proxy.stop, sandbox.stop):
+        with contextlib.suppress(Exception):
+            await step()

@@ -10,11 +10,25 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import signal
 import sys
 import tempfile
 from pathlib import Path
 
-from tests.chaos.driver import run_chaos
+from tests.chaos.driver import Figures, run_chaos
+
+
+async def _run(args: argparse.Namespace, workdir: Path) -> Figures:
+    """The chaos run; SIGTERM (a CI timeout, `kill`) cancels it like Ctrl-C, so its
+    clean-up stops the services and the server instead of leaving them running."""
+    task = asyncio.current_task()
+    assert task is not None
+    asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, task.cancel)
+    return await run_chaos(
+        workdir, deployments=args.deployments, duration=args.duration, seed=args.seed,
+        kill_every=args.kill_every, processes=args.processes,
+        log=lambda text: print(text, flush=True),
+    )
 
 
 def main() -> int:
@@ -30,11 +44,11 @@ def main() -> int:
     workdir = args.workdir or Path(tempfile.mkdtemp(prefix="printery-chaos-"))
     print(f"chaos soak: {args.deployments} deployments, {args.processes} processes, "
           f"{args.duration:.0f}s of chaos; logs in {workdir}", flush=True)
-    figures = asyncio.run(run_chaos(
-        workdir, deployments=args.deployments, duration=args.duration, seed=args.seed,
-        kill_every=args.kill_every, processes=args.processes,
-        log=lambda text: print(text, flush=True),
-    ))
+    try:
+        figures = asyncio.run(_run(args, workdir))
+    except (KeyboardInterrupt, asyncio.CancelledError):
+        print("interrupted: services and server stopped", flush=True)
+        return 130
     print(figures.line(), flush=True)
     print("OK" if figures.ok else "GUARANTEE BROKEN", flush=True)
     return 0 if figures.ok else 1
