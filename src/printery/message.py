@@ -15,6 +15,7 @@ from printery.errors import DecodeError, PayloadTooLarge
 ENVELOPE_FIELDS = (
     "data", "type", "event_id", "idempotency_key", "attempt", "produced_at", "producer",
 )
+_ENVELOPE_FIELD_SET = frozenset(ENVELOPE_FIELDS)
 DEFAULT_PAYLOAD_LIMIT = 1_048_576
 
 
@@ -34,6 +35,15 @@ class Envelope:
 
     def with_extra(self, **fields: str) -> Envelope:
         return replace(self, extra={**self.extra, **fields})
+
+
+def _is_text(fields: Mapping[Any, Any]) -> bool:
+    """Whether ``fields`` already maps str to str, judged by its first item: a client
+    decodes every reply or none (``decode_responses``), so one item tells; the hot path
+    then skips a copy of every entry."""
+    for key, value in fields.items():
+        return isinstance(key, str) and isinstance(value, str)
+    return True
 
 
 def _text(value: bytes | str) -> str:
@@ -58,7 +68,7 @@ class Codec:
         Raises :class:`DecodeError` when ``data`` is missing or not JSON, and
         :class:`PayloadTooLarge` past the payload limit; neither is worth a retry.
         """
-        text = {_text(k): _text(v) for k, v in fields.items()}
+        text = fields if _is_text(fields) else {_text(k): _text(v) for k, v in fields.items()}
         raw = text.get("data")
         if raw is None:
             raise DecodeError("entry has no `data` field")
@@ -81,7 +91,7 @@ class Codec:
             attempt = max(1, int(text.get("attempt") or 1))
         except ValueError:
             attempt = 1
-        known = {*ENVELOPE_FIELDS, self.correlation_field}
+        cf = self.correlation_field
         return Envelope(
             type=kind,
             data=data,
@@ -91,7 +101,7 @@ class Codec:
             attempt=attempt,
             produced_at=text.get("produced_at") or now_rfc3339(),
             producer=text.get("producer") or "external",
-            extra={k: v for k, v in text.items() if k not in known},
+            extra={k: v for k, v in text.items() if k not in _ENVELOPE_FIELD_SET and k != cf},
         )
 
     def encode(self, envelope: Envelope, *, data_json: str | None = None) -> dict[str, str]:
