@@ -36,7 +36,7 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 from printery import _json
 from printery._util import hostname, now_rfc3339
 from printery.backoff import compute_backoff
-from printery.config import Settings
+from printery.config import Settings, redact_url
 from printery.http import HttpServer
 from printery.keys import StreamKeys
 from printery.logging import configure_logging, get_logger
@@ -51,7 +51,9 @@ from printery.transport.connection import connect
 from printery.transport.embedded import EmbeddedServer
 from printery.transport.streams import ensure_group
 
-__all__ = ["EXIT_FAILED", "EXIT_INTERRUPTED", "EXIT_OK", "MetricsObserver", "Service"]
+__all__ = [
+    "EXIT_FAILED", "EXIT_INTERRUPTED", "EXIT_OK", "MetricsObserver", "Service", "acquire_server",
+]
 
 EXIT_OK = 0
 EXIT_FAILED = 1
@@ -66,6 +68,25 @@ _OUTCOME_LABEL = {"error": "retry", "dead_lettered": "dead_letter", "fenced": "d
 GAUGE_INTERVAL = 1.0
 #: Seconds a readiness/status PING may take before Redis counts as not answering.
 PING_TIMEOUT = 2.0
+
+
+def acquire_server(settings: Settings) -> tuple[str, str, EmbeddedServer | None]:
+    """``(url, url to show, embedded server or None)``: the configured URL, else the data
+    dir's embedded server (found or started, with a lease the caller releases), named in
+    the first log line (CONTRACT §6). The parent of ``--processes`` uses it too."""
+    if settings.redis_url:
+        shown = redact_url(settings.redis_url)
+        log.info(f"using redis server at {shown}", url=shown)
+        return settings.redis_url, shown, None
+    embedded = EmbeddedServer(settings.data_dir)
+    # The embedded module's own "started" line would come first; ours says it all.
+    url = embedded.acquire(announce=False)
+    how = "started" if embedded.started else "reused"
+    log.info(
+        f"using embedded server at {url} (data dir {embedded.data_dir}; {how})",
+        url=url, data_dir=str(embedded.data_dir), server=how,
+    )
+    return url, url, embedded
 
 
 class MetricsObserver:
@@ -136,22 +157,7 @@ class Service:
             self._release_server()
 
     def _acquire_server(self) -> None:
-        """Pick the server and say which in the first log line (CONTRACT §6)."""
-        if self.settings.redis_url:
-            self.url = self.settings.redis_url
-            self.display_url = self.settings.redacted_redis_url
-            log.info(f"using redis server at {self.display_url}", url=self.display_url)
-            return
-        self._embedded = EmbeddedServer(self.settings.data_dir)
-        # The embedded module's own "started" line would come first; ours says it all.
-        self.url = self._embedded.acquire(announce=False)
-        self.display_url = self.url
-        how = "started" if self._embedded.started else "reused"
-        log.info(
-            f"using embedded server at {self.url} "
-            f"(data dir {self._embedded.data_dir}; {how})",
-            url=self.url, data_dir=str(self._embedded.data_dir), server=how,
-        )
+        self.url, self.display_url, self._embedded = acquire_server(self.settings)
 
     def _release_server(self) -> None:
         if self._embedded is not None:
@@ -332,7 +338,7 @@ class Service:
     async def _retain(self) -> None:
         """Sweep every stream of the pipeline each ``retention_interval``: entries older
         than ``retention`` that every group has acknowledged go (a stream no group reads,
-        such as ``deployment:finished``, is trimmed by age alone). Every process sweeps;
+        such as ``notification:sent``, is trimmed by age alone). Every process sweeps;
         the trim is idempotent, so more processes only repeat a cheap no-op."""
         assert self.client is not None
         transport = self.settings.transport
@@ -346,11 +352,11 @@ class Service:
             except (RedisError, OSError) as exc:
                 log.warning("retention sweep failed: retrying next interval", error=str(exc))
             else:
-                for event_type, count in trimmed.items():
-                    if count:
-                        self.prom.stream_trimmed.labels(event_type).inc(count)
-                if any(trimmed.values()):
-                    log.info("retention sweep", trimmed={k: v for k, v in trimmed.items() if v})
+                removed = {event_type: n for event_type, n in trimmed.items() if n}
+                for event_type, n in removed.items():
+                    self.prom.stream_trimmed.labels(event_type).inc(n)
+                if removed:
+                    log.info("retention sweep", trimmed=removed)
             await asyncio.sleep(transport.retention_interval)
 
     # -- StatusProvider ----------------------------------------------------------------------

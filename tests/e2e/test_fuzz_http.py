@@ -5,7 +5,6 @@ request line that is not HTTP at all), and the service keeps serving and process
 
 from __future__ import annotations
 
-import json
 import socket
 from collections.abc import Callable, Iterator
 
@@ -16,7 +15,7 @@ from hypothesis import strategies as st
 
 from printery.testing import unique_prefix
 from printery.transport.server import ServerProcess
-from support.service import ServiceHandle, spawn
+from support.service import ServiceHandle, spawn, started_entry
 
 METHODS = st.one_of(
     st.sampled_from(["GET", "HEAD", "POST", "PUT", "DELETE", "OPTIONS", "PATCH", "TRACE"]),
@@ -120,9 +119,7 @@ def test_service_still_serves_and_processes(
     svc.wait_until(lambda: svc.get("/readyz").status_code == 200, what="/readyz 200")
     r = redis.Redis.from_url(server.url, decode_responses=True)
     try:
-        r.xadd(f"{prefix}:deployment:started", {"data": json.dumps({
-            "deployment_id": "dep-after-fuzz", "service": "api", "version": "1.0.0",
-            "environment": "development", "requested_by": "alice", "notify": ["log"]})})
+        r.xadd(f"{prefix}:deployment:started", started_entry("dep-after-fuzz"))
         svc.wait_until(lambda: r.xlen(f"{prefix}:notification:sent") == 1,
                        what="a deployment still runs end to end")
     finally:

@@ -15,7 +15,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from printery.testing import unique_prefix
 from printery.transport.server import ServerProcess
-from support.service import ServiceHandle, run_cli, spawn
+from support.service import ServiceHandle, run_cli, spawn, started_entry
 
 WORKERS = ["validator", "dependency-checker", "health-monitor", "aggregator", "notifier"]
 GROUPS = {
@@ -177,17 +177,10 @@ def test_metrics_has_every_name(running: tuple[ServiceHandle, str]) -> None:
 # -- graceful shutdown with work in flight ----------------------------------------------------
 
 
-def _request(i: int) -> str:
-    return json.dumps({
-        "deployment_id": f"dep-e2e-{i}", "service": "billing-api", "version": "1.0.0",
-        "environment": "development", "requested_by": "alice", "notify": ["log"],
-    })
-
-
 def _publish(r: redis.Redis, prefix: str, n: int) -> None:
     pipe = r.pipeline(transaction=False)
     for i in range(n):
-        pipe.xadd(f"{prefix}:deployment:started", {"data": _request(i)})
+        pipe.xadd(f"{prefix}:deployment:started", started_entry(f"dep-e2e-{i}"))
     pipe.execute()
 
 

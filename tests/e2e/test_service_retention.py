@@ -4,7 +4,6 @@ has not read stays, and ``dlq`` is never trimmed."""
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import redis
@@ -12,16 +11,9 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from printery.testing import unique_prefix
 from printery.transport.server import ServerProcess
-from support.service import spawn
+from support.service import spawn, started_entry
 
 DEPLOYMENTS = 20
-
-
-def _request(i: int) -> dict[str, str]:
-    return {"data": json.dumps({
-        "deployment_id": f"dep-ret-{i}", "service": "billing-api", "version": "1.0.0",
-        "environment": "development", "requested_by": "alice", "notify": ["log"],
-    })}
 
 
 def _trimmed(text: str) -> dict[str, float]:
@@ -38,7 +30,7 @@ def test_sweep_trims_acknowledged_history_only(server: ServerProcess, tmp_path: 
     r = redis.Redis.from_url(server.url, decode_responses=True)
     started, validated = f"{prefix}:deployment:started", f"{prefix}:deployment:validated"
     for i in range(DEPLOYMENTS):
-        r.xadd(started, _request(i))
+        r.xadd(started, started_entry(f"dep-ret-{i}"))
     # A group that never reads: nothing of deployment:started may go while it lags.
     r.xgroup_create(started, "laggard", id="0")
     r.xadd(f"{prefix}:dlq", {"data": "{}", "reason_code": "invalid_input"})

@@ -6,7 +6,6 @@ run end to end, the server refuses nothing, and the password shows up nowhere.""
 from __future__ import annotations
 
 import asyncio
-import json
 from pathlib import Path
 
 import redis.asyncio as aioredis
@@ -15,18 +14,11 @@ import trustme
 from printery.testing import unique_prefix, wait_for
 from printery.transport.server import ServerProcess
 from support.acl import acl_denials, acl_rule
-from support.service import spawn
+from support.service import spawn, started_entry
 from support.tls_proxy import TlsProxy
 
 DEPLOYMENTS = 10
 PASSWORD = "acl-Pa55-word-xyz"
-
-
-def _request(i: int) -> dict[str, str]:
-    return {"data": json.dumps({
-        "deployment_id": f"dep-sec-{i}", "service": "billing-api", "version": "1.0.0",
-        "environment": "development", "requested_by": "alice", "notify": ["log"],
-    })}
 
 
 async def test_service_over_tls_as_minimal_acl_user(
@@ -50,7 +42,7 @@ async def test_service_over_tls_as_minimal_acl_user(
                     svc.wait_until, lambda: svc.get("/readyz").status_code == 200,
                     what="/readyz 200 over TLS")
                 for i in range(DEPLOYMENTS):
-                    await client.xadd(f"{prefix}:deployment:started", _request(i))
+                    await client.xadd(f"{prefix}:deployment:started", started_entry(f"dep-sec-{i}"))
 
                 async def all_sent() -> bool:
                     return int(await client.xlen(f"{prefix}:notification:sent")) == DEPLOYMENTS

@@ -9,6 +9,7 @@ chatty service can never block on a full pipe buffer).
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import signal
 import subprocess
@@ -176,3 +177,12 @@ def run_cli(
         env=base_env(env), cwd=cwd, capture_output=True, text=True, timeout=timeout,
         check=False,
     )
+
+
+def started_entry(deployment_id: str) -> dict[str, str]:
+    """A ``deployment:started`` entry that runs end to end with nothing outside: a
+    development request (no approval), no health URL or dependencies, the ``log`` channel."""
+    return {"data": json.dumps({
+        "deployment_id": deployment_id, "service": "billing-api", "version": "1.0.0",
+        "environment": "development", "requested_by": "alice", "notify": ["log"],
+    })}

@@ -51,6 +51,7 @@ from printery.config import Settings
 from printery.http import HttpServer
 from printery.logging import configure_logging, get_logger
 from printery.pipeline.dag import Pipeline
+from printery.service import acquire_server
 from printery.transport.embedded import EmbeddedServer
 from printery.transport.server import free_port
 
@@ -180,21 +181,11 @@ class Parent:
 
     def run(self) -> int:
         configure_logging(self.settings.log_level, secrets=self.settings.secrets(os.environ))
-        if not self.settings.redis_url:
-            self._embedded = EmbeddedServer(self.settings.data_dir)
-            try:
-                self.display_url = self._embedded.acquire(announce=False)
-            except Exception as exc:
-                log.error("cannot start the embedded server", error=str(exc))
-                return 1
-            how = "started" if self._embedded.started else "reused"
-            log.info(
-                f"using embedded server at {self.display_url} "
-                f"(data dir {self._embedded.data_dir}; {how})",
-                url=self.display_url, server=how,
-            )
-        else:
-            log.info(f"using redis server at {self.display_url}", url=self.display_url)
+        try:
+            _, self.display_url, self._embedded = acquire_server(self.settings)
+        except Exception as exc:
+            log.error("cannot start or reach the server", error=str(exc))
+            return 1
         try:
             return asyncio.run(self._main())
         except KeyboardInterrupt:  # Ctrl-C before the loop's own handlers were installed
