@@ -9,7 +9,6 @@ from printery.keys import StreamKeys
 from printery.runtime.handler import Output
 from printery.testing import wait_for
 from printery.transport.streams import (
-    COMMIT_LUA,
     DUPLICATE,
     PendingOutput,
     Scripts,
@@ -88,7 +87,7 @@ async def test_commit_script_checks_the_previous_generation_itself(
     async def commit(entry_id: str, key: str, out: str = "out") -> object:
         call = commit_args(stream=stream, consumer="c", entry_id=entry_id, idempotency_key=key,
                            outputs=[PendingOutput(keys.stream(out), {"data": "{}"})])
-        (result,) = await scripts.call(COMMIT_LUA, *commit_run(index, "g", TTL_MS, [call]))
+        (result,) = await scripts.commit(commit_run(index, "g", TTL_MS, [call]))
         return result
 
     assert await commit(ids[0], "k1") == 2

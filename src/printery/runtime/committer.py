@@ -8,9 +8,9 @@ import asyncio
 from collections.abc import Sequence
 from typing import Any
 
-from printery.transport.streams import COMMIT_LUA, ScriptChannel, Scripts, commit_run
+from printery.transport.streams import CommitCall, ScriptChannel, Scripts, commit_commands, commit_run
 
-Call = tuple[Sequence[str], Sequence[Any]]
+Call = CommitCall
 
 #: Entries per script run: bounds how long one run holds the server (other clients wait
 #: while a script runs); a flush with more sends several runs in the same write.
@@ -33,9 +33,9 @@ class GroupCommitter:
         self._wake = asyncio.Event()
         self._busy = False
 
-    async def commit(self, keys: Sequence[str], args: Sequence[Any]) -> Any:
+    async def commit(self, call: Call) -> Any:
         """Commit one entry; returns the script's result, raises its error."""
-        (result,) = await self.commit_many([(keys, args)])
+        (result,) = await self.commit_many([call])
         if isinstance(result, Exception):
             raise result
         return result
@@ -94,7 +94,7 @@ class GroupCommitter:
                   for i in range(0, len(calls), MAX_ENTRIES_PER_RUN)]
         runs = [commit_run(*self._header, chunk) for chunk in chunks]
         try:
-            replies = await self._channel.call_many(COMMIT_LUA, runs)
+            replies = await self._channel.transact_many([commit_commands(run) for run in runs])
         except BaseException as exc:
             # Connection trouble, or the flushing task was cancelled mid-reply: every
             # caller retries on its own (the script is idempotent and fenced).

@@ -47,7 +47,6 @@ from printery.runtime.observe import NullObserver, Observer
 from printery.runtime.outputs import extra_fields, output_fields
 from printery.runtime.payloads import PayloadStore
 from printery.transport.streams import (
-    COMMIT_LUA,
     DUPLICATE,
     FENCED,
     LEASE_LUA,
@@ -281,7 +280,7 @@ class StreamWorker:
             stream="", consumer="", entry_id="", idempotency_key=None, outputs=pending
         )
         run = commit_run(self.idempotency_index, self.name, self._marker_ttl_ms, [call])
-        (result,) = await self.scripts.call(COMMIT_LUA, *run)
+        (result,) = await self.scripts.commit(run)
         if isinstance(result, Exception):
             raise result
         return max(0, int(result) - 1)
