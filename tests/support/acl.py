@@ -7,9 +7,9 @@ from __future__ import annotations
 ACL_COMMANDS = (
     "-@all +ping +client|setname +client|setinfo"
     " +xreadgroup +xadd +xack +xautoclaim +xclaim +xpending +xgroup|create +xinfo|groups"
-    " +xinfo|consumers +xrange +xlen +xtrim +time"
-    " +evalsha +script|load +exists +get +set +mget +del"
-    " +hset +hsetnx +hgetall +hmget +hexists +hdel +expire +pexpire"
+    " +xinfo|consumers +xrange +xrevrange +xdel +xlen +xtrim +time +type"
+    " +eval +evalsha +script|load +exists +get +set +mget +del"
+    " +hset +hsetnx +hgetall +hmget +expire +pexpire"
     " +zadd +zrangebyscore +zrem +scan"
     " +multi +exec +discard +watch +unwatch"
 )

@@ -39,7 +39,7 @@ local MARK = {m = true, fm = true}
 -- Pass 1: where each entry's arguments start, which stream it came from, and the first
 -- and last id each (stream, consumer) fences (in the order given: a batch is read in id
 -- order; if not, the range lists less and those entries are checked on their own).
-local starts, sources = {}, {}
+local starts, sources, counts = {}, {}, {}
 local ranges, outkeys = {}, {}
 local a, k, n, last = 3, 2, 0, #ARGV
 while a <= last do
@@ -64,8 +64,10 @@ while a <= last do
       end
     end
   end
+  local m = tonumber(ARGV[a + 4])
+  counts[n] = m
   local i = a + 5
-  for _ = 1, tonumber(ARGV[a + 4]) do
+  for _ = 1, m do
     outkeys[ARGV[i]] = true
     i = i + 2
   end
@@ -81,7 +83,7 @@ local function withdraw_output(e, nth)
   any_withdrawn = true
 end
 local function withdraw_entry(e)
-  if tonumber(ARGV[starts[e] + 4]) > 0 then
+  if counts[e] > 0 then
     withdrawn[e] = true
     any_withdrawn = true
   end
@@ -95,7 +97,7 @@ local function apply_withdrawals(bad)
     local b = starts[e]
     local w = withdrawn[e]
     local i = b + 5
-    for nth = 1, tonumber(ARGV[b + 4]) do
+    for nth = 1, counts[e] do
       local key = ARGV[i]
       local p = (total[key] or 0) + 1
       total[key] = p
@@ -176,14 +178,14 @@ local function decide()
   end
 
   -- Entries that can commit, and the records they claim.
-  local markers, claimants = {}, {}
+  local markers, claimants, nmarkers = {}, {}, 0
   for e = 1, n do
     local b = starts[e]
     local consumer, id, flags = ARGV[b], ARGV[b + 1], ARGV[b + 2]
     local stream = sources[e]
     if has_bad then
       local i = b + 5
-      for _ = 1, tonumber(ARGV[b + 4]) do
+      for _ = 1, counts[e] do
         if bad[ARGV[i]] then
           verdict[e] = redis.error_reply(bad[ARGV[i]])
         end
@@ -195,8 +197,9 @@ local function decide()
     end
     if verdict[e] == nil and not (stream and FENCE[flags] and fenced_out(e, stream, consumer, id)) then
       if MARK[flags] then
-        markers[#markers + 1] = ARGV[b + 3]
-        claimants[#claimants + 1] = e
+        nmarkers = nmarkers + 1
+        markers[nmarkers] = ARGV[b + 3]
+        claimants[nmarkers] = e
       else
         verdict[e] = true
       end
@@ -206,7 +209,7 @@ local function decide()
   -- Records: which markers exist (current and previous generation), one HMGET each.
   local recorded = {}
   local current
-  if #markers > 0 then
+  if nmarkers > 0 then
     local index = KEYS[1]
     local t = redis.call('TIME')
     local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
@@ -225,8 +228,8 @@ local function decide()
     current = index .. ':' .. gen
     local exists = {}
     local function lookup(hash)
-      for j = 1, #markers, 1000 do
-        local got = redis.call('HMGET', hash, unpack(markers, j, math.min(j + 999, #markers)))
+      for j = 1, nmarkers, 1000 do
+        local got = redis.call('HMGET', hash, unpack(markers, j, math.min(j + 999, nmarkers)))
         for x = 1, #got do
           if got[x] then exists[markers[j + x - 1]] = true end
         end
@@ -236,22 +239,22 @@ local function decide()
     if gen > 1 and redis.call('EXISTS', index .. ':' .. (gen - 1)) == 1 then
       lookup(index .. ':' .. (gen - 1))
     end
-    local new = {}
-    for j, marker in ipairs(markers) do
-      local e = claimants[j]
+    local new, nnew = {}, 0
+    for j = 1, nmarkers do
+      local marker, e = markers[j], claimants[j]
       if exists[marker] or recorded[marker] then
         verdict[e] = 0
       else
         recorded[marker] = true
-        new[#new + 1] = marker
-        new[#new + 1] = '1'
+        new[nnew + 1], new[nnew + 2] = marker, '1'
+        nnew = nnew + 2
         verdict[e] = true
       end
     end
-    for j = 1, #new, 1000 do
-      redis.call('HSET', current, unpack(new, j, math.min(j + 999, #new)))
+    for j = 1, nnew, 1000 do
+      redis.call('HSET', current, unpack(new, j, math.min(j + 999, nnew)))
     end
-    if #new > 0 then
+    if nnew > 0 then
       redis.call('PEXPIRE', current, 2 * ttl, 'NX')
     end
   end
@@ -274,7 +277,7 @@ local function decide()
     end
     if v == true then
       local kept, i = 0, b + 5
-      for nth = 1, tonumber(ARGV[b + 4]) do
+      for nth = 1, counts[e] do
         local once = ARGV[i + 1]
         if once == '' or redis.call('SET', once, '1', 'NX', 'PX', ttl) then
           kept = kept + 1
