@@ -44,6 +44,12 @@ def _script(name: str) -> str:
 
 
 COMMIT_LUA = _script("commit.lua")
+#: What a commit transaction sends (by ``EVAL``, see :func:`commit_commands`): the script
+#: without its comment lines and indentation, since the server hashes it on every run.
+COMMIT_LUA_WIRE = "\n".join(
+    line.strip() for line in COMMIT_LUA.splitlines()
+    if line.strip() and not line.strip().startswith("--")
+)
 SEEN_LUA = _script("seen.lua")
 LEASE_LUA = _script("lease.lua")
 REDELIVER_LUA = _script("redeliver.lua")
@@ -102,7 +108,7 @@ class Scripts:
         pipe = self.client.pipeline(transaction=True)
         for stream, fields in appends:
             pipe.xadd(stream, dict[Any, Any](fields))
-        pipe.eval(COMMIT_LUA, len(keys), *keys, *args)
+        pipe.eval(COMMIT_LUA_WIRE, len(keys), *keys, *args)
         results: list[Any] = await pipe.execute(raise_on_error=False)
         decided = results[-1]
         if isinstance(decided, Exception):
@@ -347,7 +353,7 @@ def commit_commands(run: CommitCall) -> list[tuple[Any, ...]]:
     commands: list[tuple[Any, ...]] = [("MULTI",)]
     for stream, fields in appends:
         commands.append(("XADD", stream, "*", *chain.from_iterable(fields.items())))
-    commands.append(("EVAL", COMMIT_LUA, len(keys), *keys, *args))
+    commands.append(("EVAL", COMMIT_LUA_WIRE, len(keys), *keys, *args))
     commands.append(("EXEC",))
     return commands
 
