@@ -1,6 +1,7 @@
 """Group commit: commits of entries that finish at about the same time share one round
-trip and one script run, while each entry stays atomic on its own (its outputs, ack and
-idempotency record, or nothing; fenced and duplicate-checked on its own)."""
+trip (one commit transaction per run of up to 128 entries), while each entry stays atomic
+on its own (its outputs, ack and idempotency record, or nothing; fenced and
+duplicate-checked on its own)."""
 
 from __future__ import annotations
 

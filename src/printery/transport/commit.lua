@@ -1,6 +1,6 @@
 -- Decide a commit of processed entries, each atomically: its outputs, ack and idempotency
 -- record, or nothing. Runs inside a MULTI, right after the XADDs of every output of the
--- run (see transport/streams.py: commit_transaction): the outputs are written by plain
+-- run (see transport/streams.py: commit_commands): the outputs are written by plain
 -- XADDs, so their fields never pass through Lua; this script then keeps or withdraws each
 -- entry's outputs (XDEL) after its fence and record check, and acks. MULTI makes the whole
 -- transaction atomic, so no reader ever sees an output that is withdrawn.
