@@ -104,11 +104,9 @@ class Scripts:
     async def commit(self, run: CommitCall) -> list[Any]:
         """Run one commit transaction (:func:`commit_commands`) over the pooled client;
         each entry's result, or the exception of an entry that could not commit."""
-        keys, args, appends = run
-        pipe = self.client.pipeline(transaction=True)
-        for stream, fields in appends:
-            pipe.xadd(stream, dict[Any, Any](fields))
-        pipe.eval(COMMIT_LUA_WIRE, len(keys), *keys, *args)
+        pipe = self.client.pipeline(transaction=True)  # adds MULTI and EXEC itself
+        for command in commit_commands(run)[1:-1]:
+            pipe.execute_command(*command)
         results: list[Any] = await pipe.execute(raise_on_error=False)
         decided = results[-1]
         if isinstance(decided, Exception):
