@@ -1,4 +1,4 @@
-"""Idempotency records (transport/commit.lua): fields of one hash per generation, against
+"""Idempotency records (transport/commit.lua): members of one set per generation, against
 a real server. A generation's age is set through its index, so no test waits for a TTL."""
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ async def _settled(client: aioredis.Redis, keys: StreamKeys, read: int) -> bool:
     return bool(group["pending"] == 0 and group["entries-read"] == read)
 
 
-async def test_records_are_hash_fields_kept_across_a_rotation(client: aioredis.Redis, prefix: str) -> None:
+async def test_records_are_set_members_kept_across_a_rotation(client: aioredis.Redis, prefix: str) -> None:
     keys = StreamKeys(prefix)
     index = keys.idempotency_index("w")
     handler = Counting()
@@ -35,11 +35,11 @@ async def test_records_are_hash_fields_kept_across_a_rotation(client: aioredis.R
         await client.xadd(keys.stream("in"), {"data": '{"n": 1}', "idempotency_key": "k1"})
         await wait_for(lambda: _settled(client, keys, 1))
         assert await client.hget(index, "gen") == "1"
-        assert await client.type(f"{index}:1") == "hash"
-        assert await client.hexists(f"{index}:1", "k1")
-        assert 0 < await client.pttl(f"{index}:1") <= 2 * TTL_MS
+        assert await client.type(f"{index}:r1") == "set"
+        assert await client.sismember(f"{index}:r1", "k1")
+        assert 0 < await client.pttl(f"{index}:r1") <= 2 * TTL_MS
         assert sorted([k async for k in client.scan_iter(match=f"{prefix}:idem:*")]) == [
-            index, f"{index}:1"], "one hash per generation, no key per record"
+            index, f"{index}:r1"], "one set per generation, no key per record"
 
         # Generation 1 began a TTL ago: the next commit rotates; its records stay
         # consulted as the previous generation, and expire one TTL from now.
@@ -48,13 +48,13 @@ async def test_records_are_hash_fields_kept_across_a_rotation(client: aioredis.R
         await wait_for(lambda: _settled(client, keys, 2))
         assert handler.calls == 1, "a duplicate of a previous generation's record"
         assert await client.hget(index, "gen") == "2"
-        assert 0 < await client.pttl(f"{index}:1") <= TTL_MS
+        assert 0 < await client.pttl(f"{index}:r1") <= TTL_MS
 
         await client.xadd(keys.stream("in"), {"data": '{"n": 2}', "idempotency_key": "k2"})
         await wait_for(lambda: _settled(client, keys, 3))
         assert handler.calls == 2
-        assert await client.hexists(f"{index}:2", "k2")
-        assert not await client.hexists(f"{index}:1", "k2")
+        assert await client.sismember(f"{index}:r2", "k2")
+        assert not await client.sismember(f"{index}:r1", "k2")
     assert await client.xlen(keys.stream("out")) == 2
 
 
@@ -100,5 +100,5 @@ async def test_commit_script_checks_the_previous_generation_itself(
     await client.set(keys.stream("not-a-stream"), "x")
     result = await commit(ids[2], "k2", out="not-a-stream")
     assert isinstance(result, Exception) and "WRONGTYPE" in str(result)
-    assert not await client.hexists(f"{index}:2", "k2"), "the record is withdrawn"
+    assert not await client.sismember(f"{index}:r2", "k2"), "no record is written"
     assert (await client.xpending(stream, "g"))["pending"] == 1, "and the entry not acked"

@@ -9,7 +9,7 @@ ACL_COMMANDS = (
     " +xreadgroup +xadd +xack +xautoclaim +xclaim +xpending +xgroup|create +xinfo|groups"
     " +xinfo|consumers +xrange +xrevrange +xdel +xlen +xtrim +time +type"
     " +eval +evalsha +script|load +exists +get +set +mget +del"
-    " +hset +hsetnx +hgetall +hmget +expire +pexpire"
+    " +hset +hsetnx +hgetall +hmget +sadd +smismember +expire +pexpire"
     " +zadd +zrangebyscore +zrem +scan"
     " +multi +exec +discard +watch +unwatch"
 )

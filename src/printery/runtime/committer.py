@@ -9,7 +9,14 @@ import asyncio
 from collections.abc import Sequence
 from typing import Any
 
-from printery.transport.streams import CommitCall, ScriptChannel, Scripts, commit_commands, commit_run
+from printery.transport.streams import (
+    CommitCall,
+    ScriptChannel,
+    Scripts,
+    commit_commands,
+    commit_results,
+    commit_run,
+)
 
 Call = CommitCall
 
@@ -107,9 +114,12 @@ class GroupCommitter:
                 raise
             return
         results: list[Any] = []
-        for chunk, reply in zip(chunks, replies, strict=True):
+        for run, reply in zip(runs, replies, strict=True):
             # A run that failed as a whole (not one entry of it) fails all its entries.
-            results += reply if isinstance(reply, list) else [reply] * len(chunk)
+            if isinstance(reply, Exception):
+                results += [reply] * len(run.output_counts)
+            else:
+                results += commit_results(run, reply)
         start = 0
         for group, future in batch:
             if not future.done():

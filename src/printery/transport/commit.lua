@@ -5,124 +5,141 @@
 -- entry's outputs (XDEL) after its fence and record check, and acks. MULTI makes the whole
 -- transaction atomic, so no reader ever sees an output that is withdrawn.
 --
+-- The arguments come in segments: consecutive entries that share a source stream, a
+-- consumer, whether they carry an idempotency record, and the streams of their outputs.
+-- A segment's per-entry values are columns, so the commands that take lists (XPENDING
+-- over a range, SMISMEMBER, SADD, XACK) get them straight from ARGV with unpack: in the
+-- usual run (one segment, every entry committed) Lua touches each entry only to compare
+-- two ids and read one flag. Interpreted Lua per entry is what this script costs the
+-- server, so whatever can be done once per segment or run is.
+--
 -- KEYS[1]  the group's idempotency index (a hash: current generation and when it began);
---          the records are fields of hashes named KEYS[1] .. ':' .. generation
--- KEYS[2…] the source stream of each entry that has a source entry id, in entry order
---          (no key is ever the empty name: an ACL confined to a prefix allows them all)
--- ARGV[1]  group; ARGV[2] idempotency record ttl in ms; then per entry: consumer, entry
---          id ('' = outputs alone: no source, no ack, no fence), flags ('f' = fenced:
---          only if the entry is still ours; 'm' = with an idempotency record), the
---          idempotency key, output count, then per output: stream key, once key ('' for
---          none). The outputs were appended in this order by the XADDs before the script,
---          so the k-th output to a stream is the k-th of that stream's last entries.
--- Returns one reply per entry: -1 when fenced out (another consumer owns the entry now;
--- its outputs withdrawn), 0 when its idempotency record already existed (a duplicate:
--- acked, its outputs withdrawn), else 1 + number of outputs kept (an output whose once
--- key was already taken is withdrawn); or an error reply for an entry that cannot commit
--- (its source stream has no such group, an output key holds another type): outputs
--- withdrawn, no record, not acked. A failure of the script itself withdraws every output
--- of the run and returns the error.
+--          the records are members of sets named KEYS[1] .. ':r' .. generation
+-- KEYS[2…] the source streams of the segments (each once)
+-- ARGV[1]  group; ARGV[2] idempotency record ttl in ms; then each segment:
+--            source (position of its stream in KEYS, '0' = outputs alone: no source, no
+--            ack, no fence), consumer, entry count n, '1' if its entries carry records
+--            (else '0'), outputs per entry m, then per output: stream key, '1' if it has
+--            a once key (else '0');
+--            then the columns, n values each: entry ids (if it has a source), idempotency
+--            keys (if it carries records), once keys (one column per output with one).
+--          The outputs were appended in entry order, an entry's in output order, by the
+--          XADDs before the script, so the k-th output to a stream is the k-th of that
+--          stream's last entries.
+-- Returns the number of entries when every entry committed with all its outputs (the
+-- usual case, so no reply per entry is built); else one reply per entry: -1 when fenced
+-- out (another consumer owns the entry now; its outputs withdrawn), 0 when its record
+-- already existed (a duplicate: acked, its outputs withdrawn), else 1 + number of outputs
+-- kept (an output whose once key was already taken is withdrawn); or an error reply for an
+-- entry that cannot commit (its source stream has no such group, an output key holds
+-- another type): outputs withdrawn, no record, not acked. A failure of the script itself
+-- withdraws every output of the run and returns the error.
 --
--- The server's work per entry is what bounds throughput, so whatever can be done once per
--- run is: one XPENDING per (stream, consumer) for the fences, one HMGET and one HSET for
--- the records, one XACK per stream. Per entry that leaves a few table lookups.
---
--- Records: one hash per generation instead of a key with a TTL each. A generation is
+-- Records: one set per generation instead of a key with a TTL each. A generation is
 -- current for ttl (it rotates at the first commit after that), then previous (still
 -- checked), and expires ttl after the rotation; so a record is kept at least ttl and at
 -- most about twice that.
 
 local group, ttl = ARGV[1], tonumber(ARGV[2])
-local FENCE = {f = true, fm = true}
-local MARK = {m = true, fm = true}
+local unpack = unpack
 
--- Pass 1: where each entry's arguments start, which stream it came from, and the first
--- and last id each (stream, consumer) fences (in the order given: a batch is read in id
--- order; if not, the range lists less and those entries are checked on their own).
-local starts, sources, counts = {}, {}, {}
-local ranges, outkeys = {}, {}
-local a, k, n, last = 3, 2, 0, #ARGV
+-- Segments (parsed once each; nothing here is per entry).
+local segs, nsegs, total = {}, 0, 0
+local outkeys, any_once = {}, false
+local a, last = 3, #ARGV
 while a <= last do
-  n = n + 1
-  starts[n] = a
-  local consumer, id, flags = ARGV[a], ARGV[a + 1], ARGV[a + 2]
-  if id ~= '' then
-    local stream = KEYS[k]
-    k = k + 1
-    sources[n] = stream
-    if FENCE[flags] then
-      local by = ranges[stream]
-      if by == nil then
-        by = {}
-        ranges[stream] = by
-      end
-      local r = by[consumer]
-      if r == nil then
-        by[consumer] = {id, id, 1}
-      else
-        r[2], r[3] = id, r[3] + 1
-      end
+  local src, n, m = tonumber(ARGV[a]), tonumber(ARGV[a + 2]), tonumber(ARGV[a + 4])
+  local s = {consumer = ARGV[a + 1], n = n, m = m, first = total, outs = {}, once = {}}
+  if src > 0 then s.stream = KEYS[src] end
+  local marked = ARGV[a + 3] == '1'
+  a = a + 5
+  for j = 1, m do
+    s.outs[j] = ARGV[a]
+    outkeys[ARGV[a]] = true
+    s.once[j] = ARGV[a + 1] == '1'
+    a = a + 2
+  end
+  if s.stream then s.ids = a; a = a + n end
+  if marked then s.marks = a; a = a + n end
+  for j = 1, m do
+    if s.once[j] then
+      s.once[j] = a
+      a = a + n
+      any_once = true
     end
   end
-  local m = tonumber(ARGV[a + 4])
-  counts[n] = m
-  local i = a + 5
-  for _ = 1, m do
-    outkeys[ARGV[i]] = true
-    i = i + 2
-  end
-  a = i
+  nsegs = nsegs + 1
+  segs[nsegs] = s
+  total = total + n
 end
 
--- Withdrawals: positions (1-based, in append order) of the outputs to delete, per stream.
+-- ``call(j, k)`` over ARGV[b .. b + n - 1], 1000 at a time (Lua's stack bounds unpack);
+-- its replies in order, concatenated.
+local function over(b, n, call)
+  local out = {}
+  for j = b, b + n - 1, 1000 do
+    local reply = call(j, math.min(j + 999, b + n - 1))
+    if type(reply) == 'table' then
+      for x = 1, #reply do out[#out + 1] = reply[x] end
+    else
+      out[#out + 1] = reply
+    end
+  end
+  return out
+end
+
+-- ``call(list, j, k)`` over a list, 1000 at a time; the sum of its replies.
+local function each(list, call)
+  local sum = 0
+  for j = 1, #list, 1000 do
+    sum = sum + call(list, j, math.min(j + 999, #list))
+  end
+  return sum
+end
+
+-- Verdicts per entry (0-based across the run: segment first + x): nil = commits.
+local verdict = {}
+local troubled = {}  -- segment -> true once any of its entries has a verdict
+local function judge(s, x, v)
+  verdict[s.first + x] = v
+  troubled[s] = true
+end
+
+-- Withdrawals: which outputs to delete (entry -> true for all, or slot -> true).
 local withdrawn = {}
 local any_withdrawn = false
-local function withdraw_output(e, nth)
-  withdrawn[e] = withdrawn[e] or {}
-  withdrawn[e][nth] = true
-  any_withdrawn = true
-end
-local function withdraw_entry(e)
-  if counts[e] > 0 then
-    withdrawn[e] = true
-    any_withdrawn = true
-  end
-end
 
--- XDEL what was withdrawn: the outputs of a stream are its last `total` entries (the
+-- XDEL what was withdrawn: the outputs of a stream are its last `count` entries (the
 -- transaction is atomic), found by one XREVRANGE per stream that has any to delete.
 local function apply_withdrawals(bad)
-  local total, doomed = {}, {}
-  for e = 1, n do
-    local b = starts[e]
-    local w = withdrawn[e]
-    local i = b + 5
-    for nth = 1, counts[e] do
-      local key = ARGV[i]
-      local p = (total[key] or 0) + 1
-      total[key] = p
-      if w == true or (w and w[nth]) then
-        local d = doomed[key]
-        if d == nil then
-          d = {}
-          doomed[key] = d
+  local count, doomed = {}, {}
+  for _, s in ipairs(segs) do
+    for x = 1, s.n do
+      local w = withdrawn[s.first + x]
+      for j = 1, s.m do
+        local key = s.outs[j]
+        local p = (count[key] or 0) + 1
+        count[key] = p
+        if w == true or (w and w[j]) then
+          local d = doomed[key]
+          if d == nil then
+            d = {}
+            doomed[key] = d
+          end
+          d[#d + 1] = p
         end
-        d[#d + 1] = p
       end
-      i = i + 2
     end
   end
   for key, positions in pairs(doomed) do
     if not bad[key] then
-      local t = total[key]
+      local t = count[key]
       local rows = redis.call('XREVRANGE', key, '+', '-', 'COUNT', t)
       local ids = {}
       for j, p in ipairs(positions) do
         ids[j] = rows[t - p + 1][1]
       end
-      for j = 1, #ids, 1000 do
-        redis.call('XDEL', key, unpack(ids, j, math.min(j + 999, #ids)))
-      end
+      each(ids, function(l, j, k) return redis.call('XDEL', key, unpack(l, j, k)) end)
     end
   end
 end
@@ -137,164 +154,174 @@ for key in pairs(outkeys) do
   end
 end
 
-local has_bad = next(bad) ~= nil
+local function fail_segment(s, message)
+  local err = redis.error_reply(message)
+  for x = 1, s.n do judge(s, x, err) end
+end
+
+-- Fences: one XPENDING per segment over the ids it spans, for its consumer. When the
+-- rows are exactly its ids in order (the usual case) that settles it; else an entry the
+-- rows do not list is checked on its own: the range saves work, it decides nothing.
+local function fence(s)
+  local b, n, stream = s.ids, s.n, s.stream
+  local rows = redis.pcall('XPENDING', stream, group, ARGV[b], ARGV[b + n - 1], 2 * n + 16,
+                           s.consumer)
+  if type(rows) == 'table' and rows.err then
+    fail_segment(s, rows.err)
+    return
+  end
+  if #rows == n then
+    local x = 1
+    while x <= n and rows[x][1] == ARGV[b + x - 1] do x = x + 1 end
+    if x > n then return end
+  end
+  local owned = {}
+  for _, row in ipairs(rows) do owned[row[1]] = true end
+  for x = 1, n do
+    local id = ARGV[b + x - 1]
+    if not owned[id] then
+      local pending = redis.pcall('XPENDING', stream, group, id, id, 1)
+      if type(pending) == 'table' and pending.err then
+        judge(s, x, redis.error_reply(pending.err))
+      elseif #pending == 0 or pending[1][2] ~= s.consumer then
+        judge(s, x, -1)
+      end
+    end
+  end
+end
+
+-- The current generation's set (rotated when it is a ttl old), and the previous one's if
+-- it still exists.
+local function generations()
+  local index = KEYS[1]
+  local t = redis.call('TIME')
+  local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+  local meta = redis.call('HMGET', index, 'gen', 'start')
+  local gen, start = tonumber(meta[1]), tonumber(meta[2])
+  if gen == nil or start == nil then
+    gen = 1
+    redis.call('HSET', index, 'gen', gen, 'start', now)
+    redis.call('PEXPIRE', index, 3 * ttl)
+  elseif now - start >= ttl then
+    redis.call('PEXPIRE', index .. ':r' .. gen, ttl)
+    gen = gen + 1
+    redis.call('HSET', index, 'gen', gen, 'start', now)
+    redis.call('PEXPIRE', index, 3 * ttl)
+  end
+  local previous = index .. ':r' .. (gen - 1)
+  if gen == 1 or redis.call('EXISTS', previous) == 0 then previous = nil end
+  return index .. ':r' .. gen, previous
+end
+
+-- Records: an entry whose key is recorded (in either generation, or by an earlier entry
+-- of this run) is a duplicate; every other entry that commits records its key.
+local function record()
+  local current, previous
+  local added_before = {}  -- record ranges of earlier segments: {b, n, segment}
+  for _, s in ipairs(segs) do
+    if s.marks then
+      if current == nil then current, previous = generations() end
+      local b, n = s.marks, s.n
+      for _, hash in ipairs({current, previous}) do
+        local found = over(b, n, function(j, k)
+          return redis.call('SMISMEMBER', hash, unpack(ARGV, j, k))
+        end)
+        for x = 1, n do
+          if found[x] == 1 and verdict[s.first + x] == nil then judge(s, x, 0) end
+        end
+      end
+      local new, nnew = {}, 0
+      if troubled[s] then
+        for x = 1, n do
+          if verdict[s.first + x] == nil then
+            nnew = nnew + 1
+            new[nnew] = ARGV[b + x - 1]
+          end
+        end
+      end
+      local added = 0
+      if troubled[s] then
+        added = each(new, function(l, j, k) return redis.call('SADD', current, unpack(l, j, k)) end)
+      else
+        nnew = n
+        for _, reply in ipairs(over(b, n, function(j, k)
+          return redis.call('SADD', current, unpack(ARGV, j, k))
+        end)) do added = added + reply end
+      end
+      if added < nnew then
+        -- Some key appears twice in this run: its first entry commits, the others are
+        -- duplicates (the set already holds each key once).
+        local claimed = {}
+        for _, earlier in ipairs(added_before) do
+          for x = 1, earlier.n do
+            if verdict[earlier.first + x] == nil then claimed[ARGV[earlier.marks + x - 1]] = true end
+          end
+        end
+        for x = 1, n do
+          if verdict[s.first + x] == nil then
+            local key = ARGV[b + x - 1]
+            if claimed[key] then judge(s, x, 0) else claimed[key] = true end
+          end
+        end
+      end
+      added_before[#added_before + 1] = s
+    end
+  end
+  if current then redis.call('PEXPIRE', current, 2 * ttl, 'NX') end
+end
 
 local function decide()
-  -- Fences: one XPENDING per (stream, consumer) over the ids its entries span. An entry
-  -- it does not list is checked on its own: the batch check saves work, it decides nothing.
-  local owned, broken = {}, {}
-  for stream, by in pairs(ranges) do
-    owned[stream] = {}
-    for consumer, r in pairs(by) do
-      local rows = redis.pcall('XPENDING', stream, group, r[1], r[2], 2 * r[3] + 16, consumer)
-      if type(rows) == 'table' and rows.err then
-        broken[stream] = rows.err
+  for _, s in ipairs(segs) do
+    for j = 1, s.m do
+      if bad[s.outs[j]] then fail_segment(s, bad[s.outs[j]]) break end
+    end
+    if s.stream and not troubled[s] then fence(s) end
+  end
+  record()
+
+  -- Acks (of the committed and the duplicates), then once keys and replies.
+  for _, s in ipairs(segs) do
+    if s.stream then
+      if not troubled[s] then
+        over(s.ids, s.n, function(j, k) return redis.call('XACK', s.stream, group, unpack(ARGV, j, k)) end)
       else
-        local set = {}
-        for _, row in ipairs(rows) do
-          set[row[1]] = true
+        local ids = {}
+        for x = 1, s.n do
+          local v = verdict[s.first + x]
+          if v == nil or v == 0 then ids[#ids + 1] = ARGV[s.ids + x - 1] end
         end
-        owned[stream][consumer] = set
+        each(ids, function(l, j, k) return redis.call('XACK', s.stream, group, unpack(l, j, k)) end)
       end
     end
   end
-
-  local verdict = {}
-  local function fenced_out(e, stream, consumer, id)
-    local set = owned[stream] and owned[stream][consumer]
-    if set and set[id] then
-      return false
-    end
-    local pending = redis.pcall('XPENDING', stream, group, id, id, 1)
-    if type(pending) == 'table' and pending.err then
-      verdict[e] = redis.error_reply(pending.err)
-      return true
-    end
-    if #pending == 0 or pending[1][2] ~= consumer then
-      verdict[e] = -1
-      return true
-    end
-    return false
+  if next(troubled) == nil and not any_once then
+    return total
   end
-
-  -- Entries that can commit, and the records they claim.
-  local markers, claimants, nmarkers = {}, {}, 0
-  for e = 1, n do
-    local b = starts[e]
-    local consumer, id, flags = ARGV[b], ARGV[b + 1], ARGV[b + 2]
-    local stream = sources[e]
-    if has_bad then
-      local i = b + 5
-      for _ = 1, counts[e] do
-        if bad[ARGV[i]] then
-          verdict[e] = redis.error_reply(bad[ARGV[i]])
+  local results = {}
+  for _, s in ipairs(segs) do
+    for x = 1, s.n do
+      local e = s.first + x
+      local v = verdict[e]
+      if v == nil then
+        local kept = 0
+        for j = 1, s.m do
+          local column = s.once[j]
+          if not column or redis.call('SET', ARGV[column + x - 1], '1', 'NX', 'PX', ttl) then
+            kept = kept + 1
+          else
+            withdrawn[e] = withdrawn[e] or {}
+            withdrawn[e][j] = true
+            any_withdrawn = true
+          end
         end
-        i = i + 2
-      end
-    end
-    if verdict[e] == nil and stream and broken[stream] then
-      verdict[e] = redis.error_reply(broken[stream])
-    end
-    if verdict[e] == nil and not (stream and FENCE[flags] and fenced_out(e, stream, consumer, id)) then
-      if MARK[flags] then
-        nmarkers = nmarkers + 1
-        markers[nmarkers] = ARGV[b + 3]
-        claimants[nmarkers] = e
+        results[e] = 1 + kept
       else
-        verdict[e] = true
-      end
-    end
-  end
-
-  -- Records: which markers exist (current and previous generation), one HMGET each.
-  local recorded = {}
-  local current
-  if nmarkers > 0 then
-    local index = KEYS[1]
-    local t = redis.call('TIME')
-    local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-    local meta = redis.call('HMGET', index, 'gen', 'start')
-    local gen, start = tonumber(meta[1]), tonumber(meta[2])
-    if gen == nil or start == nil then
-      gen = 1
-      redis.call('HSET', index, 'gen', gen, 'start', now)
-      redis.call('PEXPIRE', index, 3 * ttl)
-    elseif now - start >= ttl then
-      redis.call('PEXPIRE', index .. ':' .. gen, ttl)
-      gen = gen + 1
-      redis.call('HSET', index, 'gen', gen, 'start', now)
-      redis.call('PEXPIRE', index, 3 * ttl)
-    end
-    current = index .. ':' .. gen
-    local exists = {}
-    local function lookup(hash)
-      for j = 1, nmarkers, 1000 do
-        local got = redis.call('HMGET', hash, unpack(markers, j, math.min(j + 999, nmarkers)))
-        for x = 1, #got do
-          if got[x] then exists[markers[j + x - 1]] = true end
+        if s.m > 0 then
+          withdrawn[e] = true
+          any_withdrawn = true
         end
+        results[e] = v
       end
-    end
-    lookup(current)
-    if gen > 1 and redis.call('EXISTS', index .. ':' .. (gen - 1)) == 1 then
-      lookup(index .. ':' .. (gen - 1))
-    end
-    local new, nnew = {}, 0
-    for j = 1, nmarkers do
-      local marker, e = markers[j], claimants[j]
-      if exists[marker] or recorded[marker] then
-        verdict[e] = 0
-      else
-        recorded[marker] = true
-        new[nnew + 1], new[nnew + 2] = marker, '1'
-        nnew = nnew + 2
-        verdict[e] = true
-      end
-    end
-    for j = 1, nnew, 1000 do
-      redis.call('HSET', current, unpack(new, j, math.min(j + 999, nnew)))
-    end
-    if nnew > 0 then
-      redis.call('PEXPIRE', current, 2 * ttl, 'NX')
-    end
-  end
-
-  -- Outcomes: acks, once keys, withdrawals.
-  local acks, results = {}, {}
-  for e = 1, n do
-    local b = starts[e]
-    local v = verdict[e]
-    local stream = sources[e]
-    if v == true or v == 0 then
-      if stream then
-        local ids = acks[stream]
-        if ids == nil then
-          acks[stream] = {ARGV[b + 1]}
-        else
-          ids[#ids + 1] = ARGV[b + 1]
-        end
-      end
-    end
-    if v == true then
-      local kept, i = 0, b + 5
-      for nth = 1, counts[e] do
-        local once = ARGV[i + 1]
-        if once == '' or redis.call('SET', once, '1', 'NX', 'PX', ttl) then
-          kept = kept + 1
-        else
-          withdraw_output(e, nth)
-        end
-        i = i + 2
-      end
-      results[e] = 1 + kept
-    else
-      withdraw_entry(e)
-      results[e] = v
-    end
-  end
-  for stream, ids in pairs(acks) do
-    for j = 1, #ids, 1000 do
-      redis.call('XACK', stream, group, unpack(ids, j, math.min(j + 999, #ids)))
     end
   end
   return results
@@ -303,9 +330,7 @@ end
 local ok, results = pcall(decide)
 if not ok then
   -- Keep nothing of a run that could not be decided.
-  for e = 1, n do
-    withdrawn[e] = true
-  end
+  for e = 1, total do withdrawn[e] = true end
   apply_withdrawals(bad)
   local err = type(results) == 'table' and results.err or tostring(results)
   return redis.error_reply(err)

@@ -34,10 +34,10 @@ except ImportError:  # pragma: no cover - hiredis is a dependency; this keeps a 
 
 Fields = Mapping[str, str]
 
-#: One entry's part of a commit, or a whole run of them (:func:`commit_run`): the script's
-#: keys, its arguments, and the outputs to append (stream key, fields), in order.
-CommitCall = tuple[list[str], list[Any], list[tuple[str, Fields]]]
-
+#: One entry's part of a commit (:func:`commit_args`): its source stream, consumer and
+#: entry id ("" for outputs alone), its idempotency key ("" for none), and its outputs as
+#: (stream key, once key or "", fields), in order.
+CommitCall = tuple[str, str, str, str, Sequence[tuple[str, str, Fields]]]
 
 def _script(name: str) -> str:
     return resources.files("printery.transport").joinpath(name).read_text()
@@ -101,7 +101,7 @@ class Scripts:
     async def _evalsha(self, sha: str, keys: Sequence[str], args: Sequence[Any]) -> Any:
         return await cast(Awaitable[Any], self.client.evalsha(sha, len(keys), *keys, *args))
 
-    async def commit(self, run: CommitCall) -> list[Any]:
+    async def commit(self, run: CommitRun) -> list[Any]:
         """Run one commit transaction (:func:`commit_commands`) over the pooled client;
         each entry's result, or the exception of an entry that could not commit."""
         pipe = self.client.pipeline(transaction=True)  # adds MULTI and EXEC itself
@@ -111,7 +111,7 @@ class Scripts:
         decided = results[-1]
         if isinstance(decided, Exception):
             raise decided
-        return cast(list[Any], decided)
+        return commit_results(run, decided)
 
     async def call_many(
         self, source: str, calls: Sequence[tuple[Sequence[str], Sequence[Any]]]
@@ -286,14 +286,13 @@ def commit_args(
     entry_id: str,
     idempotency_key: str | None,
     outputs: Iterable[PendingOutput],
-    fence: bool = True,
 ) -> CommitCall:
     """One entry's part of a commit run (see :func:`commit_run`). ``idempotency_key``
     None: no record (dead letters, emits); an empty ``entry_id``: outputs alone, not
     caused by an entry (no ack, no fence)."""
     return commit_args_of(
         stream, consumer, entry_id, idempotency_key,
-        [(out.stream, out.once_key, out.fields) for out in outputs], fence,
+        [(out.stream, out.once_key, out.fields) for out in outputs],
     )
 
 
@@ -303,41 +302,90 @@ def commit_args_of(
     entry_id: str,
     idempotency_key: str | None,
     outputs: Sequence[tuple[str, str, Fields]],
-    fence: bool = True,
 ) -> CommitCall:
     """:func:`commit_args` from ``(stream, once key, fields)`` triples: the hot path's
     form, which builds no intermediate objects per output."""
-    flags = _FLAGS[bool(fence and entry_id), idempotency_key is not None]
-    args: list[Any] = [consumer, entry_id, flags, idempotency_key or "", len(outputs)]
-    appends: list[tuple[str, Fields]] = []
-    for stream_key, once_key, fields in outputs:
-        args += (stream_key, once_key)
-        appends.append((stream_key, fields))
-    # A key is passed only when there is one: never the empty name, which an ACL user
-    # confined to its prefix may not touch.
-    return ([stream] if entry_id else []), args, appends
+    if not entry_id:
+        stream = consumer = ""
+    return stream, consumer, entry_id, idempotency_key or "", outputs
 
 
-_FLAGS = {(False, False): "", (True, False): "f", (False, True): "m", (True, True): "fm"}
+@dataclass(frozen=True, slots=True)
+class CommitRun:
+    """The script's keys and arguments for a run of entries (see commit.lua), the outputs
+    to append before it (stream key, fields) in order, and each entry's output count."""
+
+    keys: list[str]
+    args: list[Any]
+    appends: list[tuple[str, Fields]]
+    output_counts: list[int]
 
 
 def commit_run(
     index_key: str, group: str, ttl_ms: int, calls: Sequence[CommitCall]
-) -> CommitCall:
+) -> CommitRun:
     """One commit run over entries (each a :func:`commit_args` call) of ``group``, whose
     idempotency records live under ``index_key`` (``StreamKeys.idempotency_index``) for
-    at least ``ttl_ms``."""
+    at least ``ttl_ms``. Consecutive entries of the same shape (source, consumer, record
+    or not, output streams and once keys) form one segment, whose per-entry values go as
+    columns: the script then hands them to its commands whole."""
     keys: list[str] = [index_key]
     args: list[Any] = [group, ttl_ms]
     appends: list[tuple[str, Fields]] = []
-    for entry_keys, entry_args, entry_appends in calls:
-        keys += entry_keys
-        args += entry_args
-        appends += entry_appends
-    return keys, args, appends
+    counts: list[int] = []
+    segment: list[CommitCall] = []
+    shape: tuple[Any, ...] = ()
+    for call in calls:
+        source, consumer, _, marker, outputs = call
+        call_shape = (source, consumer, not marker,
+                      *[(out, not once) for out, once, _ in outputs])
+        if call_shape != shape and segment:
+            _add_segment(keys, args, segment, shape)
+            segment = []
+        shape = call_shape
+        segment.append(call)
+        counts.append(len(outputs))
+        appends += [(out, fields) for out, _, fields in outputs]
+    if segment:
+        _add_segment(keys, args, segment, shape)
+    return CommitRun(keys, args, appends, counts)
 
 
-def commit_commands(run: CommitCall) -> list[tuple[Any, ...]]:
+def _add_segment(
+    keys: list[str], args: list[Any], segment: list[CommitCall], shape: tuple[Any, ...]
+) -> None:
+    source, consumer, unmarked, *outputs = shape
+    if source:
+        # A key is passed only when there is one: never the empty name, which an ACL user
+        # confined to its prefix may not touch.
+        if source not in keys[1:]:
+            keys.append(source)
+        position = keys.index(source, 1) + 1
+    else:
+        position = 0
+    args += (position, consumer, len(segment), "0" if unmarked else "1", len(outputs))
+    for out, no_once in outputs:
+        args += (out, "0" if no_once else "1")
+    if source:
+        args += [call[2] for call in segment]
+    if not unmarked:
+        args += [call[3] for call in segment]
+    for slot, (_, no_once) in enumerate(outputs):
+        if not no_once:
+            args += [call[4][slot][1] for call in segment]
+
+
+def commit_results(run: CommitRun, reply: Any) -> list[Any]:
+    """Each entry's result from the script's reply: the entry count when every entry
+    committed with all its outputs (each then ``1 +`` its output count), else a list."""
+    if isinstance(reply, int):
+        if reply != len(run.output_counts):
+            raise ResponseError(f"commit decided {reply} entries of {len(run.output_counts)}")
+        return [1 + count for count in run.output_counts]
+    return cast(list[Any], reply)
+
+
+def commit_commands(run: CommitRun) -> list[tuple[Any, ...]]:
     """The commands of one commit transaction: ``MULTI``, a plain ``XADD`` per output, the
     commit script (which keeps or withdraws each entry's outputs and acks), ``EXEC``.
 
@@ -347,9 +395,9 @@ def commit_commands(run: CommitCall) -> list[tuple[Any, ...]]:
     the ``XADD`` does. ``EVAL`` rather than ``EVALSHA``: a script the server forgot would
     fail inside ``EXEC`` after the ``XADD``s ran (hashing the source costs the server
     well under a microsecond per entry)."""
-    keys, args, appends = run
+    keys, args = run.keys, run.args
     commands: list[tuple[Any, ...]] = [("MULTI",)]
-    for stream, fields in appends:
+    for stream, fields in run.appends:
         commands.append(("XADD", stream, "*", *chain.from_iterable(fields.items())))
     commands.append(("EVAL", COMMIT_LUA_WIRE, len(keys), *keys, *args))
     commands.append(("EXEC",))
