@@ -11,6 +11,8 @@ from printery.testing import wait_for
 from printery.transport.streams import (
     DUPLICATE,
     PendingOutput,
+    RecordLookup,
+    ScriptChannel,
     Scripts,
     commit_args,
     commit_run,
@@ -102,3 +104,23 @@ async def test_commit_script_checks_the_previous_generation_itself(
     assert isinstance(result, Exception) and "WRONGTYPE" in str(result)
     assert not await client.sismember(f"{index}:r2", "k2"), "no record is written"
     assert (await client.xpending(stream, "g"))["pending"] == 1, "and the entry not acked"
+
+
+async def test_the_lookup_before_handlers_follows_a_rotation(
+    client: aioredis.Redis, prefix: str
+) -> None:
+    """The lookup remembers the generation; after a rotation it reads the new one (and
+    the one before), never a stale guess."""
+    index = StreamKeys(prefix).idempotency_index("g")
+    lookup = RecordLookup(ScriptChannel(client), index)
+    try:
+        assert await lookup.recorded(["a"]) == [False], "nothing recorded yet"
+        await client.hset(index, mapping={"gen": 1, "start": 0})
+        await client.sadd(f"{index}:r1", "a")
+        assert await lookup.recorded(["a", "b"]) == [True, False]
+        await client.hset(index, "gen", 3)  # two rotations: generation 1 is gone from view
+        await client.sadd(f"{index}:r2", "b")
+        await client.sadd(f"{index}:r3", "c")
+        assert await lookup.recorded(["a", "b", "c"]) == [False, True, True]
+    finally:
+        await lookup.channel.close()

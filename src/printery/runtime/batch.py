@@ -18,7 +18,7 @@ import asyncio
 import time
 from collections.abc import Awaitable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, cast
+from typing import TYPE_CHECKING
 
 import structlog
 
@@ -29,7 +29,7 @@ from printery.runtime.handler import HandlerResult, Message, Output, outputs_of
 from printery.runtime.inline import PENDING, Done, Suspended, describe, raise_, start, step_inline
 from printery.runtime.outputs import extra_fields, output_fields
 from printery.runtime.payloads import PayloadStore
-from printery.transport.streams import SEEN_LUA, ScriptChannel, commit_args_of
+from printery.transport.streams import commit_args_of
 
 if TYPE_CHECKING:
     from printery.runtime.stream_worker import Held, StreamWorker
@@ -61,11 +61,6 @@ class BatchPath:
         self.worker = worker
         #: Handlers run one after another in their batch's task until one awaits for real.
         self.inline = True
-        self._lookups = ScriptChannel(worker.client)
-        self._lookup_lock = asyncio.Lock()
-
-    async def close(self) -> None:
-        await self._lookups.close()
 
     async def process(self, stream: str, items: list[Item]) -> None:
         """Process a batch; whatever happens, every entry's slot is freed at the end (an
@@ -142,8 +137,9 @@ class BatchPath:
                 continue
             decoded.append((held, fields, deliveries, envelope))
         markers = [e.idempotency_key for *_, e in decoded]
-        seen: list[Any] = (
-            await worker._with_reconnect(lambda: self._lookup(markers)) if markers else []
+        records = worker.records
+        seen = (
+            await worker._with_reconnect(lambda: records.recorded(markers)) if markers else []
         )
         to_run = []
         for (held, fields, deliveries, envelope), marker, exists in zip(
@@ -155,16 +151,6 @@ class BatchPath:
             else:
                 to_run.append((held, worker._message(held, fields, deliveries, envelope), marker))
         return to_run
-
-    async def _lookup(self, idempotency_keys: list[str]) -> list[Any]:
-        """Which keys have a record (1 or 0 each), over the batch path's own connection
-        (one lookup at a time), packed by hiredis."""
-        async with self._lookup_lock:
-            (seen,) = await self._lookups.call_many(
-                SEEN_LUA, [([self.worker.idempotency_index], idempotency_keys)])
-        if isinstance(seen, Exception):
-            raise seen
-        return cast(list[Any], seen)
 
     async def _tail(
         self, to_run: list[tuple[Held, Message, str]], commits: list[Commit],

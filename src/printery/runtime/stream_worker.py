@@ -51,8 +51,9 @@ from printery.transport.streams import (
     FENCED,
     LEASE_LUA,
     REDELIVER_LUA,
-    SEEN_LUA,
     PendingOutput,
+    RecordLookup,
+    ScriptChannel,
     Scripts,
     commit_args,
     commit_run,
@@ -191,6 +192,9 @@ class StreamWorker:
         self._text_replies = bool(kwargs.get("decode_responses"))
         self._marker_ttl_ms = int(self.settings.marker_ttl * 1000)
         self.idempotency_index = keys.idempotency_index(name)
+        #: The lookup before handlers run, over a connection of its own (closed after each
+        #: run; it reconnects when used again).
+        self.records = RecordLookup(ScriptChannel(client), self.idempotency_index)
         self._stats = WorkerStats(consumers=self.settings.concurrency)
         self._consumers: list[_Consumer] = []
         self._ctx: RunContext | None = None
@@ -262,7 +266,7 @@ class StreamWorker:
                 task.cancel()
             await asyncio.gather(*readers, *background, return_exceptions=True)
             committer.fail_pending(asyncio.CancelledError())
-            await self._batches.close()
+            await self.records.channel.close()
             for consumer in self._consumers:
                 for held in list(consumer.held.values()):
                     if held.task:
@@ -435,9 +439,8 @@ class StreamWorker:
             )
             return
         marker = envelope.idempotency_key
-        seen = await self._with_reconnect(
-            lambda: self.scripts.call(SEEN_LUA, [self.idempotency_index], [marker]))
-        if seen[0]:
+        (seen,) = await self._with_reconnect(lambda: self.records.recorded([marker]))
+        if seen:
             await self._commit(held, marker, [])
             self.observer.processed(self.name, "duplicate", time.perf_counter() - begun)
             return

@@ -50,7 +50,6 @@ COMMIT_LUA_WIRE = "\n".join(
     line.strip() for line in COMMIT_LUA.splitlines()
     if line.strip() and not line.strip().startswith("--")
 )
-SEEN_LUA = _script("seen.lua")
 LEASE_LUA = _script("lease.lua")
 REDELIVER_LUA = _script("redeliver.lua")
 
@@ -189,6 +188,12 @@ class ScriptChannel:
         """Transactions (each its commands, ``MULTI`` first and ``EXEC`` last) in one write;
         for each, the reply of its last command before ``EXEC``, or the
         :class:`ResponseError` that failed it. Connection errors raise."""
+        return [executed if isinstance(executed, Exception) else executed[-1]
+                for executed in await self.transactions(transactions)]
+
+    async def transactions(self, transactions: Sequence[Sequence[tuple[Any, ...]]]) -> list[Any]:
+        """As :meth:`transact_many`, with every reply of each transaction (what ``EXEC``
+        returned)."""
         conn = await self._connection()
         packed = b"".join(self._pack(command) for commands in transactions for command in commands)
         await conn.send_packed_command(packed, check_health=False)
@@ -203,7 +208,7 @@ class ScriptChannel:
             if not isinstance(executed, list) or len(executed) != len(commands) - 2:
                 replies.append(ResponseError(f"transaction not executed: {executed!r}"))
             else:
-                replies.append(executed[-1])
+                replies.append(executed)
         return replies
 
     async def _skip(self, conn: AbstractConnection, count: int) -> None:
@@ -277,6 +282,52 @@ class ScriptChannel:
                 encode = self._conn.encoder.encode
                 return _hiredis_pack(tuple(encode(arg) for arg in command))  # type: ignore[no-untyped-call]
         return b"".join(self._conn.pack_command(*command))
+
+
+def record_set(index_key: str, generation: int) -> str:
+    """The set that holds a generation's idempotency records (named as commit.lua names it)."""
+    return f"{index_key}:r{generation}"
+
+
+class RecordLookup:
+    """Which idempotency keys have a record, read before the handlers run so that a
+    duplicate is not handled again (the commit script checks again, atomically).
+
+    Plain ``SMISMEMBER`` in a transaction rather than a script: a script's arguments and
+    replies are converted to Lua and back, which cost the server twice as much per key.
+    The current generation is remembered; the transaction reads it too, and a lookup made
+    against a generation that rotated since is repeated. One lookup at a time.
+    """
+
+    def __init__(self, channel: ScriptChannel, index_key: str) -> None:
+        self.channel = channel
+        self.index_key = index_key
+        self._generation: int | None = None
+        self._lock = asyncio.Lock()
+
+    async def recorded(self, idempotency_keys: Sequence[str]) -> list[bool]:
+        """For each key, whether it has a record (in the current or previous generation)."""
+        async with self._lock:
+            for _ in range(3):
+                guess = self._generation
+                commands: list[tuple[Any, ...]] = [("MULTI",), ("HMGET", self.index_key, "gen")]
+                for generation in (guess, (guess or 0) - 1):
+                    if generation is not None and generation >= 1:
+                        commands.append(
+                            ("SMISMEMBER", record_set(self.index_key, generation), *idempotency_keys))
+                commands.append(("EXEC",))
+                (executed,) = await self.channel.transactions([commands])
+                if isinstance(executed, Exception):
+                    raise executed
+                (current,), *found = executed
+                current = None if current is None else int(current)
+                if current == guess:
+                    return [any(column[i] for column in found)
+                            for i in range(len(idempotency_keys))]
+                self._generation = current
+                if current is None:
+                    return [False] * len(idempotency_keys)
+        raise ResponseError(f"idempotency generation of {self.index_key} keeps rotating")
 
 
 def commit_args(
