@@ -36,7 +36,7 @@ class StreamKeys:
 
     def idempotency_index(self, worker: str) -> str:
         """Where ``worker`` records the idempotency keys it committed: this hash names the
-        current generation; the records are fields of ``<index>:<generation>`` hashes."""
+        current generation; the records are members of ``<index>:r<generation>`` sets."""
         return f"{self.prefix}:idem:{worker}"
 
     def once(self, key: str) -> str:

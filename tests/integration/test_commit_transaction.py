@@ -11,8 +11,8 @@ from printery.keys import StreamKeys
 from printery.transport.streams import (
     DUPLICATE,
     FENCED,
+    DirectChannel,
     PendingOutput,
-    ScriptChannel,
     commit_args,
     commit_commands,
     commit_results,
@@ -51,7 +51,7 @@ async def test_one_run_keeps_only_what_commits_and_a_replay_writes_nothing(
         call(3, PendingOutput(out, {"data": '{"n": "3b"}'}, keys.once("taken"))),
         call(4),
     ])
-    channel = ScriptChannel(client)
+    channel = DirectChannel(client)
     try:
         (reply,) = await channel.transact_many([commit_commands(run)])
         assert commit_results(run, reply) == [2, FENCED, DUPLICATE, 2, 2]
@@ -88,7 +88,7 @@ async def test_an_output_key_of_another_type_fails_its_entry_alone(
         commit_args(stream=stream, consumer="c", entry_id=ids[1], idempotency_key="b",
                     outputs=[PendingOutput(keys.stream("ok"), {"data": "3"})]),
     ])
-    channel = ScriptChannel(client)
+    channel = DirectChannel(client)
     try:
         (reply,) = await channel.transact_many([commit_commands(run)])
         failed, committed = commit_results(run, reply)
@@ -146,7 +146,7 @@ async def test_a_run_of_several_segments_commits_each_entry_on_its_own(
     ]
     run = commit_run(index, "g", TTL_MS, calls)
     assert run.keys == [index, a, b]
-    channel = ScriptChannel(client)
+    channel = DirectChannel(client)
     try:
         (reply,) = await channel.transact_many([commit_commands(run)])
     finally:
@@ -176,7 +176,7 @@ async def test_a_clean_run_replies_with_its_count_and_unsorted_ids_are_checked_o
                     outputs=[PendingOutput(out, {"data": str(n)})])
         for n in order
     ])
-    channel = ScriptChannel(client)
+    channel = DirectChannel(client)
     try:
         (reply,) = await channel.transact_many([commit_commands(run)])
     finally:

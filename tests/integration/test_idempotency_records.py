@@ -10,9 +10,9 @@ from printery.runtime.handler import Output
 from printery.testing import wait_for
 from printery.transport.streams import (
     DUPLICATE,
+    DirectChannel,
     PendingOutput,
     RecordLookup,
-    ScriptChannel,
     Scripts,
     commit_args,
     commit_run,
@@ -112,7 +112,7 @@ async def test_the_lookup_before_handlers_follows_a_rotation(
     """The lookup remembers the generation; after a rotation it reads the new one (and
     the one before), never a stale guess."""
     index = StreamKeys(prefix).idempotency_index("g")
-    lookup = RecordLookup(ScriptChannel(client), index)
+    lookup = RecordLookup(DirectChannel(client), index)
     try:
         assert await lookup.recorded(["a"]) == [False], "nothing recorded yet"
         await client.hset(index, mapping={"gen": 1, "start": 0})

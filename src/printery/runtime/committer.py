@@ -11,7 +11,7 @@ from typing import Any
 
 from printery.transport.streams import (
     CommitCall,
-    ScriptChannel,
+    DirectChannel,
     Scripts,
     commit_commands,
     commit_results,
@@ -35,7 +35,7 @@ class GroupCommitter:
     """
 
     def __init__(self, scripts: Scripts, *, index_key: str, group: str, ttl_ms: int) -> None:
-        self._channel = ScriptChannel(scripts.client)
+        self._channel = DirectChannel(scripts.client)
         self._header = (index_key, group, ttl_ms)
         self._queue: list[tuple[Sequence[Call], asyncio.Future[list[Any]]]] = []
         self._wake = asyncio.Event()

@@ -51,14 +51,15 @@ from printery.transport.streams import (
     FENCED,
     LEASE_LUA,
     REDELIVER_LUA,
+    DirectChannel,
     PendingOutput,
     RecordLookup,
-    ScriptChannel,
     Scripts,
     commit_args,
     commit_run,
     delivery_counts,
     ensure_group,
+    read_group,
 )
 from printery.worker import RunContext, WorkerStats
 
@@ -131,6 +132,8 @@ class _Consumer:
         self.slot_freed = asyncio.Event()
         self.room = asyncio.Event()
         self.room.set()
+        #: Its blocking reads, over a connection of their own (closed after each run).
+        self.reads = DirectChannel(worker.client)
 
     @property
     def free(self) -> int:
@@ -194,7 +197,7 @@ class StreamWorker:
         self.idempotency_index = keys.idempotency_index(name)
         #: The lookup before handlers run, over a connection of its own (closed after each
         #: run; it reconnects when used again).
-        self.records = RecordLookup(ScriptChannel(client), self.idempotency_index)
+        self.records = RecordLookup(DirectChannel(client), self.idempotency_index)
         self._stats = WorkerStats(consumers=self.settings.concurrency)
         self._consumers: list[_Consumer] = []
         self._ctx: RunContext | None = None
@@ -268,6 +271,8 @@ class StreamWorker:
             committer.fail_pending(asyncio.CancelledError())
             await self.records.channel.close()
             for consumer in self._consumers:
+                await consumer.reads.close()
+            for consumer in self._consumers:
                 for held in list(consumer.held.values()):
                     if held.task:
                         held.task.cancel()
@@ -303,14 +308,12 @@ class StreamWorker:
                     await asyncio.wait_for(consumer.room.wait(), self.settings.block_ms / 1000)
                 continue
             try:
-                reply = await self.client.xreadgroup(
-                    self.name,
-                    consumer.name,
-                    dict.fromkeys(self.streams, ">"),
+                reply = await read_group(
+                    consumer.reads, self.name, consumer.name, self.streams,
                     # At most half the prefetch per read: the next read then overlaps
                     # the processing and commit of this one, instead of waiting for it.
                     count=min(consumer.free, max(1, self.settings.prefetch // 2)),
-                    block=self.settings.block_ms,
+                    block_ms=self.settings.block_ms,
                 )
                 failures = 0
                 self.connected = True
@@ -323,7 +326,7 @@ class StreamWorker:
                     raise
                 await self._with_reconnect(self.prepare)
                 continue
-            for stream, entries in reply or []:
+            for stream, entries in reply:
                 if ctx.stopping.is_set():
                     # Read after the stop signal: never started, hand back at once.
                     await self._hand_back(consumer, stream, [eid for eid, _ in entries])

@@ -112,77 +112,33 @@ class Scripts:
             raise decided
         return commit_results(run, decided)
 
-    async def call_many(
-        self, source: str, calls: Sequence[tuple[Sequence[str], Sequence[Any]]]
-    ) -> list[Any]:
-        """Many script calls in one round trip (each still atomic on its own)."""
-        for attempt in range(2):
-            sha = await self._sha_of(source)
-            pipe = self.client.pipeline(transaction=False)
-            for keys, args in calls:
-                pipe.evalsha(sha, len(keys), *keys, *args)
-            results: list[Any] = await pipe.execute(raise_on_error=False)
-            if attempt == 0 and any(isinstance(r, NoScriptError) for r in results):
-                # The server restarted and forgot the script; nothing ran for those calls.
-                self._sha.pop(source, None)
-                retry = [
-                    c for c, r in zip(calls, results, strict=True) if isinstance(r, NoScriptError)
-                ]
-                again = iter(await self.call_many(source, retry))
-                return [next(again) if isinstance(r, NoScriptError) else r for r in results]
-            return results
-        raise AssertionError("unreachable")
 
-
-class ScriptChannel:
-    """Script calls over a connection of their own, packed in C by hiredis.
+class DirectChannel:
+    """Commands and transactions over a connection of their own, packed in C by hiredis.
 
     Why not the client: redis-py's asyncio client packs every argument in Python (about
-    a microsecond each), takes a pooled connection and polls its socket per round trip.
-    A batch commit carries some thirty arguments per entry, so on the hot path that was
-    the largest single cost. Replies are parsed by the client's own parser (hiredis).
+    a microsecond each), takes a pooled connection, checks its health and polls its
+    socket per round trip. A batch commit carries some thirty arguments per entry, and at
+    one entry per read the pool's round trip cost a stage a fifth of its time; so the hot
+    path's reads, lookups and commits each have a channel. Replies are parsed by the
+    client's own parser (hiredis).
 
-    Not coroutine-safe: one caller at a time (the group committer owns one). A failed
-    round trip drops the connection (the next call reconnects), so a reply can never be
-    read as another call's.
+    Not coroutine-safe: one caller at a time (a consumer's read loop, the group committer
+    and the record lookup each own one). A failed round trip drops the connection (the
+    next call reconnects), so a reply can never be read as another call's.
     """
 
     def __init__(self, client: aioredis.Redis) -> None:
         self.client = client
-        self._sha: dict[str, str] = {}
         self._conn: AbstractConnection | None = None
         self._timeout: float | None = None
 
-    async def call_many(
-        self, source: str, calls: Sequence[tuple[Sequence[Any], Sequence[Any]]]
-    ) -> list[Any]:
-        """One script call per ``(keys, args)`` in one write; each reply, or the
-        :class:`ResponseError` of a call that failed. Connection errors raise."""
+    async def call(self, *command: Any) -> Any:
+        """One command; its reply (an error reply raises :class:`ResponseError`)."""
         conn = await self._connection()
-        replies: list[Any] = [None] * len(calls)
-        todo = list(range(len(calls)))
-        for attempt in range(2):
-            sha = await self._sha_of(conn, source)
-            chunks = [
-                self._pack(("EVALSHA", sha, len(calls[i][0]), *calls[i][0], *calls[i][1]))
-                for i in todo
-            ]
-            await conn.send_packed_command(chunks, check_health=False)
-            missing = []
-            for index in todo:
-                try:
-                    replies[index] = await self._read(conn)
-                except NoScriptError as exc:
-                    # The server restarted and forgot the script: nothing ran for this call.
-                    missing.append(index)
-                    replies[index] = exc
-                except ResponseError as exc:
-                    replies[index] = exc
-            if not missing or attempt == 1:
-                return replies
-            self._sha.pop(source, None)
-            todo = missing
-        raise AssertionError("unreachable")
+        await conn.send_packed_command(self._pack(command), check_health=False)
+        async with self._deadline():
+            return await conn.read_response()
 
     async def transact_many(self, transactions: Sequence[Sequence[tuple[Any, ...]]]) -> list[Any]:
         """Transactions (each its commands, ``MULTI`` first and ``EXEC`` last) in one write;
@@ -198,17 +154,18 @@ class ScriptChannel:
         packed = b"".join(self._pack(command) for commands in transactions for command in commands)
         await conn.send_packed_command(packed, check_health=False)
         replies: list[Any] = []
-        for commands in transactions:
-            await self._skip(conn, len(commands) - 1)  # +OK, then +QUEUED per command
-            try:
-                executed = await self._read(conn)
-            except ResponseError as exc:  # EXECABORT: nothing of it ran
-                replies.append(exc)
-                continue
-            if not isinstance(executed, list) or len(executed) != len(commands) - 2:
-                replies.append(ResponseError(f"transaction not executed: {executed!r}"))
-            else:
-                replies.append(executed)
+        async with self._deadline():
+            for commands in transactions:
+                await self._skip(conn, len(commands) - 1)  # +OK, then +QUEUED per command
+                try:
+                    executed = await conn.read_response()
+                except ResponseError as exc:  # EXECABORT: nothing of it ran
+                    replies.append(exc)
+                    continue
+                if not isinstance(executed, list) or len(executed) != len(commands) - 2:
+                    replies.append(ResponseError(f"transaction not executed: {executed!r}"))
+                else:
+                    replies.append(executed)
         return replies
 
     async def _skip(self, conn: AbstractConnection, count: int) -> None:
@@ -225,14 +182,8 @@ class ScriptChannel:
                 count -= 1
                 continue
             with contextlib.suppress(ResponseError):
-                await self._read(conn)
+                await conn.read_response()
             count -= 1
-
-    async def execute(self, *command: Any) -> Any:
-        """One plain command, packed the same way; its reply."""
-        conn = await self._connection()
-        await conn.send_packed_command(self._pack(command), check_health=False)
-        return await self._read(conn)
 
     async def close(self) -> None:
         """Close the connection (it is the channel's own, made with the pool's settings
@@ -254,22 +205,15 @@ class ScriptChannel:
             self._conn = cast(AbstractConnection, pool.connection_class(**settings))
         return self._conn
 
-    async def _read(self, conn: AbstractConnection) -> Any:
-        """The next reply, within the client's socket timeout (on expiry the connection is
-        dropped, as redis-py does, and :class:`TimeoutError` raised)."""
+    def _deadline(self) -> contextlib.AbstractAsyncContextManager[Any]:
+        """The client's socket timeout over all the replies of one round trip (on expiry
+        the read is cancelled, which drops the connection as redis-py does, and
+        :class:`TimeoutError` is raised). One bound per round trip, not per reply: each
+        ``asyncio.timeout`` schedules and cancels a timer, which at one entry per round
+        trip cost the relay about a tenth of its time."""
         if self._timeout is None:
-            return await conn.read_response()
-        async with asyncio.timeout(self._timeout):
-            return await conn.read_response()
-
-    async def _sha_of(self, conn: AbstractConnection, source: str) -> str:
-        sha = self._sha.get(source)
-        if sha is None:
-            load = self._pack(("SCRIPT", "LOAD", source))
-            await conn.send_packed_command(load, check_health=False)
-            sha = str(await self._read(conn))
-            self._sha[source] = sha
-        return sha
+            return contextlib.nullcontext()
+        return asyncio.timeout(self._timeout)
 
     def _pack(self, command: tuple[Any, ...]) -> bytes:
         assert self._conn is not None
@@ -299,7 +243,7 @@ class RecordLookup:
     against a generation that rotated since is repeated. One lookup at a time.
     """
 
-    def __init__(self, channel: ScriptChannel, index_key: str) -> None:
+    def __init__(self, channel: DirectChannel, index_key: str) -> None:
         self.channel = channel
         self.index_key = index_key
         self._generation: int | None = None
@@ -453,6 +397,34 @@ def commit_commands(run: CommitRun) -> list[tuple[Any, ...]]:
     commands.append(("EVAL", COMMIT_LUA_WIRE, len(keys), *keys, *args))
     commands.append(("EXEC",))
     return commands
+
+
+#: New entries of a read: per stream, (entry id, fields); fields are None for an entry
+#: deleted after it was delivered (only a claim of older entries can meet one).
+ReadEntries = list[tuple[str, list[tuple[str, dict[str, str] | None]]]]
+
+
+async def read_group(
+    channel: DirectChannel, group: str, consumer: str, streams: Sequence[str], *,
+    count: int, block_ms: int,
+) -> ReadEntries:
+    """``XREADGROUP`` of entries never delivered to ``group`` (``>``) over ``channel``,
+    blocking up to ``block_ms`` for the first; empty when none came."""
+    reply = await channel.call(
+        "XREADGROUP", "GROUP", group, consumer, "COUNT", count, "BLOCK", block_ms,
+        "STREAMS", *streams, *(">" for _ in streams),
+    )
+    return [
+        (stream, [(entry_id, _pairs(fields)) for entry_id, fields in entries])
+        for stream, entries in reply or []
+    ]
+
+
+def _pairs(flat: list[str] | None) -> dict[str, str] | None:
+    if flat is None:
+        return None
+    values = iter(flat)
+    return dict(zip(values, values, strict=True))
 
 
 async def delivery_counts(
