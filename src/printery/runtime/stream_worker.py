@@ -59,7 +59,6 @@ from printery.transport.streams import (
     commit_run,
     delivery_counts,
     ensure_group,
-    read_group,
 )
 from printery.worker import RunContext, WorkerStats
 
@@ -132,8 +131,6 @@ class _Consumer:
         self.slot_freed = asyncio.Event()
         self.room = asyncio.Event()
         self.room.set()
-        #: Its blocking reads, over a connection of their own (closed after each run).
-        self.reads = DirectChannel(worker.client)
 
     @property
     def free(self) -> int:
@@ -271,8 +268,6 @@ class StreamWorker:
             committer.fail_pending(asyncio.CancelledError())
             await self.records.channel.close()
             for consumer in self._consumers:
-                await consumer.reads.close()
-            for consumer in self._consumers:
                 for held in list(consumer.held.values()):
                     if held.task:
                         held.task.cancel()
@@ -308,12 +303,14 @@ class StreamWorker:
                     await asyncio.wait_for(consumer.room.wait(), self.settings.block_ms / 1000)
                 continue
             try:
-                reply = await read_group(
-                    consumer.reads, self.name, consumer.name, self.streams,
+                reply = await self.client.xreadgroup(
+                    self.name,
+                    consumer.name,
+                    dict.fromkeys(self.streams, ">"),
                     # At most half the prefetch per read: the next read then overlaps
                     # the processing and commit of this one, instead of waiting for it.
                     count=min(consumer.free, max(1, self.settings.prefetch // 2)),
-                    block_ms=self.settings.block_ms,
+                    block=self.settings.block_ms,
                 )
                 failures = 0
                 self.connected = True
@@ -326,7 +323,7 @@ class StreamWorker:
                     raise
                 await self._with_reconnect(self.prepare)
                 continue
-            for stream, entries in reply:
+            for stream, entries in reply or []:
                 if ctx.stopping.is_set():
                     # Read after the stop signal: never started, hand back at once.
                     await self._hand_back(consumer, stream, [eid for eid, _ in entries])

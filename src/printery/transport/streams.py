@@ -114,17 +114,17 @@ class Scripts:
 
 
 class DirectChannel:
-    """Commands and transactions over a connection of their own, packed in C by hiredis.
+    """Transactions over a connection of their own, packed in C by hiredis.
 
     Why not the client: redis-py's asyncio client packs every argument in Python (about
     a microsecond each), takes a pooled connection, checks its health and polls its
-    socket per round trip. A batch commit carries some thirty arguments per entry, and at
-    one entry per read the pool's round trip cost a stage a fifth of its time; so the hot
-    path's reads, lookups and commits each have a channel. Replies are parsed by the
-    client's own parser (hiredis).
+    socket per round trip. A batch commit carries some thirty arguments per entry, so on
+    the hot path that was the largest single cost. Replies are parsed by the client's own
+    parser (hiredis). (Reads stay on the pooled client: see docs/performance.md, "tried
+    and dropped".)
 
-    Not coroutine-safe: one caller at a time (a consumer's read loop, the group committer
-    and the record lookup each own one). A failed round trip drops the connection (the
+    Not coroutine-safe: one caller at a time (the group committer and the record lookup
+    each own one). A failed round trip drops the connection (the
     next call reconnects), so a reply can never be read as another call's.
     """
 
@@ -132,13 +132,6 @@ class DirectChannel:
         self.client = client
         self._conn: AbstractConnection | None = None
         self._timeout: float | None = None
-
-    async def call(self, *command: Any) -> Any:
-        """One command; its reply (an error reply raises :class:`ResponseError`)."""
-        conn = await self._connection()
-        await conn.send_packed_command(self._pack(command), check_health=False)
-        async with self._deadline():
-            return await conn.read_response()
 
     async def transact_many(self, transactions: Sequence[Sequence[tuple[Any, ...]]]) -> list[Any]:
         """Transactions (each its commands, ``MULTI`` first and ``EXEC`` last) in one write;
@@ -397,34 +390,6 @@ def commit_commands(run: CommitRun) -> list[tuple[Any, ...]]:
     commands.append(("EVAL", COMMIT_LUA_WIRE, len(keys), *keys, *args))
     commands.append(("EXEC",))
     return commands
-
-
-#: New entries of a read: per stream, (entry id, fields); fields are None for an entry
-#: deleted after it was delivered (only a claim of older entries can meet one).
-ReadEntries = list[tuple[str, list[tuple[str, dict[str, str] | None]]]]
-
-
-async def read_group(
-    channel: DirectChannel, group: str, consumer: str, streams: Sequence[str], *,
-    count: int, block_ms: int,
-) -> ReadEntries:
-    """``XREADGROUP`` of entries never delivered to ``group`` (``>``) over ``channel``,
-    blocking up to ``block_ms`` for the first; empty when none came."""
-    reply = await channel.call(
-        "XREADGROUP", "GROUP", group, consumer, "COUNT", count, "BLOCK", block_ms,
-        "STREAMS", *streams, *(">" for _ in streams),
-    )
-    return [
-        (stream, [(entry_id, _pairs(fields)) for entry_id, fields in entries])
-        for stream, entries in reply or []
-    ]
-
-
-def _pairs(flat: list[str] | None) -> dict[str, str] | None:
-    if flat is None:
-        return None
-    values = iter(flat)
-    return dict(zip(values, values, strict=True))
 
 
 async def delivery_counts(
