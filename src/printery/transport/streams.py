@@ -39,6 +39,7 @@ Fields = Mapping[str, str]
 #: (stream key, once key or "", fields), in order.
 CommitCall = tuple[str, str, str, str, Sequence[tuple[str, str, Fields]]]
 
+
 def _script(name: str) -> str:
     return resources.files("printery.transport").joinpath(name).read_text()
 
@@ -124,8 +125,8 @@ class DirectChannel:
     and dropped".)
 
     Not coroutine-safe: one caller at a time (the group committer and the record lookup
-    each own one). A failed round trip drops the connection (the
-    next call reconnects), so a reply can never be read as another call's.
+    each own one). A failed round trip drops the connection (the next call reconnects),
+    so a reply can never be read as another call's.
     """
 
     def __init__(self, client: aioredis.Redis) -> None:
