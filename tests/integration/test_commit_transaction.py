@@ -23,16 +23,26 @@ from printery.transport.streams import (
 TTL_MS = 60_000
 
 
+async def _fill(client: aioredis.Redis, stream: str, count: int) -> None:
+    """Group ``g`` on ``stream``, and ``count`` entries in it."""
+    await ensure_group(client, stream, "g")
+    for n in range(count):
+        await client.xadd(stream, {"data": f'{{"n": {n}}}'})
+
+
+async def _read(client: aioredis.Redis, stream: str, consumer: str, count: int) -> list[str]:
+    """Ids of the next ``count`` entries, now pending to ``consumer``."""
+    ((_, entries),) = await client.xreadgroup("g", consumer, {stream: ">"}, count=count)
+    return [entry_id for entry_id, _ in entries]
+
+
 async def test_one_run_keeps_only_what_commits_and_a_replay_writes_nothing(
     client: aioredis.Redis, prefix: str
 ) -> None:
     keys = StreamKeys(prefix)
     stream, out, index = keys.stream("in"), keys.stream("out"), keys.idempotency_index("g")
-    await ensure_group(client, stream, "g")
-    for n in range(5):
-        await client.xadd(stream, {"data": f'{{"n": {n}}}'})
-    ((_, entries),) = await client.xreadgroup("g", "c", {stream: ">"}, count=5)
-    ids = [entry_id for entry_id, _ in entries]
+    await _fill(client, stream, 5)
+    ids = await _read(client, stream, "c", 5)
     # Entry 1 now belongs to another consumer; entry 2's record exists already; entry 3
     # has two outputs, the second guarded by a once key that is already taken.
     await client.xclaim(stream, "g", "other", 0, [ids[1]])
@@ -75,11 +85,8 @@ async def test_an_output_key_of_another_type_fails_its_entry_alone(
 ) -> None:
     keys = StreamKeys(prefix)
     stream, index = keys.stream("in"), keys.idempotency_index("g")
-    await ensure_group(client, stream, "g")
-    for n in range(2):
-        await client.xadd(stream, {"data": f'{{"n": {n}}}'})
-    ((_, entries),) = await client.xreadgroup("g", "c", {stream: ">"}, count=2)
-    ids = [entry_id for entry_id, _ in entries]
+    await _fill(client, stream, 2)
+    ids = await _read(client, stream, "c", 2)
     await client.set(keys.stream("blocked"), "x")
     run = commit_run(index, "g", TTL_MS, [
         commit_args(stream=stream, consumer="c", entry_id=ids[0], idempotency_key="a",
@@ -103,11 +110,6 @@ async def test_an_output_key_of_another_type_fails_its_entry_alone(
     assert not await client.sismember(f"{index}:r1", "a"), "no record for the failed entry"
 
 
-async def _read(client: aioredis.Redis, stream: str, consumer: str, count: int) -> list[str]:
-    ((_, entries),) = await client.xreadgroup("g", consumer, {stream: ">"}, count=count)
-    return [entry_id for entry_id, _ in entries]
-
-
 async def test_a_run_of_several_segments_commits_each_entry_on_its_own(
     client: aioredis.Redis, prefix: str
 ) -> None:
@@ -118,9 +120,7 @@ async def test_a_run_of_several_segments_commits_each_entry_on_its_own(
     a, b, out, side = (keys.stream(name) for name in ("a", "b", "out", "side"))
     index = keys.idempotency_index("g")
     for stream in (a, b):
-        await ensure_group(client, stream, "g")
-        for n in range(4):
-            await client.xadd(stream, {"data": f'{{"n": {n}}}'})
+        await _fill(client, stream, 4)
     from_a = await _read(client, a, "c1", 2) + await _read(client, a, "c2", 2)
     from_b = await _read(client, b, "c1", 4)
     await client.set(keys.once("taken"), "1")
@@ -166,9 +166,7 @@ async def test_a_clean_run_replies_with_its_count_and_unsorted_ids_are_checked_o
 ) -> None:
     keys = StreamKeys(prefix)
     stream, out, index = keys.stream("in"), keys.stream("out"), keys.idempotency_index("g")
-    await ensure_group(client, stream, "g")
-    for n in range(6):
-        await client.xadd(stream, {"data": f'{{"n": {n}}}'})
+    await _fill(client, stream, 6)
     ids = await _read(client, stream, "c", 6)
     order = [3, 0, 5, 1, 4, 2]  # handlers finished out of order
     run = commit_run(index, "g", TTL_MS, [
