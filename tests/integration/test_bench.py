@@ -1,11 +1,15 @@
-"""`printery bench` end to end on a small run: both sides relay every event exactly once
-and the document has every field of CONTRACT §9. Timings are reported, never asserted:
+"""`printery bench` end to end on a small run: every side relays every event exactly once
+and the document has every field of CONTRACT §9, plus both ceilings' ratios, the prefetch
+printery ran with and Redis commands per event. Timings are reported, never asserted:
 they depend on the machine."""
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 
+from printery import ConsumerSettings
 from printery.bench import format_table, run_bench
 from printery.errors import ConfigError
 from printery.transport.server import ServerProcess
@@ -13,42 +17,81 @@ from printery.transport.server import ServerProcess
 SIDE_FIELDS = {"events_per_s", "p50_ms", "p99_ms", "max_ms", "cpu_s_per_1000", "peak_rss_mb"}
 
 
-def _check_document(result: dict[str, object], events: int, stages: int) -> None:
+def _check_document(
+    result: dict[str, Any], events: int, stages: int, sides: tuple[str, ...]
+) -> None:
     assert {"ceiling", "printery", "ratio", "events", "stages", "verified"} <= set(result)
+    assert {"ceiling_minimal", "ratio_minimal", "prefetch"} <= set(result)
     assert result["events"] == events and result["stages"] == stages
-    assert isinstance(result["ratio"], float) and result["ratio"] > 0
-    for side in ("ceiling", "printery"):
+    for side in sides:
         values = result[side]
         assert isinstance(values, dict)
         assert set(values) >= SIDE_FIELDS, side
         assert all(isinstance(values[f], int | float) for f in SIDE_FIELDS)
         assert values["verified"] is True and values["arrived"] == events
+    for side, ratio in (("ceiling", "ratio"), ("ceiling_minimal", "ratio_minimal")):
+        assert isinstance(result[ratio], float)
+        if side in sides:
+            assert result[ratio] > 0, ratio
+        else:
+            assert result[side] == {} and result[ratio] == 0.0
     assert result["verified"] is True
 
 
 async def test_backlog_run_on_embedded_server_is_verified() -> None:
+    """The default: printery with the library's settings against both ceilings, and (on
+    the bench's own server) Redis commands per event for every side."""
     result = await run_bench(
         events=2000, stages=2, processes=1, payload_bytes=100, redis_url=None,
         rate=None, duration=None,
     )
-    _check_document(result, 2000, 2)
+    sides = ("ceiling", "ceiling_minimal", "printery")
+    _check_document(result, 2000, 2, sides)
+    assert result["prefetch"] == ConsumerSettings().prefetch
+    assert result["prefetch_default"] is True and result["ceilings"] == "both"
+    assert result["printery"]["settings"]["prefetch"] == ConsumerSettings().prefetch
+    for side in sides:
+        commands = result[side]["commands_per_event"]
+        # every stage writes each event once: at least one XADD per event per stage
+        assert commands >= 2, side
+        assert result[side]["commands"]["xadd"]["per_event"] >= 2, side
+        assert result[side]["server_cpu_s_per_1000"] >= 0
+    # the driver's loading and polling are not the relays': a ceiling reads in batches,
+    # so it sends little more than its XADDs
+    assert result["ceiling_minimal"]["commands_per_event"] < 2.5
     table = format_table(result)
-    assert "ceiling" in table and "printery" in table and "exactly once: yes" in table
+    assert "ceiling (same entries)" in table and "ceiling (minimal" in table
+    assert "printery" in table and "exactly once: yes" in table
+    assert "same-entry ceiling" in table and "minimal relay" in table
+    assert f"prefetch {ConsumerSettings().prefetch} (library default)" in table
 
 
 async def test_rate_run_with_two_processes_on_a_given_server(server: ServerProcess) -> None:
+    """Rate mode on a server the bench did not start (no command counts there), with a
+    chosen prefetch and only the minimal ceiling."""
     result = await run_bench(
         events=0, stages=2, processes=2, payload_bytes=1024, redis_url=server.url,
-        rate=500, duration=1.0,
+        rate=500, duration=1.0, prefetch=64, ceiling="minimal",
     )
-    _check_document(result, 500, 2)
-    assert result["mode"] == "rate" and "p99_ratio" in result
+    _check_document(result, 500, 2, ("ceiling_minimal", "printery"))
+    assert result["mode"] == "rate" and result["p99_ratio_minimal"] > 0
+    assert result["prefetch"] == 64 and result["prefetch_default"] is False
+    assert "commands_per_event" not in result["printery"]
+    assert "prefetch 64 (--prefetch)" in format_table(result)
 
 
-async def test_impossible_options_are_refused_before_anything_starts() -> None:
-    with pytest.raises(ConfigError, match="stages"):
-        await run_bench(events=10, stages=0, processes=1, payload_bytes=100, redis_url=None,
-                        rate=None, duration=None)
+@pytest.mark.parametrize(
+    ("options", "field"),
+    [({"stages": 0}, "stages"), ({"prefetch": 0}, "prefetch"), ({"ceiling": "max"}, "ceiling")],
+)
+async def test_impossible_options_are_refused_before_anything_starts(
+    options: dict[str, Any], field: str
+) -> None:
+    arguments: dict[str, Any] = {"events": 10, "stages": 2, "processes": 1,
+                                 "payload_bytes": 100, "redis_url": None, "rate": None,
+                                 "duration": None, **options}
+    with pytest.raises(ConfigError, match=field):
+        await run_bench(**arguments)
 
 
 @pytest.mark.parametrize(
@@ -59,6 +102,8 @@ async def test_impossible_options_are_refused_before_anything_starts() -> None:
         (["--rate", "100", "--duration", "0"], "'--duration': 0.0 is not in the range x>0"),
         (["--rate", "100", "--events", "10"], "--events and --rate exclude each other"),
         (["--rate", "0.01", "--duration", "1"], "at least one event"),
+        (["--prefetch", "0"], "'--prefetch': 0 is not in the range x>=1"),
+        (["--ceiling", "max"], "'--ceiling'"),
     ],
 )
 def test_cli_usage_errors_exit_2_before_anything_starts(args: list[str], message: str) -> None:

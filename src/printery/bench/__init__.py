@@ -1,5 +1,23 @@
-"""``printery bench`` (CONTRACT §9): printery's pipeline against a hand-written relay, in
-one run on one server, so their ratio holds however noisy the machine.
+"""``printery bench`` (CONTRACT §9): printery's pipeline against hand-written relays, in
+one run on one server, so their ratios hold however noisy the machine.
+
+printery runs with the library's :class:`~printery.ConsumerSettings` defaults (what
+``printery-workers`` runs with) unless ``prefetch`` is given: a bench that tunes printery
+and not the user's deployment measures something nobody runs.
+
+Two ceilings, both the same hand-written relay over the same client (``XREADGROUP`` a
+batch, one pipeline of ``XADD`` per entry and one ``XACK``), told apart by what they carry:
+
+* ``same``: printery's own envelopes (10 fields, the payload in ``data``), the entries
+  printery relays; ``ratio`` is printery against it: what printery's machinery costs
+  over moving the same bytes.
+* ``minimal``: entries of the one field ``data``, as an outside harness writes them and
+  its hand-written relay forwards them; ``ratio_minimal`` is printery against it: the
+  figure an outside comparison gets, envelope included.
+
+The default runs both (``ceiling="both"``), one after the other on the same server before
+printery, so every run reports both ratios in the same minutes: each answers a different
+question, and a ratio taken across runs on a shared machine is noise (±15 %).
 
 Two modes. *Backlog* (the default) loads ``events`` entries into stage 0 before any relay
 reads, then times until all of them reach the final stream: throughput. *Rate* offers
@@ -44,12 +62,20 @@ from printery.transport.embedded import start_ephemeral
 
 __all__ = ["SIDES", "format_table", "run_bench"]
 
-#: The two sides, in the order they run.
-SIDES = ("ceiling", "printery")
+#: The sides, in the order they run: the same-entry ceiling, the minimal one, printery.
+SIDES = ("ceiling", "ceiling_minimal", "printery")
+#: ``ceiling`` option: which ceilings run (printery always does).
+CEILINGS: dict[str, tuple[str, ...]] = {
+    "same": ("ceiling",),
+    "minimal": ("ceiling_minimal",),
+    "both": ("ceiling", "ceiling_minimal"),
+}
 
-#: Entries per read: the ceiling's XREADGROUP count and printery's ``prefetch``.
+#: Entries per read of the ceilings (their XREADGROUP count). printery reads what its
+#: own ``prefetch`` makes it read.
 BATCH = 256
-#: Blocking-read time of both sides: short, so a stop is quick; it costs nothing when busy.
+#: Blocking-read time of the ceilings and of the driver's client: short, so a stop is
+#: quick; it costs nothing when busy. printery's is the library's default.
 BLOCK_MS = 100
 #: A side that delivers nothing new for this long has failed; the run goes on.
 STALL_TIMEOUT = 30.0
@@ -67,6 +93,7 @@ class _Plan:
     duration: float
     run_id: str
     work_dir: Path
+    prefetch: int | None
 
 
 async def run_bench(
@@ -78,22 +105,27 @@ async def run_bench(
     redis_url: str | None,
     rate: float | None,
     duration: float | None,
-    sides: tuple[str, ...] = SIDES,
+    prefetch: int | None = None,
+    ceiling: str = "both",
 ) -> dict[str, Any]:
-    """Run the ceiling, then printery, and return the §9 document.
+    """Run the ceiling(s), then printery, and return the §9 document.
 
     With ``redis_url`` None a private server without persistence is started and stopped
-    (so the disk is not measured); with a URL, only keys under a fresh prefix are used and
+    (so the disk is not measured), and each side's Redis commands per event are counted
+    from ``INFO commandstats``; with a URL, only keys under a fresh prefix are used and
     deleted afterwards. ``rate`` switches to the open-loop mode, where ``events`` is
-    ``rate * duration``. Raises :class:`ConfigError` for an impossible option.
+    ``rate * duration``. ``prefetch`` None runs printery with the library's default;
+    ``ceiling`` is ``same``, ``minimal`` or ``both``. Raises :class:`ConfigError` for an
+    impossible option.
     """
-    _validate(events, stages, processes, payload_bytes, rate, duration, sides)
+    _validate(events, stages, processes, payload_bytes, rate, duration, prefetch, ceiling)
+    sides = (*CEILINGS[ceiling], "printery")
     run_duration = duration if duration is not None else DEFAULT_DURATION
     if rate is not None:
         events = round(rate * run_duration)
     with tempfile.TemporaryDirectory(prefix="printery-bench-") as tmp:
         plan = _Plan(events, stages, processes, payload_bytes, rate, run_duration,
-                     uuid.uuid4().hex[:10], Path(tmp))
+                     uuid.uuid4().hex[:10], Path(tmp), prefetch)
         server = None
         if redis_url is None:
             server = await asyncio.to_thread(start_ephemeral, plan.work_dir / "server",
@@ -107,12 +139,12 @@ async def run_bench(
             await client.aclose()
             if server:
                 await asyncio.to_thread(server.stop)
-    return _document(plan, results, embedded=redis_url is None)
+    return _document(plan, results, embedded=redis_url is None, ceiling=ceiling)
 
 
 def _validate(
     events: int, stages: int, processes: int, payload_bytes: int, rate: float | None,
-    duration: float | None, sides: tuple[str, ...],
+    duration: float | None, prefetch: int | None, ceiling: str,
 ) -> None:
     if rate is None and events < 1:
         raise ConfigError("events", events, "at least 1")
@@ -128,8 +160,10 @@ def _validate(
         raise ConfigError("duration", duration, "seconds, more than 0")
     if rate is not None and round(rate * (duration or DEFAULT_DURATION)) < 1:
         raise ConfigError("rate", rate, "rate * duration must give at least one event")
-    if not sides or any(s not in SIDES for s in sides):
-        raise ConfigError("sides", sides, f"a non-empty selection of {SIDES}")
+    if prefetch is not None and prefetch < 1:
+        raise ConfigError("prefetch", prefetch, "at least 1")
+    if ceiling not in CEILINGS:
+        raise ConfigError("ceiling", ceiling, f"one of {', '.join(CEILINGS)}")
 
 
 async def _run_side(
@@ -139,27 +173,37 @@ async def _run_side(
     procs = RelayProcesses(
         kind, plan.processes, url=url, prefix=layout.prefix, stages=plan.stages, batch=BATCH,
         block_ms=BLOCK_MS, log_dir=plan.work_dir,
+        prefetch=plan.prefetch if kind == "printery" else None,
     )
     server_cpu = _ServerCpu(server_pid)
+    commands = _CommandStats(client, enabled=server_pid is not None)
     try:
         await procs.start()
         offset = await server_offset_ms(client)
-        factory = EventFactory(layout, plan.payload_bytes, offset)
+        factory = EventFactory(layout, plan.payload_bytes, offset,
+                               minimal=kind == "ceiling_minimal")
         if plan.rate is None:
             await load_backlog(client, factory, plan.events)
+            await commands.start()
             server_cpu.start()
             start_ms = time.time() * 1000 + offset
             await procs.go(wait_running=False)
             not_before = start_ms
+            offered = 0
         else:
             await procs.go(wait_running=True)
+            await commands.start()
             server_cpu.start()
             start_ms = time.time() * 1000 + offset
-            await offer(client, factory, plan.rate, plan.duration)
+            offered = await offer(client, factory, plan.rate, plan.duration)
             not_before = 0.0
-        await wait_arrivals(client, layout.final, plan.events, stall_timeout=STALL_TIMEOUT)
+        _, polls = await wait_arrivals(client, layout.final, plan.events,
+                                       stall_timeout=STALL_TIMEOUT)
         procs.mark_done()
         server_seconds = server_cpu.seconds()
+        # The driver's own commands in the window: its XLEN polls and, in rate mode, the
+        # XADD of every offered event (INFO is left out by name).
+        calls = await commands.stop(driver={"xlen": polls, "xadd": offered})
         arrivals = await read_arrivals(client, layout.final, not_before_ms=not_before)
     finally:
         await procs.stop()
@@ -167,21 +211,73 @@ async def _run_side(
     arrived = sum(arrivals.counts.values())
     elapsed = max(arrivals.last_ms - start_ms, 1.0) / 1000
     ordered = sorted(arrivals.latencies_ms)
+    per_event = 1 / max(arrived, 1)
     side: dict[str, Any] = {
         "events_per_s": round(arrived / elapsed, 1),
         "p50_ms": round(percentile(ordered, 0.50), 2),
         "p99_ms": round(percentile(ordered, 0.99), 2),
         "max_ms": round(ordered[-1], 2) if ordered else 0.0,
-        "cpu_s_per_1000": round(procs.cpu_seconds / max(arrived, 1) * 1000, 4),
+        "cpu_s_per_1000": round(procs.cpu_seconds * per_event * 1000, 4),
         "peak_rss_mb": round(procs.peak_rss_mb, 1),
         "idle_rss_mb": round(procs.idle_rss_mb, 1),
         "seconds": round(elapsed, 3),
         "arrived": arrived,
         "verified": arrivals.exactly_once(plan.events),
     }
+    if kind == "printery":
+        side["settings"] = procs.settings
     if server_seconds is not None:
-        side["server_cpu_s_per_1000"] = round(server_seconds / max(arrived, 1) * 1000, 4)
+        side["server_cpu_s_per_1000"] = round(server_seconds * per_event * 1000, 4)
+    if calls is not None:
+        side["commands_per_event"] = round(sum(c for c, _ in calls.values()) * per_event, 3)
+        side["commands"] = {
+            name: {"per_event": round(count * per_event, 3),
+                   "usec_per_event": round(usec * per_event, 2)}
+            for name, (count, usec) in sorted(calls.items(), key=lambda kv: -kv[1][0])
+            if count > 0
+        }
     return side
+
+
+class _CommandStats:
+    """Calls per command on our own server over the measured window, from ``INFO
+    commandstats`` (unknown for a remote server, which others may be using).
+
+    Commands a script or a ``MULTI`` runs count as themselves, besides the ``EVAL``/
+    ``EXEC`` that ran them: the server executes them either way. ``usec`` is the server's
+    own time in each command (a script's includes that of the commands it runs).
+    """
+
+    def __init__(self, client: aioredis.Redis, *, enabled: bool) -> None:
+        self.client = client
+        self.enabled = enabled
+        self._start: dict[str, tuple[int, float]] = {}
+
+    async def _now(self) -> dict[str, tuple[int, float]]:
+        info: Any = await self.client.info("commandstats")
+        stats: dict[str, tuple[int, float]] = {}
+        for key, value in info.items():
+            name = str(key).removeprefix("cmdstat_")
+            if isinstance(value, dict) and name != "info":
+                stats[name] = (int(value.get("calls", 0)), float(value.get("usec", 0)))
+        return stats
+
+    async def start(self) -> None:
+        if self.enabled:
+            self._start = await self._now()
+
+    async def stop(self, *, driver: dict[str, int]) -> dict[str, tuple[int, float]] | None:
+        """Calls and server µs per command since :meth:`start`, less ``driver``'s calls."""
+        if not self.enabled:
+            return None
+        end = await self._now()
+        delta: dict[str, tuple[int, float]] = {}
+        for name, (calls, usec) in end.items():
+            calls0, usec0 = self._start.get(name, (0, 0.0))
+            own = max(0, calls - calls0 - driver.get(name, 0))
+            if own:
+                delta[name] = (own, usec - usec0)
+        return delta
 
 
 class _ServerCpu:
@@ -221,15 +317,23 @@ async def _delete_prefix(client: aioredis.Redis, prefix: str) -> None:
             await client.unlink(*batch)
 
 
-def _document(plan: _Plan, results: dict[str, dict[str, Any]], *, embedded: bool) -> dict[str, Any]:
-    ceiling, ours = results.get("ceiling"), results.get("printery")
-    ratio = 0.0
-    if ceiling and ours and ceiling["events_per_s"]:
-        ratio = round(ours["events_per_s"] / ceiling["events_per_s"], 3)
+def _ratio(ours: dict[str, Any] | None, ceiling: dict[str, Any] | None, key: str) -> float:
+    if ours and ceiling and ceiling.get(key):
+        return round(float(ours[key]) / float(ceiling[key]), 3)
+    return 0.0
+
+
+def _document(
+    plan: _Plan, results: dict[str, dict[str, Any]], *, embedded: bool, ceiling: str
+) -> dict[str, Any]:
+    same, minimal, ours = (results.get(side) for side in SIDES)
+    settings = (ours or {}).get("settings", {})
     doc: dict[str, Any] = {
-        "ceiling": ceiling or {},
+        "ceiling": same or {},
+        "ceiling_minimal": minimal or {},
         "printery": ours or {},
-        "ratio": ratio,
+        "ratio": _ratio(ours, same, "events_per_s"),
+        "ratio_minimal": _ratio(ours, minimal, "events_per_s"),
         "events": plan.events,
         "stages": plan.stages,
         "verified": bool(results) and all(r["verified"] for r in results.values()),
@@ -238,11 +342,14 @@ def _document(plan: _Plan, results: dict[str, dict[str, Any]], *, embedded: bool
         "payload_bytes": plan.payload_bytes,
         "server": "embedded" if embedded else "url",
         "client": f"redis-py {redis.__version__}",
+        "ceilings": ceiling,
         "batch": BATCH,
+        "prefetch": settings.get("prefetch", plan.prefetch),
+        "prefetch_default": plan.prefetch is None,
     }
     if plan.rate is not None:
         doc["rate"] = plan.rate
         doc["duration"] = plan.duration
-        if ceiling and ours and ceiling["p99_ms"]:
-            doc["p99_ratio"] = round(ours["p99_ms"] / ceiling["p99_ms"], 3)
+        doc["p99_ratio"] = _ratio(ours, same, "p99_ms")
+        doc["p99_ratio_minimal"] = _ratio(ours, minimal, "p99_ms")
     return doc

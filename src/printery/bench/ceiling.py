@@ -1,10 +1,18 @@
-"""The hand-written ceiling: the least a relay over the same client can do per event.
+"""The hand-written ceilings: the least a relay over the same client can do per event.
 
-One read loop per stage: ``XREADGROUP`` a batch, then one pipeline with an ``XADD`` of each
-entry's fields, unchanged, to the next stage and a single ``XACK`` of the whole batch. No
-decode, no idempotency, no atomic commit, no fencing: it is what printery is measured
-against, not something to run in production (a crash between the XADD and the XACK
-duplicates, and nothing notices a consumer that died holding entries).
+One read loop per stage: ``XREADGROUP`` a batch, then one pipeline with an ``XADD`` per
+entry to the next stage and a single ``XACK`` of the whole batch. No decode, no
+idempotency, no atomic commit, no fencing: it is what printery is measured against, not
+something to run in production (a crash between the XADD and the XACK duplicates, and
+nothing notices a consumer that died holding entries).
+
+Two kinds, told apart only by what they carry:
+
+* ``ceiling`` (the *same-entry* ceiling) relays each entry's fields unchanged: printery's
+  own 10-field envelopes, as loaded for printery;
+* ``ceiling_minimal`` relays one-field entries (just ``data``), writing ``{"data": ...}``
+  and nothing else: what an outside harness's hand-written relay does, and so the
+  figure an outside comparison of printery is taken against.
 """
 
 from __future__ import annotations
@@ -20,15 +28,18 @@ from printery.transport.streams import ensure_group
 
 
 class CeilingRelay:
-    """Relays stage ``i`` to stage ``i + 1`` for every stage of ``layout``, in one process."""
+    """Relays stage ``i`` to stage ``i + 1`` for every stage of ``layout``, in one process;
+    with ``minimal`` it writes only each entry's ``data`` field."""
 
     def __init__(
-        self, client: aioredis.Redis, layout: BenchLayout, *, batch: int, block_ms: int
+        self, client: aioredis.Redis, layout: BenchLayout, *, batch: int, block_ms: int,
+        minimal: bool = False,
     ) -> None:
         self.client = client
         self.layout = layout
         self.batch = batch
         self.block_ms = block_ms
+        self.minimal = minimal
         self.consumer = f"ceiling-{os.getpid()}"
         self.stopping = asyncio.Event()
 
@@ -39,7 +50,8 @@ class CeilingRelay:
 
     async def run(self) -> None:
         """Relay until :attr:`stopping` is set (checked between batches)."""
-        await asyncio.gather(*(self._relay(stage) for stage in range(self.layout.stages)))
+        relay = self._relay_minimal if self.minimal else self._relay
+        await asyncio.gather(*(relay(stage) for stage in range(self.layout.stages)))
 
     async def _relay(self, stage: int) -> None:
         source = self.layout.stream(stage)
@@ -55,5 +67,22 @@ class CeilingRelay:
             pipe = self.client.pipeline(transaction=False)
             for _entry_id, fields in entries:
                 pipe.xadd(target, fields)
+            pipe.xack(source, group, *(entry_id for entry_id, _ in entries))
+            await pipe.execute()
+
+    async def _relay_minimal(self, stage: int) -> None:
+        source = self.layout.stream(stage)
+        target = self.layout.stream(stage + 1)
+        group = self.layout.group(stage)
+        while not self.stopping.is_set():
+            reply: Any = await self.client.xreadgroup(
+                group, self.consumer, {source: ">"}, count=self.batch, block=self.block_ms
+            )
+            if not reply:
+                continue
+            entries = reply[0][1]
+            pipe = self.client.pipeline(transaction=False)
+            for _entry_id, fields in entries:
+                pipe.xadd(target, {"data": fields["data"]})
             pipe.xack(source, group, *(entry_id for entry_id, _ in entries))
             await pipe.execute()

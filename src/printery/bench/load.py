@@ -1,7 +1,8 @@
 """Load for a bench run and what arrived: events in, arrivals counted, exactly-once checked,
 end-to-end latency from the publish stamp to the arrival in the final stream.
 
-Every event is a printery envelope (so both sides read the same entries) whose ``data``
+Every event is a printery envelope (so printery and the same-entry ceiling read the same
+entries), or for the minimal ceiling an entry of the one field ``data``, whose ``data``
 carries its number ``n`` and its publish time ``t`` in the server's clock (ms). Arrival
 time is the final entry's id, which the server stamps when the last stage appends it:
 no collector sits in the measured path. Ids have millisecond resolution, so an arrival is
@@ -38,18 +39,25 @@ async def server_offset_ms(client: aioredis.Redis) -> float:
 
 
 class EventFactory:
-    """Envelopes of about ``payload_bytes`` of ``data`` each, stamped at creation."""
+    """Envelopes of about ``payload_bytes`` of ``data`` each, stamped at creation; with
+    ``minimal``, entries of that ``data`` field alone (what an outside producer writes)."""
 
-    def __init__(self, layout: BenchLayout, payload_bytes: int, offset_ms: float) -> None:
+    def __init__(
+        self, layout: BenchLayout, payload_bytes: int, offset_ms: float, *,
+        minimal: bool = False,
+    ) -> None:
         self.stream = layout.stream(0)
         self.event_type = layout.event_type(0)
         self.offset_ms = offset_ms
+        self.minimal = minimal
         overhead = len(_json.dumps({"n": 10**9, "t": 1.0e12 + 0.123, "pad": ""}))
         self.pad = "x" * max(0, payload_bytes - overhead)
 
     def fields(self, n: int, now_ms: float | None = None) -> dict[Any, Any]:
         stamp = (time.time() * 1000 if now_ms is None else now_ms) + self.offset_ms
         data = {"n": n, "t": stamp, "pad": self.pad}
+        if self.minimal:
+            return {"data": _json.dumps(data)}
         envelope = CODEC.new(self.event_type, None, correlation_id=f"b{n}", producer="bench")
         return CODEC.encode(envelope, data_json=_json.dumps(data))
 
@@ -92,19 +100,22 @@ async def offer(client: aioredis.Redis, factory: EventFactory, rate: float, dura
 
 async def wait_arrivals(
     client: aioredis.Redis, stream: str, events: int, *, stall_timeout: float
-) -> int:
+) -> tuple[int, int]:
     """Poll the final stream's length until ``events`` arrived, or nothing arrived for
-    ``stall_timeout`` s (a broken side must not hang the bench); returns the length."""
+    ``stall_timeout`` s (a broken side must not hang the bench); returns the length and
+    the number of ``XLEN`` polls (so command counts can leave them out)."""
     seen, last_change = -1, time.monotonic()
+    polls = 0
     while True:
         count = int(await client.xlen(stream))
+        polls += 1
         if count >= events:
-            return count
+            return count, polls
         now = time.monotonic()
         if count != seen:
             seen, last_change = count, now
         elif now - last_change > stall_timeout:
-            return count
+            return count, polls
         await asyncio.sleep(0.02)
 
 

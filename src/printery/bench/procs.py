@@ -39,16 +39,21 @@ def _child_env() -> dict[str, str]:
 
 
 class RelayProcesses:
-    """``count`` relay processes of ``kind`` (``ceiling`` or ``printery``)."""
+    """``count`` relay processes of ``kind`` (``ceiling``, ``ceiling_minimal`` or
+    ``printery``); ``prefetch`` None leaves printery's at the library's default."""
 
     def __init__(
         self, kind: str, count: int, *, url: str, prefix: str, stages: int, batch: int,
-        block_ms: int, log_dir: Path,
+        block_ms: int, log_dir: Path, prefetch: int | None = None,
     ) -> None:
         self.kind = kind
         self.count = count
         self.args = [kind, url, prefix, "--stages", str(stages), "--batch", str(batch),
                      "--block-ms", str(block_ms)]
+        if prefetch is not None:
+            self.args += ["--prefetch", str(prefetch)]
+        #: What the first process said it runs with (its ``ready`` line), e.g. ``prefetch``.
+        self.settings: dict[str, Any] = {}
         self.log_dir = log_dir
         self.procs: list[asyncio.subprocess.Process] = []
         self._logs: list[IO[bytes]] = []
@@ -69,7 +74,9 @@ class RelayProcesses:
             )
             self.procs.append(proc)
         for proc in self.procs:
-            await asyncio.wait_for(self._expect(proc, "ready"), READY_TIMEOUT)
+            said = await asyncio.wait_for(self._expect(proc, "ready"), READY_TIMEOUT)
+            if said and not self.settings:
+                self.settings = dict(_json.loads(said))
         self.idle_rss_mb = self._rss_now() / 1_048_576
 
     async def go(self, *, wait_running: bool) -> None:

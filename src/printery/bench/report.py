@@ -1,4 +1,4 @@
-"""The human-readable form of a bench document: one table, the ratio and the verdict."""
+"""The human-readable form of a bench document: one table, the ratios and the verdict."""
 
 from __future__ import annotations
 
@@ -10,7 +10,16 @@ _COLUMNS = (
     ("p99 ms", "p99_ms", "{:.2f}"),
     ("max ms", "max_ms", "{:.2f}"),
     ("CPU s/1000", "cpu_s_per_1000", "{:.3f}"),
+    ("server CPU s/1000", "server_cpu_s_per_1000", "{:.3f}"),
+    ("cmds/event", "commands_per_event", "{:.2f}"),
     ("peak RSS MB", "peak_rss_mb", "{:.1f}"),
+)
+
+#: Document key of each side and the name its row goes by.
+_ROWS = (
+    ("ceiling", "ceiling (same entries)"),
+    ("ceiling_minimal", "ceiling (minimal, 1 field)"),
+    ("printery", "printery"),
 )
 
 
@@ -26,18 +35,25 @@ def _headline(result: dict[str, Any]) -> str:
         parts.append(f"offered {result.get('rate', 0):,.0f}/s for {result.get('duration', 0):g} s")
     else:
         parts.append("backlog")
+    prefetch = result.get("prefetch")
+    if prefetch is not None:
+        how = "library default" if result.get("prefetch_default") else "--prefetch"
+        parts.append(f"printery prefetch {prefetch} ({how})")
     return "printery bench: " + ", ".join(parts)
 
 
+def _cell(values: dict[str, Any], key: str, fmt: str) -> str:
+    return fmt.format(values[key]) if key in values else "-"
+
+
 def format_table(result: dict[str, Any]) -> str:
-    """Both sides in aligned columns, then printery's ratio to the ceiling and whether
+    """Every side in aligned columns, then printery's ratio to each ceiling and whether
     every event arrived exactly once (a bench that loses events has measured nothing)."""
     rows = [["", *(title for title, _, _ in _COLUMNS)]]
-    for side in ("ceiling", "printery"):
+    for side, name in _ROWS:
         values = result.get(side) or {}
-        if not values:
-            continue
-        rows.append([side, *(fmt.format(values.get(key, 0)) for _, key, fmt in _COLUMNS)])
+        if values:
+            rows.append([name, *(_cell(values, key, fmt) for _, key, fmt in _COLUMNS)])
     widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
     lines = [_headline(result), ""]
     for row in rows:
@@ -45,10 +61,13 @@ def format_table(result: dict[str, Any]) -> str:
         cells += [cell.rjust(width) for cell, width in zip(row[1:], widths[1:], strict=True)]
         lines.append("  ".join(cells).rstrip())
     lines.append("")
-    summary = f"ratio (printery / ceiling events/s): {result.get('ratio', 0):.2f}"
-    if "p99_ratio" in result:
-        summary += f"; p99 ratio: {result['p99_ratio']:.2f}"
-    lines.append(summary)
+    for key, against in (("", "same-entry ceiling"), ("_minimal", "minimal relay")):
+        if not result.get("ceiling" + key):
+            continue
+        summary = f"ratio (printery / {against} events/s): {result.get('ratio' + key, 0):.2f}"
+        if result.get("p99_ratio" + key):
+            summary += f"; p99 ratio: {result['p99_ratio' + key]:.2f}"
+        lines.append(summary)
     verdict = "yes" if result.get("verified") else "NO"
     lines.append(f"every event arrived exactly once: {verdict}")
     return "\n".join(lines)

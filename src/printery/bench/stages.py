@@ -6,11 +6,8 @@ from __future__ import annotations
 
 import redis.asyncio as aioredis
 
+from printery import ConsumerSettings, Handler, Message, Output, Pipeline, Step, WorkerManager
 from printery.bench.layout import BenchLayout
-from printery.pipeline.dag import Pipeline, Step
-from printery.runtime.handler import Handler, Message, Output
-from printery.runtime.stream_worker import ConsumerSettings
-from printery.supervisor.manager import WorkerManager
 
 
 def _forward(target: str) -> Handler:
@@ -34,16 +31,16 @@ def bench_pipeline(layout: BenchLayout) -> Pipeline:
     return pipeline
 
 
-def bench_manager(
-    client: aioredis.Redis, layout: BenchLayout, *, batch: int, block_ms: int
-) -> WorkerManager:
-    """The stage workers, registered with their dependencies, not yet started.
+def bench_settings(prefetch: int | None) -> ConsumerSettings:
+    """The library's defaults (what ``printery-workers`` runs with), or those with
+    ``prefetch`` changed: the bench measures what a user gets unless told otherwise."""
+    return ConsumerSettings() if prefetch is None else ConsumerSettings(prefetch=prefetch)
 
-    A stream worker reads at most half its ``prefetch`` at a time (so one batch is read
-    while the previous commits); ``prefetch`` is twice ``batch`` so each read asks for the
-    same count the ceiling reads per XREADGROUP.
-    """
-    settings = ConsumerSettings(prefetch=batch * 2, block_ms=block_ms)
+
+def bench_manager(
+    client: aioredis.Redis, layout: BenchLayout, settings: ConsumerSettings
+) -> WorkerManager:
+    """The stage workers, registered with their dependencies, not yet started."""
     manager = WorkerManager(drain_timeout=10.0)
     for worker, deps in bench_pipeline(layout).build_workers(
         client=client, keys=layout.keys, settings=settings

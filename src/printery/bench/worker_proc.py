@@ -4,7 +4,8 @@ The driver (:mod:`printery.bench.procs`) talks to it over stdin and stdout, one 
 time, so that no stage reads before the backlog is loaded and the driver can take CPU
 readings at the exact start and end:
 
-* the process prepares (connects, creates groups) and prints ``@bench ready``;
+* the process prepares (connects, creates groups) and prints ``@bench ready {...}``, the
+  JSON naming the settings it runs with (printery: its ``prefetch``);
 * on ``go`` it starts relaying and prints ``@bench running``;
 * on ``stop`` (or end of input) it stops, printing ``@bench done {"maxrss_kb": ...}``.
 
@@ -24,9 +25,11 @@ import structlog
 from printery import _json
 from printery.bench.ceiling import CeilingRelay
 from printery.bench.layout import PROTOCOL_PREFIX, BenchLayout
-from printery.bench.stages import bench_manager
+from printery.bench.stages import bench_manager, bench_settings
 from printery.transport.connection import connect
 from printery.worker import Observable
+
+KINDS = ("ceiling", "ceiling_minimal", "printery")
 
 
 def _say(line: str) -> None:
@@ -56,55 +59,74 @@ async def _next_command() -> str:
     return line.strip() or "stop"
 
 
-async def _serve(
-    kind: str, url: str, layout: BenchLayout, batch: int, block_ms: int, rss: _PeakRss
+async def _serve_ceiling(
+    kind: str, url: str, layout: BenchLayout, batch: int, block_ms: int
 ) -> None:
     client = connect(url, block_ms=block_ms)
+    try:
+        relay = CeilingRelay(client, layout, batch=batch, block_ms=block_ms,
+                             minimal=kind == "ceiling_minimal")
+        await relay.prepare()
+        _say("ready " + _json.dumps({"batch": batch, "block_ms": block_ms}))
+        if await _next_command() != "go":
+            return
+        task = asyncio.create_task(relay.run())
+        _say("running")
+        await _next_command()
+        relay.stopping.set()
+        with contextlib.suppress(asyncio.CancelledError):
+            await asyncio.wait_for(task, block_ms / 1000 + 5)
+    finally:
+        await client.aclose()
+
+
+async def _serve_printery(url: str, layout: BenchLayout, prefetch: int | None) -> None:
+    settings = bench_settings(prefetch)
+    client = connect(url, block_ms=settings.block_ms)
+    try:
+        manager = bench_manager(client, layout, settings)
+        for worker in manager.workers.values():
+            if isinstance(worker, Observable):
+                await worker.prepare()
+        _say("ready " + _json.dumps({"prefetch": settings.prefetch,
+                                     "block_ms": settings.block_ms}))
+        if await _next_command() != "go":
+            return
+        await manager.start_all()
+        _say("running")
+        await _next_command()
+        await manager.stop_all(10.0)
+    finally:
+        await client.aclose()
+
+
+async def _serve(args: argparse.Namespace, layout: BenchLayout, rss: _PeakRss) -> None:
     sampler = asyncio.create_task(rss.run())
     try:
-        if kind == "ceiling":
-            relay = CeilingRelay(client, layout, batch=batch, block_ms=block_ms)
-            await relay.prepare()
-            _say("ready")
-            if await _next_command() != "go":
-                return
-            task = asyncio.create_task(relay.run())
-            _say("running")
-            await _next_command()
-            relay.stopping.set()
-            with contextlib.suppress(asyncio.CancelledError):
-                await asyncio.wait_for(task, block_ms / 1000 + 5)
+        if args.kind == "printery":
+            await _serve_printery(args.url, layout, args.prefetch)
         else:
-            manager = bench_manager(client, layout, batch=batch, block_ms=block_ms)
-            for worker in manager.workers.values():
-                if isinstance(worker, Observable):
-                    await worker.prepare()
-            _say("ready")
-            if await _next_command() != "go":
-                return
-            await manager.start_all()
-            _say("running")
-            await _next_command()
-            await manager.stop_all(10.0)
+            await _serve_ceiling(args.kind, args.url, layout, args.batch, args.block_ms)
     finally:
         sampler.cancel()
         rss.sample()
-        await client.aclose()
 
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="printery.bench.worker_proc")
-    parser.add_argument("kind", choices=["ceiling", "printery"])
+    parser.add_argument("kind", choices=KINDS)
     parser.add_argument("url")
     parser.add_argument("prefix")
     parser.add_argument("--stages", type=int, default=4)
-    parser.add_argument("--batch", type=int, default=256)
-    parser.add_argument("--block-ms", type=int, default=100)
+    parser.add_argument("--batch", type=int, default=256, help="the ceilings' read count")
+    parser.add_argument("--block-ms", type=int, default=100, help="the ceilings' block time")
+    parser.add_argument("--prefetch", type=int, default=None,
+                        help="printery's prefetch (default: the library's)")
     args = parser.parse_args(argv)
     structlog.configure(logger_factory=structlog.PrintLoggerFactory(sys.stderr))
     layout = BenchLayout(args.prefix, args.stages)
     rss = _PeakRss()
-    asyncio.run(_serve(args.kind, args.url, layout, args.batch, args.block_ms, rss))
+    asyncio.run(_serve(args, layout, rss))
     _say("done " + _json.dumps({"maxrss_kb": rss.peak // 1024}))
 
 

@@ -29,13 +29,22 @@ from printery.errors import ConfigError
                    "as possible)")
 @click.option("--duration", type=click.FloatRange(min=0, min_open=True), default=None,
               help="seconds to offer --rate for (only with --rate; default 20)")
+@click.option("--prefetch", type=click.IntRange(min=1), default=None,
+              help="printery's ConsumerSettings.prefetch (default: the library's default, "
+                   "as printery-workers runs)")
+@click.option("--ceiling", "ceiling", type=click.Choice(["same", "minimal", "both"]),
+              default="both", show_default=True,
+              help="same: a relay of printery's own envelopes; minimal: a relay of "
+                   "one-field entries, as an outside harness's; both: each, one ratio each")
 @click.option("--json", "as_json", is_flag=True, help="one JSON document on stdout")
 @click.pass_context
 def bench(
     ctx: click.Context, events: int, stages: int, processes: int, payload_bytes: int,
-    bench_url: str | None, rate: float | None, duration: float | None, as_json: bool,
+    bench_url: str | None, rate: float | None, duration: float | None, prefetch: int | None,
+    ceiling: str, as_json: bool,
 ) -> None:
-    """Throughput benchmark: hand-written relay ceiling vs printery's pipeline."""
+    """Throughput benchmark: hand-written relay ceilings vs printery's pipeline (with the
+    library's default settings unless --prefetch is given)."""
     if rate is None and duration is not None:
         raise click.UsageError("--duration needs --rate: a backlog run is sized by --events")
     if rate is not None and _given(ctx, "events"):
@@ -49,7 +58,8 @@ def bench(
     url = bench_url or parent.get("redis_url") or os.environ.get("REDIS_URL") or None
     kwargs: dict[str, Any] = {"events": events, "stages": stages, "processes": processes,
                               "payload_bytes": payload_bytes, "redis_url": url,
-                              "rate": rate, "duration": duration}
+                              "rate": rate, "duration": duration, "prefetch": prefetch,
+                              "ceiling": ceiling}
     try:
         outcome: Any = run_bench(**kwargs)
         result: dict[str, Any] = asyncio.run(outcome) if inspect.iscoroutine(outcome) else outcome
