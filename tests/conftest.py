@@ -13,6 +13,10 @@ import redis.asyncio as aioredis
 from printery.testing import unique_prefix
 from printery.transport.server import ServerProcess
 
+# An exception no one observed in an event loop (a task's, never retrieved; a callback's)
+# fails the test it happened in: see support/loop_guard.py.
+pytest_plugins = ["support.loop_guard"]
+
 
 @pytest.fixture(scope="session")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
