@@ -11,15 +11,41 @@
      |    +-- PayloadTooLarge   larger than the payload limit (`payload_too_large`)
      |    +-- BlobMissing       a `$ref` points at no blob (`blob_missing`)
      +-- HandlerError           raised by handlers to steer failure handling
-     |    +-- Retry             retry later (counts as a delivery)
+     |    +-- Retry             retry later, after `delay` if given (counts as a delivery)
      |    +-- Reject            never retry: dead-letter at once with a reason code
+     +-- OutputContractError    a step emitted what its contract does not allow (a bug:
+     |                          retried like any handler error, then dead-lettered)
+     +-- WorkerCrashed          a handler raised a BaseException that is not an Exception,
+     |                          or the runtime itself failed: the worker crashes (§5)
      +-- SupervisorError
      |    +-- DependencyCycle   the declared worker graph has a cycle
      |    +-- WorkerFailed      a worker exhausted its restarts (or failed standalone)
      +-- PipelineError          a pipeline definition is invalid
+     +-- ReplayError            a run cannot be replayed (unknown id, step or entry)
+
+Connection failures that reach a caller of the public API are :class:`TransportError`,
+with the client's own exception as ``__cause__``.
 """
 
 from __future__ import annotations
+
+import traceback
+
+#: Characters of a traceback kept in a ``dlq`` entry: the innermost frames, which say
+#: where it failed, are the ones kept.
+TRACEBACK_LIMIT = 4000
+
+
+def describe(exc: BaseException) -> str:
+    """An error as one line: its type, and its text when it has one."""
+    text = str(exc)
+    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
+
+
+def bounded_traceback(exc: BaseException, limit: int = TRACEBACK_LIMIT) -> str:
+    """``exc``'s traceback as text, its last ``limit`` characters."""
+    text = "".join(traceback.format_exception(exc))
+    return text if len(text) <= limit else "...\n" + text[-limit:]
 
 
 class PrinteryError(Exception):
@@ -73,7 +99,15 @@ class HandlerError(PrinteryError):
 
 
 class Retry(HandlerError):
-    """Raise to have the entry redelivered after the backoff (it counts as a delivery)."""
+    """Raise to have the entry redelivered (it counts as a delivery) after ``delay``
+    seconds, or after the worker's backoff when no delay is given (e.g. a model API's
+    ``Retry-After``)."""
+
+    def __init__(self, message: str = "", *, delay: float | None = None) -> None:
+        if delay is not None and not delay >= 0:
+            raise ValueError(f"Retry delay must be >= 0 seconds, not {delay!r}")
+        self.delay = delay
+        super().__init__(message or "retry requested")
 
 
 class Reject(HandlerError):
@@ -82,6 +116,16 @@ class Reject(HandlerError):
     def __init__(self, reason_code: str, message: str = "") -> None:
         self.reason_code = reason_code
         super().__init__(message or reason_code)
+
+
+class OutputContractError(PrinteryError):
+    """Raised when a handler emits an undeclared type, data its output model refuses, or
+    an undeclared cost unit."""
+
+
+class WorkerCrashed(PrinteryError):
+    """Raised in a worker when a handler raised a ``BaseException`` that is not an
+    ``Exception`` (or the runtime failed): the worker stops and its supervisor decides."""
 
 
 class SupervisorError(PrinteryError):
@@ -107,3 +151,7 @@ class WorkerFailed(SupervisorError):
 
 class PipelineError(PrinteryError):
     """Raised when a pipeline definition is invalid (cycle, unproduced input, unreachable step)."""
+
+
+class ReplayError(PrinteryError):
+    """Raised when a run cannot be replayed: unknown id, unknown step, or no entry."""

@@ -17,6 +17,7 @@ ENVELOPE_FIELDS = (
 )
 _ENVELOPE_FIELD_SET = frozenset(ENVELOPE_FIELDS)
 DEFAULT_PAYLOAD_LIMIT = 1_048_576
+_NO_FIELDS: Mapping[str, str] = {}
 
 
 @dataclass(frozen=True, slots=True)
@@ -105,19 +106,14 @@ class Codec:
         )
 
     def encode(self, envelope: Envelope, *, data_json: str | None = None) -> dict[str, str]:
-        """All contract fields as strings; ``data_json`` skips re-encoding known JSON."""
-        fields = {
-            "data": data_json if data_json is not None else _json.dumps(envelope.data),
-            "type": envelope.type,
-            "event_id": envelope.event_id,
-            self.correlation_field: envelope.correlation_id,
-            "idempotency_key": envelope.idempotency_key,
-            "attempt": str(envelope.attempt),
-            "produced_at": envelope.produced_at or now_rfc3339(),
-            "producer": envelope.producer,
-        }
-        fields.update(envelope.extra)
-        return fields
+        """All contract fields of ``envelope`` as strings; ``data_json`` skips encoding
+        known JSON again."""
+        return self._fields(
+            data_json if data_json is not None else _json.dumps(envelope.data),
+            envelope.type, envelope.event_id, envelope.correlation_id,
+            envelope.idempotency_key, str(envelope.attempt),
+            envelope.produced_at or now_rfc3339(), envelope.producer, envelope.extra,
+        )
 
     def new(
         self,
@@ -146,3 +142,46 @@ class Codec:
             producer=producer,
             extra=dict(extra or {}),
         )
+
+    def new_fields(
+        self,
+        event_type: str,
+        data: Any,
+        *,
+        correlation_id: str,
+        producer: str,
+        idempotency_key: str | None = None,
+        extra: Mapping[str, str] = _NO_FIELDS,
+        more: Mapping[str, str] | None = None,
+    ) -> dict[str, str]:
+        """``encode(new(...))`` without the envelope in between: the form a worker writes
+        its outputs in, once per output. ``extra`` then ``more`` are added last (a
+        handler call's common fields, then the output's own)."""
+        fields = self._fields(
+            _json.dumps(data), event_type, new_id("evt"), correlation_id,
+            idempotency_key or f"{event_type}:{correlation_id}", "1", now_rfc3339(),
+            producer, extra,
+        )
+        if more:
+            fields.update(more)
+        return fields
+
+    def _fields(
+        self, data_json: str, event_type: str, event_id: str, correlation_id: str,
+        idempotency_key: str, attempt: str, produced_at: str, producer: str,
+        extra: Mapping[str, str],
+    ) -> dict[str, str]:
+        """The one layout of an entry's fields (CONTRACT §2), extra fields last."""
+        fields = {
+            "data": data_json,
+            "type": event_type,
+            "event_id": event_id,
+            self.correlation_field: correlation_id,
+            "idempotency_key": idempotency_key,
+            "attempt": attempt,
+            "produced_at": produced_at,
+            "producer": producer,
+        }
+        if extra:
+            fields.update(extra)
+        return fields

@@ -18,6 +18,7 @@ from typing import Any
 import redis.asyncio as aioredis
 
 from printery import _json
+from printery.errors import ReplayError
 from printery.keys import StreamKeys
 from printery.pipeline.dag import Pipeline
 
@@ -25,10 +26,6 @@ __all__ = ["ReplayError", "ReplayResult", "find_entries", "replay", "scan_stream
 
 _CHUNK = 1000
 _REF_PREFIX = "blob:"
-
-
-class ReplayError(Exception):
-    """The replay cannot be done: unknown correlation id or step, or the id is taken."""
 
 
 @dataclass(frozen=True, slots=True)

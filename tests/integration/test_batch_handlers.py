@@ -1,10 +1,10 @@
-"""Handlers that run inline in their read batch's task (printery.runtime.batch), against a
-real server: ``asyncio.timeout`` and ``asyncio.TaskGroup`` inside a handler are bound to
-the task the handler really runs in, and context variables a handler sets never reach
-the next handler of the same batch.
+"""Handlers of one read batch (printery.runtime.consume), against a real server: each
+runs in a task of its own, so ``asyncio.timeout`` and ``asyncio.TaskGroup`` inside a
+handler are bound to it, and context variables a handler sets never reach the next
+handler of the same batch.
 
 Every test publishes its entries before the worker starts, so the first read returns
-them all in one batch (``prefetch`` 64 reads up to 32 at a time), which runs inline.
+them all in one batch (``prefetch`` 64 reads up to 32 at a time).
 """
 
 from __future__ import annotations
@@ -55,7 +55,7 @@ async def _run(client: aioredis.Redis, prefix: str, handler: Handler) -> dict[in
     return outputs
 
 
-async def test_asyncio_timeout_inside_an_inline_handler(client: aioredis.Redis, prefix: str) -> None:
+async def test_asyncio_timeout_inside_a_handler(client: aioredis.Redis, prefix: str) -> None:
     """Even entries wait on something that never happens under a short timeout (it must
     fire in the task the handler runs in, or the handler would hang); odd entries finish
     well within a long one without awaiting at all (the inline first step)."""
@@ -77,7 +77,7 @@ async def test_asyncio_timeout_inside_an_inline_handler(client: aioredis.Redis, 
     assert {n: o["timed_out"] for n, o in outputs.items()} == {n: n % 2 == 0 for n in range(N)}
 
 
-async def test_task_group_inside_an_inline_handler(client: aioredis.Redis, prefix: str) -> None:
+async def test_task_group_inside_a_handler(client: aioredis.Redis, prefix: str) -> None:
     """A TaskGroup's children run and are awaited (their sum is the output), and a failing
     child's error reaches the handler as an ExceptionGroup it can handle."""
 
@@ -107,7 +107,7 @@ async def test_context_variables_do_not_leak_between_handlers_of_a_batch(
     client: aioredis.Redis, prefix: str
 ) -> None:
     """Each handler sees the variable unset, though the one before it in the same batch
-    (and the same task: they ran inline) set it."""
+    set it: every handler has a task (and so a context) of its own."""
     tasks: set[int] = set()
 
     async def handle(msg: Message) -> Output:
@@ -118,7 +118,7 @@ async def test_context_variables_do_not_leak_between_handlers_of_a_batch(
         return Output("out", {"n": n, "before": before})
 
     outputs = await _run(client, prefix, handle)
-    assert len(tasks) == 1, "the batch's handlers ran inline, in one task"
+    assert len(tasks) == N, "each handler of the batch ran in a task of its own"
     assert {n: o["before"] for n, o in outputs.items()} == dict.fromkeys(range(N))
     assert _CURRENT.get() is None
 

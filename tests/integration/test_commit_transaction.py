@@ -1,26 +1,45 @@
-"""The commit transaction (transport/streams.py ``commit_commands`` + commit.lua) against a
-real server: outputs are appended by plain XADDs in a MULTI, and the script keeps or
-withdraws each entry's outputs. What a reader can see afterwards is exactly the outputs
-of the entries that committed, in order, whatever else the run held."""
+"""The commit transaction (transport/commit.py + commit.lua) against a real server:
+outputs are appended by plain XADDs in a MULTI, and the script keeps or withdraws each
+entry's outputs. What a reader can see afterwards is exactly the outputs of the entries
+that committed, in order, whatever else the run held. And the argument encoding: what
+the Python half writes is what the script's own parser reads."""
 
 from __future__ import annotations
 
-import redis.asyncio as aioredis
+from collections.abc import Sequence
+from typing import Any
 
+import redis.asyncio as aioredis
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from printery import _json
 from printery.keys import StreamKeys
-from printery.transport.streams import (
+from printery.transport.channel import DirectChannel
+from printery.transport.commit import (
+    ARGUMENTS_PARSED,
+    COMMIT_LUA,
     DUPLICATE,
     FENCED,
-    DirectChannel,
-    PendingOutput,
-    commit_args,
+    Append,
+    Committer,
+    EntryCommit,
     commit_commands,
     commit_results,
     commit_run,
-    ensure_group,
 )
+from printery.transport.streams import ensure_group
 
 TTL_MS = 60_000
+
+
+async def _commit(client: aioredis.Redis, index: str, entries: Sequence[EntryCommit]) -> list[Any]:
+    """Each entry's result, through the one commit API."""
+    committer = Committer(client, index_key=index, group="g", ttl_ms=TTL_MS)
+    try:
+        return await committer.commit(entries)
+    finally:
+        await committer.close()
 
 
 async def _fill(client: aioredis.Redis, stream: str, count: int) -> None:
@@ -50,34 +69,26 @@ async def test_one_run_keeps_only_what_commits_and_a_replay_writes_nothing(
     await client.sadd(f"{index}:r1", "k2")
     await client.set(keys.once("taken"), "1")
 
-    def call(n: int, *extra: PendingOutput) -> object:
-        return commit_args(
-            stream=stream, consumer="c", entry_id=ids[n], idempotency_key=f"k{n}",
-            outputs=[PendingOutput(out, {"data": f'{{"n": {n}}}'}), *extra],
-        )
+    def call(n: int, *extra: Append) -> EntryCommit:
+        return EntryCommit(stream, "c", ids[n], f"k{n}",
+                           [Append(out, {"data": f'{{"n": {n}}}'}), *extra])
 
-    run = commit_run(index, "g", TTL_MS, [
+    entries = [
         call(0), call(1), call(2),
-        call(3, PendingOutput(out, {"data": '{"n": "3b"}'}, keys.once("taken"))),
+        call(3, Append(out, {"data": '{"n": "3b"}'}, keys.once("taken"))),
         call(4),
-    ])
-    channel = DirectChannel(client)
-    try:
-        (reply,) = await channel.transact_many([commit_commands(run)])
-        assert commit_results(run, reply) == [2, FENCED, DUPLICATE, 2, 2]
-        written = [fields["data"] for _, fields in await client.xrange(out)]
-        assert written == ['{"n": 0}', '{"n": 3}', '{"n": 4}']
-        pending = await client.xpending_range(stream, "g", min="-", max="+", count=10)
-        assert [row["message_id"] for row in pending] == [ids[1]], "all but the fenced acked"
-        assert await client.smismember(f"{index}:r1", ["k0", "k1", "k3", "k4"]) == [1, 0, 1, 1]
+    ]
+    assert await _commit(client, index, entries) == [2, FENCED, DUPLICATE, 2, 2]
+    written = [fields["data"] for _, fields in await client.xrange(out)]
+    assert written == ['{"n": 0}', '{"n": 3}', '{"n": 4}']
+    pending = await client.xpending_range(stream, "g", min="-", max="+", count=10)
+    assert [row["message_id"] for row in pending] == [ids[1]], "all but the fenced acked"
+    assert await client.smismember(f"{index}:r1", ["k0", "k1", "k3", "k4"]) == [1, 0, 1, 1]
 
-        # The reply was lost and the run is sent again: everything is now fenced (acked)
-        # or a duplicate, so its outputs are withdrawn inside the same transaction.
-        (again,) = await channel.transact_many([commit_commands(run)])
-        assert commit_results(run, again) == [FENCED, FENCED, FENCED, FENCED, FENCED]
-        assert [f["data"] for _, f in await client.xrange(out)] == written
-    finally:
-        await channel.close()
+    # The reply was lost and the run is sent again: everything is now fenced (acked)
+    # or a duplicate, so its outputs are withdrawn inside the same transaction.
+    assert await _commit(client, index, entries) == [FENCED] * 5
+    assert [f["data"] for _, f in await client.xrange(out)] == written
 
 
 async def test_an_output_key_of_another_type_fails_its_entry_alone(
@@ -88,19 +99,11 @@ async def test_an_output_key_of_another_type_fails_its_entry_alone(
     await _fill(client, stream, 2)
     ids = await _read(client, stream, "c", 2)
     await client.set(keys.stream("blocked"), "x")
-    run = commit_run(index, "g", TTL_MS, [
-        commit_args(stream=stream, consumer="c", entry_id=ids[0], idempotency_key="a",
-                    outputs=[PendingOutput(keys.stream("ok"), {"data": "1"}),
-                             PendingOutput(keys.stream("blocked"), {"data": "2"})]),
-        commit_args(stream=stream, consumer="c", entry_id=ids[1], idempotency_key="b",
-                    outputs=[PendingOutput(keys.stream("ok"), {"data": "3"})]),
+    failed, committed = await _commit(client, index, [
+        EntryCommit(stream, "c", ids[0], "a", [Append(keys.stream("ok"), {"data": "1"}),
+                                               Append(keys.stream("blocked"), {"data": "2"})]),
+        EntryCommit(stream, "c", ids[1], "b", [Append(keys.stream("ok"), {"data": "3"})]),
     ])
-    channel = DirectChannel(client)
-    try:
-        (reply,) = await channel.transact_many([commit_commands(run)])
-        failed, committed = commit_results(run, reply)
-    finally:
-        await channel.close()
     assert isinstance(failed, Exception) and "WRONGTYPE" in str(failed)
     assert committed == 2
     assert [f["data"] for _, f in await client.xrange(keys.stream("ok"))] == ["3"], (
@@ -125,12 +128,11 @@ async def test_a_run_of_several_segments_commits_each_entry_on_its_own(
     from_b = await _read(client, b, "c1", 4)
     await client.set(keys.once("taken"), "1")
 
-    def call(stream: str, consumer: str, entry_id: str, key: str, *outputs: PendingOutput) -> object:
-        return commit_args(stream=stream, consumer=consumer, entry_id=entry_id,
-                           idempotency_key=key, outputs=list(outputs))
+    def call(stream: str, consumer: str, entry_id: str, key: str, *outputs: Append) -> EntryCommit:
+        return EntryCommit(stream, consumer, entry_id, key, outputs)
 
-    def to(stream: str, data: str, once: str = "") -> PendingOutput:
-        return PendingOutput(stream, {"data": data}, once)
+    def to(stream: str, data: str, once: str = "") -> Append:
+        return Append(stream, {"data": data}, once)
 
     calls = [
         call(a, "c1", from_a[0], "x", to(out, "a0")),
@@ -141,17 +143,10 @@ async def test_a_run_of_several_segments_commits_each_entry_on_its_own(
         call(b, "c1", from_b[1], "v", to(side, "b1", keys.once("taken"))),
         call(b, "c1", from_b[2], "u"),  # no outputs
         call(b, "c2", from_b[3], "t", to(out, "b3")),  # b3 is c1's: fenced
-        commit_args(stream="", consumer="", entry_id="", idempotency_key=None,
-                    outputs=[to(out, "emitted")]),
+        EntryCommit("", "", "", "", [to(out, "emitted")]),
     ]
-    run = commit_run(index, "g", TTL_MS, calls)
-    assert run.keys == [index, a, b]
-    channel = DirectChannel(client)
-    try:
-        (reply,) = await channel.transact_many([commit_commands(run)])
-    finally:
-        await channel.close()
-    assert commit_results(run, reply) == [2, 2, DUPLICATE, 3, 2, 1, 1, FENCED, 2]
+    assert commit_run(index, "g", TTL_MS, calls).keys == [index, a, b]
+    assert await _commit(client, index, calls) == [2, 2, DUPLICATE, 3, 2, 1, 1, FENCED, 2]
     assert [f["data"] for _, f in await client.xrange(out)] == ["a0", "a1", "a3", "emitted"]
     assert [f["data"] for _, f in await client.xrange(side)] == ["a3s", "b0"]
     for stream, still in ((a, []), (b, [from_b[3]])):
@@ -170,16 +165,65 @@ async def test_a_clean_run_replies_with_its_count_and_unsorted_ids_are_checked_o
     ids = await _read(client, stream, "c", 6)
     order = [3, 0, 5, 1, 4, 2]  # handlers finished out of order
     run = commit_run(index, "g", TTL_MS, [
-        commit_args(stream=stream, consumer="c", entry_id=ids[n], idempotency_key=f"k{n}",
-                    outputs=[PendingOutput(out, {"data": str(n)})])
-        for n in order
+        EntryCommit(stream, "c", ids[n], f"k{n}", [Append(out, {"data": str(n)})]) for n in order
     ])
     channel = DirectChannel(client)
     try:
-        (reply,) = await channel.transact_many([commit_commands(run)])
+        (executed,) = await channel.transactions([commit_commands(run)])
     finally:
         await channel.close()
+    reply = executed[-1]
     assert reply == 6, "every entry committed: the count alone comes back"
     assert commit_results(run, reply) == [2] * 6
     assert [f["data"] for _, f in await client.xrange(out)] == [str(n) for n in order]
     assert (await client.xpending(stream, "g"))["pending"] == 0
+
+
+#: Appended to commit.lua's argument parser: each entry as the script sees it.
+_DECODER = """
+local entries = {}
+for _, s in ipairs(segs) do
+  for x = 1, s.n do
+    local outs = {}
+    for j = 1, s.m do
+      local column = s.once[j]
+      outs[j] = {s.outs[j], column and ARGV[column + x - 1] or ''}
+    end
+    entries[#entries + 1] = {
+      s.stream or '', s.stream and s.consumer or '', s.ids and ARGV[s.ids + x - 1] or '',
+      s.marks and ARGV[s.marks + x - 1] or '', outs}
+  end
+end
+return cjson.encode({group, ttl, entries})
+"""
+
+_appends = st.lists(st.builds(
+    Append, stream=st.sampled_from(["s1", "s2"]), fields=st.just({"data": "{}"}),
+    once=st.sampled_from(["", "o1", "o2"])), max_size=3)
+_entries = st.lists(st.builds(
+    EntryCommit, source=st.sampled_from(["in1", "in2"]), consumer=st.sampled_from(["c1", "c2"]),
+    entry_id=st.sampled_from(["", "1-0", "2-0", "3-1"]), record=st.sampled_from(["", "k1", "k2"]),
+    appends=_appends), min_size=1, max_size=12)
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(entries=_entries)
+async def test_the_script_parses_exactly_what_the_python_half_encodes(
+    client: aioredis.Redis, entries: list[EntryCommit]
+) -> None:
+    """Any run of entries, encoded by ``commit_run``, is read back by commit.lua's own
+    argument parser entry by entry: source, consumer, id, record, outputs and once keys."""
+    run = commit_run("index", "group", TTL_MS, entries)
+    parser = COMMIT_LUA.split(ARGUMENTS_PARSED)[0]
+    assert "ARGV" in parser and "segs" in parser
+    reply = await client.eval(parser + _DECODER, len(run.keys), *run.keys, *run.args)
+    group, ttl, seen = _json.loads(reply)
+    assert (group, ttl) == ("group", TTL_MS)
+    expected = [
+        [e.source if e.entry_id else "", e.consumer if e.entry_id else "", e.entry_id,
+         e.record, [[out.stream, out.once] for out in e.appends]]
+        for e in entries
+    ]
+    # cjson writes an empty table as an object.
+    assert [[*entry[:4], entry[4] or []] for entry in seen] == expected
+    assert run.appends == [(out.stream, out.fields) for e in entries for out in e.appends]

@@ -8,19 +8,13 @@ import redis.asyncio as aioredis
 from printery.keys import StreamKeys
 from printery.runtime.handler import Output
 from printery.testing import wait_for
-from printery.transport.streams import (
-    DUPLICATE,
-    DirectChannel,
-    PendingOutput,
-    RecordLookup,
-    Scripts,
-    commit_args,
-    commit_run,
-    ensure_group,
-)
+from printery.transport.channel import DirectChannel
+from printery.transport.commit import DUPLICATE, Append, Committer, EntryCommit
+from printery.transport.records import RecordLookup
+from printery.transport.streams import ensure_group
 from support.spine import Counting, running, stream_worker
 
-TTL_MS = 7 * 86400 * 1000  # ConsumerSettings.marker_ttl's default
+TTL_MS = 7 * 86400 * 1000  # ConsumerSettings.record_ttl's default
 
 
 async def _settled(client: aioredis.Redis, keys: StreamKeys, read: int) -> bool:
@@ -79,7 +73,8 @@ async def test_commit_script_checks_the_previous_generation_itself(
     key was recorded in the generation before the current one is a duplicate, written
     nowhere and acked; a failed output withdraws the record it just wrote."""
     keys = StreamKeys(prefix)
-    index, stream, scripts = keys.idempotency_index("g"), keys.stream("in"), Scripts(client)
+    index, stream = keys.idempotency_index("g"), keys.stream("in")
+    committer = Committer(client, index_key=index, group="g", ttl_ms=TTL_MS)
     await ensure_group(client, stream, "g")
     for n in range(3):
         await client.xadd(stream, {"data": f'{{"n": {n}}}'})
@@ -87,9 +82,8 @@ async def test_commit_script_checks_the_previous_generation_itself(
     ids = [entry_id for entry_id, _ in entries]
 
     async def commit(entry_id: str, key: str, out: str = "out") -> object:
-        call = commit_args(stream=stream, consumer="c", entry_id=entry_id, idempotency_key=key,
-                           outputs=[PendingOutput(keys.stream(out), {"data": "{}"})])
-        (result,) = await scripts.commit(commit_run(index, "g", TTL_MS, [call]))
+        entry = EntryCommit(stream, "c", entry_id, key, [Append(keys.stream(out), {"data": "{}"})])
+        (result,) = await committer.commit([entry])
         return result
 
     assert await commit(ids[0], "k1") == 2
@@ -104,6 +98,7 @@ async def test_commit_script_checks_the_previous_generation_itself(
     assert isinstance(result, Exception) and "WRONGTYPE" in str(result)
     assert not await client.sismember(f"{index}:r2", "k2"), "no record is written"
     assert (await client.xpending(stream, "g"))["pending"] == 1, "and the entry not acked"
+    await committer.close()
 
 
 async def test_the_lookup_before_handlers_follows_a_rotation(

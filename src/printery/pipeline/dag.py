@@ -17,19 +17,16 @@ import redis.asyncio as aioredis
 from pydantic import BaseModel, ValidationError
 
 from printery import _json
-from printery.errors import PipelineError, Reject
+from printery.errors import OutputContractError, PipelineError, Reject
 from printery.keys import StreamKeys
 from printery.message import Codec
 from printery.pipeline.gate import Reason
+from printery.runtime.consumer import ConsumerSettings
 from printery.runtime.handler import Handler, HandlerResult, Message, outputs_of
 from printery.runtime.observe import Observer
 from printery.runtime.payloads import PayloadStore
-from printery.runtime.stream_worker import ConsumerSettings, StreamWorker
+from printery.runtime.stream_worker import StreamWorker
 from printery.supervisor.graph import find_cycle
-
-
-class OutputContractError(Exception):
-    """A handler returned data its step's output contract does not allow: a bug."""
 
 
 def validation_reasons(error: ValidationError) -> list[Reason]:

@@ -1,6 +1,6 @@
 -- Decide a commit of processed entries, each atomically: its outputs, ack and idempotency
 -- record, or nothing. Runs inside a MULTI, right after the XADDs of every output of the
--- run (see transport/streams.py: commit_commands): the outputs are written by plain
+-- run (see transport/commit.py: commit_commands): the outputs are written by plain
 -- XADDs, so their fields never pass through Lua; this script then keeps or withdraws each
 -- entry's outputs (XDEL) after its fence and record check, and acks. MULTI makes the whole
 -- transaction atomic, so no reader ever sees an output that is withdrawn.
@@ -72,6 +72,7 @@ while a <= last do
   segs[nsegs] = s
   total = total + n
 end
+-- end of argument parsing
 
 -- ``call(j, k)`` over ARGV[b .. b + n - 1], 1000 at a time (Lua's stack bounds unpack);
 -- its replies in order, concatenated.

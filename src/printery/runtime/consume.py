@@ -1,0 +1,375 @@
+"""The entry pipeline: what happens to every entry a consumer takes, in order.
+
+1. **decode** each entry once (a ``$ref`` payload resolved first); an undecodable entry,
+   or one delivered more than ``max_deliveries`` times, is dead-lettered without a
+   handler call;
+2. **look up** the idempotency records of the batch in one round trip; a duplicate is
+   acked without a handler call;
+3. **handle**: each entry's handler runs in a task of its own once it has a slot; a
+   handler that raises is retried after a backoff (each retry a counted delivery) until
+   it succeeds or goes to the dead-letter stream with its traceback; :class:`Reject`
+   dead-letters at once; a ``BaseException`` that is not an ``Exception`` crashes the
+   worker (CONTRACT §4, §5);
+4. **commit**: the entries that are decided by the same turn of the event loop commit
+   together (one group commit), each atomically: its outputs, ack and idempotency record;
+5. **account**: metrics, counters and log lines, once the commit says what happened.
+
+A read batch and a single entry take the same path: one entry is a batch of one. The
+entries of a batch whose handlers are still running after the first turn commit as they
+finish, those finishing together again in one commit.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Coroutine, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import structlog
+
+from printery import _json
+from printery._util import now_rfc3339
+from printery.backoff import compute_backoff
+from printery.errors import (
+    MessageError,
+    Reject,
+    Retry,
+    TransportError,
+    WorkerCrashed,
+    bounded_traceback,
+    describe,
+)
+from printery.keys import StreamKeys
+from printery.message import Codec
+from printery.runtime.connectivity import Connectivity
+from printery.runtime.consumer import ConsumerSettings, Delivery
+from printery.runtime.handler import Handler, Message, Output, outputs_of
+from printery.runtime.observe import Observer
+from printery.runtime.payloads import PayloadStore
+from printery.transport.commit import DUPLICATE, FENCED, Append, Committer, EntryCommit
+from printery.transport.records import RecordLookup
+from printery.transport.streams import CONNECTION_ERRORS, Leases
+from printery.worker import WorkerStats
+
+log = structlog.get_logger("printery.worker")
+
+#: Python 3.12+ runs a new task's first step at once (a handler that never awaits then
+#: costs no scheduling); 3.11 schedules it.
+_eager: Any = getattr(asyncio, "eager_task_factory", None)
+
+
+def _start(coro: Coroutine[Any, Any, Decided | None]) -> asyncio.Task[Decided | None]:
+    loop = asyncio.get_running_loop()
+    if _eager is not None:
+        return _eager(loop, coro)  # type: ignore[no-any-return]
+    return loop.create_task(coro)
+
+
+@dataclass(slots=True)
+class Decided:
+    """An entry's commit, and what to account for once it is done."""
+
+    delivery: Delivery
+    commit: EntryCommit
+    outcome: str  # ok, duplicate, dead_lettered
+    message: Message | None = None
+    reason_code: str = ""
+    error: str = ""
+    traceback: str = ""
+
+
+class EntryPipeline:
+    """Takes the entries of one consumer group through the pipeline (one per worker run)."""
+
+    def __init__(
+        self,
+        worker: str,
+        *,
+        handler: Handler,
+        codec: Codec,
+        keys: StreamKeys,
+        payloads: PayloadStore,
+        records: RecordLookup,
+        committer: Committer,
+        leases: Leases,
+        settings: ConsumerSettings,
+        observer: Observer,
+        stats: WorkerStats,
+        connectivity: Connectivity,
+    ) -> None:
+        self.worker = worker
+        self.handler = handler
+        self.codec = codec
+        self.keys = keys
+        self.payloads = payloads
+        self.records = records
+        self.committer = committer
+        self.leases = leases
+        self.settings = settings
+        self.observer = observer
+        self.stats = stats
+        self.connectivity = connectivity
+
+    async def process(self, batch: Sequence[Delivery]) -> None:
+        """Take a batch through the pipeline. Raises :class:`WorkerCrashed` when a handler
+        raised a ``BaseException``; whatever happens, every entry is released at the end
+        (one not committed stays pending and is delivered again)."""
+        begun = time.perf_counter()
+        running: set[asyncio.Task[Decided | None]] = set()
+        try:
+            decided: list[Decided] = []
+            admitted = await self._admit(batch, decided)
+            if self.connectivity.stopping.is_set():
+                admitted = []  # stopping: never started, handed back by the drain
+            for delivery, message in admitted:
+                task = _start(self._handle(delivery, message))
+                delivery.task = task
+                running.add(task)
+            if any(not task.done() for task in running):
+                await asyncio.sleep(0)  # one turn: handlers that never really await finish
+            while True:
+                finished = {task for task in running if task.done()}
+                running -= finished
+                decided += self._results(finished)
+                await self._commit(decided, begun)
+                if not running:
+                    return
+                decided = []
+                await asyncio.wait(running, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for task in running:
+                task.cancel()
+            for delivery in batch:
+                delivery.release()
+
+    def _results(self, finished: set[asyncio.Task[Decided | None]]) -> list[Decided]:
+        decided = []
+        for task in finished:
+            if task.cancelled():  # not started at shutdown: handed back
+                continue
+            result = task.result()  # a crash raises here, and so out of the batch
+            if result is not None:
+                decided.append(result)
+        return decided
+
+    # -- decode and look up ------------------------------------------------------------------
+
+    async def _admit(
+        self, batch: Sequence[Delivery], decided: list[Decided]
+    ) -> list[tuple[Delivery, Message]]:
+        """Decode every entry and look up all idempotency records in one round trip; the
+        undecodable, over-delivered and duplicate entries go to ``decided``."""
+        admitted: list[tuple[Delivery, Message]] = []
+        limit = self.settings.max_deliveries
+        for delivery in batch:
+            fields = delivery.fields
+            try:
+                if PayloadStore.reference_of(fields.get("data", "")) is not None:
+                    fields = await self.payloads.resolve_fields(fields)
+                envelope = self.codec.decode(fields, self.keys.event_type(delivery.stream))
+            except MessageError as exc:
+                decided.append(self._dead_letter(delivery, fields, exc.reason_code, str(exc)))
+                continue
+            if delivery.deliveries > limit:
+                decided.append(self._dead_letter(
+                    delivery, fields, "max_deliveries_exceeded",
+                    f"delivered {delivery.deliveries} times (limit {limit})",
+                ))
+                continue
+            admitted.append((delivery, Message(
+                envelope=envelope, stream=delivery.stream, entry_id=delivery.entry_id,
+                deliveries=delivery.deliveries, worker=self.worker,
+                consumer=delivery.consumer.name, fields=fields,
+            )))
+        keys = [message.envelope.idempotency_key for _, message in admitted]
+        seen = await self.connectivity.retrying(lambda: self.records.recorded(keys))
+        to_run = []
+        for (delivery, message), duplicate in zip(admitted, seen, strict=True):
+            if duplicate:
+                commit = EntryCommit(delivery.stream, delivery.consumer.name, delivery.entry_id,
+                                     message.envelope.idempotency_key, ())
+                decided.append(Decided(delivery, commit, "duplicate"))
+            else:
+                to_run.append((delivery, message))
+        return to_run
+
+    # -- handle --------------------------------------------------------------------------------
+
+    async def _handle(self, delivery: Delivery, message: Message) -> Decided | None:
+        """Run the handler until it succeeds, is rejected, or runs out of deliveries; the
+        entry's commit, or None when the entry was lost to another consumer meanwhile.
+        The slot taken here is given back once the entry is committed."""
+        await delivery.take_slot()
+        if delivery.started is None:
+            delivery.started = time.monotonic()
+        while True:
+            begun = time.perf_counter()
+            try:
+                outputs = outputs_of(await self.handler(message))
+            except Reject as exc:
+                return self._dead_letter(delivery, message.fields, exc.reason_code, str(exc),
+                                         deliveries=message.deliveries)
+            except Exception as exc:
+                self._failed(message, exc)
+                if message.deliveries >= self.settings.max_deliveries:
+                    return self._dead_letter(
+                        delivery, message.fields, "max_deliveries_exceeded", describe(exc),
+                        deliveries=message.deliveries, traceback=bounded_traceback(exc),
+                    )
+                message = await self._again(delivery, message, exc)
+                if message.deliveries < 0:
+                    return None
+                continue
+            except asyncio.CancelledError:
+                raise
+            except BaseException as exc:
+                raise WorkerCrashed(f"handler raised {describe(exc)}") from exc
+            return await self._handled(delivery, message, outputs, time.perf_counter() - begun)
+
+    def _failed(self, message: Message, exc: Exception) -> None:
+        self.stats.errors += 1
+        self.stats.last_error = describe(exc)
+        self.observer.processed(self.worker, "error", 0.0)
+        log.error(
+            "handler failed", worker=self.worker, consumer=message.consumer,
+            entry_id=message.entry_id, event_id=message.envelope.event_id,
+            deliveries=message.deliveries, error=describe(exc), exc_info=exc,
+        )
+
+    async def _again(self, delivery: Delivery, message: Message, exc: Exception) -> Message:
+        """Wait the backoff (or the handler's ``Retry(delay=...)``) without holding a slot,
+        then take the entry again as a counted delivery (``deliveries`` -1: lost)."""
+        self.observer.retried(self.worker)
+        delivery.give_slot()
+        delay = exc.delay if isinstance(exc, Retry) and exc.delay is not None else compute_backoff(
+            message.deliveries, base_ms=self.settings.retry_backoff_ms,
+            cap_ms=self.settings.retry_backoff_cap_ms,
+        )
+        await asyncio.sleep(delay)
+        deliveries = await self.connectivity.retrying(
+            lambda: self.leases.redeliver(delivery.stream, delivery.consumer.name, delivery.entry_id)
+        )
+        if deliveries >= 0:
+            await delivery.take_slot()
+        return Message(
+            envelope=message.envelope, stream=message.stream, entry_id=message.entry_id,
+            deliveries=deliveries, worker=self.worker, consumer=message.consumer,
+            fields=message.fields,
+        )
+
+    # -- build the commit ----------------------------------------------------------------------
+
+    async def _handled(
+        self, delivery: Delivery, message: Message, outputs: list[Output], seconds: float
+    ) -> Decided:
+        appends = await self.appends(outputs, message, seconds)
+        commit = EntryCommit(delivery.stream, delivery.consumer.name, delivery.entry_id,
+                             message.envelope.idempotency_key, appends)
+        return Decided(delivery, commit, "ok", message)
+
+    async def appends(
+        self, outputs: Sequence[Output], message: Message | None, seconds: float,
+        correlation_id: str = "",
+    ) -> list[Append]:
+        """The entries to write for ``outputs`` of a handler call (``message`` None: of
+        no entry), each carrying the call's duration, cost and ``replay_of``."""
+        extra = {"duration_ms": f"{seconds * 1000:.3f}"}
+        if message is not None:
+            correlation_id = message.correlation_id
+            if message.costs:
+                extra["cost"] = _json.dumps(message.costs)
+            replay_of = message.envelope.extra.get("replay_of")
+            if replay_of:
+                extra["replay_of"] = replay_of
+        appends = []
+        for out in outputs:
+            fields = self.codec.new_fields(
+                out.type, out.data, correlation_id=out.correlation_id or correlation_id,
+                producer=self.worker, idempotency_key=out.idempotency_key, extra=extra,
+                more=out.extra,
+            )
+            if len(fields["data"]) > self.payloads.inline_limit:
+                fields["data"] = await self.payloads.store(fields["data"])
+            once = self.keys.once(out.once) if out.once else ""
+            appends.append(Append(self.keys.stream(out.type), fields, once))
+        return appends
+
+    def _dead_letter(
+        self, delivery: Delivery, fields: dict[str, str], reason_code: str, error: str, *,
+        deliveries: int | None = None, traceback: str = "",
+    ) -> Decided:
+        """The commit that moves an entry to ``dlq`` with its original fields and why,
+        and acks it (no record: a fixed producer may send the same key again)."""
+        count = delivery.deliveries if deliveries is None else deliveries
+        entry = {
+            **fields,
+            "error": error[:2000],
+            "reason_code": reason_code,
+            "worker": self.worker,
+            "deliveries": str(count),
+            "failed_at": now_rfc3339(),
+            "source_stream": delivery.stream,
+            "source_id": delivery.entry_id,
+        }
+        if traceback:
+            entry["traceback"] = traceback
+        entry.setdefault("type", self.keys.event_type(delivery.stream))
+        commit = EntryCommit(delivery.stream, delivery.consumer.name, delivery.entry_id, "",
+                             (Append(self.keys.dlq, entry),))
+        return Decided(delivery, commit, "dead_lettered", reason_code=reason_code,
+                       error=error, traceback=traceback)
+
+    # -- commit and account --------------------------------------------------------------------
+
+    async def _commit(self, decided: list[Decided], begun: float) -> None:
+        if not decided:
+            return
+        commits = [item.commit for item in decided]
+        results = await self.connectivity.retrying(lambda: self.committer.commit(commits))
+        for item, result in zip(decided, results, strict=True):
+            try:
+                self._account(item, result, time.perf_counter() - begun)
+            finally:
+                item.delivery.release()
+
+    def _account(self, item: Decided, result: Any, seconds: float) -> None:
+        entry_id = item.delivery.entry_id
+        if isinstance(result, Exception):  # this entry cannot commit: it stays pending
+            self.stats.errors += 1
+            self.stats.last_error = describe(result)
+            log.error("commit failed", worker=self.worker, entry_id=entry_id, error=describe(result))
+            return
+        if result == FENCED:
+            log.warning("entry was reclaimed by another consumer; not committing",
+                        worker=self.worker, entry_id=entry_id)
+            self.observer.processed(self.worker, "fenced", seconds)
+        elif item.outcome == "dead_lettered":
+            self.observer.dead_lettered(self.worker, item.reason_code)
+            self.observer.processed(self.worker, "dead_lettered", seconds)
+            log.error("entry dead-lettered", worker=self.worker, entry_id=entry_id,
+                      reason_code=item.reason_code, error=item.error[:500],
+                      traceback=item.traceback or None)
+        elif item.outcome == "duplicate" or result == DUPLICATE:
+            self.observer.processed(self.worker, "duplicate", seconds)
+        else:
+            self.stats.processed += 1
+            self.observer.processed(self.worker, "ok", seconds)
+            assert item.message is not None
+            for unit, amount in item.message.costs.items():
+                self.observer.cost(self.worker, unit, amount)
+
+    async def emit(self, outputs: Sequence[Output], *, correlation_id: str) -> int:
+        """Write outputs no entry caused (timers, sweepers) as one atomic commit with their
+        ``once`` guards; how many were written. Raises :class:`TransportError` when the
+        server cannot be reached."""
+        try:
+            appends = await self.appends(outputs, None, 0.0, correlation_id)
+            (result,) = await self.committer.commit([EntryCommit("", "", "", "", appends)])
+        except CONNECTION_ERRORS as exc:
+            raise TransportError(f"cannot write outputs: {describe(exc)}") from exc
+        if isinstance(result, Exception):
+            raise result
+        return max(0, int(result) - 1)
+

@@ -1,0 +1,115 @@
+"""A consumer's bookkeeping: its tunables, the entries it holds and its handler slots."""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True, slots=True)
+class ConsumerSettings:
+    """Tunables of one stream worker; every one has a safe default.
+
+    ``concurrency`` is the number of consumers (each its own name and blocking read);
+    ``prefetch`` bounds the entries one consumer holds (read, not yet committed);
+    ``parallel`` bounds the handlers one consumer runs at once (``None``: ``prefetch``);
+    entries read past ``parallel`` wait for a slot, and are handed back at once on
+    shutdown. A slot is held until the entry's commit, so ``parallel=1`` means one entry
+    at a time from read to commit (an aggregator relies on it). ``record_ttl`` is how long
+    an idempotency record is kept at least (seconds); ``claim_interval`` unset means a
+    quarter of the visibility timeout, at least 50 ms and at most 5 s.
+    """
+
+    concurrency: int = 1
+    prefetch: int = 16
+    parallel: int | None = None
+    block_ms: int = 1000
+    max_deliveries: int = 5
+    visibility_timeout: float = 60.0
+    claim_interval: float | None = None
+    retry_backoff_ms: float = 200.0
+    retry_backoff_cap_ms: float = 10_000.0
+    record_ttl: float = 7 * 86400.0
+    handler_timeout: float | None = None
+    stall_timeout: float = 30.0
+
+    @property
+    def effective_parallel(self) -> int:
+        return self.parallel or self.prefetch
+
+    @property
+    def effective_claim_interval(self) -> float:
+        if self.claim_interval is not None:
+            return self.claim_interval
+        return max(0.05, min(self.visibility_timeout / 4, 5.0))
+
+    @property
+    def read_count(self) -> int:
+        """Entries per read: half the prefetch, so the next read overlaps the processing
+        and commit of this one instead of waiting for it."""
+        return max(1, self.prefetch // 2)
+
+
+class Consumer:
+    """One consumer name of a group: the entries it holds and its handler slots."""
+
+    def __init__(self, name: str, settings: ConsumerSettings) -> None:
+        self.name = name
+        self.prefetch = settings.prefetch
+        self.held: dict[tuple[str, str], Delivery] = {}
+        self.slots = asyncio.Semaphore(settings.effective_parallel)
+        #: Set whenever an entry is released, so a full consumer reads again at once.
+        self.room = asyncio.Event()
+        self.room.set()
+
+    @property
+    def free(self) -> int:
+        return max(0, self.prefetch - len(self.held))
+
+    def hold(self, stream: str, entry_id: str, fields: dict[str, str], deliveries: int) -> Delivery:
+        delivery = Delivery(self, stream, entry_id, fields, deliveries)
+        self.held[(stream, entry_id)] = delivery
+        return delivery
+
+    def held_ids(self, *, started: bool | None = None) -> dict[str, list[str]]:
+        """Held entry ids by stream (``started``: only those whose handler did or did
+        not start)."""
+        grouped: dict[str, list[str]] = {}
+        for delivery in self.held.values():
+            if started is None or (delivery.started is not None) == started:
+                grouped.setdefault(delivery.stream, []).append(delivery.entry_id)
+        return grouped
+
+
+class Delivery:
+    """One entry a consumer holds, from read (or claim) to commit or hand-back."""
+
+    __slots__ = ("consumer", "deliveries", "entry_id", "fields", "slot", "started", "stream", "task")
+
+    def __init__(
+        self, consumer: Consumer, stream: str, entry_id: str, fields: dict[str, str], deliveries: int
+    ) -> None:
+        self.consumer = consumer
+        self.stream = stream
+        self.entry_id = entry_id
+        self.fields = fields
+        self.deliveries = deliveries
+        #: When its handler first got a slot (monotonic), None before.
+        self.started: float | None = None
+        self.slot = False
+        self.task: asyncio.Task[object] | None = None
+
+    async def take_slot(self) -> None:
+        await self.consumer.slots.acquire()
+        self.slot = True
+
+    def give_slot(self) -> None:
+        if self.slot:
+            self.slot = False
+            self.consumer.slots.release()
+
+    def release(self) -> None:
+        """Done with (committed, lost, or left pending for redelivery); idempotent."""
+        self.give_slot()
+        if self.consumer.held.pop((self.stream, self.entry_id), None) is not None:
+            self.consumer.room.set()

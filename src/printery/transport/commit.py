@@ -1,0 +1,253 @@
+"""The commit protocol: one atomic unit per handled entry (its outputs, its ack and its
+idempotency record, or nothing), many entries per round trip.
+
+A commit is a transaction (:func:`commit_commands`): ``MULTI``, a plain ``XADD`` per
+output, then ``commit.lua``, which keeps or withdraws each entry's outputs after checking
+that the entry is still ours (the fence) and that its idempotency key has no record yet,
+then acks; ``EXEC``. This module is the Python half of that script's argument encoding
+(:func:`commit_run`); ``tests/integration/test_commit_transaction.py`` runs the script's
+own argument parser on what this module encodes, so the two halves cannot drift apart.
+
+:class:`Committer` is the one way to send commits: commits of entries that finish at
+about the same time share one round trip, while each entry stays atomic on its own.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from importlib import resources
+from itertools import chain
+from typing import Any, NamedTuple, cast
+
+import redis.asyncio as aioredis
+from redis.exceptions import ResponseError
+
+from printery.transport.channel import Command, DirectChannel
+
+Fields = Mapping[str, str]
+
+#: A commit's result for an entry fenced out (another consumer owns it now).
+FENCED = -1
+#: A commit's result for an entry whose idempotency key already had a record.
+DUPLICATE = 0
+#: Entries per script run: bounds how long one run holds the server (other clients wait
+#: while a script runs); a flush with more sends several runs in the same write.
+MAX_ENTRIES_PER_RUN = 128
+
+COMMIT_LUA = resources.files("printery.transport").joinpath("commit.lua").read_text()
+#: The line of commit.lua after which its arguments are parsed (the test runs the script
+#: up to there with a decoder of its own).
+ARGUMENTS_PARSED = "-- end of argument parsing"
+#: What a commit sends: the script without comments and indentation, since the server
+#: hashes ``EVAL``'s source on every run.
+COMMIT_LUA_WIRE = "\n".join(
+    line.strip() for line in COMMIT_LUA.splitlines()
+    if line.strip() and not line.strip().startswith("--")
+)
+
+
+class Append(NamedTuple):
+    """One output of a commit: the stream to append to, the entry's fields, and a once
+    key ("" for none) that makes it written at most once, ever."""
+
+    stream: str
+    fields: Fields
+    once: str = ""
+
+
+class EntryCommit(NamedTuple):
+    """One entry's part of a commit. ``entry_id`` "" means outputs caused by no entry
+    (no ack, no fence); ``record`` "" means no idempotency record (dead letters)."""
+
+    source: str
+    consumer: str
+    entry_id: str
+    record: str
+    appends: Sequence[Append]
+
+
+@dataclass(frozen=True, slots=True)
+class CommitRun:
+    """The script's keys and arguments for a run of entries, the outputs to append before
+    it in order, and each entry's output count."""
+
+    keys: list[str]
+    args: list[Any]
+    appends: list[tuple[str, Fields]]
+    output_counts: list[int]
+
+
+def commit_run(
+    index_key: str, group: str, ttl_ms: int, entries: Sequence[EntryCommit]
+) -> CommitRun:
+    """One run over ``entries`` of ``group``, whose idempotency records live under
+    ``index_key`` for at least ``ttl_ms``. Consecutive entries of one shape (source,
+    consumer, record or not, output streams and whether each has a once key) form a
+    segment whose per-entry values go as columns: the script hands them to its commands
+    whole (see commit.lua for the layout)."""
+    keys: list[str] = [index_key]
+    args: list[Any] = [group, ttl_ms]
+    appends: list[tuple[str, Fields]] = []
+    counts: list[int] = []
+    segment: list[EntryCommit] = []
+    shape: tuple[Any, ...] = ()
+    for entry in entries:
+        source = entry.source if entry.entry_id else ""
+        entry_shape = (source, entry.consumer if source else "", not entry.record,
+                       *[(out.stream, not out.once) for out in entry.appends])
+        if entry_shape != shape and segment:
+            _add_segment(keys, args, segment, shape)
+            segment = []
+        shape = entry_shape
+        segment.append(entry)
+        counts.append(len(entry.appends))
+        appends += [(out.stream, out.fields) for out in entry.appends]
+    if segment:
+        _add_segment(keys, args, segment, shape)
+    return CommitRun(keys, args, appends, counts)
+
+
+def _add_segment(
+    keys: list[str], args: list[Any], segment: list[EntryCommit], shape: tuple[Any, ...]
+) -> None:
+    source, consumer, unrecorded, *outputs = shape
+    if source:
+        # A key is passed only when there is one: never the empty name, which an ACL user
+        # confined to its prefix may not touch.
+        if source not in keys[1:]:
+            keys.append(source)
+        position = keys.index(source, 1) + 1
+    else:
+        position = 0
+    args += (position, consumer, len(segment), "0" if unrecorded else "1", len(outputs))
+    for stream, no_once in outputs:
+        args += (stream, "0" if no_once else "1")
+    if source:
+        args += [entry.entry_id for entry in segment]
+    if not unrecorded:
+        args += [entry.record for entry in segment]
+    for slot, (_, no_once) in enumerate(outputs):
+        if not no_once:
+            args += [entry.appends[slot].once for entry in segment]
+
+
+def commit_commands(run: CommitRun) -> list[Command]:
+    """``MULTI``, a plain ``XADD`` per output, the script, ``EXEC``.
+
+    Why not write the outputs from the script: every argument of a script is allocated
+    again as a Lua string and again when the script calls ``XADD``; that made the script
+    cost the server about four times what the ``XADD`` does. ``EVAL`` rather than
+    ``EVALSHA``: a script the server forgot would fail inside ``EXEC`` after the
+    ``XADD``s ran (hashing the source costs well under a microsecond per entry)."""
+    commands: list[Command] = [("MULTI",)]
+    for stream, fields in run.appends:
+        commands.append(("XADD", stream, "*", *chain.from_iterable(fields.items())))
+    commands.append(("EVAL", COMMIT_LUA_WIRE, len(run.keys), *run.keys, *run.args))
+    commands.append(("EXEC",))
+    return commands
+
+
+def commit_results(run: CommitRun, reply: Any) -> list[Any]:
+    """Each entry's result from the script's reply: :data:`FENCED`, :data:`DUPLICATE`,
+    ``1 +`` the number of outputs kept, or the error of an entry that could not commit.
+    A reply that is an error fails every entry of the run."""
+    if isinstance(reply, Exception):
+        return [reply] * len(run.output_counts)
+    if isinstance(reply, int):  # every entry committed with all its outputs
+        if reply != len(run.output_counts):
+            error = ResponseError(f"commit decided {reply} entries of {len(run.output_counts)}")
+            return [error] * len(run.output_counts)
+        return [1 + count for count in run.output_counts]
+    return cast(list[Any], reply)
+
+
+_Queued = tuple[Sequence[EntryCommit], "asyncio.Future[list[Any]]"]
+
+
+class Committer:
+    """Sends commits for one consumer group; every commit of the group goes through it.
+
+    Commits queue while a flush is on the wire and go together in the next one, so the
+    batch grows with the load and nothing waits for a timer. At low load the caller
+    flushes from its own task (no hand-over to the committer task). A failed round trip
+    fails every caller in it; callers retry: the script is idempotent through its record
+    and fenced by ownership, so a retry after a lost reply cannot write twice.
+    """
+
+    def __init__(self, client: aioredis.Redis, *, index_key: str, group: str, ttl_ms: int) -> None:
+        self._channel = DirectChannel(client)
+        self._header = (index_key, group, ttl_ms)
+        self._queue: list[_Queued] = []
+        self._wake = asyncio.Event()
+        self._busy = False
+
+    async def commit(self, entries: Sequence[EntryCommit]) -> list[Any]:
+        """Commit entries; each one's result (see :func:`commit_results`). Raises the
+        client's connection errors when the round trip failed. Shielded: a caller
+        cancelled meanwhile does not cancel the commit of the others in its flush."""
+        future: asyncio.Future[list[Any]] = asyncio.get_running_loop().create_future()
+        self._queue.append((entries, future))
+        self._wake.set()
+        if not self._busy:
+            await self._drain(once=True)
+        return await asyncio.shield(future)
+
+    async def run(self) -> None:
+        """Flush what no caller leads, until cancelled; then fail whoever still waits."""
+        try:
+            while True:
+                await self._wake.wait()
+                self._wake.clear()
+                if not self._busy and self._queue:
+                    await self._drain()
+        finally:
+            queued, self._queue = self._queue, []
+            for _, future in queued:
+                if not future.done():
+                    future.set_exception(ConnectionError("committer stopped"))
+            await self.close()
+
+    async def close(self) -> None:
+        """Close the committer's connection (a later commit opens a new one)."""
+        await self._channel.close()
+
+    async def _drain(self, *, once: bool = False) -> None:
+        """Flush until the queue is empty (``once``: one flush, so a leading caller is held
+        up by one round trip at most; the committer task takes what queued since)."""
+        self._busy = True
+        try:
+            while self._queue:
+                batch, self._queue = self._queue, []
+                await self._flush(batch)
+                if once:
+                    break
+        finally:
+            self._busy = False
+            if self._queue:
+                self._wake.set()
+
+    async def _flush(self, batch: list[_Queued]) -> None:
+        entries = [entry for group, _ in batch for entry in group]
+        runs = [commit_run(*self._header, entries[i : i + MAX_ENTRIES_PER_RUN])
+                for i in range(0, len(entries), MAX_ENTRIES_PER_RUN)]
+        try:
+            replies = await self._channel.transactions([commit_commands(run) for run in runs])
+        except BaseException as exc:
+            # Connection trouble, or the flushing task was cancelled mid-reply.
+            failure = exc if isinstance(exc, Exception) else ConnectionError("commit interrupted")
+            for _, future in batch:
+                if not future.done():
+                    future.set_exception(failure)
+            if not isinstance(exc, Exception):
+                raise
+            return
+        results: list[Any] = []
+        for run, executed in zip(runs, replies, strict=True):
+            results += commit_results(run, executed if isinstance(executed, Exception) else executed[-1])
+        start = 0
+        for group, future in batch:
+            if not future.done():
+                future.set_result(results[start : start + len(group)])
+            start += len(group)

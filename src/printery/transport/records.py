@@ -1,0 +1,71 @@
+"""Idempotency records: which entries' idempotency keys a consumer group has committed.
+
+A record is written by the commit (commit.lua, atomically with the outputs and the ack)
+as a member of one set per generation, ``<index>:r<n>``; the index hash names the current
+generation. A generation is current for the record ttl, then previous (still checked),
+then expires, so a record is kept at least ttl and at most about twice that.
+:class:`RecordLookup` reads them before handlers run, so a duplicate is acked without
+being handled again (the commit checks again, atomically).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Sequence
+
+from redis.exceptions import ResponseError
+
+from printery.transport.channel import Command, DirectChannel
+
+
+def record_set(index_key: str, generation: int) -> str:
+    """The set holding a generation's records (named as commit.lua names it)."""
+    return f"{index_key}:r{generation}"
+
+
+class RecordLookup:
+    """Looks up idempotency records in one round trip per batch of keys.
+
+    Plain ``SMISMEMBER`` in a transaction rather than a script: a script's arguments and
+    replies are converted to Lua and back, which cost the server twice as much per key.
+    The current generation is remembered; the transaction reads it too, and a lookup made
+    against a generation that rotated since is repeated. Coroutine-safe (one lookup at a
+    time on its own connection).
+    """
+
+    def __init__(self, channel: DirectChannel, index_key: str) -> None:
+        self.channel = channel
+        self.index_key = index_key
+        self._generation: int | None = None
+        self._lock = asyncio.Lock()
+
+    async def recorded(self, idempotency_keys: Sequence[str]) -> list[bool]:
+        """For each key, whether it has a record (in the current or previous generation)."""
+        if not idempotency_keys:
+            return []
+        async with self._lock:
+            for _ in range(3):
+                guess = self._generation
+                commands: list[Command] = [("MULTI",), ("HMGET", self.index_key, "gen")]
+                for generation in (guess, (guess or 0) - 1):
+                    if generation is not None and generation >= 1:
+                        commands.append(
+                            ("SMISMEMBER", record_set(self.index_key, generation), *idempotency_keys))
+                commands.append(("EXEC",))
+                (executed,) = await self.channel.transactions([commands])
+                if isinstance(executed, Exception):
+                    raise executed
+                (current,), *found = executed
+                current = None if current is None else int(current)
+                if current == guess:
+                    return [any(column[i] for column in found)
+                            for i in range(len(idempotency_keys))]
+                self._generation = current
+                if current is None:
+                    return [False] * len(idempotency_keys)
+        raise ResponseError(f"idempotency generation of {self.index_key} keeps rotating")
+
+    async def close(self) -> None:
+        await self.channel.close()
+
+
