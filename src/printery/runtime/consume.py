@@ -114,8 +114,9 @@ class EntryPipeline:
 
     async def process(self, batch: Sequence[Delivery]) -> None:
         """Take a batch through the pipeline. Raises :class:`WorkerCrashed` when a handler
-        raised a ``BaseException``; whatever happens, every entry is released at the end
-        (one not committed stays pending and is delivered again)."""
+        raised a ``BaseException``. Every entry is released at the end (one not committed
+        stays pending and is delivered again), unless the batch failed or was cancelled:
+        its worker then hands the entries back as it stops."""
         begun = time.perf_counter()
         running: set[asyncio.Task[Decided | None]] = set()
         try:
@@ -135,14 +136,17 @@ class EntryPipeline:
                 decided += self._results(finished)
                 await self._commit(decided, begun)
                 if not running:
-                    return
+                    break
                 decided = []
                 await asyncio.wait(running, return_when=asyncio.FIRST_COMPLETED)
-        finally:
+        except BaseException:
+            # A crash, or cancelled by the drain: the entries stay held, so the worker
+            # hands them back (claimable at once) as it stops.
             for task in running:
                 task.cancel()
-            for delivery in batch:
-                delivery.release()
+            raise
+        for delivery in batch:
+            delivery.release()
 
     def _results(self, finished: set[asyncio.Task[Decided | None]]) -> list[Decided]:
         decided = []

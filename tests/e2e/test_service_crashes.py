@@ -1,0 +1,153 @@
+"""Failures in the consume path as users hit them, under ``printery-workers --app``
+(CONTRACT §4, §5): a handler that raises a ``BaseException`` crashes its worker (never
+lost in a background task), and a handler's ordinary error keeps its traceback in the
+log and in its ``dlq`` entry."""
+
+from __future__ import annotations
+
+import json
+import textwrap
+from pathlib import Path
+
+import redis
+
+from printery.testing import unique_prefix
+from printery.transport.server import ServerProcess
+from support.service import spawn
+
+# Only the public API, as the README shows. `fatal` raises a BaseException that is not an
+# Exception; `steady` is a second worker of the same process that must go on regardless;
+# `buggy` has an ordinary bug (a KeyError).
+APP = textwrap.dedent(
+    """
+    from printery import Message, Output, Pipeline
+
+
+    class Fatal(BaseException):
+        pass
+
+
+    pipeline = Pipeline("fatal", ingress=["job", "work", "bug"])
+
+
+    @pipeline.step("fatal", consumes=["job"])
+    async def fatal(msg: Message) -> None:
+        raise Fatal("the handler gave up the ghost")
+
+
+    @pipeline.step("steady", consumes=["work"], produces=["done"])
+    async def steady(msg: Message) -> Output:
+        return Output("done", msg.data)
+
+
+    @pipeline.step("buggy", consumes=["bug"])
+    async def buggy(msg: Message) -> None:
+        return msg.data["missing_key"]
+    """
+)
+
+
+def _app(tmp_path: Path) -> Path:
+    (tmp_path / "fatalapp.py").write_text(APP)
+    return tmp_path
+
+
+def test_a_base_exception_crashes_the_worker_which_is_restarted_then_failed(
+    server: ServerProcess, tmp_path: Path
+) -> None:
+    prefix = unique_prefix("fatal")
+    r = redis.Redis.from_url(server.url, decode_responses=True)
+    svc = spawn(
+        ["--redis-url", server.url, "--stream-prefix", prefix, "--app", "fatalapp:pipeline",
+         "--supervised", "--max-restarts", "2", "--backoff", "50"],
+        cwd=_app(tmp_path),
+    )
+    try:
+        r.xadd(f"{prefix}:job", {"data": "{}"})
+        seen: set[int] = set()
+
+        def failed() -> bool:
+            worker = svc.json("/status")["workers"]["fatal"]
+            seen.add(int(worker["restarts"]))
+            return bool(worker["state"] == "failed")
+
+        svc.wait_until(failed, timeout=30, what="fatal worker failed")
+        status = svc.json("/status")["workers"]
+        assert status["fatal"]["restarts"] == 2 and max(seen) == 2
+        assert "Fatal" in (status["fatal"]["last_error"] or "")
+        ready = svc.get("/readyz")
+        assert ready.status_code == 503
+        assert "worker fatal is not healthy" in ready.json()["reasons"]
+        assert "ALERT worker failed" in svc.log()
+        assert 'printery_worker_restarts_total{worker="fatal"} 2.0' in svc.get("/metrics").text
+        # The other workers go on.
+        assert status["steady"]["state"] == "running"
+        r.xadd(f"{prefix}:work", {"data": '{"n": 1}'})
+        svc.wait_until(lambda: r.xlen(f"{prefix}:done") == 1, what="steady still works")
+        # The entry is not lost: still pending, never acknowledged.
+        assert r.xpending(f"{prefix}:job", "fatal")["pending"] == 1
+        assert svc.proc.poll() is None
+    finally:
+        assert svc.stop() == 0
+        r.close()
+
+
+def test_a_base_exception_in_standalone_mode_exits_1(server: ServerProcess, tmp_path: Path) -> None:
+    prefix = unique_prefix("fatal-solo")
+    r = redis.Redis.from_url(server.url, decode_responses=True)
+    try:
+        r.xadd(f"{prefix}:job", {"data": "{}"})
+        svc = spawn(
+            ["--redis-url", server.url, "--stream-prefix", prefix, "--app", "fatalapp:pipeline"],
+            cwd=_app(tmp_path), wait=False,
+        )
+        assert svc.wait(timeout=30) == 1
+        assert "worker failed: exiting 1: fatal" in svc.log()
+        assert r.xpending(f"{prefix}:job", "fatal")["pending"] == 1
+    finally:
+        r.close()
+
+
+def test_a_base_exception_with_exit_on_failure_exits_1(server: ServerProcess, tmp_path: Path) -> None:
+    prefix = unique_prefix("fatal-eof")
+    r = redis.Redis.from_url(server.url, decode_responses=True)
+    try:
+        r.xadd(f"{prefix}:job", {"data": "{}"})
+        svc = spawn(
+            ["--redis-url", server.url, "--stream-prefix", prefix, "--app", "fatalapp:pipeline",
+             "--supervised", "--max-restarts", "1", "--backoff", "50", "--exit-on-failure"],
+            cwd=_app(tmp_path), wait=False,
+        )
+        assert svc.wait(timeout=30) == 1
+    finally:
+        r.close()
+
+
+def test_a_handler_error_keeps_its_traceback_in_the_log_and_the_dlq_entry(
+    server: ServerProcess, tmp_path: Path
+) -> None:
+    prefix = unique_prefix("trace")
+    r = redis.Redis.from_url(server.url, decode_responses=True)
+    (tmp_path / "p.toml").write_text("[transport]\nmax_deliveries = 2\n")
+    svc = spawn(
+        ["--redis-url", server.url, "--stream-prefix", prefix, "--app", "fatalapp:pipeline",
+         "--config", str(tmp_path / "p.toml")],
+        cwd=_app(tmp_path),
+    )
+    try:
+        r.xadd(f"{prefix}:bug", {"data": '{"n": 7}'})
+        svc.wait_until(lambda: r.xlen(f"{prefix}:dlq") == 1, timeout=30, what="dead letter")
+        ((_, entry),) = r.xrange(f"{prefix}:dlq")
+        assert entry["error"] == "KeyError: 'missing_key'"
+        assert entry["reason_code"] == "max_deliveries_exceeded"
+        assert "fatalapp.py" in entry["traceback"] and ", line " in entry["traceback"]
+        assert entry["traceback"].rstrip().endswith("KeyError: 'missing_key'")
+        assert len(entry["traceback"]) <= 4100
+        failures = [json.loads(line) for line in svc.log().splitlines()
+                    if line.startswith("{") and '"handler failed"' in line]
+        assert len(failures) == 2, "each failed delivery is logged"
+        assert all(f["level"] == "error" for f in failures)
+        assert all("fatalapp.py" in f["exception"] for f in failures)
+    finally:
+        assert svc.stop() == 0
+        r.close()
