@@ -5,7 +5,10 @@ no join. The result is written with a ``once`` guard, so it is emitted exactly o
 however many consumers or redeliveries evaluate the same join; a branch arriving after
 that is recorded in the hash (``late:<branch>``), not emitted again. A join opened but
 not complete at its deadline (counted from the opening entry's ``produced_at``) is
-finished by a sweeper with the missing branches named.
+finished by a sweeper with the missing branches named (sweepers lease the joins they take).
+A failure there stays with its join (CONTRACT §4): a policy (or ``on_timeout``) that
+raises, or does not decide, is retried on later sweeps with backoff (attempts counted in
+the hash), then goes to ``dlq`` (``merge_failed``) under the result's ``once`` guard.
 """
 
 from __future__ import annotations
@@ -13,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
+import traceback
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, cast
@@ -20,14 +24,28 @@ from typing import Any, cast
 import structlog
 
 from printery import _json
-from printery._util import parse_rfc3339
+from printery._util import now_rfc3339, parse_rfc3339
+from printery.backoff import compute_backoff
+from printery.keys import DLQ
 from printery.pipeline.dag import Step
 from printery.runtime.handler import HandlerResult, Message, Output
 from printery.runtime.stream_worker import CONNECTION_ERRORS, StreamWorker
 
 log = structlog.get_logger("printery.aggregate")
 
-OPENED_AT = "__opened_at"
+OPENED_AT, ATTEMPTS, MERGE_FAILED = "__opened_at", "__sweep_attempts", "merge_failed"
+SWEEP_BATCH, SWEEP_LEASE_MS, TRACEBACK_LIMIT = 100, 10_000, 4000
+
+#: Due joins (score <= ARGV[1]), at most ARGV[3], leased to the caller until ARGV[2].
+TAKE_DUE = """
+local due = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', ARGV[1], 'LIMIT', 0, ARGV[3])
+for _, cid in ipairs(due) do redis.call('ZADD', KEYS[1], 'XX', ARGV[2], cid) end
+return due
+"""
+
+
+class JoinFailed(Exception):
+    """A join's merge policy (or ``on_timeout``) failed, or did not decide at the deadline."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -206,25 +224,76 @@ class Aggregator:
                 await self.sweep_once(worker)
 
     async def sweep_once(self, worker: StreamWorker) -> int:
-        keys = worker.keys
-        now_ms = int(time.time() * 1000)
-        due = await worker.client.zrangebyscore(keys.join_deadlines(self.name), "-inf", now_ms,
-                                               start=0, num=100)
+        """Finish (or fail) the joins whose deadline passed; how many results were written.
+        A connection error ends the sweep (the joins it leased are due again later)."""
+        keys, client = worker.keys, worker.client
+        deadlines, now_ms = keys.join_deadlines(self.name), int(time.time() * 1000)
+        due = await cast(Awaitable[list[str]], client.eval(
+            TAKE_DUE, 1, deadlines, str(now_ms), str(now_ms + SWEEP_LEASE_MS), str(SWEEP_BATCH)))
         finished = 0
         for cid in due:
-            if not await worker.client.exists(keys.once(self._once(cid))):
-                raw = await cast(Awaitable[dict[str, str]],
-                                 worker.client.hgetall(keys.join(self.name, cid)))
-                merged = self.policy(self._state(cid, raw, timed_out=True))
-                if merged is not None:
-                    state = self._state(cid, raw, timed_out=True)
-                    extra = list(self.on_timeout(state, merged)) if self.on_timeout else []
-                    finished += await worker.emit(
-                        [Output(self.emits, merged, correlation_id=cid, once=self._once(cid)),
-                         *extra],
-                        correlation_id=cid,
-                    )
-                    log.warning("join finished at its deadline", worker=self.name,
-                                correlation_id=cid, arrived=sorted(raw))
-            await worker.client.zrem(keys.join_deadlines(self.name), cid)
+            async with client.pipeline(transaction=False) as pipe:
+                pipe.exists(keys.once(self._once(cid)))
+                pipe.hgetall(keys.join(self.name, cid))
+                decided, raw = await pipe.execute()
+            if not decided:
+                try:
+                    finished += await worker.emit(self._decide(cid, raw), correlation_id=cid)
+                except CONNECTION_ERRORS:
+                    raise
+                except Exception as exc:  # the policy's (JoinFailed), or outputs not writable
+                    await self._failed(worker, cid, raw, exc)
+                    continue
+                log.warning("join finished at its deadline", worker=self.name,
+                            correlation_id=cid, arrived=sorted(raw))
+            await client.zrem(deadlines, cid)
         return finished
+
+    def _decide(self, cid: str, raw: Mapping[str, str]) -> list[Output]:
+        state = self._state(cid, raw, timed_out=True)
+        try:  # whatever the policy raises is the join's failure, an OSError too
+            merged = self.policy(state)
+            extra = [] if merged is None or not self.on_timeout else list(self.on_timeout(state, merged))
+        except Exception as exc:
+            raise JoinFailed(str(exc)) from exc
+        if merged is None:
+            raise JoinFailed("the merge policy made no decision at the join's deadline")
+        return [Output(self.emits, merged, correlation_id=cid, once=self._once(cid)), *extra]
+
+    async def _failed(self, worker: StreamWorker, cid: str, raw: Mapping[str, str],
+                      exc: Exception) -> None:
+        """Count a failed attempt at deciding a join: retry it later with backoff, or after
+        ``max_deliveries`` attempts dead-letter it."""
+        if isinstance(exc, JoinFailed) and isinstance(exc.__cause__, Exception):
+            exc = exc.__cause__
+        keys, settings, error = worker.keys, worker.settings, f"{type(exc).__name__}: {exc}"
+        async with worker.client.pipeline(transaction=True) as pipe:
+            pipe.hincrby(keys.join(self.name, cid), ATTEMPTS, 1)
+            pipe.expire(keys.join(self.name, cid), self.ttl_s)
+            attempt, _ = await pipe.execute()
+        log.error("join failed at its deadline", worker=self.name, correlation_id=cid,
+                  attempt=attempt, max_deliveries=settings.max_deliveries, error=error, exc_info=exc)
+        if attempt < settings.max_deliveries:
+            delay = compute_backoff(attempt, base_ms=settings.retry_backoff_ms,
+                                    cap_ms=settings.retry_backoff_cap_ms)
+            await worker.client.zadd(keys.join_deadlines(self.name),
+                                     {cid: int((time.time() + delay) * 1000)}, xx=True)
+            return
+        # Still leased by this sweep: no one else takes it; due again if the dlq write fails.
+        fields = {"type": self.emits, "error": error[:2000], "reason_code": MERGE_FAILED,
+                  "worker": self.name, "deliveries": str(attempt), "failed_at": now_rfc3339(),
+                  "source_stream": keys.stream(self.opens), "source_id": "",
+                  "join": keys.join(self.name, cid),
+                  "traceback": "".join(traceback.format_exception(exc))[-TRACEBACK_LIMIT:]}
+        entry = Output(DLQ, self._state(cid, raw).arrived, correlation_id=cid,
+                       idempotency_key=f"{self.emits}:{cid}", once=self._once(cid), extra=fields)
+        try:
+            written = await worker.emit([entry], correlation_id=cid)
+        except CONNECTION_ERRORS:
+            raise
+        except Exception:
+            log.exception("could not dead-letter a failed join", worker=self.name, correlation_id=cid)
+            return
+        await worker.client.zrem(keys.join_deadlines(self.name), cid)
+        log.error("join dead-lettered" if written else "join was decided meanwhile",
+                  worker=self.name, correlation_id=cid, reason_code=MERGE_FAILED, deliveries=attempt)
