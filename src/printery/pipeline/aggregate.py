@@ -29,7 +29,8 @@ from printery.backoff import compute_backoff
 from printery.keys import DLQ
 from printery.pipeline.dag import Step
 from printery.runtime.handler import HandlerResult, Message, Output
-from printery.runtime.stream_worker import CONNECTION_ERRORS, StreamWorker
+from printery.runtime.stream_worker import StreamWorker
+from printery.transport.streams import CONNECTION_ERRORS
 
 log = structlog.get_logger("printery.aggregate")
 
@@ -224,8 +225,7 @@ class Aggregator:
                 await self.sweep_once(worker)
 
     async def sweep_once(self, worker: StreamWorker) -> int:
-        """Finish (or fail) the joins whose deadline passed; how many results were written.
-        A connection error ends the sweep (the joins it leased are due again later)."""
+        """Finish (or fail) due joins; the results written. A connection error ends it."""
         keys, client = worker.keys, worker.client
         deadlines, now_ms = keys.join_deadlines(self.name), int(time.time() * 1000)
         due = await cast(Awaitable[list[str]], client.eval(
