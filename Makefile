@@ -20,9 +20,10 @@ test: $(STAMP)
 	$(BIN)/pytest -q
 
 lint: $(STAMP)
-	$(BIN)/ruff check src tests examples
+	$(BIN)/ruff check src tests examples tools
 	$(BIN)/mypy --strict src
 	$(BIN)/lint-imports
+	$(BIN)/python tools/import_cycles.py src
 
 bench: $(STAMP)
 	$(BIN)/printery bench --events 50000 --stages 4

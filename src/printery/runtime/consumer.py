@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import time
 from dataclasses import dataclass
 
 
@@ -70,6 +71,11 @@ class Consumer:
         delivery = Delivery(self, stream, entry_id, fields, deliveries)
         self.held[(stream, entry_id)] = delivery
         return delivery
+
+    def running_longer_than(self, seconds: float) -> bool:
+        """Whether a handler of this consumer has run longer than ``seconds``."""
+        now = time.monotonic()
+        return any(d.started is not None and now - d.started > seconds for d in self.held.values())
 
     def held_ids(self, *, started: bool | None = None) -> dict[str, list[str]]:
         """Held entry ids by stream (``started``: only those whose handler did or did

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import time
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
@@ -100,13 +99,7 @@ class StreamWorker:
         if self._ctx is None or self._ctx.beat_age() > self.settings.stall_timeout:
             return False
         limit = self.settings.handler_timeout
-        if limit is not None:
-            now = time.monotonic()
-            for consumer in self._consumers:
-                for delivery in consumer.held.values():
-                    if delivery.started is not None and now - delivery.started > limit:
-                        return False
-        return True
+        return limit is None or not any(c.running_longer_than(limit) for c in self._consumers)
 
     @property
     def connected(self) -> bool:
@@ -162,7 +155,10 @@ class StreamWorker:
             for task in [*loops, *self._batches]:
                 task.cancel()
             await asyncio.gather(*loops, *self._batches, return_exceptions=True)
-            await self._hand_back_all()
+            await self._hand_back()
+            for consumer in self._consumers:
+                for delivery in list(consumer.held.values()):
+                    delivery.release()
             await records.close()
 
     async def emit(self, outputs: Sequence[Output], *, correlation_id: str) -> int:
@@ -278,27 +274,22 @@ class StreamWorker:
                     with contextlib.suppress(*CONNECTION_ERRORS):
                         await self._leases.renew(stream, consumer.name, ids)
 
-    async def _hand_back(self, consumer: Consumer, grouped: dict[str, list[str]]) -> None:
-        """Make entries we will not run claimable by others now, not after the timeout."""
+    async def _hand_back(self, *, started: bool | None = None) -> None:
+        """Make held entries (``started``: only those whose handler did or did not start)
+        claimable by others now, not after the visibility timeout."""
         idle_ms = int(self.settings.visibility_timeout * 1000) + 1000
-        for stream, ids in grouped.items():
-            with contextlib.suppress(*CONNECTION_ERRORS):
-                await self._leases.hand_back(stream, consumer.name, ids, idle_ms)
-
-    async def _hand_back_all(self) -> None:
         for consumer in self._consumers:
-            await self._hand_back(consumer, consumer.held_ids())
-            for delivery in list(consumer.held.values()):
-                delivery.release()
+            for stream, ids in consumer.held_ids(started=started).items():
+                with contextlib.suppress(*CONNECTION_ERRORS):
+                    await self._leases.hand_back(stream, consumer.name, ids, idle_ms)
 
     async def _drain(self, timeout: float) -> None:
         """Hand back entries whose handler has not started, let started ones finish up to
         ``timeout``; what is left is cancelled and handed back by :meth:`run`."""
         for consumer in self._consumers:
-            waiting = consumer.held_ids(started=False)
             for delivery in list(consumer.held.values()):
                 if delivery.started is None and delivery.task is not None:
                     delivery.task.cancel()
-            await self._hand_back(consumer, waiting)
+        await self._hand_back(started=False)
         if self._batches:
             await asyncio.wait(list(self._batches), timeout=timeout)
