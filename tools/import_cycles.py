@@ -30,7 +30,7 @@ def module_graph(src: Path) -> dict[str, set[str]]:
                 targets = [alias.name for alias in node.names]
             elif isinstance(node, ast.ImportFrom):
                 base = package.split(".")[: len(package.split(".")) - max(0, node.level - 1)]
-                prefix = ".".join(base + [node.module or ""]) if node.level else node.module or ""
+                prefix = ".".join([*base, node.module or ""]) if node.level else node.module or ""
                 prefix = prefix.strip(".")
                 targets = [prefix, *(f"{prefix}.{alias.name}" for alias in node.names)]
             for target in targets:
