@@ -1,7 +1,7 @@
 """printery: worker orchestration over Redis Streams."""
 
 from printery.backoff import compute_backoff
-from printery.config import Settings
+from printery.config import AppConfig, Settings, SettingsTable
 from printery.cost import cost_summary
 from printery.errors import (
     BlobMissing,
@@ -19,7 +19,7 @@ from printery.errors import (
     TransportError,
     WorkerFailed,
 )
-from printery.keys import StreamKeys
+from printery.keys import DLQ, REVIEW, REVIEW_DECIDED, StreamKeys
 from printery.message import Codec, Envelope
 from printery.pipeline.aggregate import (
     Aggregator,
@@ -32,6 +32,7 @@ from printery.pipeline.aggregate import (
 from printery.pipeline.dag import Pipeline, Step, to_mermaid, to_text
 from printery.pipeline.escalation import escalate, review_output
 from printery.pipeline.gate import Reason
+from printery.redact import redact_text, redact_url
 from printery.replay import ReplayError, ReplayResult, replay
 from printery.runtime.handler import Handler, HandlerResult, Message, Output
 from printery.runtime.stream_worker import ConsumerSettings, StreamWorker
@@ -39,7 +40,11 @@ from printery.supervisor.manager import WorkerManager
 from printery.worker import RunContext, Worker, WorkerState, WorkerStats
 
 __all__ = [
+    "DLQ",
+    "REVIEW",
+    "REVIEW_DECIDED",
     "Aggregator",
+    "AppConfig",
     "BlobMissing",
     "Codec",
     "ConfigError",
@@ -66,6 +71,7 @@ __all__ = [
     "Retry",
     "RunContext",
     "Settings",
+    "SettingsTable",
     "Step",
     "StreamKeys",
     "StreamWorker",
@@ -82,6 +88,8 @@ __all__ = [
     "cost_summary",
     "escalate",
     "first_wins",
+    "redact_text",
+    "redact_url",
     "replay",
     "review_output",
     "to_mermaid",

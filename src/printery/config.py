@@ -6,6 +6,15 @@ before anything connects: a bad value is a :class:`~printery.errors.ConfigError`
 message is one line naming the setting (and where it came from), the value with secrets
 shown as ``***``, and what is allowed. The CLI turns that into exit status 2.
 
+The framework's settings know nothing of any application. An application declares what
+it adds with an :class:`AppConfig` attached to its ``--app`` target: its own TOML tables
+(pydantic models, validated here with the same one-line errors), defaults of framework
+settings it wants different, other names for its workers, and the env vars holding its
+secrets. Loading is two passes over the same inputs: the first, before the app is known,
+validates the framework's settings and sets unknown top-level tables aside (it is how
+``app`` is found); the second validates everything again with the app's
+:class:`AppConfig`. Both happen before anything connects.
+
 Choices where the contract is silent: an environment variable set to the empty string
 counts as unset (so ``REDIS_URL=`` in a compose file means "embedded server"); log level
 and environment are case-insensitive (``warning`` is taken as ``warn``); relative paths
@@ -14,13 +23,14 @@ are relative to the working directory, not to the config file.
 
 from __future__ import annotations
 
+import functools
 import re
 import tomllib
 import types
-from collections.abc import Collection, Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Annotated, Any, Literal, Union, get_args, get_origin
+from typing import Annotated, Any, Literal, TypeVar, Union, get_args, get_origin
 from urllib.parse import urlsplit
 
 from annotated_types import Ge, Gt, MinLen
@@ -29,63 +39,32 @@ from pydantic import (
     BeforeValidator,
     ConfigDict,
     Field,
+    PrivateAttr,
     ValidationError,
     ValidationInfo,
+    create_model,
     field_validator,
 )
 from pydantic.fields import FieldInfo
 from pydantic_core import ErrorDetails, PydanticCustomError
 
 from printery.errors import ConfigError
+from printery.redact import Redactor, redact_url
 
 __all__ = [
     "SETTINGS_DOC",
-    "WORKER_ALIASES",
-    "AggregatorSettings",
-    "DependencyCheckerSettings",
-    "HealthMonitorSettings",
-    "NotifierSettings",
+    "AppConfig",
     "SettingDoc",
     "Settings",
+    "SettingsTable",
     "TransportSettings",
-    "ValidatorSettings",
     "WorkerSettings",
     "load_settings",
     "parse_http_addr",
-    "redact_text",
-    "redact_url",
 ]
 
-#: The seed's short worker names, still accepted by ``--worker`` (CONTRACT, preamble).
-WORKER_ALIASES: Mapping[str, str] = {
-    "dependency": "dependency-checker",
-    "health": "health-monitor",
-}
-
-# ``scheme://user:password@`` (user may be empty); the password runs to the last ``@``
-# of the authority, so a password holding ``@`` is still masked whole.
-_URL_CREDENTIAL = re.compile(r"(?P<head>[A-Za-z][A-Za-z0-9+.-]*://[^:/@\s]*):[^\s/]*@")
-# redis-py also takes the password as a query argument.
-_QUERY_SECRET = re.compile(r"(?i)(?P<head>[?&](?:password|pass|pwd|secret|token)=)[^&#\s]*")
-
-
-def redact_text(text: str) -> str:
-    """Mask every URL password (``://user:***@``) and password query argument in ``text``."""
-    if "://" in text and "@" in text:
-        text = _URL_CREDENTIAL.sub(r"\g<head>:***@", text)
-    if "=" in text:
-        text = _QUERY_SECRET.sub(r"\g<head>***", text)
-    return text
-
-
-def redact_url(url: str) -> str:
-    """``url`` with its password masked: ``redis://:pw@host:6379`` -> ``redis://:***@host:6379``.
-
-    The user name is kept (Redis ACL users are not secret); robust to malformed URLs,
-    because its main use is printing the bad value of a setting.
-    """
-    return redact_text(url)
-
+M = TypeVar("M", bound=BaseModel)
+T = TypeVar("T")
 
 def _fail(allowed: str) -> PydanticCustomError:
     # The message template is the "what is allowed" part of the ConfigError.
@@ -114,14 +93,6 @@ def parse_http_addr(addr: str) -> tuple[str, int] | None:
     return (host or "0.0.0.0", int(port_text))
 
 
-def _no_bool(value: object) -> object:
-    # pydantic's lax mode reads `true` as 1; a boolean where a number belongs is a mistake.
-    if isinstance(value, bool):
-        # Not `_fail`: the field's own description ("an integer >= 0") says it better.
-        raise PydanticCustomError("bool_not_number", "a number, not true or false")
-    return value
-
-
 _TRUE = {"true", "1", "yes"}
 _FALSE = {"false", "0", "no"}
 
@@ -145,127 +116,167 @@ def _lower(value: object) -> object:
     return value.strip().lower() if isinstance(value, str) else value
 
 
-Int = Annotated[int, BeforeValidator(_no_bool)]
-Float = Annotated[float, BeforeValidator(_no_bool), Field(allow_inf_nan=False)]
+def _numeric(annotation: Any) -> bool:
+    """Whether a field holds a number (``int``, ``float``, optional or not)."""
+    origin, args = get_origin(annotation), get_args(annotation)
+    if origin is Annotated:
+        return _numeric(args[0])
+    if origin in (Union, types.UnionType):
+        return any(_numeric(arg) for arg in args)
+    return annotation in (int, float)
+
+
 Bool = Annotated[bool, BeforeValidator(_to_bool)]
 LogLevel = Literal["debug", "info", "warn", "error"]
 Environment = Literal["development", "staging", "production"]
 
 
-class _Table(BaseModel):
-    """Base of every settings table: unknown keys are errors, instances are immutable."""
+class SettingsTable(BaseModel):
+    """Base of every settings table, the framework's and applications' alike.
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    Unknown keys are errors, instances are immutable, and a boolean where a number
+    belongs is refused (pydantic would read TOML's ``true`` as 1), as are inf and nan.
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
+
+    @field_validator("*", mode="before")
+    @classmethod
+    def _no_bool_for_numbers(cls, value: object, info: ValidationInfo) -> object:
+        if isinstance(value, bool) and info.field_name is not None:
+            found = cls.model_fields.get(info.field_name)
+            if found is not None and _numeric(found.annotation):
+                # Not `_fail`: the field's own description ("an integer >= 0") says it better.
+                raise PydanticCustomError("bool_not_number", "a number, not true or false")
+        return value
 
 
-class TransportSettings(_Table):
+class TransportSettings(SettingsTable):
     """``[transport]``: delivery limits shared by every stream worker (CONTRACT §4, §10)."""
 
-    max_deliveries: Int = Field(default=5, ge=1)
-    visibility_timeout: Float = Field(default=60.0, gt=0)
-    payload_limit_bytes: Int = Field(default=1_048_576, ge=1)
-    inline_limit_bytes: Int = Field(default=65_536, ge=1)
-    blob_ttl: Int = Field(default=604_800, ge=1)
+    max_deliveries: int = Field(default=5, ge=1)
+    visibility_timeout: float = Field(default=60.0, gt=0)
+    payload_limit_bytes: int = Field(default=1_048_576, ge=1)
+    inline_limit_bytes: int = Field(default=65_536, ge=1)
+    blob_ttl: int = Field(default=604_800, ge=1)
     #: Seconds an entry that every group has acknowledged stays in its stream (for
     #: ``trace``, ``replay`` and ``cost``); 0 keeps everything. Unacknowledged and unread
     #: entries are never trimmed, nor are ``dlq``, ``review`` and ``review:decided``.
-    retention: Float = Field(default=604_800.0, ge=0)
+    retention: float = Field(default=604_800.0, ge=0)
     #: Seconds between retention sweeps.
-    retention_interval: Float = Field(default=60.0, gt=0)
+    retention_interval: float = Field(default=60.0, gt=0)
     #: Seconds between sweeps for messages of dead consumers; unset: half the visibility
     #: timeout, so an orphan waits at most 1.5 timeouts.
-    claim_interval: Float | None = Field(default=None, gt=0)
+    claim_interval: float | None = Field(default=None, gt=0)
 
 
-class WorkerSettings(_Table):
-    """``[workers.<name>]``; unset values fall back to the pipeline's own defaults."""
+class WorkerSettings(SettingsTable):
+    """``[workers.<name>]``; unset values fall back to the pipeline's own (its steps')."""
 
-    concurrency: Int | None = Field(default=None, ge=1)
+    concurrency: int | None = Field(default=None, ge=1)
     #: Entries fetched per read (``XREADGROUP COUNT``).
-    prefetch: Int | None = Field(default=None, ge=1)
+    prefetch: int | None = Field(default=None, ge=1)
 
-
-class ValidatorSettings(_Table):
-    approval_required: tuple[Environment, ...] = ("production",)
-
-
-class DependencyCheckerSettings(_Table):
-    probe_timeout: Float = Field(default=5.0, gt=0)
-    retries: Int = Field(default=2, ge=0)
-
-
-class HealthMonitorSettings(_Table):
-    interval: Float = Field(default=1.0, gt=0)
-    consecutive: Int = Field(default=3, ge=1)
-    deadline: Float = Field(default=60.0, gt=0)
-    probe_timeout: Float = Field(default=5.0, gt=0)
-
-
-class AggregatorSettings(_Table):
-    branch_deadline: Float = Field(default=120.0, gt=0)
-
-
-class NotifierSettings(_Table):
-    default_channels: tuple[str, ...] = Field(default=("log",), min_length=1)
-    retries: Int = Field(default=3, ge=0)
-    backoff_ms: Int = Field(default=500, gt=0)
-    #: Name of the env var holding the HMAC secret, never the secret itself.
-    webhook_secret_env: str = Field(default="PRINTERY_WEBHOOK_SECRET", min_length=1)
-    allow_hosts: tuple[str, ...] = ()
-    timeout: Float = Field(default=10.0, gt=0)
-    max_response_bytes: Int = Field(default=65_536, ge=1)
-
-
-#: Consumers per worker when neither the config file nor the pipeline says (CONTRACT §7).
-DEFAULT_CONCURRENCY: Mapping[str, int] = {
-    "validator": 1, "dependency-checker": 5, "health-monitor": 10, "notifier": 5, "aggregator": 1,
-}
 
 _APP = re.compile(r"^[A-Za-z_]\w*(\.[A-Za-z_]\w*)*:[A-Za-z_]\w*(\.[A-Za-z_]\w*)*$")
 _REDIS_SCHEMES = ("redis", "rediss", "unix")
+# Where an AppConfig is attached to its target (a factory or a Pipeline).
+_APP_CONFIG_ATTR = "__printery_app_config__"
 
 
-def _known(names: Collection[str] | None, name: str) -> str | None:
-    """Canonical worker name for ``name`` (aliases resolved), or None if unknown."""
-    if names is None or name in names:
+@dataclass(frozen=True)
+class AppConfig:
+    """What an application adds to printery's settings; attach it to the ``--app`` target.
+
+    - ``tables``: the application's own top-level TOML tables, name -> pydantic model
+      (subclass :class:`SettingsTable`: unknown keys are errors). They are validated with
+      the framework's settings, before anything connects, with the same one-line errors;
+      the factory reads them with :meth:`Settings.table`.
+    - ``defaults``: framework settings the application defaults differently, e.g.
+      ``{"stream_prefix": "docs"}``; flags, env vars and the config file still win.
+    - ``worker_aliases``: other names ``--worker`` and ``[workers.<name>]`` accept,
+      alias -> worker name. Per-worker concurrency is each step's ``concurrency``,
+      overridable by ``[workers.<name>] concurrency``.
+    - ``secret_envs``: ``settings -> names of env vars holding secrets``; their values
+      are redacted from logs like the Redis password.
+
+    Used as a decorator (``@config`` over the factory) or called on a ``Pipeline``
+    (``config(pipeline)``); the loader reads it from the target without calling it.
+    """
+
+    tables: Mapping[str, type[BaseModel]] = field(default_factory=dict)
+    defaults: Mapping[str, object] = field(default_factory=dict)
+    worker_aliases: Mapping[str, str] = field(default_factory=dict)
+    secret_envs: Callable[[Settings], Iterable[str]] | None = None
+
+    def __post_init__(self) -> None:
+        for name, model in self.tables.items():
+            if name in Settings.model_fields or not name.isidentifier():
+                raise ValueError(f"AppConfig: table name {name!r} is taken or not an identifier")
+            if not (isinstance(model, type) and issubclass(model, BaseModel)):
+                raise TypeError(f"AppConfig: table {name!r} must be a pydantic model class")
+        for name in self.defaults:
+            if name not in Settings.model_fields or name == "app":
+                raise ValueError(f"AppConfig: {name!r} is not a framework setting it can default")
+
+    def __call__(self, target: T) -> T:
+        """Attach this configuration to ``target`` (a factory or a ``Pipeline``)."""
+        setattr(target, _APP_CONFIG_ATTR, self)
+        return target
+
+    @staticmethod
+    def of(target: object) -> AppConfig:
+        """The configuration attached to ``target``; an empty one when there is none."""
+        found = getattr(target, _APP_CONFIG_ATTR, None)
+        return found if isinstance(found, AppConfig) else _NO_APP
+
+
+def _canonical(
+    name: str, names: Collection[str] | None, aliases: Mapping[str, str]
+) -> str | None:
+    """Worker name for ``name`` (aliases resolved), or None if ``names`` lacks it."""
+    if names is None:
+        return aliases.get(name, name)
+    if name in names:
         return name
-    alias = WORKER_ALIASES.get(name)
+    alias = aliases.get(name)
     return alias if alias is not None and alias in names else None
 
 
-def _worker_names(info: ValidationInfo) -> Collection[str] | None:
+def _workers_context(info: ValidationInfo) -> tuple[Collection[str] | None, Mapping[str, str]]:
     context = info.context if isinstance(info.context, Mapping) else {}
     names = context.get("worker_names")
-    return frozenset(names) if names else None
+    return (frozenset(names) if names else None), context.get("worker_aliases") or {}
 
 
-class Settings(_Table):
-    """Every setting of ``printery-workers`` and ``printery``; see :func:`load_settings`."""
+class Settings(SettingsTable):
+    """Every setting of ``printery-workers`` and ``printery``; see :func:`load_settings`.
+
+    Settings loaded for an application also hold its tables (:meth:`table`) and its
+    :class:`AppConfig` (:attr:`app_config`).
+    """
 
     redis_url: str | None = None
     log_level: LogLevel = "info"
     environment: Environment = "development"
     worker: str = "all"
     supervised: Bool = False
-    max_restarts: Int = Field(default=3, ge=0)
-    backoff_ms: Int = Field(default=1000, gt=0)
-    health_check_interval: Float = Field(default=30.0, gt=0)
-    shutdown_timeout: Float = Field(default=30.0, ge=0)
+    max_restarts: int = Field(default=3, ge=0)
+    backoff_ms: int = Field(default=1000, gt=0)
+    health_check_interval: float = Field(default=30.0, gt=0)
+    shutdown_timeout: float = Field(default=30.0, ge=0)
     exit_on_failure: Bool = False
     http_addr: str = "127.0.0.1:9464"
-    stream_prefix: str = "materi:events:deployment"
+    stream_prefix: str = "printery"
     data_dir: Path = Path(".printery")
     app: str | None = None
-    processes: Int = Field(default=1, ge=1)
+    processes: int = Field(default=1, ge=1)
 
     # Tables are frozen, so one shared default instance is safe.
     transport: TransportSettings = TransportSettings()
     workers: dict[str, WorkerSettings] = Field(default_factory=dict)
-    validator: ValidatorSettings = ValidatorSettings()
-    dependency_checker: DependencyCheckerSettings = DependencyCheckerSettings()
-    health_monitor: HealthMonitorSettings = HealthMonitorSettings()
-    aggregator: AggregatorSettings = AggregatorSettings()
-    notifier: NotifierSettings = NotifierSettings()
+
+    _app_config: AppConfig | None = PrivateAttr(default=None)
 
     @field_validator("log_level", mode="before")
     @classmethod
@@ -297,7 +308,7 @@ class Settings(_Table):
     def _worker(cls, value: object, info: ValidationInfo) -> object:
         if not isinstance(value, str):
             return value
-        names = _worker_names(info)
+        names, aliases = _workers_context(info)
         choices = ", ".join(sorted(names)) if names else "worker names"
         allowed = f"all, or one or more comma-separated of: {choices}"
         items = [item.strip().lower() for item in value.split(",") if item.strip()]
@@ -305,7 +316,7 @@ class Settings(_Table):
             return "all"
         chosen: list[str] = []
         for item in items:
-            canonical = _known(names, item)
+            canonical = _canonical(item, names, aliases)
             if canonical is None or item == "all":
                 raise _fail(allowed)
             if canonical not in chosen:
@@ -348,19 +359,35 @@ class Settings(_Table):
     @field_validator("workers", mode="before")
     @classmethod
     def _workers(cls, value: object, info: ValidationInfo) -> object:
-        names = _worker_names(info)
-        if not isinstance(value, Mapping) or names is None:
+        names, aliases = _workers_context(info)
+        if not isinstance(value, Mapping):
             return value
         canonical: dict[str, object] = {}
         for key, table in value.items():
-            name = _known(names, str(key))
+            name = _canonical(str(key), names, aliases)
             if name is None:
-                allowed = "a worker name: " + ", ".join(sorted(names))
+                allowed = "a worker name: " + ", ".join(sorted(names or ()))
                 raise PydanticCustomError(
                     "printery_key", "{allowed}", {"allowed": allowed, "key": key, "value": table}
                 )
             canonical[name] = table
         return canonical
+
+    @property
+    def app_config(self) -> AppConfig:
+        """The :class:`AppConfig` these settings were loaded with (empty when none)."""
+        return self._app_config or _NO_APP
+
+    def table(self, name: str, model: type[M]) -> M:
+        """The application's validated ``[name]`` table, as declared in its AppConfig."""
+        declared = self.app_config.tables.get(name)
+        value = getattr(self, name, None) if declared is not None else None
+        if declared is None or value is None:
+            raise KeyError(f"no table [{name}]: these settings were not loaded with an "
+                           "AppConfig declaring it")
+        if not isinstance(value, model):
+            raise TypeError(f"table [{name}] is a {type(value).__name__}, not {model.__name__}")
+        return value
 
     def selected_workers(self, all_names: Sequence[str]) -> list[str]:
         """The workers this process runs, in pipeline order (``all_names`` order).
@@ -372,7 +399,7 @@ class Settings(_Table):
             return list(all_names)
         chosen = set()
         for item in self.worker.split(","):
-            name = _known(all_names, item)
+            name = _canonical(item, all_names, self.app_config.worker_aliases)
             if name is None:
                 raise ConfigError(
                     "worker", item, "all, or comma-separated of: " + ", ".join(all_names)
@@ -381,11 +408,12 @@ class Settings(_Table):
         return [name for name in all_names if name in chosen]
 
     def concurrency(self, worker: str, default: int = 1) -> int:
-        """Consumers for ``worker``: config file, else CONTRACT §7's default, else ``default``."""
+        """Consumers for ``worker``: ``[workers.<name>] concurrency``, else ``default``
+        (the step's own ``concurrency``)."""
         tuning = self.workers.get(worker)
         if tuning is not None and tuning.concurrency is not None:
             return tuning.concurrency
-        return DEFAULT_CONCURRENCY.get(worker, default)
+        return default
 
     @property
     def http_bind(self) -> tuple[str, int] | None:
@@ -398,16 +426,21 @@ class Settings(_Table):
         return redact_url(self.redis_url) if self.redis_url else None
 
     def secrets(self, env: Mapping[str, str]) -> list[str]:
-        """Secret strings to scrub from logs: the Redis password and the webhook secret."""
+        """Secret strings to scrub from logs: the Redis password and the values of the
+        application's ``secret_envs``."""
         found: list[str] = []
         if self.redis_url:
             parts = urlsplit(self.redis_url)
             if parts.password:
                 found.append(parts.password)
-        secret = env.get(self.notifier.webhook_secret_env)
-        if secret:
-            found.append(secret)
+        secret_envs = self.app_config.secret_envs
+        for name in secret_envs(self) if secret_envs is not None else ():
+            if env.get(name):
+                found.append(env[name])
         return found
+
+
+_NO_APP = AppConfig()
 
 
 @dataclass(frozen=True, slots=True)
@@ -424,7 +457,11 @@ class SettingDoc:
     @property
     def help_text(self) -> str:
         """``help`` plus env var and default, the way ``--help`` shows them."""
-        return f"{self.help} [env: {self.env}; default: {self.default}]"
+        return self.help_with_default(self.default)
+
+    def help_with_default(self, default: str) -> str:
+        """:attr:`help_text` with another default (one an application sets)."""
+        return f"{self.help} [env: {self.env}; default: {default}]"
 
 
 def _doc(name: str, flag: str, env: str, metavar: str | None, help: str, default: str = "") -> (
@@ -466,8 +503,9 @@ SETTINGS_DOC: Mapping[str, SettingDoc] = {
              "key prefix of every stream"),
         _doc("data_dir", "--data-dir", "PRINTERY_DATA_DIR", "DIR",
              "the embedded server's data", "./.printery"),
-        _doc("app", "--app", "PRINTERY_APP", "MODULE:ATTR", "the pipeline to run",
-             "the deployment pipeline"),
+        _doc("app", "--app", "PRINTERY_APP", "MODULE:ATTR",
+             "the pipeline to run: a Pipeline or a factory taking the settings",
+             "the command's default app"),
         _doc("processes", "--processes", "PRINTERY_PROCESSES", "N",
              "worker processes to run"),
         SettingDoc("config", "--config", "PRINTERY_CONFIG", "none", "TOML config file", "FILE"),
@@ -481,20 +519,9 @@ _FLAG_KEYS = {
 }
 
 
-_SECRET_KEY = re.compile(r"(?i)password|secret|token|credential")
-
-
 def _mask(key: str, value: object) -> object:
-    """The bad value as it may be printed: URL passwords and secret-looking keys -> ***."""
-    if _SECRET_KEY.search(key):
-        return "***"
-    if isinstance(value, str):
-        return redact_text(value)
-    if isinstance(value, Mapping):
-        return {k: _mask(f"{key}.{k}", v) for k, v in value.items()}
-    if isinstance(value, list | tuple):
-        return [_mask(key, v) for v in value]
-    return value
+    """The bad value as it may be printed (:mod:`printery.redact`'s rules)."""
+    return Redactor().field(key, value)
 
 
 def _describe_type(tp: Any) -> str:
@@ -530,9 +557,11 @@ def _describe_field(info: FieldInfo, item: bool = False) -> str:
     return text + (", or unset" if type(None) in get_args(info.annotation) else "")
 
 
-def _field_at(loc: Sequence[int | str]) -> tuple[FieldInfo | None, type[BaseModel] | None]:
+def _field_at(
+    root: type[BaseModel], loc: Sequence[int | str]
+) -> tuple[FieldInfo | None, type[BaseModel] | None]:
     """The field a pydantic error location points at, and the table holding it."""
-    tp: Any = Settings
+    tp: Any = root
     info: FieldInfo | None = None
     owner: type[BaseModel] | None = None
     for part in loc:
@@ -550,16 +579,16 @@ def _field_at(loc: Sequence[int | str]) -> tuple[FieldInfo | None, type[BaseMode
     return info, owner
 
 
-def _describe_error(error: ErrorDetails) -> tuple[str, object, str]:
+def _describe_error(root: type[BaseModel], error: ErrorDetails) -> tuple[str, object, str]:
     """(dotted setting, printable value, what is allowed) of one pydantic error."""
     loc = list(error["loc"])
     ctx = error.get("ctx") or {}
-    value = error["input"]
+    value = None if error["type"] == "missing" else error["input"]
     if "key" in ctx:  # an unknown [workers.<name>] table
         loc.append(str(ctx["key"]))
         value = ctx["value"]
     setting = "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in loc).lstrip(".")
-    info, owner = _field_at(loc)
+    info, owner = _field_at(root, loc)
     if error["type"] in ("printery", "printery_key"):
         allowed = str(ctx["allowed"])
     elif error["type"] == "extra_forbidden":
@@ -583,18 +612,38 @@ def _read_config_file(path: Path, label: str) -> dict[str, Any]:
         raise ConfigError(label, str(path), f"valid TOML; {detail}") from None
 
 
+@functools.lru_cache(maxsize=16)
+def _settings_model(tables: tuple[tuple[str, type[BaseModel]], ...]) -> type[Settings]:
+    """:class:`Settings` with an application's tables as more fields."""
+    if not tables:
+        return Settings
+    fields: dict[str, Any] = {}
+    for name, table in tables:
+        optional = not any(info.is_required() for info in table.model_fields.values())
+        fields[name] = (table, Field(default_factory=table) if optional else ...)
+    model: type[Settings] = create_model("AppSettings", __base__=Settings, **fields)
+    return model
+
+
 def load_settings(
     flags: Mapping[str, object | None],
     env: Mapping[str, str],
     *,
+    app: AppConfig | None = None,
     worker_names: Collection[str] = (),
+    app_pending: bool = False,
 ) -> Settings:
     """Merge flag > env var > config file > default and validate everything at once.
 
     ``flags`` is keyed by setting name (``max_restarts``) or flag name (``backoff``);
     ``None`` means "not given". An unknown flag key is a programming error (TypeError),
-    so a mis-wired CLI option can never be silently ignored. ``worker_names`` are the
-    pipeline's workers; ``--worker`` and ``[workers.*]`` are checked against them.
+    so a mis-wired CLI option can never be silently ignored. ``app`` is the
+    application's :class:`AppConfig`: its defaults sit between the config file and the
+    framework's defaults, its tables are validated with the rest, its worker aliases
+    are accepted. ``worker_names`` are the pipeline's workers; ``--worker`` and
+    ``[workers.*]`` are checked against them. ``app_pending``: the application is not
+    known yet (this pass finds ``app``), so top-level tables the framework does not know
+    are set aside for the next pass instead of refused.
     Raises :class:`ConfigError` with a one-line message on any bad setting.
     """
     given: dict[str, object] = {}
@@ -605,26 +654,35 @@ def load_settings(
         if value is not None:
             given[name] = value
 
-    data: dict[str, Any] = {}
-    sources: dict[str, str] = {}
+    config = app or _NO_APP
+    data: dict[str, Any] = dict(config.defaults)
+    sources: dict[str, str] = dict.fromkeys(config.defaults, "default of the app")
     config_doc = SETTINGS_DOC["config"]
     config_path, config_label = given.pop("config", None), config_doc.flag
     if config_path is None and env.get(config_doc.env):
         config_path, config_label = env[config_doc.env], config_doc.env
     if config_path is not None:
         path = Path(str(config_path)).expanduser()
-        data.update(_read_config_file(path, f"config ({config_label})"))
-        sources.update(dict.fromkeys(data, f"config file {path}"))
+        from_file = _read_config_file(path, f"config ({config_label})")
+        if app_pending:
+            from_file = {key: value for key, value in from_file.items()
+                         if key in Settings.model_fields or not isinstance(value, dict)}
+        data.update(from_file)
+        sources.update(dict.fromkeys(from_file, f"config file {path}"))
     for name, doc in SETTINGS_DOC.items():
         if name != "config" and env.get(doc.env, "") != "":
             data[name], sources[name] = env[doc.env], doc.env
     for name, value in given.items():
         data[name], sources[name] = value, SETTINGS_DOC[name].flag
 
+    model = _settings_model(tuple(config.tables.items()))
+    context = {"worker_names": list(worker_names), "worker_aliases": config.worker_aliases}
     try:
-        return Settings.model_validate(data, context={"worker_names": list(worker_names)})
+        settings: Settings = model.model_validate(data, context=context)
     except ValidationError as exc:
-        setting, value, allowed = _describe_error(exc.errors()[0])
+        setting, value, allowed = _describe_error(model, exc.errors()[0])
         source = sources.get(setting.split(".", 1)[0].split("[", 1)[0])
         label = f"{setting} ({source})" if source else setting
         raise ConfigError(label, value, allowed) from None
+    settings._app_config = config
+    return settings

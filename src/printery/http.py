@@ -17,9 +17,10 @@ from typing import Any, Protocol
 from aiohttp import web
 
 from printery import _json
-from printery.config import parse_http_addr, redact_text
+from printery.config import parse_http_addr
 from printery.logging import get_logger
 from printery.metrics import CONTENT_TYPE
+from printery.redact import redact_text
 
 __all__ = ["HttpServer", "StatusProvider", "build_app", "parse_http_addr"]
 

@@ -8,26 +8,27 @@ on a terminal it is the human console format. Timestamps are ISO 8601 in UTC.
 Records of the standard ``logging`` module (aiohttp, redis-py, asyncio) go through the
 same processors, so they are JSON and redacted as well.
 
-Redaction happens in one processor placed after exceptions are formatted and before
-the renderer, so tracebacks are scrubbed too: every configured secret string and every
-URL password (``redis://:***@host``) in any string value, nested or not, becomes
-``***``; values of keys named like ``password`` or ``token`` are masked whole.
+Redaction happens in one processor (:class:`printery.redact.Redactor`, the project's one
+rule set) placed after exceptions are formatted and before the renderer, so tracebacks
+are scrubbed too: every configured secret string and every URL password
+(``redis://:***@host``) in any string value, nested or not, becomes ``***``; values of
+keys named like ``password`` or ``token`` are masked whole.
 """
 
 from __future__ import annotations
 
 import logging
 import sys
-from collections.abc import Collection, Mapping, MutableMapping
+from collections.abc import Collection, MutableMapping
 from typing import Any, TextIO, cast
 
 import orjson
 import structlog
 from structlog.typing import EventDict, FilteringBoundLogger, Processor
 
-from printery.config import redact_text
+from printery.redact import Redactor
 
-__all__ = ["Redactor", "configure_logging", "get_logger"]
+__all__ = ["configure_logging", "get_logger"]
 
 _LEVELS = {
     "debug": logging.DEBUG,
@@ -36,49 +37,6 @@ _LEVELS = {
     "warning": logging.WARNING,
     "error": logging.ERROR,
 }
-_SECRET_KEYS = frozenset({"password", "secret", "token", "authorization", "api_key"})
-_MASK = "***"
-
-
-class Redactor:
-    """A structlog processor that masks secrets in every string of the event dict.
-
-    Secrets are matched longest first, so a secret that contains another is masked
-    whole. Values that are neither strings, numbers nor containers (exceptions, paths)
-    are turned into their ``str`` first, since the renderer would otherwise print them
-    without this processor seeing the text.
-    """
-
-    def __init__(self, secrets: Collection[str] = ()) -> None:
-        self._secrets = sorted({s for s in secrets if s}, key=len, reverse=True)
-
-    def text(self, text: str) -> str:
-        for secret in self._secrets:
-            if secret in text:
-                text = text.replace(secret, _MASK)
-        return redact_text(text)
-
-    def _scrub(self, value: object) -> object:
-        if isinstance(value, str):
-            return self.text(value)
-        if value is None or isinstance(value, bool | int | float):
-            return value
-        if isinstance(value, Mapping):
-            return {key: self._field(str(key), item) for key, item in value.items()}
-        if isinstance(value, list | tuple | set | frozenset):
-            return [self._scrub(item) for item in value]
-        return self.text(str(value))
-
-    def _field(self, key: str, value: object) -> object:
-        if key.lower() in _SECRET_KEYS and value not in (None, ""):
-            return _MASK
-        return self._scrub(value)
-
-    def __call__(self, logger: object, method_name: str, event_dict: EventDict) -> EventDict:
-        for key, value in event_dict.items():
-            if not key.startswith("_"):  # structlog's own bookkeeping (`_record`)
-                event_dict[key] = self._field(key, value)
-        return event_dict
 
 
 class _NamedWriteLogger(structlog.WriteLogger):

@@ -36,12 +36,13 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 from printery import _json
 from printery._util import hostname, now_rfc3339
 from printery.backoff import compute_backoff
-from printery.config import Settings, redact_url
+from printery.config import Settings
 from printery.http import HttpServer
 from printery.keys import StreamKeys
 from printery.logging import configure_logging, get_logger
 from printery.metrics import OUTCOMES, Metrics
 from printery.pipeline.dag import Pipeline
+from printery.redact import redact_url
 from printery.runtime.payloads import PayloadStore
 from printery.runtime.registry import ProcessRegistry
 from printery.runtime.retention import trim_pipeline_streams

@@ -9,9 +9,10 @@ from typing import Any
 
 import redis.asyncio as aioredis
 
-from printery import ConsumerSettings, Settings, WorkerManager
+from printery import ConsumerSettings, WorkerManager
 from printery.deploy.app import build_pipeline
 from printery.deploy.sandbox import Sandbox
+from printery.deploy.settings import DeploySettings
 from printery.keys import StreamKeys
 from printery.message import Codec
 from printery.testing import wait_for
@@ -24,14 +25,14 @@ FAST = {
 }
 
 
-def fast_settings(**overrides: Any) -> Settings:
+def fast_settings(**overrides: Any) -> DeploySettings:
     data: dict[str, Any] = {k: dict(v) for k, v in FAST.items()}
     for key, value in overrides.items():
         if isinstance(value, dict) and key in data:
             data[key].update(value)
         else:
             data[key] = value
-    return Settings.model_validate(data)
+    return DeploySettings.model_validate(data)
 
 
 @dataclass
@@ -83,7 +84,7 @@ class DeployRun:
 
 
 async def start_pipeline(
-    client: aioredis.Redis, prefix: str, settings: Settings, *, only: Iterable[str] | None = None
+    client: aioredis.Redis, prefix: str, settings: DeploySettings, *, only: Iterable[str] | None = None
 ) -> DeployRun:
     sandbox = Sandbox(slow_seconds=5)
     await sandbox.start()

@@ -11,15 +11,25 @@ from printery.config import (
     Settings,
     load_settings,
     parse_http_addr,
-    redact_url,
+)
+from printery.deploy.app import build_pipeline
+from printery.deploy.settings import CONFIG as DEPLOY_APP
+from printery.deploy.settings import (
+    AggregatorSettings,
+    DependencyCheckerSettings,
+    HealthMonitorSettings,
+    NotifierSettings,
+    ValidatorSettings,
 )
 from printery.errors import ConfigError
+from printery.redact import redact_url
 
 WORKERS = ["validator", "dependency-checker", "health-monitor", "aggregator", "notifier"]
 
 
 def load(flags: dict[str, object] | None = None, env: dict[str, str] | None = None) -> Settings:
-    return load_settings(flags or {}, env or {}, worker_names=WORKERS)
+    """Settings as ``printery-workers`` loads them for the default app (CONTRACT §1, §7)."""
+    return load_settings(flags or {}, env or {}, app=DEPLOY_APP, worker_names=WORKERS)
 
 
 def config_error(flags: dict[str, object] | None = None, env: dict[str, str] | None = None) -> str:
@@ -56,14 +66,18 @@ def test_defaults_match_the_contract() -> None:
     assert settings.transport.payload_limit_bytes == 1_048_576
     assert settings.transport.inline_limit_bytes == 65_536
     assert settings.transport.blob_ttl == 604_800
-    assert settings.validator.approval_required == ("production",)
-    assert settings.dependency_checker.probe_timeout == 5
-    assert settings.health_monitor.consecutive == 3
-    assert settings.aggregator.branch_deadline == 120
-    assert settings.notifier.default_channels == ("log",)
-    assert settings.notifier.webhook_secret_env == "PRINTERY_WEBHOOK_SECRET"
-    assert settings.concurrency("health-monitor") == 10
-    assert settings.concurrency("validator") == 1
+    assert settings.table("validator", ValidatorSettings).approval_required == ("production",)
+    assert settings.table("dependency_checker", DependencyCheckerSettings).probe_timeout == 5
+    assert settings.table("health_monitor", HealthMonitorSettings).consecutive == 3
+    assert settings.table("aggregator", AggregatorSettings).branch_deadline == 120
+    notifier = settings.table("notifier", NotifierSettings)
+    assert notifier.default_channels == ("log",)
+    assert notifier.webhook_secret_env == "PRINTERY_WEBHOOK_SECRET"
+    # Per-worker concurrency: each step's own, unless [workers.<name>] says otherwise.
+    steps = build_pipeline().steps
+    concurrency = {name: settings.concurrency(name, step.concurrency) for name, step in steps.items()}
+    assert concurrency == {"validator": 1, "dependency-checker": 5, "health-monitor": 10,
+                           "aggregator": 1, "notifier": 5}
 
 
 @pytest.mark.parametrize(
@@ -231,9 +245,9 @@ def test_config_file_tables_and_aliases(tmp_path: Path) -> None:
         '[transport]\nclaim_interval = 5\nretention = 100000\n',
     )
     settings = load(env={"PRINTERY_CONFIG": path})
-    assert settings.concurrency("health-monitor") == 4
+    assert settings.concurrency("health-monitor", 10) == 4
     assert settings.workers["health-monitor"].prefetch == 20
-    assert settings.notifier.allow_hosts == ("hooks.example",)
+    assert settings.table("notifier", NotifierSettings).allow_hosts == ("hooks.example",)
     assert settings.transport.claim_interval == 5
     assert settings.transport.retention == 100_000
 

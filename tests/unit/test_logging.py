@@ -10,7 +10,8 @@ from collections.abc import Iterator
 import pytest
 import structlog
 
-from printery.logging import Redactor, configure_logging, get_logger
+from printery.logging import configure_logging, get_logger
+from printery.redact import Redactor
 
 
 class FakeTty(io.StringIO):

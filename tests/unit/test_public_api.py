@@ -18,6 +18,8 @@ EXPECTED = {
     "compute_backoff", "escalate", "first_wins", "review_output", "to_mermaid", "to_text",
     # replay and cost accounting for any pipeline (CONTRACT §10)
     "ReplayError", "ReplayResult", "StreamKeys", "cost_summary", "replay",
+    # the application hook of the settings, redaction, the framework's own streams
+    "AppConfig", "SettingsTable", "redact_text", "redact_url", "DLQ", "REVIEW", "REVIEW_DECIDED",
 }
 
 

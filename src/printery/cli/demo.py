@@ -15,11 +15,12 @@ from typing import Any
 
 import click
 
-from printery import ConsumerSettings, Settings, WorkerManager, _json
+from printery import ConsumerSettings, WorkerManager, _json
 from printery.cli.ops_common import OpsContext, table
 from printery.cli.ops_trace import trace
 from printery.deploy.app import build_pipeline
 from printery.deploy.sandbox import Sandbox
+from printery.deploy.settings import DeploySettings
 from printery.keys import StreamKeys
 from printery.logging import configure_logging
 from printery.transport.connection import connect
@@ -54,7 +55,7 @@ async def run_demo(url: str, prefix: str) -> list[dict[str, Any]]:
     sandbox = Sandbox(slow_seconds=10)
     await sandbox.start()
     client = connect(url, block_ms=200)
-    pipeline = build_pipeline(Settings.model_validate(DEMO_SETTINGS))
+    pipeline = build_pipeline(DeploySettings.model_validate(DEMO_SETTINGS))
     keys = StreamKeys(prefix)
     codec = pipeline.codec()
     manager = WorkerManager(drain_timeout=3)

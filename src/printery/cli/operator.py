@@ -8,6 +8,9 @@ already exit 2), 3 for ``emit --wait`` timing out.
 
 from __future__ import annotations
 
+import os
+import sys
+
 import click
 
 from printery.cli.ops_bench import bench
@@ -49,12 +52,14 @@ class _OperatorGroup(click.Group):
               help="redis://, rediss:// or unix:// URL [env: REDIS_URL; default: the "
                    "embedded server of the data dir]")
 @click.option("--stream-prefix", metavar="PREFIX", default=None,
-              help="key prefix of every stream [env: STREAM_PREFIX; default: "
-                   "materi:events:deployment]")
+              help="key prefix of every stream [env: STREAM_PREFIX; default: the app's: "
+                   "materi:events:deployment for the deployment pipeline]")
 @click.option("--data-dir", metavar="DIR", default=None,
               help="the embedded server's data dir [env: PRINTERY_DATA_DIR; default: ./.printery]")
 @click.option("--config", metavar="FILE", default=None,
               help="TOML config file [env: PRINTERY_CONFIG]")
+@click.option("--app", metavar="MODULE:ATTR", default=None,
+              help="the pipeline [env: PRINTERY_APP; default: the deployment pipeline]")
 @click.pass_context
 def printery(
     ctx: click.Context,
@@ -62,15 +67,19 @@ def printery(
     stream_prefix: str | None,
     data_dir: str | None,
     config: str | None,
+    app: str | None,
 ) -> None:
     """Operate printery: publish, inspect streams, dead letters and reviews, trace, replay.
 
     Environment variables are read by the shared settings loader (not by click), so
     precedence is the same as the service's: flag > env var > config file > default.
     """
+    # As for `printery-workers`: an app module in the working directory is importable.
+    if os.getcwd() not in sys.path and "" not in sys.path:
+        sys.path.insert(0, os.getcwd())
     ctx.obj = OpsContext(flags={
         "redis_url": redis_url or None, "stream_prefix": stream_prefix,
-        "data_dir": data_dir, "config": config,
+        "data_dir": data_dir, "config": config, "app": app,
     })
 
 

@@ -1,7 +1,9 @@
 """What every ``printery`` subcommand shares: settings, the server, the pipeline, output.
 
 Settings are loaded once per invocation from the global options (flag > env > config
-file > default); a bad one exits 2 with one stderr line, as ``printery-workers`` does.
+file > the app's defaults > the framework's), with the app's hook exactly as
+``printery-workers`` loads them (:mod:`printery.cli.common`); a bad one exits 2 with one
+stderr line.
 Nothing connects before a subcommand asks for the client, so ``pipeline show`` works
 without a server.
 """
@@ -20,11 +22,12 @@ import redis.asyncio as aioredis
 from redis.exceptions import RedisError
 
 from printery import _json
-from printery.cli.common import load_app
-from printery.config import Settings, load_settings, redact_text
+from printery.cli.common import LoadedApp, load_app_settings
+from printery.config import Settings
 from printery.errors import ConfigError
 from printery.keys import StreamKeys
 from printery.pipeline.dag import Pipeline
+from printery.redact import redact_text
 from printery.transport.connection import connect
 from printery.transport.embedded import find_running
 
@@ -47,18 +50,22 @@ class OpsContext:
     """Per-invocation state: the global options, resolved lazily."""
 
     flags: dict[str, object | None]
-    _settings: Settings | None = None
+    _loaded: LoadedApp | None = None
     _pipeline: Pipeline | None = None
     extra: dict[str, Any] = field(default_factory=dict)
 
     @property
-    def settings(self) -> Settings:
-        if self._settings is None:
+    def loaded(self) -> LoadedApp:
+        if self._loaded is None:
             try:
-                self._settings = load_settings(self.flags, os.environ)
+                self._loaded = load_app_settings(self.flags, os.environ)
             except ConfigError as exc:
                 fail(str(exc), EXIT_USAGE)
-        return self._settings
+        return self._loaded
+
+    @property
+    def settings(self) -> Settings:
+        return self.loaded.settings
 
     @property
     def keys(self) -> StreamKeys:
@@ -68,7 +75,7 @@ class OpsContext:
     def pipeline(self) -> Pipeline:
         if self._pipeline is None:
             try:
-                self._pipeline = load_app(self.settings.app, self.settings)
+                self._pipeline = self.loaded.pipeline()
             except ConfigError as exc:
                 fail(str(exc), EXIT_USAGE)
         return self._pipeline

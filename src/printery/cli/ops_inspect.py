@@ -9,9 +9,9 @@ import redis.asyncio as aioredis
 from redis.exceptions import ResponseError
 
 from printery.cli.ops_common import get_ctx, json_option, print_json, table
-from printery.config import redact_text
 from printery.keys import DLQ, REVIEW, REVIEW_DECIDED
 from printery.pipeline.dag import to_mermaid, to_text
+from printery.redact import redact_text
 from printery.runtime.registry import list_processes
 
 

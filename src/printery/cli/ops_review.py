@@ -28,6 +28,7 @@ from printery.cli.ops_common import (
 )
 from printery.deploy.app import delivery_key
 from printery.deploy.delivery import parse_channel, post_webhook, redact_channel
+from printery.deploy.settings import NotifierSettings
 
 PRODUCER = "printery-cli"
 VALIDATED = "deployment:validated"
@@ -177,7 +178,7 @@ async def _retry_delivery(ops: OpsContext, cid: str, data: dict[str, Any]) -> st
     if parsed.kind == "log":
         return "delivered (log)"
     payload = {k: v for k, v in data.items() if k != "channel"}
-    nc = ops.settings.notifier
+    nc = ops.settings.table("notifier", NotifierSettings)
     async with httpx.AsyncClient(follow_redirects=False) as http:
         outcome = await post_webhook(
             http, parsed.url or "", payload, idempotency_key=delivery_key(cid, channel),

@@ -7,10 +7,12 @@ the precedence flag > env > file > default hold in one place. A flag counts as g
 only when it was on the command line (click's parameter source), so a switch left off
 does not hide ``SUPERVISED_MODE=true``.
 
-Settings are validated twice before anything connects: once without knowing the
-pipeline (to find ``--app``), then again with the app's worker names, so ``--worker``
-and ``[workers.<name>]`` are checked against the pipeline actually run. Any
-:class:`ConfigError` becomes exit 2 with exactly one line on stderr.
+Settings are validated before anything connects, in the order of
+:mod:`printery.cli.common`: the framework's (to find ``--app``), then with the app's
+:class:`~printery.AppConfig` (its tables, defaults and worker aliases), then once more
+with the pipeline's worker names, so ``--worker`` and ``[workers.<name>]`` are checked
+against the pipeline actually run. Any :class:`ConfigError` becomes exit 2 with exactly
+one line on stderr.
 """
 
 from __future__ import annotations
@@ -23,8 +25,8 @@ from typing import Any
 import click
 from click.core import ParameterSource
 
-from printery.cli.common import load_app
-from printery.config import SETTINGS_DOC, Settings, load_settings
+from printery.cli.common import default_app_config, load_app_settings
+from printery.config import SETTINGS_DOC, SettingDoc, Settings, load_settings
 from printery.errors import ConfigError
 from printery.pipeline.dag import Pipeline
 
@@ -37,8 +39,20 @@ def _param_name(flag: str) -> str:
     return flag.lstrip("-").replace("-", "_")
 
 
+def _help(doc: SettingDoc, app_defaults: dict[str, object]) -> str:
+    """The option's help; a default the default app changes is named as the app's."""
+    if doc.name == "app":
+        return doc.help_with_default("the deployment pipeline")
+    if doc.name in app_defaults:
+        return doc.help_with_default(
+            f"{app_defaults[doc.name]} (the deployment pipeline's; else {doc.default})"
+        )
+    return doc.help_text
+
+
 def _options(func: Callable[..., Any]) -> Callable[..., Any]:
     """Attach one click option per setting, in ``SETTINGS_DOC`` order."""
+    app_defaults = dict(default_app_config().defaults)
     for doc in reversed(list(SETTINGS_DOC.values())):
         if doc.name == "config":
             # SETTINGS_DOC's config entry keeps its metavar in the `help` slot.
@@ -49,12 +63,12 @@ def _options(func: Callable[..., Any]) -> Callable[..., Any]:
         elif doc.metavar is None:
             option = click.option(
                 doc.flag, _param_name(doc.flag), is_flag=True, default=False,
-                help=doc.help_text,
+                help=_help(doc, app_defaults),
             )
         else:
             option = click.option(
                 doc.flag, _param_name(doc.flag), metavar=doc.metavar, default=None,
-                help=doc.help_text,
+                help=_help(doc, app_defaults),
             )
         func = option(func)
     return func
@@ -64,18 +78,11 @@ def resolve(
     flags: dict[str, object | None], env: dict[str, str]
 ) -> tuple[Settings, Pipeline]:
     """Validated settings and the loaded pipeline, or :class:`ConfigError`."""
-    first = load_settings(flags, env)
-    try:
-        pipeline = load_app(first.app, first)
-    except ConfigError:
-        raise
-    except Exception as exc:  # the user's module raised at import or in its factory
-        detail = " ".join(f"{type(exc).__name__}: {exc}".split())
-        raise ConfigError("app", first.app, f"a module that imports cleanly ({detail})") from None
-    settings = load_settings(flags, env, worker_names=list(pipeline.steps))
-    if settings.app != first.app:  # cannot happen: same inputs; guard against drift
-        raise ConfigError("app", settings.app, "a stable value")
-    settings.selected_workers(list(pipeline.steps))
+    loaded = load_app_settings(flags, env)
+    pipeline = loaded.pipeline()
+    names = list(pipeline.steps)
+    settings = load_settings(flags, env, app=loaded.settings.app_config, worker_names=names)
+    settings.selected_workers(names)
     return settings, pipeline
 
 

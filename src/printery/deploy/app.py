@@ -16,12 +16,13 @@ import httpx
 import structlog
 
 from printery import (
+    REVIEW,
+    REVIEW_DECIDED,
     Aggregator,
     JoinState,
     Message,
     Output,
     Pipeline,
-    Settings,
     review_output,
 )
 from printery.deploy.delivery import parse_channel, post_webhook, redact_channel
@@ -41,12 +42,11 @@ from printery.deploy.events import (
 )
 from printery.deploy.merge import merge_outcome
 from printery.deploy.probes import check_dependencies, watch_health
+from printery.deploy.settings import CONFIG, DeploySettings, HasTables
 from printery.deploy.validation import validate_request
 
 log = structlog.get_logger("printery.deploy")
 
-REVIEW = "review"
-REVIEW_DECIDED = "review:decided"
 COST_UNITS = ("probes", "webhook_posts", "bytes_posted")
 REJECTED_AS = "rejected"
 
@@ -65,9 +65,13 @@ class _Http:
         return self._client
 
 
-def build_pipeline(settings: Settings | None = None) -> Pipeline:
-    """The deployment pipeline configured from ``settings`` (defaults when None)."""
-    cfg = settings or Settings()
+def build_pipeline(settings: DeploySettings | None = None) -> Pipeline:
+    """The deployment pipeline configured from its tables (defaults when None).
+
+    Each step declares its concurrency (CONTRACT §7's defaults); ``[workers.<name>]
+    concurrency`` overrides it where the service builds the workers.
+    """
+    cfg = settings or DeploySettings()
     http = _Http()
     pipeline = Pipeline(
         "deployments",
@@ -79,7 +83,7 @@ def build_pipeline(settings: Settings | None = None) -> Pipeline:
     )
 
     @pipeline.step(VALIDATOR, consumes=[STARTED], produces=[VALIDATED, REJECTED, REVIEW],
-                   concurrency=cfg.concurrency(VALIDATOR, 1))
+                   concurrency=1)
     async def validator(message: Message) -> Output:
         result = validate_request(
             message.data,
@@ -104,7 +108,7 @@ def build_pipeline(settings: Settings | None = None) -> Pipeline:
         return Output(VALIDATED, request, once=once)
 
     @pipeline.step(DEPENDENCY_CHECKER, consumes=[VALIDATED], produces=[DEPENDENCIES_CHECKED],
-                   concurrency=cfg.concurrency(DEPENDENCY_CHECKER, 5), cost_units=["probes"])
+                   concurrency=5, cost_units=["probes"])
     async def dependency_checker(message: Message) -> Output:
         deps = message.data.get("dependencies") or []
         result = await check_dependencies(
@@ -115,7 +119,7 @@ def build_pipeline(settings: Settings | None = None) -> Pipeline:
         return Output(DEPENDENCIES_CHECKED, result)
 
     @pipeline.step(HEALTH_MONITOR, consumes=[VALIDATED], produces=[HEALTH_CHECKED],
-                   concurrency=cfg.concurrency(HEALTH_MONITOR, 10), cost_units=["probes"],
+                   concurrency=10, cost_units=["probes"],
                    handler_timeout=cfg.health_monitor.deadline + cfg.health_monitor.probe_timeout + 30)
     async def health_monitor(message: Message) -> Output:
         hm = cfg.health_monitor
@@ -148,14 +152,13 @@ def build_pipeline(settings: Settings | None = None) -> Pipeline:
         AGGREGATOR, opens=VALIDATED, opens_as=VALIDATOR,
         branches={DEPENDENCIES_CHECKED: DEPENDENCY_CHECKER, HEALTH_CHECKED: HEALTH_MONITOR},
         closes={REJECTED: REJECTED_AS}, emits=FINISHED, policy=decide,
-        deadline=cfg.aggregator.branch_deadline, concurrency=cfg.concurrency(AGGREGATOR, 1),
+        deadline=cfg.aggregator.branch_deadline, concurrency=1,
         on_timeout=timeout_review, extra_produces=[REVIEW],
     )
     pipeline.add(aggregator.step())
 
     @pipeline.step(NOTIFIER, consumes=[FINISHED], produces=[NOTIFICATION_SENT, REVIEW],
-                   concurrency=cfg.concurrency(NOTIFIER, 5),
-                   cost_units=["webhook_posts", "bytes_posted"])
+                   concurrency=5, cost_units=["webhook_posts", "bytes_posted"])
     async def notifier(message: Message) -> list[Output]:
         outputs: list[Output] = []
         for channel in channels_of(message.data, cfg.notifier.default_channels):
@@ -229,5 +232,8 @@ def sent(cid: str, channel: str, status: str, attempts: int, fallback_for: str |
     )
 
 
-pipeline = build_pipeline
-"""``--app printery.deploy.app:pipeline``: a factory taking the service's settings."""
+@CONFIG
+def pipeline(settings: HasTables) -> Pipeline:
+    """``--app printery.deploy.app:pipeline``: printery's loader reads :data:`CONFIG` from
+    this factory, validates the tables it declares, then calls it with the settings."""
+    return build_pipeline(DeploySettings.of(settings))

@@ -5,9 +5,10 @@ A webhook receives the ``deployment:finished`` data as JSON, with an idempotency
 stays the same across retries and restarts (delivery is at-least-once; receivers dedupe
 on the key) and, when a secret is configured, an HMAC signature of the exact body bytes.
 
-The URL helpers live here too because the channel is where URLs meet operators' eyes:
-anything this package shows (details, ``notification:sent``) goes through
-:func:`redact_url` so credentials never leave in an event or a log line.
+The channel is where URLs meet operators' eyes: anything this package shows (details,
+``notification:sent``) goes through :func:`redact_channel`, printery's one redaction
+rule set with the user info masked whole, so credentials never leave in an event or a
+log line.
 """
 
 from __future__ import annotations
@@ -19,33 +20,18 @@ import re
 from collections.abc import Collection
 from dataclasses import dataclass
 from typing import Any, Literal
-from urllib.parse import urlsplit, urlunsplit
+from urllib.parse import urlsplit
 
 import httpx
 import orjson
 
-from printery import compute_backoff
+from printery import compute_backoff, redact_url
 
 LOG = "log"
 WEBHOOK_PREFIX = "webhook+"
 IDEMPOTENCY_HEADER = "X-Printery-Idempotency-Key"
 SIGNATURE_HEADER = "X-Printery-Signature"
 
-# Query parameters whose values are secrets by convention; their values are redacted.
-_SECRET_QUERY_KEYS = frozenset(
-    {
-        "token",
-        "access_token",
-        "api_key",
-        "apikey",
-        "key",
-        "secret",
-        "password",
-        "sig",
-        "signature",
-        "auth",
-    }
-)
 # Whitespace and control characters: an HTTP client would reject or mangle them, and
 # they are never intended in a URL someone typed into a request.
 _BAD_URL_CHARS = re.compile(r"[\x00-\x20\x7f]")
@@ -73,30 +59,6 @@ def url_problem(url: object) -> str | None:
     if not host:
         return "must have a host"
     return None
-
-
-def redact_url(url: str) -> str:
-    """``url`` with user info and secret-looking query values replaced by ``***``.
-
-    Best effort by design: a string that does not even parse is still scrubbed of
-    anything between ``//`` and ``@``, so a malformed URL cannot leak a password.
-    """
-    try:
-        parts = urlsplit(url)
-    except ValueError:
-        return re.sub(r"//[^/?#]*@", "//***@", url)
-    netloc = parts.netloc
-    if "@" in netloc:
-        netloc = "***@" + netloc.rsplit("@", 1)[1]
-    query = "&".join(_redact_query_item(item) for item in parts.query.split("&"))
-    return urlunsplit((parts.scheme, netloc, parts.path, query, parts.fragment))
-
-
-def _redact_query_item(item: str) -> str:
-    key, sep, _value = item.partition("=")
-    if sep and key.lower() in _SECRET_QUERY_KEYS:
-        return f"{key}=***"
-    return item
 
 
 @dataclass(frozen=True, slots=True)
@@ -131,8 +93,8 @@ def parse_channel(channel: str) -> Channel:
 def redact_channel(channel: str) -> str:
     """The channel as it may be shown (``notification:sent``, logs): credentials as ``***``."""
     if channel.startswith(WEBHOOK_PREFIX):
-        return WEBHOOK_PREFIX + redact_url(channel[len(WEBHOOK_PREFIX) :])
-    return redact_url(channel) if "://" in channel else channel
+        return WEBHOOK_PREFIX + redact_url(channel[len(WEBHOOK_PREFIX) :], keep_user=False)
+    return redact_url(channel, keep_user=False) if "://" in channel else channel
 
 
 def sign(body: bytes, secret: str) -> str:

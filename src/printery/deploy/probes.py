@@ -21,8 +21,8 @@ import orjson
 from packaging.specifiers import InvalidSpecifier, SpecifierSet
 from packaging.version import InvalidVersion, Version
 
-from printery import compute_backoff
-from printery.deploy.delivery import read_limited, redact_url
+from printery import compute_backoff, redact_url
+from printery.deploy.delivery import read_limited
 from printery.deploy.events import (
     DependenciesChecked,
     DependencyResult,
@@ -89,7 +89,8 @@ def _json_object(body: bytes) -> dict[str, Any] | None:
 def _http_failure(answer: _Answer) -> str:
     """Detail for a non-2xx answer; a redirect names where it pointed (redacted)."""
     if answer.status_code is not None and 300 <= answer.status_code < 400 and answer.location:
-        return f"HTTP {answer.status_code} redirect to {redact_url(answer.location)} not followed"
+        where = redact_url(answer.location, keep_user=False)
+        return f"HTTP {answer.status_code} redirect to {where} not followed"
     return f"HTTP {answer.status_code}"
 
 
