@@ -19,6 +19,7 @@ from printery.errors import (
     TransportError,
     WorkerFailed,
 )
+from printery.fields import review_fields
 from printery.keys import DLQ, REVIEW, REVIEW_DECIDED, StreamKeys
 from printery.message import Codec, Envelope
 from printery.pipeline.aggregate import (
@@ -91,6 +92,7 @@ __all__ = [
     "redact_text",
     "redact_url",
     "replay",
+    "review_fields",
     "review_output",
     "to_mermaid",
     "to_text",

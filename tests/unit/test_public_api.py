@@ -20,6 +20,7 @@ EXPECTED = {
     "ReplayError", "ReplayResult", "StreamKeys", "cost_summary", "replay",
     # the application hook of the settings, redaction, the framework's own streams
     "AppConfig", "SettingsTable", "redact_text", "redact_url", "DLQ", "REVIEW", "REVIEW_DECIDED",
+    "review_fields",
 }
 
 

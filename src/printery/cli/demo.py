@@ -19,8 +19,10 @@ from printery import ConsumerSettings, WorkerManager, _json
 from printery.cli.ops_common import OpsContext, table
 from printery.cli.ops_trace import trace
 from printery.deploy.app import build_pipeline
+from printery.deploy.events import FINISHED, STARTED
 from printery.deploy.sandbox import Sandbox
 from printery.deploy.settings import DeploySettings
+from printery.fields import KIND
 from printery.keys import StreamKeys
 from printery.logging import configure_logging
 from printery.transport.connection import connect
@@ -67,8 +69,8 @@ async def run_demo(url: str, prefix: str) -> list[dict[str, Any]]:
     rows: list[dict[str, Any]] = []
     try:
         for name, request in scenarios(sandbox):
-            envelope = codec.new("deployment:started", request, producer="printery-demo")
-            await client.xadd(keys.stream("deployment:started"), dict(codec.encode(envelope)))  # type: ignore[arg-type]
+            envelope = codec.new(STARTED, request, producer="printery-demo")
+            await client.xadd(keys.stream(STARTED), dict(codec.encode(envelope)))  # type: ignore[arg-type]
             rows.append({"scenario": name, "deployment_id": envelope.correlation_id})
         wanted = {r["deployment_id"] for r in rows}
         finished: dict[str, dict[str, Any]] = {}
@@ -77,16 +79,16 @@ async def run_demo(url: str, prefix: str) -> list[dict[str, Any]]:
         stderr = click.get_text_stream("stderr")  # type: ignore[operator]
         with click.progressbar(length=len(rows), label="deployments finished", file=stderr) as bar:
             while len(finished) < len(rows) and loop.time() < deadline:
-                for _id, fields in await client.xrange(keys.stream("deployment:finished")):
+                for _id, fields in await client.xrange(keys.stream(FINISHED)):
                     cid = fields.get("deployment_id", "")
                     if cid in wanted and cid not in finished:
-                        finished[cid] = codec.decode(fields, "deployment:finished").data
+                        finished[cid] = codec.decode(fields, FINISHED).data
                         bar.update(1)
                 await asyncio.sleep(0.1)
         # Let the notifier record its deliveries before the table is printed.
         await asyncio.sleep(1.0)
         review_entries = await client.xrange(keys.review)
-        reviews = {f.get("deployment_id"): f.get("kind") for _, f in review_entries}
+        reviews = {f.get("deployment_id"): f.get(KIND) for _, f in review_entries}
         for row in rows:
             result = finished.get(row["deployment_id"], {"status": "timeout", "reasons": []})
             row["status"] = result["status"]

@@ -35,6 +35,10 @@ T = TypeVar("T")
 
 #: Exit statuses of CONTRACT §1.
 EXIT_OK, EXIT_FAIL, EXIT_USAGE, EXIT_TIMEOUT = 0, 1, 2, 3
+#: The ``producer`` of every entry the operator's tool writes.
+PRODUCER = "printery-cli"
+#: Attempts of a WATCH/MULTI transaction before giving up on concurrent change.
+WATCH_RETRIES = 20
 
 
 class Failure(Exception):

@@ -15,6 +15,7 @@ import redis.asyncio as aioredis
 from redis.exceptions import WatchError
 
 from printery.cli.ops_common import (
+    WATCH_RETRIES,
     Failure,
     decode_fields,
     fail,
@@ -24,11 +25,17 @@ from printery.cli.ops_common import (
     print_json,
     table,
 )
-
-#: Fields a worker adds when dead-lettering; everything else is the original entry.
-DLQ_FIELDS = ("error", "reason_code", "worker", "deliveries", "failed_at",
-              "source_stream", "source_id")
-_WATCH_RETRIES = 20
+from printery.fields import (
+    DELIVERIES,
+    DLQ_FIELDS,
+    ERROR,
+    FAILED_AT,
+    REASON_CODE,
+    REPLAYED_FROM,
+    SOURCE_ID,
+    SOURCE_STREAM,
+    WORKER,
+)
 
 
 @click.group()
@@ -98,7 +105,7 @@ def dlq_replay(entry_ids: tuple[str, ...], replay_all: bool, as_json: bool) -> N
 async def replay_entry(client: aioredis.Redis, dlq_key: str, entry_id: str) -> dict[str, Any]:
     """Move one dlq entry back to its source stream; a result dict, never raises for a
     missing entry (``replayed`` false with an ``error``)."""
-    for _ in range(_WATCH_RETRIES):
+    for _ in range(WATCH_RETRIES):
         async with client.pipeline(transaction=True) as pipe:
             try:
                 await pipe.watch(dlq_key)
@@ -106,18 +113,19 @@ async def replay_entry(client: aioredis.Redis, dlq_key: str, entry_id: str) -> d
                 if fields is None:
                     await pipe.unwatch()  # type: ignore[no-untyped-call]
                     return {"id": entry_id, "replayed": False, "error": "no such dlq entry"}
-                source = fields.get("source_stream", "")
+                source = fields.get(SOURCE_STREAM, "")
                 if not source:
                     await pipe.unwatch()  # type: ignore[no-untyped-call]
                     return {"id": entry_id, "replayed": False,
                             "error": "entry has no source_stream"}
+                # Everything but what dead-lettering added is the original entry.
                 original = {k: v for k, v in fields.items() if k not in DLQ_FIELDS}
                 try:
                     attempt = int(original.get("attempt") or 1)
                 except ValueError:
                     attempt = 1
                 original["attempt"] = str(attempt + 1)
-                original["replayed_from"] = entry_id
+                original[REPLAYED_FROM] = entry_id
                 pipe.multi()  # type: ignore[no-untyped-call]
                 pipe.xadd(source, original)  # type: ignore[arg-type]
                 pipe.xdel(dlq_key, entry_id)
@@ -172,13 +180,8 @@ def _report(results: list[dict[str, Any]], as_json: bool, columns: list[str]) ->
 def _summary(entry_id: str, fields: dict[str, str], correlation_field: str) -> dict[str, Any]:
     return {
         "id": entry_id,
-        "worker": fields.get("worker", ""),
-        "reason_code": fields.get("reason_code", ""),
-        "error": fields.get("error", ""),
-        "deliveries": fields.get("deliveries", ""),
-        "failed_at": fields.get("failed_at", ""),
-        "source_stream": fields.get("source_stream", ""),
-        "source_id": fields.get("source_id", ""),
+        **{name: fields.get(name, "") for name in (
+            WORKER, REASON_CODE, ERROR, DELIVERIES, FAILED_AT, SOURCE_STREAM, SOURCE_ID)},
         "type": fields.get("type", ""),
         "deployment_id": fields.get(correlation_field, ""),
     }

@@ -19,6 +19,7 @@ from printery.cli.ops_common import (
     EXIT_FAIL,
     EXIT_OK,
     EXIT_TIMEOUT,
+    PRODUCER,
     decode_fields,
     fail,
     get_ctx,
@@ -26,9 +27,8 @@ from printery.cli.ops_common import (
     print_json,
     table,
 )
+from printery.deploy.events import FINISHED
 
-FINISHED = "deployment:finished"
-PRODUCER = "printery-cli"
 _CONSTRAINT_START = tuple("<>=!~0123456789")
 
 EXAMPLE: dict[str, Any] = {

@@ -17,6 +17,8 @@ from redis.exceptions import WatchError
 
 from printery._util import now_rfc3339
 from printery.cli.ops_common import (
+    PRODUCER,
+    WATCH_RETRIES,
     Failure,
     OpsContext,
     decode_fields,
@@ -28,12 +30,27 @@ from printery.cli.ops_common import (
 )
 from printery.deploy.app import delivery_key
 from printery.deploy.delivery import parse_channel, post_webhook, redact_channel
+from printery.deploy.events import (
+    CHANNEL,
+    REJECTED,
+    REVIEW_APPROVAL,
+    REVIEW_DELIVERY_FAILED,
+    VALIDATED,
+)
 from printery.deploy.settings import NotifierSettings
-
-PRODUCER = "printery-cli"
-VALIDATED = "deployment:validated"
-REJECTED = "deployment:rejected"
-_WATCH_RETRIES = 20
+from printery.fields import (
+    BY,
+    DECIDED_AT,
+    DECISION,
+    KIND,
+    NOTE,
+    REASON,
+    REVIEW_ID,
+    SOURCE_ID,
+    SOURCE_STREAM,
+    STEP,
+)
+from printery.keys import REVIEW_DECIDED
 
 
 @click.group()
@@ -50,11 +67,10 @@ def review_list(as_json: bool) -> None:
 
     async def body(client: aioredis.Redis) -> list[dict[str, Any]]:
         entries = await client.xrange(ops.keys.review)
-        return [{"id": entry_id, "kind": f.get("kind", ""), "step": f.get("step", ""),
-                 "deployment_id": f.get(field, ""), "reason": f.get("reason", ""),
+        return [{"id": entry_id, KIND: f.get(KIND, ""), STEP: f.get(STEP, ""),
+                 "deployment_id": f.get(field, ""), REASON: f.get(REASON, ""),
                  "produced_at": f.get("produced_at", ""),
-                 "source_stream": f.get("source_stream", ""),
-                 "source_id": f.get("source_id", "")}
+                 SOURCE_STREAM: f.get(SOURCE_STREAM, ""), SOURCE_ID: f.get(SOURCE_ID, "")}
                 for entry_id, f in entries]
 
     rows = ops.run(body)
@@ -107,36 +123,36 @@ async def decide(
     if fields is None:
         raise Failure(f"no open review {review_id} (unknown or already decided)")
     entry = decode_fields(fields)
-    kind, cid = str(entry.get("kind", "")), str(entry.get(field, ""))
+    kind, cid = str(entry.get(KIND, "")), str(entry.get(field, ""))
     raw_data = entry.get("data")
     data: dict[str, Any] = raw_data if isinstance(raw_data, dict) else {}
-    result: dict[str, Any] = {"review_id": review_id, "kind": kind, field: cid,
-                              "decision": decision, "by": by, "note": note, "detail": ""}
+    result: dict[str, Any] = {REVIEW_ID: review_id, KIND: kind, field: cid,
+                              DECISION: decision, BY: by, NOTE: note, "detail": ""}
     output: tuple[str, dict[str, str]] | None = None
-    if kind == "approval" and decision == "approved":
+    if kind == REVIEW_APPROVAL and decision == "approved":
         if by == data.get("requested_by"):
             raise Failure(f"{by} requested this deployment and cannot approve it")
         env = codec.new(VALIDATED, {**data, "approved_by": by}, correlation_id=cid,
                         producer=PRODUCER, idempotency_key=f"{VALIDATED}:{cid}")
         output = (keys.stream(VALIDATED), codec.encode(env))
-    elif kind == "approval":
+    elif kind == REVIEW_APPROVAL:
         reasons = [{"code": "rejected_by_reviewer", "field": "", "message": note}]
         env = codec.new(REJECTED, {field: cid, "reasons": reasons, "request": data},
                         correlation_id=cid, producer=PRODUCER,
                         idempotency_key=f"{REJECTED}:{cid}")
         output = (keys.stream(REJECTED), codec.encode(env))
-    elif kind == "delivery_failed" and decision == "approved":
+    elif kind == REVIEW_DELIVERY_FAILED and decision == "approved":
         result["detail"] = await _retry_delivery(ops, cid, data)
         result["delivered"] = result["detail"].startswith("delivered")
         if not result["delivered"]:
             raise Failure(f"review {review_id}: retry failed: {result['detail']}; "
                           "the review stays open")
     decided = codec.new(
-        "review:decided", {k: v for k, v in result.items() if k != "detail"},
+        REVIEW_DECIDED, {k: v for k, v in result.items() if k != "detail"},
         correlation_id=cid, producer=PRODUCER,
-        idempotency_key=f"review:decided:{review_id}",
-        extra={"review_id": review_id, "decision": decision, "by": by, "note": note,
-               "decided_at": now_rfc3339()},
+        idempotency_key=f"{REVIEW_DECIDED}:{review_id}",
+        extra={REVIEW_ID: review_id, DECISION: decision, BY: by, NOTE: note,
+               DECIDED_AT: now_rfc3339()},
     )
     await _commit(client, keys.review, keys.review_decided, review_id,
                   codec.encode(decided), output)
@@ -147,7 +163,7 @@ async def _commit(
     client: aioredis.Redis, review_key: str, decided_key: str, review_id: str,
     decided: dict[str, str], output: tuple[str, dict[str, str]] | None,
 ) -> None:
-    for _ in range(_WATCH_RETRIES):
+    for _ in range(WATCH_RETRIES):
         async with client.pipeline(transaction=True) as pipe:
             try:
                 await pipe.watch(review_key)
@@ -168,7 +184,7 @@ async def _commit(
 async def _retry_delivery(ops: OpsContext, cid: str, data: dict[str, Any]) -> str:
     """POST the finished data once more to the failed channel, with the notifier's
     idempotency key, so a receiver that did get an earlier attempt dedupes it."""
-    channel = data.get("channel")
+    channel = data.get(CHANNEL)
     if not isinstance(channel, str):
         return "failed: the review entry names no channel"
     try:
@@ -177,7 +193,7 @@ async def _retry_delivery(ops: OpsContext, cid: str, data: dict[str, Any]) -> st
         return f"failed: {exc}"
     if parsed.kind == "log":
         return "delivered (log)"
-    payload = {k: v for k, v in data.items() if k != "channel"}
+    payload = {k: v for k, v in data.items() if k != CHANNEL}
     nc = ops.settings.table("notifier", NotifierSettings)
     async with httpx.AsyncClient(follow_redirects=False) as http:
         outcome = await post_webhook(

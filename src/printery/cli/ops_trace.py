@@ -25,6 +25,7 @@ from printery.cli.ops_common import (
     table,
 )
 from printery.cost import cost_summary, parse_duration
+from printery.fields import DECISION, KIND, REASON, REASON_CODE
 from printery.keys import DLQ, REVIEW, REVIEW_DECIDED
 from printery.replay import ReplayError, scan_stream
 from printery.replay import replay as replay_run
@@ -85,10 +86,10 @@ def _outcome(entry: dict[str, Any]) -> str:
     parts = []
     if isinstance(data, dict) and "status" in data:
         parts.append(str(data["status"]))
-    for name in ("kind", "decision", "reason_code", "reason", "channel"):
+    for name in (KIND, DECISION, REASON_CODE, REASON, "channel"):
         if entry.get(name):
             parts.append(f"{name}={entry[name]}")
-    if isinstance(data, dict) and data.get("channel") and entry["stream"] != "review":
+    if isinstance(data, dict) and data.get("channel") and entry["stream"] != REVIEW:
         parts.append(str(data["channel"]))
     return " ".join(parts)[:80]
 

@@ -23,11 +23,13 @@ from printery import (
     Message,
     Output,
     Pipeline,
+    review_fields,
     review_output,
 )
 from printery.deploy.delivery import parse_channel, post_webhook, redact_channel
 from printery.deploy.events import (
     AGGREGATOR,
+    CHANNEL,
     DEPENDENCIES_CHECKED,
     DEPENDENCY_CHECKER,
     FINISHED,
@@ -36,6 +38,9 @@ from printery.deploy.events import (
     NOTIFICATION_SENT,
     NOTIFIER,
     REJECTED,
+    REVIEW_APPROVAL,
+    REVIEW_BRANCH_TIMEOUT,
+    REVIEW_DELIVERY_FAILED,
     STARTED,
     VALIDATED,
     VALIDATOR,
@@ -100,7 +105,7 @@ def build_pipeline(settings: DeploySettings | None = None) -> Pipeline:
         request = {**result.request, "deployment_id": cid}
         if result.needs_approval:
             review = review_output(
-                message, kind="approval",
+                message, kind=REVIEW_APPROVAL,
                 reason=f"{request['environment']} requires approval", data=request,
             )
             return Output(review.type, review.data, idempotency_key=review.idempotency_key,
@@ -141,11 +146,10 @@ def build_pipeline(settings: DeploySettings | None = None) -> Pipeline:
     def timeout_review(state: JoinState, merged: Any) -> list[Output]:
         return [Output(
             REVIEW, merged, correlation_id=state.correlation_id,
-            idempotency_key=f"review:branch_timeout:{state.correlation_id}",
-            once=f"review:branch_timeout:{state.correlation_id}",
-            extra={"kind": "branch_timeout", "step": AGGREGATOR,
-                   "reason": "missing: " + ", ".join(state.missing),
-                   "source_stream": "", "source_id": ""},
+            idempotency_key=f"{REVIEW}:{REVIEW_BRANCH_TIMEOUT}:{state.correlation_id}",
+            once=f"{REVIEW}:{REVIEW_BRANCH_TIMEOUT}:{state.correlation_id}",
+            extra=review_fields(kind=REVIEW_BRANCH_TIMEOUT, step=AGGREGATOR,
+                                reason="missing: " + ", ".join(state.missing)),
         )]
 
     aggregator = Aggregator(
@@ -186,13 +190,13 @@ def build_pipeline(settings: DeploySettings | None = None) -> Pipeline:
                     channel=shown, detail=result.detail, attempts=result.attempts)
         log.info("deployment finished", channel="log", fallback_for=shown, deployment_id=cid,
                  status=message.data.get("status"))
-        review = review_output(message, kind="delivery_failed",
+        review = review_output(message, kind=REVIEW_DELIVERY_FAILED,
                                reason=f"{shown}: {result.detail}")
         return [
             sent(cid, shown, "failed", result.attempts, None),
             sent(cid, "log", "delivered", 1, shown),
-            Output(review.type, {**message.data, "channel": channel},
-                   idempotency_key=f"review:delivery_failed:{cid}:{shown}",
+            Output(review.type, {**message.data, CHANNEL: channel},
+                   idempotency_key=f"{REVIEW}:{REVIEW_DELIVERY_FAILED}:{cid}:{shown}",
                    extra=review.extra),
         ]
 
@@ -226,7 +230,7 @@ def sent(cid: str, channel: str, status: str, attempts: int, fallback_for: str |
     key = f"{NOTIFICATION_SENT}:{cid}:{channel}:{fallback_for or ''}"
     return Output(
         NOTIFICATION_SENT,
-        {"deployment_id": cid, "channel": channel, "status": status, "attempts": attempts,
+        {"deployment_id": cid, CHANNEL: channel, "status": status, "attempts": attempts,
          "fallback_for": fallback_for},
         idempotency_key=key, once=key,
     )

@@ -42,6 +42,13 @@ NOTIFIER = "notifier"
 
 WORKERS: tuple[str, ...] = (VALIDATOR, DEPENDENCY_CHECKER, HEALTH_MONITOR, AGGREGATOR, NOTIFIER)
 
+# Review kinds (CONTRACT §5): the `kind` of the `review` entries this pipeline writes.
+REVIEW_APPROVAL = "approval"
+REVIEW_DELIVERY_FAILED = "delivery_failed"
+REVIEW_BRANCH_TIMEOUT = "branch_timeout"
+#: The data field naming a channel: in `notification:sent` and a `delivery_failed` review.
+CHANNEL = "channel"
+
 DependencyStatus = Literal["healthy", "unhealthy", "unreachable", "version_mismatch"]
 HealthStatus = Literal["healthy", "unhealthy", "skipped"]
 FinishedStatus = Literal["succeeded", "rejected", "blocked", "unhealthy", "failed"]

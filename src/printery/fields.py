@@ -1,0 +1,96 @@
+"""Field names of the entries the framework itself writes, in one place.
+
+A ``dlq`` entry (CONTRACT §4) is the original entry plus :data:`DLQ_FIELDS`; a
+``review`` entry (§5, §12) carries :data:`REVIEW_FIELDS` beside the escalated ``data``;
+a ``review:decided`` entry carries :data:`DECISION_FIELDS`. The workers that write them
+and the tools that read them (``printery dlq``, ``review``, ``trace``) take the names
+from here, so they can never spell one differently. Stream names are in
+:mod:`printery.keys`; the envelope's own fields in :mod:`printery.message`.
+"""
+
+from __future__ import annotations
+
+from printery._util import now_rfc3339
+
+__all__ = [
+    "BY",
+    "DECIDED_AT",
+    "DECISION",
+    "DECISION_FIELDS",
+    "DELIVERIES",
+    "DLQ_FIELDS",
+    "ERROR",
+    "FAILED_AT",
+    "KIND",
+    "NOTE",
+    "REASON",
+    "REASON_CODE",
+    "REPLAYED_FROM",
+    "REVIEW_FIELDS",
+    "REVIEW_ID",
+    "SOURCE_ID",
+    "SOURCE_STREAM",
+    "STEP",
+    "TRACEBACK",
+    "WORKER",
+    "dlq_fields",
+    "review_fields",
+]
+
+# Where an entry came from: in `dlq` and `review` entries alike.
+SOURCE_STREAM = "source_stream"
+SOURCE_ID = "source_id"
+
+# `dlq`: why and where an entry was dead-lettered.
+ERROR = "error"
+REASON_CODE = "reason_code"
+WORKER = "worker"
+DELIVERIES = "deliveries"
+FAILED_AT = "failed_at"
+#: Only when a handler raised: its traceback.
+TRACEBACK = "traceback"
+DLQ_FIELDS: tuple[str, ...] = (
+    ERROR, REASON_CODE, WORKER, DELIVERIES, FAILED_AT, SOURCE_STREAM, SOURCE_ID, TRACEBACK,
+)
+#: Written by ``printery dlq replay`` on the entry it puts back: the dlq entry's id.
+REPLAYED_FROM = "replayed_from"
+
+# `review`: what escalated, in which step, and why.
+KIND = "kind"
+STEP = "step"
+REASON = "reason"
+REVIEW_FIELDS: tuple[str, ...] = (KIND, STEP, REASON, SOURCE_STREAM, SOURCE_ID)
+
+# `review:decided`: one decision on one review.
+REVIEW_ID = "review_id"
+DECISION = "decision"
+BY = "by"
+NOTE = "note"
+DECIDED_AT = "decided_at"
+DECISION_FIELDS: tuple[str, ...] = (REVIEW_ID, DECISION, BY, NOTE, DECIDED_AT)
+
+
+def dlq_fields(
+    *, error: str, reason_code: str, worker: str, deliveries: int, source_stream: str,
+    source_id: str, traceback: str = "", failed_at: str | None = None,
+) -> dict[str, str]:
+    """The fields a worker adds to an entry it dead-letters: ``error`` cut at 2,000
+    characters, so a huge message cannot bloat the stream; ``failed_at`` now unless
+    given; ``traceback`` only when there is one."""
+    fields = {
+        ERROR: error[:2000], REASON_CODE: reason_code, WORKER: worker,
+        DELIVERIES: str(deliveries), FAILED_AT: failed_at or now_rfc3339(),
+        SOURCE_STREAM: source_stream, SOURCE_ID: source_id,
+    }
+    if traceback:
+        fields[TRACEBACK] = traceback
+    return fields
+
+
+def review_fields(
+    *, kind: str, step: str, reason: str, source_stream: str = "", source_id: str = ""
+) -> dict[str, str]:
+    """The fields of a ``review`` entry beside its ``data``; the source is empty when no
+    one entry escalated (an aggregator's deadline)."""
+    return {KIND: kind, STEP: step, REASON: reason,
+            SOURCE_STREAM: source_stream, SOURCE_ID: source_id}
