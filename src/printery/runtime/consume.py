@@ -118,7 +118,9 @@ class EntryPipeline:
         stays pending and is delivered again), unless the batch failed or was cancelled:
         its worker then hands the entries back as it stops."""
         begun = time.perf_counter()
-        running: set[asyncio.Task[Decided | None]] = set()
+        # In read order: a commit of entries in the order they were read fences them all
+        # with one ranged XPENDING (commit.lua).
+        running: list[asyncio.Task[Decided | None]] = []
         try:
             decided: list[Decided] = []
             admitted = await self._admit(batch, decided)
@@ -127,12 +129,12 @@ class EntryPipeline:
             for delivery, message in admitted:
                 task = _start(self._handle(delivery, message))
                 delivery.task = task
-                running.add(task)
+                running.append(task)
             if any(not task.done() for task in running):
                 await asyncio.sleep(0)  # one turn: handlers that never really await finish
             while True:
-                finished = {task for task in running if task.done()}
-                running -= finished
+                finished = [task for task in running if task.done()]
+                running = [task for task in running if not task.done()]
                 decided += self._results(finished)
                 await self._commit(decided, begun)
                 if not running:
@@ -148,7 +150,7 @@ class EntryPipeline:
         for delivery in batch:
             delivery.release()
 
-    def _results(self, finished: set[asyncio.Task[Decided | None]]) -> list[Decided]:
+    def _results(self, finished: list[asyncio.Task[Decided | None]]) -> list[Decided]:
         decided = []
         for task in finished:
             if task.cancelled():  # not started at shutdown: handed back
@@ -205,9 +207,8 @@ class EntryPipeline:
         """Run the handler until it succeeds, is rejected, or runs out of deliveries; the
         entry's commit, or None when the entry was lost to another consumer meanwhile.
         The slot taken here is given back once the entry is committed."""
-        await delivery.take_slot()
-        if delivery.started is None:
-            delivery.started = time.monotonic()
+        if not delivery.try_take_slot():
+            await delivery.take_slot()
         while True:
             begun = time.perf_counter()
             try:
@@ -230,7 +231,10 @@ class EntryPipeline:
                 raise
             except BaseException as exc:
                 raise WorkerCrashed(f"handler raised {describe(exc)}") from exc
-            return await self._handled(delivery, message, outputs, time.perf_counter() - begun)
+            appends = self.appends(outputs, message, time.perf_counter() - begun)
+            if self.has_large(appends):
+                appends = await self.store_large(appends)
+            return self._handled(delivery, message, appends)
 
     def _failed(self, message: Message, exc: Exception) -> None:
         self.stats.errors += 1
@@ -255,7 +259,7 @@ class EntryPipeline:
         deliveries = await self.connectivity.retrying(
             lambda: self.leases.redeliver(delivery.stream, delivery.consumer.name, delivery.entry_id)
         )
-        if deliveries >= 0:
+        if deliveries >= 0 and not delivery.try_take_slot():
             await delivery.take_slot()
         return Message(
             envelope=message.envelope, stream=message.stream, entry_id=message.entry_id,
@@ -265,20 +269,20 @@ class EntryPipeline:
 
     # -- build the commit ----------------------------------------------------------------------
 
-    async def _handled(
-        self, delivery: Delivery, message: Message, outputs: list[Output], seconds: float
+    def _handled(
+        self, delivery: Delivery, message: Message, appends: list[Append]
     ) -> Decided:
-        appends = await self.appends(outputs, message, seconds)
         commit = EntryCommit(delivery.stream, delivery.consumer.name, delivery.entry_id,
                              message.envelope.idempotency_key, appends)
         return Decided(delivery, commit, "ok", message)
 
-    async def appends(
+    def appends(
         self, outputs: Sequence[Output], message: Message | None, seconds: float,
         correlation_id: str = "",
     ) -> list[Append]:
         """The entries to write for ``outputs`` of a handler call (``message`` None: of
-        no entry), each carrying the call's duration, cost and ``replay_of``."""
+        no entry), each carrying the call's duration, cost and ``replay_of``. A ``data``
+        over the inline limit still needs :meth:`store_large` before the commit."""
         extra = {"duration_ms": f"{seconds * 1000:.3f}"}
         if message is not None:
             correlation_id = message.correlation_id
@@ -294,11 +298,24 @@ class EntryPipeline:
                 producer=self.worker, idempotency_key=out.idempotency_key, extra=extra,
                 more=out.extra,
             )
-            if len(fields["data"]) > self.payloads.inline_limit:
-                fields["data"] = await self.payloads.store(fields["data"])
             once = self.keys.once(out.once) if out.once else ""
             appends.append(Append(self.keys.stream(out.type), fields, once))
         return appends
+
+    def has_large(self, appends: list[Append]) -> bool:
+        limit = self.payloads.inline_limit
+        return any(len(append.fields["data"]) > limit for append in appends)
+
+    async def store_large(self, appends: list[Append]) -> list[Append]:
+        """``appends`` with every ``data`` over the inline limit moved to a blob (CONTRACT
+        §10) and replaced by its reference."""
+        stored = []
+        for append in appends:
+            data = append.fields["data"]
+            if len(data) > self.payloads.inline_limit:
+                append = append._replace(fields={**append.fields, "data": await self.payloads.store(data)})
+            stored.append(append)
+        return stored
 
     def _dead_letter(
         self, delivery: Delivery, fields: dict[str, str], reason_code: str, error: str, *,
@@ -369,7 +386,7 @@ class EntryPipeline:
         ``once`` guards; how many were written. Raises :class:`TransportError` when the
         server cannot be reached."""
         try:
-            appends = await self.appends(outputs, None, 0.0, correlation_id)
+            appends = await self.store_large(self.appends(outputs, None, 0.0, correlation_id))
             (result,) = await self.committer.commit([EntryCommit("", "", "", "", appends)])
         except CONNECTION_ERRORS as exc:
             raise TransportError(f"cannot write outputs: {describe(exc)}") from exc

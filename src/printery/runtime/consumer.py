@@ -58,7 +58,11 @@ class Consumer:
         self.name = name
         self.prefetch = settings.prefetch
         self.held: dict[tuple[str, str], Delivery] = {}
-        self.slots = asyncio.Semaphore(settings.effective_parallel)
+        #: Handler slots as a counter rather than a semaphore: taking a free one costs no
+        #: coroutine (the usual case, on every entry).
+        self.parallel = settings.effective_parallel
+        self.running = 0
+        self._slot_freed = asyncio.Event()
         #: Set whenever an entry is released, so a full consumer reads again at once.
         self.room = asyncio.Event()
         self.room.set()
@@ -71,6 +75,21 @@ class Consumer:
         delivery = Delivery(self, stream, entry_id, fields, deliveries)
         self.held[(stream, entry_id)] = delivery
         return delivery
+
+    def try_take(self) -> bool:
+        if self.running < self.parallel:
+            self.running += 1
+            return True
+        return False
+
+    async def take(self) -> None:
+        while not self.try_take():
+            self._slot_freed.clear()
+            await self._slot_freed.wait()
+
+    def give(self) -> None:
+        self.running -= 1
+        self._slot_freed.set()
 
     def running_longer_than(self, seconds: float) -> bool:
         """Whether a handler of this consumer has run longer than ``seconds``."""
@@ -105,14 +124,28 @@ class Delivery:
         self.slot = False
         self.task: asyncio.Task[object] | None = None
 
+    def try_take_slot(self) -> bool:
+        """Take a free handler slot of the consumer, if there is one (held until
+        :meth:`give_slot`)."""
+        if not self.consumer.try_take():
+            return False
+        self._took()
+        return True
+
     async def take_slot(self) -> None:
-        await self.consumer.slots.acquire()
+        """Wait for a handler slot of the consumer."""
+        await self.consumer.take()
+        self._took()
+
+    def _took(self) -> None:
         self.slot = True
+        if self.started is None:
+            self.started = time.monotonic()
 
     def give_slot(self) -> None:
         if self.slot:
             self.slot = False
-            self.consumer.slots.release()
+            self.consumer.give()
 
     def release(self) -> None:
         """Done with (committed, lost, or left pending for redelivery); idempotent."""
