@@ -25,6 +25,7 @@ import gc
 import threading
 import traceback
 import warnings
+import weakref
 from collections.abc import Generator
 from dataclasses import dataclass
 from typing import Any
@@ -81,11 +82,16 @@ class LoopGuard:
 
     def __init__(self) -> None:
         self.current: str | None = None
+        self.created = 0
+        self.loops: weakref.WeakSet[asyncio.AbstractEventLoop] = weakref.WeakSet()
         self._reports: list[LoopReport] = []
         self._lock = threading.Lock()
 
     def install(self, loop: asyncio.AbstractEventLoop) -> None:
         created_in = self.current
+        with self._lock:  # loops are made in threads too
+            self.created += 1
+            self.loops.add(loop)
 
         def handler(loop: asyncio.AbstractEventLoop, context: dict[str, Any]) -> None:
             report = LoopReport(
@@ -96,6 +102,10 @@ class LoopGuard:
             loop.default_exception_handler(context)  # still logged, as before
 
         loop.set_exception_handler(handler)
+
+    def had_loops(self, created_before: int) -> bool:
+        """Whether a loop was created since the count was ``created_before``, or is open."""
+        return self.created != created_before or any(not loop.is_closed() for loop in list(self.loops))
 
     def drain(self) -> list[LoopReport]:
         with self._lock:
@@ -125,6 +135,7 @@ _GUARD = pytest.StashKey[LoopGuard]()
 _PREVIOUS_POLICY = pytest.StashKey[Any]()
 _SEEN = pytest.StashKey[list[LoopReport]]()
 _SEEN_OUTSIDE = pytest.StashKey[list[LoopReport]]()
+_CREATED_BEFORE = pytest.StashKey[int]()
 
 
 def _set_policy(policy: Any) -> None:
@@ -179,6 +190,7 @@ def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> 
     if leftovers:  # between tests (collection, a module fixture): the session fails
         item.config.stash.setdefault(_SEEN_OUTSIDE, []).extend(leftovers)
     guard.current = item.nodeid
+    item.stash[_CREATED_BEFORE] = guard.created
     try:
         return (yield)
     finally:
@@ -208,12 +220,15 @@ def pytest_runtest_call(item: pytest.Item) -> Generator[None, object, object]:
 
 @pytest.hookimpl(wrapper=True, trylast=True)
 def pytest_runtest_teardown(item: pytest.Item, nextitem: pytest.Item | None) -> Generator[None, object, object]:
+    guard = item.config.stash[_GUARD]
     try:
         return (yield)
     finally:
         # Fixtures are finalized and function-scoped loops closed: whatever is unreachable
-        # now is finalized while this test is still the one to blame.
-        gc.collect()
+        # now is finalized while this test is still the one to blame. A full collection
+        # costs tens of ms, so only after a test that had an event loop.
+        if guard.had_loops(item.stash.get(_CREATED_BEFORE, -1)):
+            gc.collect()
         _check(item, "at teardown (after gc.collect)")
 
 
