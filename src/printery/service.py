@@ -2,9 +2,11 @@
 
 Everything the other modules provide is wired here, in the order the contract needs:
 
-1. logging, with the Redis password and webhook secret registered for redaction, so no
-   later line can leak them; the first line names the server in use (CONTRACT §6);
+1. logging, with the Redis password and the app's secrets registered for redaction, so
+   no later line can leak them; the first line names the server in use (CONTRACT §6);
 2. the server: the given URL, or the embedded server of the data dir (found or started);
+   these two, the signals and the exit statuses are the process lifecycle shared with
+   the parent of ``--processes`` (:mod:`printery.lifecycle`);
 3. every consumer group of the pipeline, whichever workers this process runs, *before*
    any worker reads (CONTRACT §2): a process running only ``notifier`` must not let
    ``validator``'s entries published meanwhile go unseen by a later process;
@@ -23,7 +25,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
-import signal
 import time
 from collections.abc import Mapping
 from typing import Any
@@ -39,26 +40,19 @@ from printery.backoff import compute_backoff
 from printery.config import Settings
 from printery.http import HttpServer
 from printery.keys import StreamKeys
-from printery.logging import configure_logging, get_logger
+from printery.lifecycle import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK, ProcessLifecycle
+from printery.logging import get_logger
 from printery.metrics import OUTCOMES, Metrics
 from printery.pipeline.dag import Pipeline
-from printery.redact import redact_url
 from printery.runtime.payloads import PayloadStore
 from printery.runtime.registry import ProcessRegistry
 from printery.runtime.retention import trim_pipeline_streams
 from printery.runtime.stream_worker import ConsumerSettings
 from printery.supervisor.manager import WorkerManager
 from printery.transport.connection import connect
-from printery.transport.embedded import EmbeddedServer
 from printery.transport.streams import ensure_group
 
-__all__ = [
-    "EXIT_FAILED", "EXIT_INTERRUPTED", "EXIT_OK", "MetricsObserver", "Service", "acquire_server",
-]
-
-EXIT_OK = 0
-EXIT_FAILED = 1
-EXIT_INTERRUPTED = 130
+__all__ = ["EXIT_FAILED", "EXIT_INTERRUPTED", "EXIT_OK", "MetricsObserver", "Service"]
 
 log = get_logger("printery.service")
 
@@ -69,25 +63,6 @@ _OUTCOME_LABEL = {"error": "retry", "dead_lettered": "dead_letter", "fenced": "d
 GAUGE_INTERVAL = 1.0
 #: Seconds a readiness/status PING may take before Redis counts as not answering.
 PING_TIMEOUT = 2.0
-
-
-def acquire_server(settings: Settings) -> tuple[str, str, EmbeddedServer | None]:
-    """``(url, url to show, embedded server or None)``: the configured URL, else the data
-    dir's embedded server (found or started, with a lease the caller releases), named in
-    the first log line (CONTRACT §6). The parent of ``--processes`` uses it too."""
-    if settings.redis_url:
-        shown = redact_url(settings.redis_url)
-        log.info(f"using redis server at {shown}", url=shown)
-        return settings.redis_url, shown, None
-    embedded = EmbeddedServer(settings.data_dir)
-    # The embedded module's own "started" line would come first; ours says it all.
-    url = embedded.acquire(announce=False)
-    how = "started" if embedded.started else "reused"
-    log.info(
-        f"using embedded server at {url} (data dir {embedded.data_dir}; {how})",
-        url=url, data_dir=str(embedded.data_dir), server=how,
-    )
-    return url, url, embedded
 
 
 class MetricsObserver:
@@ -110,7 +85,7 @@ class MetricsObserver:
         self.metrics.observe_cost(worker, {unit: amount})
 
 
-class Service:
+class Service(ProcessLifecycle):
     """One ``printery-workers`` process: call :meth:`run` from synchronous code.
 
     ``pipeline`` is already loaded and validated, ``settings`` already validated: every
@@ -118,7 +93,7 @@ class Service:
     """
 
     def __init__(self, settings: Settings, pipeline: Pipeline) -> None:
-        self.settings = settings
+        super().__init__(settings)
         self.pipeline = pipeline
         self.workers = settings.selected_workers(list(pipeline.steps))
         self.keys = StreamKeys(settings.stream_prefix)
@@ -127,67 +102,17 @@ class Service:
         self.pid = os.getpid()
         self.host = hostname()
         self.process_id = f"{self.host}:{self.pid}:{int(time.time() * 1000):x}"
-        self.url: str | None = None
-        self.display_url: str | None = None
         self.client: aioredis.Redis | None = None
         self.manager: WorkerManager | None = None
         self.http: HttpServer | None = None
         self.http_port: int | None = None
         self.registry: ProcessRegistry | None = None
-        self._embedded: EmbeddedServer | None = None
-        self._stop = asyncio.Event()
-        self._signals = 0
         self._tasks: list[asyncio.Task[None]] = []
         self._redis_ok = False
 
-    # -- entry point -----------------------------------------------------------------------
-
-    def run(self) -> int:
-        """Run until a signal or a worker failure; return the process exit status."""
-        configure_logging(self.settings.log_level, secrets=self.settings.secrets(os.environ))
-        try:
-            self._acquire_server()
-        except Exception as exc:
-            log.error("cannot start or reach the server", error=str(exc))
-            return EXIT_FAILED
-        try:
-            return asyncio.run(self._main())
-        except KeyboardInterrupt:  # Ctrl-C before the loop's own handlers were installed
-            return EXIT_INTERRUPTED
-        finally:
-            self._release_server()
-
-    def _acquire_server(self) -> None:
-        self.url, self.display_url, self._embedded = acquire_server(self.settings)
-
-    def _release_server(self) -> None:
-        if self._embedded is not None:
-            try:
-                self._embedded.release()
-            except Exception as exc:
-                log.warning("could not release the embedded server", error=str(exc))
-            self._embedded = None
-
     # -- lifecycle -------------------------------------------------------------------------
 
-    def _install_signals(self) -> None:
-        loop = asyncio.get_running_loop()
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            loop.add_signal_handler(sig, self._on_signal, sig)
-
-    def _on_signal(self, sig: signal.Signals) -> None:
-        self._signals += 1
-        if self._signals > 1 and sig == signal.SIGINT:
-            # The operator insists: no drain. Pending entries are redelivered later.
-            log.warning("second SIGINT: exiting at once")
-            os._exit(EXIT_INTERRUPTED)
-        if self._signals == 1:
-            log.info("shutdown requested: draining", signal=sig.name,
-                     timeout_s=self.settings.shutdown_timeout)
-        self._stop.set()
-
-    async def _main(self) -> int:
-        self._install_signals()
+    async def main(self) -> int:
         assert self.url is not None
         s = self.settings
         self.client = connect(self.url)
@@ -201,7 +126,7 @@ class Service:
                      http_port=self.http_port, pid=self.pid)
             code = await self._wait()
         except Exception as exc:
-            if self._stop.is_set():  # stopped while still waiting for the server
+            if self.stopping.is_set():  # stopped while still waiting for the server
                 code = EXIT_OK
             else:
                 log.error("service failed", error=f"{type(exc).__name__}: {exc}")
@@ -230,8 +155,8 @@ class Service:
                 if attempt == 1:
                     log.warning("server not reachable yet: waiting", error=str(exc))
                 with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(self._stop.wait(), delay)
-                if self._stop.is_set():
+                    await asyncio.wait_for(self.stopping.wait(), delay)
+                if self.stopping.is_set():
                     raise
 
     def _build_manager(self, client: aioredis.Redis) -> WorkerManager:
@@ -294,14 +219,14 @@ class Service:
         """Block until a stop signal, or a worker failure that should end the process."""
         assert self.manager is not None
         s = self.settings
-        stop = asyncio.create_task(self._stop.wait())
+        stop = asyncio.create_task(self.stopping.wait())
         waits: list[asyncio.Task[Any]] = [stop]
         if not s.supervised or s.exit_on_failure:
             waits.append(asyncio.create_task(self.manager.failed.wait()))
         await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
         for task in waits:
             task.cancel()
-        if self._stop.is_set():
+        if self.stopping.is_set():
             return EXIT_OK
         failures = self.manager.failures
         log.error(

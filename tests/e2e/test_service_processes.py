@@ -96,3 +96,36 @@ def test_crashed_child_is_restarted(server: ServerProcess, tmp_path: Path) -> No
         assert 'printery_process_restarts_total 1.0' in svc.get("/metrics").text
     finally:
         assert svc.stop() == 0, svc.log()
+
+
+# The parent imports and builds the app without PRINTERY_CHILD_INDEX; child 1 cannot.
+CHILD_FAILS_APP = '''
+import os
+
+from printery import Message, Pipeline
+
+def pipeline(settings):
+    if os.environ.get("PRINTERY_CHILD_INDEX") == "1":
+        raise RuntimeError("no config for child 1")
+    built = Pipeline("childfails", ingress=["job"])
+
+    @built.step("worker", consumes=["job"])
+    async def worker(msg: Message) -> None:
+        return None
+
+    return built
+'''
+
+
+def test_child_with_bad_configuration_stops_the_parent_with_2(
+    server: ServerProcess, tmp_path: Path
+) -> None:
+    (tmp_path / "childfails.py").write_text(CHILD_FAILS_APP)
+    svc = spawn(
+        ["--redis-url", server.url, "--stream-prefix", unique_prefix("cfg2"),
+         "--processes", "2", "--app", "childfails:pipeline", "--backoff", "50"],
+        cwd=tmp_path, wait=False,
+    )
+    assert svc.wait(timeout=30) == 2, svc.log()
+    assert "configuration error" in svc.log()
+    assert svc.log().count("no config for child 1") == 1  # not restarted

@@ -12,12 +12,17 @@ Design, kept deliberately simple:
 * With no Redis URL the parent acquires the embedded server of the data dir first and
   holds it until every child has exited; children find it and take their own leases, so
   a crashing child never takes the server down with it.
-* A child that exits while the parent is not stopping is restarted after
-  :func:`printery.compute_backoff` (``--backoff`` doubling per consecutive crash; the
-  count resets once a child has run for :data:`STABLE_AFTER` seconds). A child exiting 2
-  (bad configuration) cannot be fixed by restarting: the parent stops and exits 2.
-* SIGTERM/SIGINT: SIGTERM to every child, wait ``shutdown_timeout`` plus a margin, then
-  SIGKILL stragglers; exit 0. A second SIGINT kills the children and exits 130.
+* Each child is a :class:`~printery.supervisor.process.ChildProcess` worker of a
+  :class:`~printery.WorkerManager`, the one supervisor of the project: a child that
+  exits while the parent is not stopping is restarted after
+  :func:`printery.compute_backoff` (``--backoff`` doubling per consecutive crash, without
+  end; the count resets once a child has run for :data:`STABLE_AFTER` seconds). A child
+  exiting 2 (bad configuration) cannot be fixed by restarting: the parent stops and
+  exits 2.
+* Logging, the server, signals and exit statuses are the service's own lifecycle
+  (:class:`~printery.lifecycle.ProcessLifecycle`). SIGTERM/SIGINT: SIGTERM to every
+  child, wait ``shutdown_timeout`` plus a margin, then SIGKILL stragglers; exit 0. A
+  second SIGINT kills the children and exits 130.
 * HTTP: the parent serves ``/status``, ``/readyz`` and ``/metrics`` on ``--http-addr``
   by asking each child's private endpoint. ``/status`` is the §8 document with the
   workers merged over the children (counters summed, ``pending`` the group's maximum,
@@ -32,11 +37,8 @@ import asyncio
 import contextlib
 import os
 import signal
-import subprocess
 import sys
-import time
-from collections.abc import Iterable, Iterator
-from dataclasses import dataclass, field
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 import httpx
@@ -46,25 +48,22 @@ from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.registry import Collector
 
 from printery._util import hostname, now_rfc3339
-from printery.backoff import compute_backoff
 from printery.config import Settings
 from printery.http import HttpServer
-from printery.logging import configure_logging, get_logger
+from printery.lifecycle import EXIT_CONFIG, EXIT_OK, ProcessLifecycle
+from printery.logging import get_logger
 from printery.pipeline.dag import Pipeline
-from printery.service import acquire_server
-from printery.transport.embedded import EmbeddedServer
+from printery.supervisor.manager import WorkerManager
+from printery.supervisor.process import ChildProcess
 from printery.transport.server import free_port
 
 __all__ = ["Parent", "merge_workers"]
 
 log = get_logger("printery.processes")
 
-EXIT_CONFIG = 2
-EXIT_INTERRUPTED = 130
 #: Seconds a child must run before its crash count starts again from zero.
 STABLE_AFTER = 30.0
-#: Seconds between child exit checks and metric scrapes.
-POLL_INTERVAL = 0.2
+#: Seconds between metric scrapes.
 SCRAPE_INTERVAL = 1.0
 #: Seconds given to children beyond the shutdown timeout before SIGKILL.
 KILL_MARGIN = 10.0
@@ -73,21 +72,17 @@ KILL_MARGIN = 10.0
 _STATE_RANK = ["failed", "unhealthy", "restarting", "starting", "stopping", "stopped", "running"]
 
 
-@dataclass
-class _Child:
-    index: int
-    port: int
-    proc: subprocess.Popen[bytes] | None = None
-    started: float = 0.0
-    crashes: int = 0
-    restarts: int = 0
-    next_start: float = 0.0
-    metrics_text: str = ""
-    last_status: dict[str, Any] = field(default_factory=dict)
+class _Child(ChildProcess):
+    """One child service: its index, its private HTTP port, its last scraped metrics."""
 
-    @property
-    def alive(self) -> bool:
-        return self.proc is not None and self.proc.poll() is None
+    def __init__(self, index: int, port: int, argv: list[str]) -> None:
+        command = [sys.executable, "-m", "printery.cli.workers", *argv,
+                   "--processes", "1", "--http-addr", f"127.0.0.1:{port}"]
+        env = {**os.environ, "PRINTERY_PROCESSES": "1", "PRINTERY_CHILD_INDEX": str(index)}
+        super().__init__(f"process-{index}", command, env=env, fatal_exits={EXIT_CONFIG})
+        self.index = index
+        self.port = port
+        self.metrics_text = ""
 
     @property
     def base(self) -> str:
@@ -129,16 +124,16 @@ class _MergedChildren(Collector):
     """Re-exposes the children's scraped metrics as one set (parsed, then re-rendered by
     prometheus-client, never text pasted together)."""
 
-    def __init__(self, children: list[_Child]) -> None:
-        self.children = children
+    def __init__(self, texts: Callable[[], Iterable[str]]) -> None:
+        self.texts = texts
 
     def collect(self) -> Iterator[Metric]:
         families: dict[str, Metric] = {}
         values: dict[str, dict[tuple[str, tuple[tuple[str, str], ...]], float]] = {}
-        for child in self.children:
-            if not child.metrics_text:
+        for text in self.texts():
+            if not text:
                 continue
-            for fam in text_string_to_metric_families(child.metrics_text):
+            for fam in text_string_to_metric_families(text):
                 if fam.name not in families:
                     families[fam.name] = Metric(fam.name, fam.documentation, fam.type)
                     values[fam.name] = {}
@@ -155,130 +150,37 @@ class _MergedChildren(Collector):
             yield metric
 
 
-class Parent:
+class Parent(ProcessLifecycle):
     """Runs and supervises the child processes; see the module docstring."""
 
+    stop_action = "stopping children"
+
     def __init__(self, settings: Settings, pipeline: Pipeline, argv: list[str]) -> None:
-        self.settings = settings
+        super().__init__(settings)
         self.pipeline = pipeline
-        self.argv = list(argv)
-        self.children = [_Child(i, free_port()) for i in range(settings.processes)]
+        self.children = [_Child(i, free_port(), list(argv)) for i in range(settings.processes)]
         self.registry = CollectorRegistry(auto_describe=False)
-        self.registry.register(_MergedChildren(self.children))
+        self.registry.register(_MergedChildren(lambda: [c.metrics_text for c in self.children]))
         self.process_restarts = Counter(
             "printery_process_restarts_total", "Child processes restarted by the parent.",
             registry=self.registry,
         )
+        self.manager = WorkerManager(
+            supervised=True, max_restarts=None, backoff_ms=settings.backoff_ms,
+            stable_after=STABLE_AFTER, health_check_interval=settings.health_check_interval,
+            drain_timeout=settings.shutdown_timeout + KILL_MARGIN,
+            on_restart=lambda _name: self.process_restarts.inc(),
+        )
+        for child in self.children:
+            self.manager.register(child)
         self.started_at = now_rfc3339()
-        self.display_url = settings.redacted_redis_url
-        self._embedded: EmbeddedServer | None = None
-        self._stop = asyncio.Event()
-        self._signals = 0
-        self._code = 0
         self._http_client: httpx.AsyncClient | None = None
-
-    # -- entry point -----------------------------------------------------------------------
-
-    def run(self) -> int:
-        configure_logging(self.settings.log_level, secrets=self.settings.secrets(os.environ))
-        try:
-            _, self.display_url, self._embedded = acquire_server(self.settings)
-        except Exception as exc:
-            log.error("cannot start or reach the server", error=str(exc))
-            return 1
-        try:
-            return asyncio.run(self._main())
-        except KeyboardInterrupt:  # Ctrl-C before the loop's own handlers were installed
-            return EXIT_INTERRUPTED
-        finally:
-            self._kill_all()
-            if self._embedded is not None:
-                with contextlib.suppress(Exception):
-                    self._embedded.release()
-
-    # -- children --------------------------------------------------------------------------
-
-    def _spawn(self, child: _Child) -> None:
-        cmd = [
-            sys.executable, "-m", "printery.cli.workers", *self.argv,
-            "--processes", "1", "--http-addr", f"127.0.0.1:{child.port}",
-        ]
-        env = {**os.environ, "PRINTERY_PROCESSES": "1", "PRINTERY_CHILD_INDEX": str(child.index)}
-        child.proc = subprocess.Popen(cmd, env=env)
-        child.started = time.monotonic()
-        log.info("child started", index=child.index, pid=child.proc.pid, port=child.port)
-
-    def _check_children(self) -> None:
-        now = time.monotonic()
-        for child in self.children:
-            if child.proc is None:
-                if now >= child.next_start:
-                    self._spawn(child)
-                    child.restarts += 1
-                    self.process_restarts.inc()
-                continue
-            code = child.proc.poll()
-            if code is None:
-                continue
-            if code == EXIT_CONFIG:
-                log.error("child exited with a configuration error: stopping", index=child.index)
-                self._code = EXIT_CONFIG
-                self._stop.set()
-                return
-            if now - child.started >= STABLE_AFTER:
-                child.crashes = 0
-            child.crashes += 1
-            delay = compute_backoff(child.crashes, base_ms=self.settings.backoff_ms)
-            log.warning("child exited: restarting", index=child.index, pid=child.proc.pid,
-                        exit_code=code, attempt=child.crashes, delay_s=round(delay, 3))
-            child.proc = None
-            child.metrics_text = ""
-            child.next_start = now + delay
-
-    def _signal_children(self, sig: signal.Signals) -> None:
-        for child in self.children:
-            if child.alive and child.proc is not None:
-                with contextlib.suppress(ProcessLookupError):
-                    child.proc.send_signal(sig)
-
-    def _kill_all(self) -> None:
-        self._signal_children(signal.SIGKILL)
-        for child in self.children:
-            if child.proc is not None:
-                with contextlib.suppress(Exception):
-                    child.proc.wait(timeout=5)
-
-    async def _stop_children(self) -> None:
-        self._signal_children(signal.SIGTERM)
-        deadline = time.monotonic() + self.settings.shutdown_timeout + KILL_MARGIN
-        # Child exits are polled: there is no event to await for a subprocess.Popen.
-        while any(c.alive for c in self.children) and time.monotonic() < deadline:  # noqa: ASYNC110
-            await asyncio.sleep(0.05)
-        if any(c.alive for c in self.children):
-            log.warning("children did not stop in time: killing")
-            self._kill_all()
-        for child in self.children:
-            if child.proc is not None and child.proc.returncode not in (0, None):
-                log.warning("child exit status", index=child.index, exit_code=child.proc.returncode)
 
     # -- lifecycle -------------------------------------------------------------------------
 
-    def _on_signal(self, sig: signal.Signals) -> None:
-        self._signals += 1
-        if self._signals > 1 and sig == signal.SIGINT:
-            log.warning("second SIGINT: killing children and exiting")
-            self._kill_all()
-            os._exit(EXIT_INTERRUPTED)
-        log.info("shutdown requested: stopping children", signal=sig.name)
-        self._stop.set()
-
-    async def _main(self) -> int:
-        loop = asyncio.get_running_loop()
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            loop.add_signal_handler(sig, self._on_signal, sig)
+    async def main(self) -> int:
         self._http_client = httpx.AsyncClient(timeout=2.0)
-        for child in self.children:
-            self._spawn(child)
+        await self.manager.start_all()
         http: HttpServer | None = None
         bind = self.settings.http_bind
         if bind is not None:
@@ -286,22 +188,39 @@ class Parent:
             port = await http.start(*bind)
             log.info("http listening", host=bind[0], port=port, processes=len(self.children))
         scraper = asyncio.create_task(self._scrape_loop())
-        while not self._stop.is_set():
-            self._check_children()
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._stop.wait(), POLL_INTERVAL)
-        scraper.cancel()
-        with contextlib.suppress(BaseException):
-            await scraper
-        await self._stop_children()
+        waits = [asyncio.create_task(self.stopping.wait()),
+                 asyncio.create_task(self.manager.failed.wait())]
+        await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+        code = EXIT_OK
+        if not self.stopping.is_set():  # only a fatal exit fails a child for good
+            log.error("child exited with a configuration error: stopping",
+                      children=[f.worker for f in self.manager.failures])
+            code = EXIT_CONFIG
+        for task in [scraper, *waits]:
+            task.cancel()
+            with contextlib.suppress(BaseException):
+                await task
+        await self.manager.stop_all(self.settings.shutdown_timeout + KILL_MARGIN)
         if http is not None:
             await http.stop()
         await self._http_client.aclose()
-        log.info("all processes stopped", exit_code=self._code)
-        return self._code
+        log.info("all processes stopped", exit_code=code)
+        return code
+
+    def interrupted(self) -> None:
+        log.warning("second SIGINT: killing children")
+        for child in self.children:
+            child.send_signal(signal.SIGKILL)
+
+    def cleanup(self) -> None:
+        for child in self.children:
+            child.kill()
 
     async def _scrape_loop(self) -> None:
         while True:
+            for child in self.children:
+                if not child.alive:
+                    child.metrics_text = ""  # a dead child's series go with it
             await asyncio.gather(*(self._scrape(c) for c in self.children if c.alive))
             await asyncio.sleep(SCRAPE_INTERVAL)
 
@@ -329,6 +248,7 @@ class Parent:
         answers = await asyncio.gather(*(self._get(c, "/status") for c in self.children))
         docs = [body for code, body in answers if code == 200]
         connected = bool(docs) and all(d.get("redis", {}).get("connected") for d in docs)
+        supervised = self.manager.get_status()
         s = self.settings
         return {
             "process": {
@@ -340,8 +260,8 @@ class Parent:
             "workers": merge_workers(d.get("workers", {}) for d in docs),
             "processes": [
                 {
-                    "index": c.index, "pid": c.proc.pid if c.proc else None, "alive": c.alive,
-                    "restarts": c.restarts, "port": c.port,
+                    "index": c.index, "pid": c.pid, "alive": c.alive,
+                    "restarts": supervised[c.name]["restarts"], "port": c.port,
                     "workers": body.get("workers", {}) if code == 200 else {},
                 }
                 for c, (code, body) in zip(self.children, answers, strict=True)

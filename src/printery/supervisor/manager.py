@@ -1,5 +1,9 @@
 """WorkerManager: starts workers in dependency order, checks their health, restarts them
-with backoff (supervised mode) or fails fast (standalone mode), and drains them on stop."""
+with backoff (supervised mode) or fails fast (standalone mode), and drains them on stop.
+
+Its restart policy is the project's one restart-with-backoff policy: the service's
+workers and the child processes of ``--processes`` (each a
+:class:`~printery.supervisor.process.ChildProcess` worker) are supervised by it alike."""
 
 from __future__ import annotations
 
@@ -29,6 +33,10 @@ class _Slot:
     task: asyncio.Task[None] | None = None
     started_at: float | None = None
     restarts: int = 0
+    #: Restarts since the worker last ran for ``stable_after`` seconds (all of them
+    #: without ``stable_after``): what ``max_restarts`` and the backoff count.
+    streak: int = 0
+    fatal: bool = False
     crashes: int = 0
     last_error: str | None = None
     restarting: bool = False
@@ -39,19 +47,24 @@ class WorkerManager:
     """Owns the workers of one process.
 
     Supervised mode restarts a crashed or unhealthy worker after
-    ``compute_backoff(attempt, base_ms=backoff_ms)`` up to ``max_restarts`` times, then
-    marks it ``failed`` and logs an alert while the others go on. Standalone mode marks
-    the first failure ``failed`` at once. Either way :attr:`failed` is set, so the process
-    can exit 1 (standalone, or ``exit_on_failure``) and let systemd or Kubernetes act.
+    ``compute_backoff(attempt, base_ms=backoff_ms)`` up to ``max_restarts`` times (None:
+    without end), then marks it ``failed`` and logs an alert while the others go on.
+    With ``stable_after``, a worker that ran that many seconds before failing starts its
+    count (and its backoff) again. Standalone mode marks the first failure ``failed`` at
+    once, as does a worker raising :class:`~printery.WorkerFailed` from ``run`` in either
+    mode (it knows a restart cannot help). Either way :attr:`failed` is set, so the
+    process can exit 1 (standalone, or ``exit_on_failure``) and let systemd or
+    Kubernetes act.
     """
 
     def __init__(
         self,
         *,
         supervised: bool = False,
-        max_restarts: int = 3,
+        max_restarts: int | None = 3,
         backoff_ms: float = 1000,
         backoff_cap_ms: float = 60_000,
+        stable_after: float | None = None,
         health_check_interval: float = 30.0,
         ready_timeout: float = 60.0,
         drain_timeout: float = 30.0,
@@ -61,6 +74,7 @@ class WorkerManager:
         self.max_restarts = max_restarts
         self.backoff_ms = backoff_ms
         self.backoff_cap_ms = backoff_cap_ms
+        self.stable_after = stable_after
         self.health_check_interval = health_check_interval
         self.ready_timeout = ready_timeout
         self.drain_timeout = drain_timeout
@@ -104,6 +118,7 @@ class WorkerManager:
         slot.ctx = RunContext()
         slot.ctx.drain_timeout = self.drain_timeout
         slot.state = WorkerState.STARTING
+        slot.started_at = None  # set once ready: how long this run lasted counts from there
         slot.task = asyncio.create_task(self._run(slot, slot.ctx), name=f"worker:{name}")
         ready = asyncio.create_task(slot.ctx.ready.wait())
         done, _ = await asyncio.wait(
@@ -124,6 +139,7 @@ class WorkerManager:
         except asyncio.CancelledError:
             raise
         except BaseException as exc:
+            slot.fatal = isinstance(exc, WorkerFailed)
             slot.crashes += 1
             slot.last_error = f"{type(exc).__name__}: {exc}"
             log.error("worker crashed", worker=slot.worker.name, error=slot.last_error)
@@ -181,7 +197,11 @@ class WorkerManager:
 
     async def _handle_failure(self, slot: _Slot, reason: str) -> None:
         name = slot.worker.name
-        if not self.supervised or slot.restarts >= self.max_restarts:
+        ran = time.monotonic() - slot.started_at if slot.started_at is not None else 0.0
+        if self.stable_after is not None and ran >= self.stable_after:
+            slot.streak = 0
+        exhausted = self.max_restarts is not None and slot.streak >= self.max_restarts
+        if not self.supervised or exhausted or slot.fatal:
             await self._stop_slot(slot, timeout=min(self.drain_timeout, 5.0))
             slot.state = WorkerState.FAILED
             failure = WorkerFailed(name, reason)
@@ -192,8 +212,8 @@ class WorkerManager:
             return
         slot.restarting = True
         slot.state = WorkerState.RESTARTING
-        delay = compute_backoff(slot.restarts + 1, base_ms=self.backoff_ms, cap_ms=self.backoff_cap_ms)
-        log.warning("restarting worker", worker=name, reason=reason, attempt=slot.restarts + 1,
+        delay = compute_backoff(slot.streak + 1, base_ms=self.backoff_ms, cap_ms=self.backoff_cap_ms)
+        log.warning("restarting worker", worker=name, reason=reason, attempt=slot.streak + 1,
                     delay_s=round(delay, 3))
         task = asyncio.create_task(self._restart_later(slot, delay))
         self._restarts_in_flight.add(task)
@@ -206,6 +226,7 @@ class WorkerManager:
                 return
             await self._stop_slot(slot, timeout=min(self.drain_timeout, 5.0))
             slot.restarts += 1
+            slot.streak += 1
             if self.on_restart:
                 self.on_restart(slot.worker.name)
             await self._start(slot.worker.name)
@@ -219,6 +240,7 @@ class WorkerManager:
         slot.state = WorkerState.RESTARTING
         await self._stop_slot(slot, timeout=self.drain_timeout)
         slot.restarts += 1
+        slot.streak += 1
         if self.on_restart:
             self.on_restart(name)
         await self._start(name)
