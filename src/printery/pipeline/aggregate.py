@@ -24,8 +24,9 @@ from typing import Any, cast
 import structlog
 
 from printery import _json
-from printery._util import now_rfc3339, parse_rfc3339
+from printery._util import parse_rfc3339
 from printery.backoff import compute_backoff
+from printery.fields import dlq_fields
 from printery.keys import DLQ
 from printery.pipeline.dag import Step
 from printery.runtime.handler import HandlerResult, Message, Output
@@ -280,13 +281,12 @@ class Aggregator:
                                      {cid: int((time.time() + delay) * 1000)}, xx=True)
             return
         # Still leased by this sweep: no one else takes it; due again if the dlq write fails.
-        fields = {"type": self.emits, "error": error[:2000], "reason_code": MERGE_FAILED,
-                  "worker": self.name, "deliveries": str(attempt), "failed_at": now_rfc3339(),
-                  "source_stream": keys.stream(self.opens), "source_id": "",
-                  "join": keys.join(self.name, cid),
-                  "traceback": "".join(traceback.format_exception(exc))[-TRACEBACK_LIMIT:]}
+        fields = dlq_fields(error=error, reason_code=MERGE_FAILED, worker=self.name,
+                            deliveries=attempt, source_stream=keys.stream(self.opens), source_id="",
+                            traceback="".join(traceback.format_exception(exc))[-TRACEBACK_LIMIT:])
         entry = Output(DLQ, self._state(cid, raw).arrived, correlation_id=cid,
-                       idempotency_key=f"{self.emits}:{cid}", once=self._once(cid), extra=fields)
+                       idempotency_key=f"{self.emits}:{cid}", once=self._once(cid),
+                       extra={"type": self.emits, **fields})
         try:
             written = await worker.emit([entry], correlation_id=cid)
         except CONNECTION_ERRORS:
