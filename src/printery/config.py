@@ -642,8 +642,9 @@ def load_settings(
     framework's defaults, its tables are validated with the rest, its worker aliases
     are accepted. ``worker_names`` are the pipeline's workers; ``--worker`` and
     ``[workers.*]`` are checked against them. ``app_pending``: the application is not
-    known yet (this pass finds ``app``), so top-level tables the framework does not know
-    are set aside for the next pass instead of refused.
+    known yet (this pass finds ``app``), so top-level tables the framework does not know,
+    and ``[workers.*]`` (which may use the app's aliases), are set aside for the next
+    pass instead of refused.
     Raises :class:`ConfigError` with a one-line message on any bad setting.
     """
     given: dict[str, object] = {}
@@ -664,9 +665,9 @@ def load_settings(
     if config_path is not None:
         path = Path(str(config_path)).expanduser()
         from_file = _read_config_file(path, f"config ({config_label})")
-        if app_pending:
-            from_file = {key: value for key, value in from_file.items()
-                         if key in Settings.model_fields or not isinstance(value, dict)}
+        if app_pending:  # `[workers.<alias>]` too: the aliases are the app's
+            from_file = {key: value for key, value in from_file.items() if key != "workers"
+                         and (key in Settings.model_fields or not isinstance(value, dict))}
         data.update(from_file)
         sources.update(dict.fromkeys(from_file, f"config file {path}"))
     for name, doc in SETTINGS_DOC.items():

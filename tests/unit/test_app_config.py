@@ -153,3 +153,16 @@ def test_the_default_app_declares_the_contract_prefix_and_aliases() -> None:
     assert list(pipeline.steps) == ["validator", "dependency-checker", "health-monitor",
                                     "aggregator", "notifier"]
     assert import_app(DEFAULT_APP) is loaded.target
+
+
+def test_both_passes_accept_the_apps_aliases_in_workers_tables(tmp_path: Path) -> None:
+    from printery.cli.workers import resolve
+
+    env = config_file(tmp_path, "[workers.dependency]\nconcurrency = 0\n")
+    with pytest.raises(ConfigError) as info:
+        resolve({}, env)
+    assert str(info.value).startswith("invalid workers.dependency-checker.concurrency (config file ")
+    env = config_file(tmp_path, "[workers.health]\nconcurrency = 4\n[notifier]\nretries = 0\n")
+    settings, pipeline = resolve({}, {**env, "WORKER_MODE": "health"})
+    assert settings.selected_workers(list(pipeline.steps)) == ["health-monitor"]
+    assert settings.concurrency("health-monitor", pipeline.steps["health-monitor"].concurrency) == 4
