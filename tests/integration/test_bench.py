@@ -63,7 +63,7 @@ async def test_backlog_run_on_embedded_server_is_verified() -> None:
     assert "ceiling (same entries)" in table and "ceiling (minimal" in table
     assert "printery" in table and "exactly once: yes" in table
     assert "same-entry ceiling" in table and "minimal relay" in table
-    assert f"prefetch {ConsumerSettings().prefetch} (library default)" in table
+    assert "prefetch adaptive (library default)" in table
 
 
 async def test_rate_run_with_two_processes_on_a_given_server(server: ServerProcess) -> None:

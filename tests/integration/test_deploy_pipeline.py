@@ -196,13 +196,21 @@ async def test_branch_that_never_reports_fails_with_branch_timeout(
         await stop_pipeline(run)
 
 
-async def test_200_deployments_at_once(run: DeployRun) -> None:
-    ids = await asyncio.gather(*(run.emit(run.request(notify=["log"])) for _ in range(200)))
-    async def all_finished() -> bool:
-        return len(await run.entries("deployment:finished")) >= 200
+async def test_200_deployments_at_once(client: aioredis.Redis, prefix: str) -> None:
+    # 200 health watches at once, each probing every 50 ms, against a sandbox served by
+    # the same event loop as the five workers on a shared 2-core machine: the 1.5 s
+    # deadline of the other tests is about the machine, not the pipeline.
+    run = await start_pipeline(client, prefix, fast_settings(health_monitor={"deadline": 10}))
+    try:
+        ids = await asyncio.gather(*(run.emit(run.request(notify=["log"])) for _ in range(200)))
 
-    await wait_for(all_finished, timeout=60)
-    finished = await run.entries("deployment:finished")
+        async def all_finished() -> bool:
+            return len(await run.entries("deployment:finished")) >= 200
+
+        await wait_for(all_finished, timeout=60)
+        finished = await run.entries("deployment:finished")
+    finally:
+        await stop_pipeline(run)
     per_id = [f["deployment_id"] for f in finished]
     assert sorted(per_id) == sorted(ids), "each deployment finished exactly once"
-    assert all(f["data"]["status"] == "succeeded" for f in finished)
+    assert [f["data"] for f in finished if f["data"]["status"] != "succeeded"] == []

@@ -35,10 +35,10 @@ def _headline(result: dict[str, Any]) -> str:
         parts.append(f"offered {result.get('rate', 0):,.0f}/s for {result.get('duration', 0):g} s")
     else:
         parts.append("backlog")
-    prefetch = result.get("prefetch")
-    if prefetch is not None:
+    if "prefetch" in result:
+        prefetch = result["prefetch"]
         how = "library default" if result.get("prefetch_default") else "--prefetch"
-        parts.append(f"printery prefetch {prefetch} ({how})")
+        parts.append(f"printery prefetch {'adaptive' if prefetch is None else prefetch} ({how})")
     return "printery bench: " + ", ".join(parts)
 
 

@@ -132,6 +132,8 @@ class EntryPipeline:
                 running.append(task)
             if any(not task.done() for task in running):
                 await asyncio.sleep(0)  # one turn: handlers that never really await finish
+            if running:
+                batch[0].consumer.adapt(fast=all(task.done() for task in running))
             while True:
                 finished = [task for task in running if task.done()]
                 running = [task for task in running if not task.done()]

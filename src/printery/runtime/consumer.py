@@ -6,14 +6,21 @@ import asyncio
 import time
 from dataclasses import dataclass
 
+#: The window of a consumer whose prefetch is unset: from (the start, kept while its
+#: handlers wait on I/O), to (reached while they do not).
+ADAPTIVE_PREFETCH = (16, 256)
+
 
 @dataclass(frozen=True, slots=True)
 class ConsumerSettings:
     """Tunables of one stream worker; every one has a safe default.
 
     ``concurrency`` is the number of consumers (each its own name and blocking read);
-    ``prefetch`` bounds the entries one consumer holds (read, not yet committed);
-    ``parallel`` bounds the handlers one consumer runs at once (``None``: ``prefetch``);
+    ``prefetch`` bounds the entries one consumer holds (read, not yet committed); unset,
+    the consumer adapts it: it starts at 16 and doubles up to 256 while its handlers
+    finish without waiting on I/O, halving again when they do not (see
+    :meth:`Consumer.adapt`);
+    ``parallel`` bounds the handlers one consumer runs at once (``None``: the window);
     entries read past ``parallel`` wait for a slot, and are handed back at once on
     shutdown. A slot is held until the entry's commit, so ``parallel=1`` means one entry
     at a time from read to commit (an aggregator relies on it). ``record_ttl`` is how long
@@ -22,7 +29,7 @@ class ConsumerSettings:
     """
 
     concurrency: int = 1
-    prefetch: int = 16
+    prefetch: int | None = None
     parallel: int | None = None
     block_ms: int = 1000
     max_deliveries: int = 5
@@ -34,9 +41,6 @@ class ConsumerSettings:
     handler_timeout: float | None = None
     stall_timeout: float = 30.0
 
-    @property
-    def effective_parallel(self) -> int:
-        return self.parallel or self.prefetch
 
     @property
     def effective_claim_interval(self) -> float:
@@ -44,23 +48,20 @@ class ConsumerSettings:
             return self.claim_interval
         return max(0.05, min(self.visibility_timeout / 4, 5.0))
 
-    @property
-    def read_count(self) -> int:
-        """Entries per read: half the prefetch, so the next read overlaps the processing
-        and commit of this one instead of waiting for it."""
-        return max(1, self.prefetch // 2)
-
 
 class Consumer:
     """One consumer name of a group: the entries it holds and its handler slots."""
 
     def __init__(self, name: str, settings: ConsumerSettings) -> None:
         self.name = name
-        self.prefetch = settings.prefetch
+        self.floor = settings.prefetch or ADAPTIVE_PREFETCH[0]
+        self.limit = settings.prefetch or ADAPTIVE_PREFETCH[1]
+        #: How many entries the consumer holds at most right now (see :meth:`adapt`).
+        self.window = self.floor
         self.held: dict[tuple[str, str], Delivery] = {}
         #: Handler slots as a counter rather than a semaphore: taking a free one costs no
         #: coroutine (the usual case, on every entry).
-        self.parallel = settings.effective_parallel
+        self.parallel = settings.parallel
         self.running = 0
         self._slot_freed = asyncio.Event()
         #: Set whenever an entry is released, so a full consumer reads again at once.
@@ -69,7 +70,27 @@ class Consumer:
 
     @property
     def free(self) -> int:
-        return max(0, self.prefetch - len(self.held))
+        return max(0, self.window - len(self.held))
+
+    @property
+    def read_count(self) -> int:
+        """Entries per read: half the window, so the next read overlaps the processing
+        and commit of this one instead of waiting for it."""
+        return min(self.free, max(1, self.window // 2))
+
+    def adapt(self, fast: bool) -> None:
+        """Grow the window after a batch whose handlers all finished without waiting on
+        I/O, shrink it after one whose handlers did not.
+
+        Why: a batch's fixed costs (a read, a record lookup, a commit script) are paid
+        per batch, so fast handlers go fastest in large batches; but a consumer of slow
+        handlers holding hundreds of entries starves the other processes of its group,
+        which is the classic prefetch trap (Celery's). Fast handlers earn the large window,
+        slow ones keep the small one."""
+        if fast:
+            self.window = min(self.limit, self.window * 2)
+        else:
+            self.window = max(self.floor, self.window // 2)
 
     def hold(self, stream: str, entry_id: str, fields: dict[str, str], deliveries: int) -> Delivery:
         delivery = Delivery(self, stream, entry_id, fields, deliveries)
@@ -77,7 +98,7 @@ class Consumer:
         return delivery
 
     def try_take(self) -> bool:
-        if self.running < self.parallel:
+        if self.running < (self.parallel or self.window):
             self.running += 1
             return True
         return False

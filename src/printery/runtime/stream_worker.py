@@ -184,7 +184,7 @@ class StreamWorker:
             try:
                 reply = await self.client.xreadgroup(
                     self.name, consumer.name, dict.fromkeys(self.streams, ">"),
-                    count=min(consumer.free, self.settings.read_count),
+                    count=consumer.read_count,
                     block=self.settings.block_ms,
                 )
             except CONNECTION_ERRORS as exc:
