@@ -35,8 +35,9 @@ from printery.pipeline.escalation import escalate, review_output
 from printery.pipeline.gate import Reason
 from printery.redact import redact_text, redact_url
 from printery.replay import ReplayError, ReplayResult, replay
+from printery.runtime.consumer import ConsumerSettings
 from printery.runtime.handler import Handler, HandlerResult, Message, Output
-from printery.runtime.stream_worker import ConsumerSettings, StreamWorker
+from printery.runtime.stream_worker import StreamWorker
 from printery.supervisor.manager import WorkerManager
 from printery.worker import RunContext, Worker, WorkerState, WorkerStats
 

@@ -44,10 +44,10 @@ from printery.lifecycle import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK, ProcessLi
 from printery.logging import get_logger
 from printery.metrics import OUTCOMES, Metrics
 from printery.pipeline.dag import Pipeline
+from printery.runtime.consumer import ConsumerSettings
 from printery.runtime.payloads import PayloadStore
 from printery.runtime.registry import ProcessRegistry
 from printery.runtime.retention import trim_pipeline_streams
-from printery.runtime.stream_worker import ConsumerSettings
 from printery.supervisor.manager import WorkerManager
 from printery.transport.connection import connect
 from printery.transport.streams import ensure_group
