@@ -3,6 +3,7 @@
 from printery.backoff import compute_backoff
 from printery.config import AppConfig, Settings, SettingsTable
 from printery.cost import cost_summary
+from printery.envelope import Codec, Envelope
 from printery.errors import (
     BlobMissing,
     ConfigError,
@@ -21,7 +22,6 @@ from printery.errors import (
 )
 from printery.fields import review_fields
 from printery.keys import DLQ, REVIEW, REVIEW_DECIDED, StreamKeys
-from printery.message import Codec, Envelope
 from printery.pipeline.aggregate import (
     Aggregator,
     JoinState,
@@ -32,7 +32,7 @@ from printery.pipeline.aggregate import (
 )
 from printery.pipeline.dag import Pipeline, Step, to_mermaid, to_text
 from printery.pipeline.escalation import escalate, review_output
-from printery.pipeline.gate import Reason
+from printery.pipeline.reason import Reason
 from printery.redact import redact_text, redact_url
 from printery.replay import ReplayError, ReplayResult, replay
 from printery.runtime.consumer import ConsumerSettings

@@ -5,7 +5,7 @@ A ``dlq`` entry (CONTRACT §4) is the original entry plus :data:`DLQ_FIELDS`; a
 a ``review:decided`` entry carries :data:`DECISION_FIELDS`. The workers that write them
 and the tools that read them (``printery dlq``, ``review``, ``trace``) take the names
 from here, so they can never spell one differently. Stream names are in
-:mod:`printery.keys`; the envelope's own fields in :mod:`printery.message`.
+:mod:`printery.keys`; the envelope's own fields in :mod:`printery.envelope`.
 """
 
 from __future__ import annotations

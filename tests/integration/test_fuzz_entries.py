@@ -22,12 +22,11 @@ import redis.asyncio as aioredis
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from printery import _json
+from printery import ConsumerSettings, StreamWorker, _json
+from printery.envelope import Codec
 from printery.errors import Reject
 from printery.keys import StreamKeys
-from printery.message import Codec
 from printery.runtime.handler import Message, Output
-from printery.runtime.stream_worker import ConsumerSettings, StreamWorker
 from printery.supervisor.manager import WorkerManager
 from printery.testing import unique_prefix, wait_for_sync
 from printery.transport.connection import connect

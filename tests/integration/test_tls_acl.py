@@ -14,12 +14,12 @@ import trustme
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import NoPermissionError, ResponseError
 
+from printery import ConsumerSettings, StreamWorker
 from printery.errors import Reject, Retry
 from printery.keys import StreamKeys
 from printery.runtime.handler import Message, Output
 from printery.runtime.registry import ProcessRegistry, list_processes
 from printery.runtime.retention import trim_stream
-from printery.runtime.stream_worker import ConsumerSettings, StreamWorker
 from printery.supervisor.manager import WorkerManager
 from printery.testing import wait_for
 from printery.transport.connection import connect

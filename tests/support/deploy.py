@@ -13,8 +13,8 @@ from printery import ConsumerSettings, WorkerManager
 from printery.deploy.app import build_pipeline
 from printery.deploy.sandbox import Sandbox
 from printery.deploy.settings import DeploySettings
+from printery.envelope import Codec
 from printery.keys import StreamKeys
-from printery.message import Codec
 from printery.testing import wait_for
 
 FAST = {

@@ -23,9 +23,9 @@ from pathlib import Path
 
 import structlog
 
+from printery import ConsumerSettings, StreamWorker
 from printery.keys import StreamKeys
 from printery.runtime.handler import Message, Output
-from printery.runtime.stream_worker import ConsumerSettings, StreamWorker
 from printery.supervisor.manager import WorkerManager
 from printery.testing import wait_for_sync
 from printery.transport.connection import connect

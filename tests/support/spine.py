@@ -8,10 +8,10 @@ from contextlib import asynccontextmanager
 
 import redis.asyncio as aioredis
 
+from printery import ConsumerSettings, StreamWorker
+from printery.envelope import Codec
 from printery.keys import StreamKeys
-from printery.message import Codec
 from printery.runtime.handler import Handler, Message, Output
-from printery.runtime.stream_worker import ConsumerSettings, StreamWorker
 from printery.supervisor.manager import WorkerManager
 from printery.worker import RunContext
 

@@ -21,7 +21,7 @@ import redis.asyncio as aioredis
 
 from printery import _json
 from printery.bench.layout import BenchLayout
-from printery.message import Codec
+from printery.envelope import Codec
 
 CODEC = Codec()
 

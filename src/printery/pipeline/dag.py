@@ -17,10 +17,10 @@ import redis.asyncio as aioredis
 from pydantic import BaseModel, ValidationError
 
 from printery import _json
+from printery.envelope import Codec
 from printery.errors import OutputContractError, PipelineError, Reject
 from printery.keys import StreamKeys
-from printery.message import Codec
-from printery.pipeline.gate import Reason
+from printery.pipeline.reason import Reason
 from printery.runtime.consumer import ConsumerSettings
 from printery.runtime.handler import Handler, HandlerResult, Message, outputs_of
 from printery.runtime.observe import Observer

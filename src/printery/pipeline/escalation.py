@@ -8,11 +8,11 @@ from collections.abc import Callable
 import structlog
 
 from printery.errors import Reject
+from printery.fields import review_fields
+from printery.keys import REVIEW
 from printery.runtime.handler import Handler, HandlerResult, Message, Output, outputs_of
 
 log = structlog.get_logger("printery.escalation")
-
-REVIEW = "review"
 
 
 def review_output(message: Message, *, kind: str, reason: str, data: object = None) -> Output:
@@ -22,13 +22,8 @@ def review_output(message: Message, *, kind: str, reason: str, data: object = No
         message.data if data is None else data,
         correlation_id=message.correlation_id,
         idempotency_key=f"{REVIEW}:{kind}:{message.worker}:{message.correlation_id}",
-        extra={
-            "kind": kind,
-            "step": message.worker,
-            "reason": reason,
-            "source_stream": message.stream,
-            "source_id": message.entry_id,
-        },
+        extra=review_fields(kind=kind, step=message.worker, reason=reason,
+                            source_stream=message.stream, source_id=message.entry_id),
     )
 
 

@@ -30,8 +30,8 @@ from typing import Any
 import structlog
 
 from printery import _json
-from printery._util import now_rfc3339
 from printery.backoff import compute_backoff
+from printery.envelope import Codec
 from printery.errors import (
     MessageError,
     Reject,
@@ -41,8 +41,8 @@ from printery.errors import (
     bounded_traceback,
     describe,
 )
+from printery.fields import dlq_fields
 from printery.keys import StreamKeys
-from printery.message import Codec
 from printery.runtime.connectivity import Connectivity
 from printery.runtime.consumer import ConsumerSettings, Delivery
 from printery.runtime.handler import Handler, Message, Output, outputs_of
@@ -125,7 +125,10 @@ class EntryPipeline:
             decided: list[Decided] = []
             admitted = await self._admit(batch, decided)
             if self.connectivity.stopping.is_set():
-                admitted = []  # stopping: never started, handed back by the drain
+                # Stopping: what was admitted never starts; it stays held, and the worker
+                # hands it back (claimable at once) as it stops.
+                await self._commit(decided, begun)
+                return
             for delivery, message in admitted:
                 task = _start(self._handle(delivery, message))
                 delivery.task = task
@@ -326,18 +329,10 @@ class EntryPipeline:
         """The commit that moves an entry to ``dlq`` with its original fields and why,
         and acks it (no record: a fixed producer may send the same key again)."""
         count = delivery.deliveries if deliveries is None else deliveries
-        entry = {
-            **fields,
-            "error": error[:2000],
-            "reason_code": reason_code,
-            "worker": self.worker,
-            "deliveries": str(count),
-            "failed_at": now_rfc3339(),
-            "source_stream": delivery.stream,
-            "source_id": delivery.entry_id,
-        }
-        if traceback:
-            entry["traceback"] = traceback
+        entry = {**fields, **dlq_fields(
+            error=error, reason_code=reason_code, worker=self.worker, deliveries=count,
+            source_stream=delivery.stream, source_id=delivery.entry_id, traceback=traceback,
+        )}
         entry.setdefault("type", self.keys.event_type(delivery.stream))
         commit = EntryCommit(delivery.stream, delivery.consumer.name, delivery.entry_id, "",
                              (Append(self.keys.dlq, entry),))

@@ -7,7 +7,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from printery.message import Envelope
+from printery.envelope import Envelope
 
 
 @dataclass(frozen=True, slots=True)

@@ -28,8 +28,8 @@ import structlog
 from redis.exceptions import ResponseError
 
 from printery._util import consumer_name
+from printery.envelope import Codec
 from printery.keys import StreamKeys
-from printery.message import Codec
 from printery.runtime.connectivity import Connectivity
 from printery.runtime.consume import EntryPipeline
 from printery.runtime.consumer import Consumer, ConsumerSettings
@@ -130,13 +130,14 @@ class StreamWorker:
         )
         self._crash: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         await connectivity.retrying(self.prepare)
+        readers = [asyncio.create_task(self._read_loop(c, connectivity), name=f"{c.name}:read")
+                   for c in self._consumers]
         loops = [
             asyncio.create_task(committer.run(), name=f"{self.name}:commit"),
             asyncio.create_task(self._lease_loop(), name=f"{self.name}:lease"),
             asyncio.create_task(self._claim_loop(), name=f"{self.name}:claim"),
             *(asyncio.ensure_future(companion(self)) for companion in self.companions),
-            *(asyncio.create_task(self._read_loop(c, connectivity), name=f"{c.name}:read")
-              for c in self._consumers),
+            *readers,
         ]
         ctx.started()
         stop = asyncio.ensure_future(ctx.stopping.wait())
@@ -147,6 +148,9 @@ class StreamWorker:
                 for task in done:  # a loop that ends early ends quietly or raises here
                     if task is not stop and task.exception() is not None:
                         raise task.exception()  # type: ignore[misc]
+            # A read cancelled mid-flight would leave what the server delivered to it
+            # pending for a visibility timeout: each reader ends after its current read.
+            await asyncio.wait(readers)
             await self._drain(ctx.drain_timeout)
             if self._crash.done():
                 self._crash.result()

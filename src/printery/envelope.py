@@ -1,6 +1,7 @@
-"""The entry envelope of CONTRACT §2: decoding (with defaults for external producers)
-and encoding. The correlation field's wire name is the application's choice, so this
-layer knows nothing of what is being correlated."""
+"""The entry envelope of CONTRACT §2 and its codec, the one owner of the wire format:
+decoding (with the defaults an external producer may leave out) and encoding, on the hot
+path too (:meth:`Codec.new_fields`). The correlation field's wire name is the
+application's choice, so this layer knows nothing of what is being correlated."""
 
 from __future__ import annotations
 

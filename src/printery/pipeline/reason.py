@@ -1,4 +1,5 @@
-"""Validator gates: a step that passes an input or stops it with machine-actionable reasons."""
+"""Reasons: why an input did not pass a gate, machine-actionable (a stable code, the
+field path, a message for humans)."""
 
 from __future__ import annotations
 
