@@ -23,9 +23,7 @@ are relative to the working directory, not to the config file.
 
 from __future__ import annotations
 
-import functools
 import re
-import tomllib
 import types
 from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -33,23 +31,19 @@ from pathlib import Path
 from typing import Annotated, Any, Literal, TypeVar, Union, get_args, get_origin
 from urllib.parse import urlsplit
 
-from annotated_types import Ge, Gt, MinLen
 from pydantic import (
     BaseModel,
     BeforeValidator,
     ConfigDict,
     Field,
     PrivateAttr,
-    ValidationError,
     ValidationInfo,
-    create_model,
     field_validator,
 )
-from pydantic.fields import FieldInfo
-from pydantic_core import ErrorDetails, PydanticCustomError
+from pydantic_core import PydanticCustomError
 
 from printery.errors import ConfigError
-from printery.redact import Redactor, redact_url
+from printery.redact import redact_url
 
 __all__ = [
     "SETTINGS_DOC",
@@ -59,7 +53,6 @@ __all__ = [
     "SettingsTable",
     "TransportSettings",
     "WorkerSettings",
-    "load_settings",
     "parse_http_addr",
 ]
 
@@ -165,8 +158,9 @@ class TransportSettings(SettingsTable):
     retention: float = Field(default=604_800.0, ge=0)
     #: Seconds between retention sweeps.
     retention_interval: float = Field(default=60.0, gt=0)
-    #: Seconds between sweeps for messages of dead consumers; unset: half the visibility
-    #: timeout, so an orphan waits at most 1.5 timeouts.
+    #: Seconds between sweeps for messages of dead consumers; unset: a quarter of the
+    #: visibility timeout (at least 50 ms, at most 5 s), so an orphan waits at most about
+    #: 1.25 timeouts.
     claim_interval: float | None = Field(default=None, gt=0)
 
 
@@ -373,6 +367,12 @@ class Settings(SettingsTable):
             canonical[name] = table
         return canonical
 
+    def for_app(self, config: AppConfig) -> Settings:
+        """These settings as loaded for ``config``'s application (the loader's last step:
+        :attr:`app_config` and :meth:`table` answer from it)."""
+        self._app_config = config
+        return self
+
     @property
     def app_config(self) -> AppConfig:
         """The :class:`AppConfig` these settings were loaded with (empty when none)."""
@@ -511,179 +511,3 @@ SETTINGS_DOC: Mapping[str, SettingDoc] = {
         SettingDoc("config", "--config", "PRINTERY_CONFIG", "none", "TOML config file", "FILE"),
     )
 }
-
-# Flag keys the loader accepts: the setting name or the flag's own name (`backoff`).
-_FLAG_KEYS = {
-    **{name: name for name in SETTINGS_DOC},
-    **{doc.flag.lstrip("-").replace("-", "_"): name for name, doc in SETTINGS_DOC.items()},
-}
-
-
-def _mask(key: str, value: object) -> object:
-    """The bad value as it may be printed (:mod:`printery.redact`'s rules)."""
-    return Redactor().field(key, value)
-
-
-def _describe_type(tp: Any) -> str:
-    origin, args = get_origin(tp), get_args(tp)
-    if origin is Annotated:
-        return _describe_type(args[0])
-    if origin is Literal:
-        return "one of " + ", ".join(str(arg) for arg in args)
-    if origin in (Union, types.UnionType):
-        kinds = [_describe_type(arg) for arg in args if arg is not type(None)]
-        return " or ".join(kinds)
-    if origin in (list, tuple):
-        return f"a list of ({_describe_type(args[0])})"
-    if origin is dict or (isinstance(tp, type) and issubclass(tp, BaseModel)):
-        keys = "" if origin is dict else ": " + ", ".join(tp.model_fields)
-        return "a table" + keys
-    names = {bool: "true or false", int: "an integer", float: "a number", str: "a string"}
-    return names.get(tp, "a path" if tp is Path else str(tp))
-
-
-def _describe_field(info: FieldInfo, item: bool = False) -> str:
-    """What a field allows, from its type and constraints; ``item``: one list item's."""
-    if item:
-        return _describe_type(get_args(info.annotation)[0])
-    text = _describe_type(info.annotation)
-    for meta in info.metadata:
-        if isinstance(meta, Ge):
-            text += f" >= {meta.ge}"
-        elif isinstance(meta, Gt):
-            text += f" > {meta.gt}"
-        elif isinstance(meta, MinLen) and meta.min_length == 1:
-            text = "a non-empty " + text.removeprefix("a ")
-    return text + (", or unset" if type(None) in get_args(info.annotation) else "")
-
-
-def _field_at(
-    root: type[BaseModel], loc: Sequence[int | str]
-) -> tuple[FieldInfo | None, type[BaseModel] | None]:
-    """The field a pydantic error location points at, and the table holding it."""
-    tp: Any = root
-    info: FieldInfo | None = None
-    owner: type[BaseModel] | None = None
-    for part in loc:
-        if isinstance(tp, type) and issubclass(tp, BaseModel):
-            owner, info = tp, tp.model_fields.get(str(part))
-            if info is None:
-                return None, owner
-            tp = info.annotation
-            if get_origin(tp) in (Union, types.UnionType):
-                tp = next(arg for arg in get_args(tp) if arg is not type(None))
-        elif get_origin(tp) in (dict, list, tuple):
-            tp = get_args(tp)[0 if get_origin(tp) is tuple else -1]
-        else:
-            break
-    return info, owner
-
-
-def _describe_error(root: type[BaseModel], error: ErrorDetails) -> tuple[str, object, str]:
-    """(dotted setting, printable value, what is allowed) of one pydantic error."""
-    loc = list(error["loc"])
-    ctx = error.get("ctx") or {}
-    value = None if error["type"] == "missing" else error["input"]
-    if "key" in ctx:  # an unknown [workers.<name>] table
-        loc.append(str(ctx["key"]))
-        value = ctx["value"]
-    setting = "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in loc).lstrip(".")
-    info, owner = _field_at(root, loc)
-    if error["type"] in ("printery", "printery_key"):
-        allowed = str(ctx["allowed"])
-    elif error["type"] == "extra_forbidden":
-        known = ", ".join(owner.model_fields) if owner is not None else ""
-        allowed = f"no such key; known keys: {known}"
-    elif info is not None:
-        allowed = _describe_field(info, item=bool(loc) and isinstance(loc[-1], int))
-    else:
-        allowed = error["msg"]
-    return setting, _mask(setting, value), " ".join(allowed.split())
-
-
-def _read_config_file(path: Path, label: str) -> dict[str, Any]:
-    try:
-        with path.open("rb") as handle:
-            return tomllib.load(handle)
-    except OSError as exc:
-        raise ConfigError(label, str(path), f"a readable TOML file; {exc.strerror}") from None
-    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
-        detail = " ".join(str(exc).split())
-        raise ConfigError(label, str(path), f"valid TOML; {detail}") from None
-
-
-@functools.lru_cache(maxsize=16)
-def _settings_model(tables: tuple[tuple[str, type[BaseModel]], ...]) -> type[Settings]:
-    """:class:`Settings` with an application's tables as more fields."""
-    if not tables:
-        return Settings
-    fields: dict[str, Any] = {}
-    for name, table in tables:
-        optional = not any(info.is_required() for info in table.model_fields.values())
-        fields[name] = (table, Field(default_factory=table) if optional else ...)
-    model: type[Settings] = create_model("AppSettings", __base__=Settings, **fields)
-    return model
-
-
-def load_settings(
-    flags: Mapping[str, object | None],
-    env: Mapping[str, str],
-    *,
-    app: AppConfig | None = None,
-    worker_names: Collection[str] = (),
-    app_pending: bool = False,
-) -> Settings:
-    """Merge flag > env var > config file > default and validate everything at once.
-
-    ``flags`` is keyed by setting name (``max_restarts``) or flag name (``backoff``);
-    ``None`` means "not given". An unknown flag key is a programming error (TypeError),
-    so a mis-wired CLI option can never be silently ignored. ``app`` is the
-    application's :class:`AppConfig`: its defaults sit between the config file and the
-    framework's defaults, its tables are validated with the rest, its worker aliases
-    are accepted. ``worker_names`` are the pipeline's workers; ``--worker`` and
-    ``[workers.*]`` are checked against them. ``app_pending``: the application is not
-    known yet (this pass finds ``app``), so top-level tables the framework does not know,
-    and ``[workers.*]`` (which may use the app's aliases), are set aside for the next
-    pass instead of refused.
-    Raises :class:`ConfigError` with a one-line message on any bad setting.
-    """
-    given: dict[str, object] = {}
-    for key, value in flags.items():
-        name = _FLAG_KEYS.get(key.lstrip("-").replace("-", "_"))
-        if name is None:
-            raise TypeError(f"load_settings: unknown flag {key!r}")
-        if value is not None:
-            given[name] = value
-
-    config = app or _NO_APP
-    data: dict[str, Any] = dict(config.defaults)
-    sources: dict[str, str] = dict.fromkeys(config.defaults, "default of the app")
-    config_doc = SETTINGS_DOC["config"]
-    config_path, config_label = given.pop("config", None), config_doc.flag
-    if config_path is None and env.get(config_doc.env):
-        config_path, config_label = env[config_doc.env], config_doc.env
-    if config_path is not None:
-        path = Path(str(config_path)).expanduser()
-        from_file = _read_config_file(path, f"config ({config_label})")
-        if app_pending:  # `[workers.<alias>]` too: the aliases are the app's
-            from_file = {key: value for key, value in from_file.items() if key != "workers"
-                         and (key in Settings.model_fields or not isinstance(value, dict))}
-        data.update(from_file)
-        sources.update(dict.fromkeys(from_file, f"config file {path}"))
-    for name, doc in SETTINGS_DOC.items():
-        if name != "config" and env.get(doc.env, "") != "":
-            data[name], sources[name] = env[doc.env], doc.env
-    for name, value in given.items():
-        data[name], sources[name] = value, SETTINGS_DOC[name].flag
-
-    model = _settings_model(tuple(config.tables.items()))
-    context = {"worker_names": list(worker_names), "worker_aliases": config.worker_aliases}
-    try:
-        settings: Settings = model.model_validate(data, context=context)
-    except ValidationError as exc:
-        setting, value, allowed = _describe_error(model, exc.errors()[0])
-        source = sources.get(setting.split(".", 1)[0].split("[", 1)[0])
-        label = f"{setting} ({source})" if source else setting
-        raise ConfigError(label, value, allowed) from None
-    settings._app_config = config
-    return settings

@@ -10,7 +10,7 @@ from pydantic import Field
 
 from printery import AppConfig, Pipeline, Settings, SettingsTable
 from printery.cli.common import DEFAULT_APP, build_pipeline, import_app, load_app_settings
-from printery.config import load_settings
+from printery.config_load import load_settings
 from printery.errors import ConfigError
 
 

@@ -9,9 +9,9 @@ import pytest
 from printery.config import (
     SETTINGS_DOC,
     Settings,
-    load_settings,
     parse_http_addr,
 )
+from printery.config_load import load_settings
 from printery.deploy.app import build_pipeline
 from printery.deploy.settings import CONFIG as DEPLOY_APP
 from printery.deploy.settings import (

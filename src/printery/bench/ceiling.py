@@ -50,13 +50,13 @@ class CeilingRelay:
 
     async def run(self) -> None:
         """Relay until :attr:`stopping` is set (checked between batches)."""
-        relay = self._relay_minimal if self.minimal else self._relay
-        await asyncio.gather(*(relay(stage) for stage in range(self.layout.stages)))
+        await asyncio.gather(*(self._relay(stage) for stage in range(self.layout.stages)))
 
     async def _relay(self, stage: int) -> None:
         source = self.layout.stream(stage)
         target = self.layout.stream(stage + 1)
         group = self.layout.group(stage)
+        minimal = self.minimal
         while not self.stopping.is_set():
             reply: Any = await self.client.xreadgroup(
                 group, self.consumer, {source: ">"}, count=self.batch, block=self.block_ms
@@ -66,23 +66,6 @@ class CeilingRelay:
             entries = reply[0][1]
             pipe = self.client.pipeline(transaction=False)
             for _entry_id, fields in entries:
-                pipe.xadd(target, fields)
-            pipe.xack(source, group, *(entry_id for entry_id, _ in entries))
-            await pipe.execute()
-
-    async def _relay_minimal(self, stage: int) -> None:
-        source = self.layout.stream(stage)
-        target = self.layout.stream(stage + 1)
-        group = self.layout.group(stage)
-        while not self.stopping.is_set():
-            reply: Any = await self.client.xreadgroup(
-                group, self.consumer, {source: ">"}, count=self.batch, block=self.block_ms
-            )
-            if not reply:
-                continue
-            entries = reply[0][1]
-            pipe = self.client.pipeline(transaction=False)
-            for _entry_id, fields in entries:
-                pipe.xadd(target, {"data": fields["data"]})
+                pipe.xadd(target, {"data": fields["data"]} if minimal else fields)
             pipe.xack(source, group, *(entry_id for entry_id, _ in entries))
             await pipe.execute()

@@ -18,7 +18,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from printery.config import AppConfig, Settings, load_settings
+from printery.config import AppConfig, Settings
+from printery.config_load import load_settings
 from printery.errors import ConfigError
 from printery.pipeline.dag import Pipeline
 

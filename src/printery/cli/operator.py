@@ -22,23 +22,19 @@ from printery.cli.ops_review import review
 from printery.cli.ops_trace import cost, replay, trace
 
 
-def _demo_command() -> click.Command | None:
-    """``printery demo`` ships separately (``printery.cli.demo:demo``); the group works
-    without it. Imported only when asked for: it pulls in the demo web services, which
-    every other subcommand would otherwise pay for at start-up."""
-    try:
-        from printery.cli.demo import demo  # type: ignore[import-not-found,unused-ignore]
-    except ImportError:
-        return None
-    return demo if isinstance(demo, click.Command) else None
+def _demo_command() -> click.Command:
+    """``printery demo``, imported only when asked for: it pulls in the demo's web
+    services, which every other subcommand would otherwise pay for at start-up."""
+    from printery.cli.demo import demo
+
+    return demo
 
 
 class _OperatorGroup(click.Group):
-    """A click group that adds the optional ``demo`` command lazily."""
+    """A click group that adds the ``demo`` command lazily."""
 
     def list_commands(self, ctx: click.Context) -> list[str]:
-        names = super().list_commands(ctx)
-        return sorted([*names, "demo"]) if _demo_command() is not None else names
+        return sorted([*super().list_commands(ctx), "demo"])
 
     def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
         command = super().get_command(ctx, cmd_name)

@@ -26,7 +26,8 @@ import click
 from click.core import ParameterSource
 
 from printery.cli.common import default_app_config, load_app_settings
-from printery.config import SETTINGS_DOC, SettingDoc, Settings, load_settings
+from printery.config import SETTINGS_DOC, SettingDoc, Settings
+from printery.config_load import load_settings
 from printery.errors import ConfigError
 from printery.pipeline.dag import Pipeline
 
