@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import os
 import random
 import socket
@@ -58,3 +60,16 @@ def consumer_name(worker: str, index: int) -> str:
 def stream_id_ms(entry_id: str) -> int:
     """Milliseconds part of a stream entry id (``1700000000000-3`` -> 1700000000000)."""
     return int(entry_id.split("-", 1)[0])
+
+
+async def wait_event(event: asyncio.Event, timeout: float) -> bool:
+    """Wait up to ``timeout`` seconds for ``event``; whether it is set.
+
+    ``asyncio.timeout`` rather than ``asyncio.wait_for``: on Python 3.11, ``wait_for``
+    can lose a cancellation that arrives as its timeout fires (and it runs the wait in a
+    task of its own); a loop waiting this way would then outlive its worker's stop.
+    """
+    with contextlib.suppress(TimeoutError):
+        async with asyncio.timeout(timeout):
+            await event.wait()
+    return event.is_set()

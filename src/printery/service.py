@@ -35,7 +35,7 @@ from redis.exceptions import RedisError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from printery import _json
-from printery._util import hostname, now_rfc3339
+from printery._util import hostname, now_rfc3339, wait_event
 from printery.backoff import compute_backoff
 from printery.config import Settings
 from printery.http import HttpServer
@@ -154,8 +154,7 @@ class Service(ProcessLifecycle):
                 delay = compute_backoff(attempt, base_ms=200, cap_ms=5000)
                 if attempt == 1:
                     log.warning("server not reachable yet: waiting", error=str(exc))
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(self.stopping.wait(), delay)
+                await wait_event(self.stopping, delay)
                 if self.stopping.is_set():
                     raise
 

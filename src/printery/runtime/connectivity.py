@@ -4,12 +4,12 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
 from collections.abc import Awaitable, Callable
 from typing import TypeVar
 
 import structlog
 
+from printery._util import wait_event
 from printery.backoff import compute_backoff
 from printery.transport.streams import CONNECTION_ERRORS
 
@@ -38,8 +38,7 @@ class Connectivity:
             log.warning("server unreachable, backing off", worker=self.worker, error=str(exc))
         self.connected = False
         delay = compute_backoff(failures, base_ms=100, cap_ms=2000)
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(self.stopping.wait(), delay)
+        await wait_event(self.stopping, delay)
 
     async def retrying(self, action: Callable[[], Awaitable[T]]) -> T:
         """``action()`` until it gets through; a connection error while the worker is

@@ -27,7 +27,7 @@ import redis.asyncio as aioredis
 import structlog
 from redis.exceptions import ResponseError
 
-from printery._util import consumer_name
+from printery._util import consumer_name, wait_event
 from printery.envelope import Codec
 from printery.keys import StreamKeys
 from printery.runtime.connectivity import Connectivity
@@ -116,6 +116,9 @@ class StreamWorker:
 
     async def run(self, ctx: RunContext) -> None:
         self._ctx = ctx
+        #: Set as this run ends, however it ends: a loop that lost its cancellation
+        #: still stops at its next turn.
+        self._closing = asyncio.Event()
         connectivity = self._connectivity = Connectivity(self.name, ctx.stopping)
         self._consumers = [Consumer(consumer_name(self.name, i), self.settings)
                            for i in range(self.settings.concurrency)]
@@ -156,9 +159,13 @@ class StreamWorker:
                 self._crash.result()
         finally:
             stop.cancel()
+            self._closing.set()
             for task in [*loops, *self._batches]:
                 task.cancel()
-            await asyncio.gather(*loops, *self._batches, return_exceptions=True)
+            # On Python 3.11 redis-py can lose a cancellation that lands in its connection
+            # health check (``asyncio.timeout(0)``); a loop that lost one still ends after
+            # its current command, since it checks ``_closing``. Bounded either way.
+            await asyncio.wait([*loops, *self._batches], timeout=self.settings.block_ms / 1000 + 5)
             await self._hand_back()
             for consumer in self._consumers:
                 for delivery in list(consumer.held.values()):
@@ -178,12 +185,11 @@ class StreamWorker:
     async def _read_loop(self, consumer: Consumer, connectivity: Connectivity) -> None:
         assert self._ctx is not None
         ctx, failures = self._ctx, 0
-        while not ctx.stopping.is_set():
+        while not (ctx.stopping.is_set() or self._closing.is_set()):
             ctx.beat()
             if consumer.free == 0:
                 consumer.room.clear()
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(consumer.room.wait(), self.settings.block_ms / 1000)
+                await wait_event(consumer.room, self.settings.block_ms / 1000)
                 continue
             try:
                 reply = await self.client.xreadgroup(
@@ -237,12 +243,12 @@ class StreamWorker:
     async def _claim_loop(self) -> None:
         assert self._ctx is not None
         min_idle = int(self.settings.visibility_timeout * 1000)
-        while not self._ctx.stopping.is_set():
+        while not (self._ctx.stopping.is_set() or self._closing.is_set()):
             with contextlib.suppress(*CONNECTION_ERRORS):
                 await self._claim_once(min_idle)
-                self._stats.pending = await self._pending()
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._ctx.stopping.wait(), self.settings.effective_claim_interval)
+                self._stats.pending = sum([int((await self.client.xpending(s, self.name))["pending"])
+                                           for s in self.streams])
+            await wait_event(self._ctx.stopping, self.settings.effective_claim_interval)
 
     async def _claim_once(self, min_idle: int) -> None:
         for stream in self.streams:
@@ -260,18 +266,11 @@ class StreamWorker:
                          count=len(claimed))
                 self._accept(consumer, stream, [(eid, f, counts.get(eid, 1)) for eid, f in claimed])
 
-    async def _pending(self) -> int:
-        total = 0
-        for stream in self.streams:
-            summary = await self.client.xpending(stream, self.name)
-            total += int(summary["pending"])
-        return total
-
     # -- leases, hand-back, drain ----------------------------------------------------------
 
     async def _lease_loop(self) -> None:
         interval = max(0.05, self.settings.visibility_timeout / 3)
-        while True:
+        while not self._closing.is_set():
             await asyncio.sleep(interval)
             for consumer in self._consumers:
                 for stream, ids in consumer.held_ids().items():

@@ -16,6 +16,7 @@ from typing import Any
 
 import structlog
 
+from printery._util import wait_event
 from printery.backoff import compute_backoff
 from printery.errors import SupervisorError, WorkerFailed
 from printery.supervisor.graph import topological_levels
@@ -177,8 +178,7 @@ class WorkerManager:
 
     async def _supervise(self) -> None:
         while not self._stopping:
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._wake.wait(), self.health_check_interval)
+            await wait_event(self._wake, self.health_check_interval)
             self._wake.clear()
             if self._stopping:
                 return

@@ -21,6 +21,7 @@ from collections.abc import Collection, Mapping, Sequence
 
 import structlog
 
+from printery._util import wait_event
 from printery.errors import WorkerFailed
 from printery.worker import RunContext
 
@@ -82,8 +83,7 @@ class ChildProcess:
         ctx.started()
         try:
             while proc.poll() is None and not ctx.stopping.is_set():
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(ctx.stopping.wait(), self.poll_interval)
+                await wait_event(ctx.stopping, self.poll_interval)
                 ctx.beat()
             if proc.poll() is None:  # asked to stop
                 await self._terminate(proc, ctx.drain_timeout)
