@@ -129,6 +129,14 @@ class EntryPipeline:
                 # hands it back (claimable at once) as it stops.
                 await self._commit(decided, begun)
                 return
+            if len(admitted) == 1:
+                # A batch of one (the usual case at low load) runs its handler in this
+                # task, which is its own: no task to start, no turn of the loop to wait.
+                delivery, message = admitted[0]
+                delivery.task = asyncio.current_task()
+                result = await self._handle(delivery, message)
+                decided += [result] if result is not None else []
+                admitted = []
             for delivery, message in admitted:
                 task = _start(self._handle(delivery, message))
                 delivery.task = task
