@@ -21,6 +21,7 @@ from printery import _json
 from printery.keys import DLQ, REVIEW, StreamKeys
 from printery.pipeline.dag import Pipeline
 from printery.replay import scan_stream
+from printery.transport.streams import public_api
 
 __all__ = ["cost_summary", "parse_duration"]
 
@@ -36,6 +37,7 @@ def parse_duration(text: str) -> float:
     return float(match.group(1)) * _UNIT_SECONDS[match.group(2) or "s"]
 
 
+@public_api
 async def cost_summary(
     client: aioredis.Redis,
     keys: StreamKeys,

@@ -21,6 +21,7 @@ from printery import _json
 from printery.errors import ReplayError
 from printery.keys import StreamKeys
 from printery.pipeline.dag import Pipeline
+from printery.transport.streams import public_api
 
 __all__ = ["ReplayError", "ReplayResult", "find_entries", "replay", "scan_stream"]
 
@@ -67,6 +68,7 @@ async def find_entries(
     return [(i, f) async for i, f in scan_stream(client, stream) if f.get(field) == value]
 
 
+@public_api
 async def replay(
     client: aioredis.Redis,
     keys: StreamKeys,

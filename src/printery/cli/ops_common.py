@@ -24,7 +24,7 @@ from redis.exceptions import RedisError
 from printery import _json
 from printery.cli.common import LoadedApp, load_app_settings
 from printery.config import Settings
-from printery.errors import ConfigError
+from printery.errors import ConfigError, TransportError
 from printery.keys import StreamKeys
 from printery.pipeline.dag import Pipeline
 from printery.redact import redact_text
@@ -115,7 +115,7 @@ class OpsContext:
             return asyncio.run(main())
         except Failure as exc:
             fail(str(exc), exc.code)
-        except (RedisError, OSError) as exc:
+        except (RedisError, OSError, TransportError) as exc:
             fail(f"redis error: {redact_text(str(exc))}")
 
 

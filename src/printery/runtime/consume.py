@@ -36,7 +36,6 @@ from printery.errors import (
     MessageError,
     Reject,
     Retry,
-    TransportError,
     WorkerCrashed,
     bounded_traceback,
     describe,
@@ -50,7 +49,7 @@ from printery.runtime.observe import Observer
 from printery.runtime.payloads import PayloadStore
 from printery.transport.commit import DUPLICATE, FENCED, Append, Committer, EntryCommit
 from printery.transport.records import RecordLookup
-from printery.transport.streams import CONNECTION_ERRORS, Leases
+from printery.transport.streams import Leases, public_api
 from printery.worker import WorkerStats
 
 log = structlog.get_logger("printery.worker")
@@ -386,15 +385,13 @@ class EntryPipeline:
             for unit, amount in item.message.costs.items():
                 self.observer.cost(self.worker, unit, amount)
 
+    @public_api
     async def emit(self, outputs: Sequence[Output], *, correlation_id: str) -> int:
         """Write outputs no entry caused (timers, sweepers) as one atomic commit with their
         ``once`` guards; how many were written. Raises :class:`TransportError` when the
         server cannot be reached."""
-        try:
-            appends = await self.store_large(self.appends(outputs, None, 0.0, correlation_id))
-            (result,) = await self.committer.commit([EntryCommit("", "", "", "", appends)])
-        except CONNECTION_ERRORS as exc:
-            raise TransportError(f"cannot write outputs: {describe(exc)}") from exc
+        appends = await self.store_large(self.appends(outputs, None, 0.0, correlation_id))
+        (result,) = await self.committer.commit([EntryCommit("", "", "", "", appends)])
         if isinstance(result, Exception):
             raise result
         return max(0, int(result) - 1)

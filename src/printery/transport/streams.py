@@ -6,19 +6,41 @@ groups and entries; nothing about what the entries mean.
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Sequence
+import functools
+from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from importlib import resources
-from typing import Any, cast
+from typing import Any, ParamSpec, TypeVar, cast
 
 import redis.asyncio as aioredis
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import NoScriptError, ResponseError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
-from printery.errors import TransportError
+from printery.errors import TransportError, describe
 
 #: What "the server is not reachable right now" looks like: worth waiting and retrying.
 CONNECTION_ERRORS = (RedisConnectionError, RedisTimeoutError, ConnectionError, OSError, TransportError)
+
+
+P = ParamSpec("P")
+T = TypeVar("T")
+
+
+def public_api(func: Callable[P, Coroutine[Any, Any, T]]) -> Callable[P, Coroutine[Any, Any, T]]:
+    """For functions of the public API: a connection failure reaches the caller as
+    :class:`TransportError` (the client's own exception as its cause), so callers catch
+    one printery error, whatever the client library."""
+
+    @functools.wraps(func)
+    async def call(*args: P.args, **kwargs: P.kwargs) -> T:
+        try:
+            return await func(*args, **kwargs)
+        except TransportError:
+            raise
+        except CONNECTION_ERRORS as exc:
+            raise TransportError(f"server unreachable: {describe(exc)}") from exc
+
+    return call
 
 
 def _script(name: str) -> str:
