@@ -115,52 +115,54 @@ class EntryPipeline:
         """Take a batch through the pipeline. Raises :class:`WorkerCrashed` when a handler
         raised a ``BaseException``. Every entry is released at the end (one not committed
         stays pending and is delivered again), unless the batch failed or was cancelled:
-        its worker then hands the entries back as it stops."""
+        the entries then stay held, and the worker hands them back (claimable at once)
+        as it stops."""
         begun = time.perf_counter()
-        # In read order: a commit of entries in the order they were read fences them all
-        # with one ranged XPENDING (commit.lua).
+        decided: list[Decided] = []
+        admitted = await self._admit(batch, decided)
+        if self.connectivity.stopping.is_set():
+            await self._commit(decided, begun)  # what was admitted never starts
+            return
+        if len(admitted) == 1:
+            # A batch of one (the usual case at low load) runs its handler in this task,
+            # which is its own: no task to start, no turn of the loop to wait for.
+            delivery, message = admitted[0]
+            delivery.task = asyncio.current_task()
+            result = await self._handle(delivery, message)
+            await self._commit([*decided, result] if result is not None else decided, begun)
+        else:
+            await self._handle_in_tasks(admitted, decided, begun)
+        for delivery in batch:
+            delivery.release()
+
+    async def _handle_in_tasks(
+        self, admitted: list[tuple[Delivery, Message]], decided: list[Decided], begun: float
+    ) -> None:
+        """A task per handler. After one turn of the loop (handlers that never really
+        await are done by then) the decided entries commit together; the others commit
+        as they finish, those finishing together in one commit. In read order: entries
+        committed in the order they were read are fenced by one ranged ``XPENDING``."""
         running: list[asyncio.Task[Decided | None]] = []
         try:
-            decided: list[Decided] = []
-            admitted = await self._admit(batch, decided)
-            if self.connectivity.stopping.is_set():
-                # Stopping: what was admitted never starts; it stays held, and the worker
-                # hands it back (claimable at once) as it stops.
-                await self._commit(decided, begun)
-                return
-            if len(admitted) == 1:
-                # A batch of one (the usual case at low load) runs its handler in this
-                # task, which is its own: no task to start, no turn of the loop to wait.
-                delivery, message = admitted[0]
-                delivery.task = asyncio.current_task()
-                result = await self._handle(delivery, message)
-                decided += [result] if result is not None else []
-                admitted = []
             for delivery, message in admitted:
-                task = _start(self._handle(delivery, message))
-                delivery.task = task
-                running.append(task)
+                delivery.task = _start(self._handle(delivery, message))
+                running.append(delivery.task)
             if any(not task.done() for task in running):
-                await asyncio.sleep(0)  # one turn: handlers that never really await finish
+                await asyncio.sleep(0)
             if running:
-                batch[0].consumer.adapt(fast=all(task.done() for task in running))
+                admitted[0][0].consumer.adapt(fast=all(task.done() for task in running))
             while True:
-                finished = [task for task in running if task.done()]
+                decided += self._results([task for task in running if task.done()])
                 running = [task for task in running if not task.done()]
-                decided += self._results(finished)
                 await self._commit(decided, begun)
                 if not running:
-                    break
+                    return
                 decided = []
                 await asyncio.wait(running, return_when=asyncio.FIRST_COMPLETED)
-        except BaseException:
-            # A crash, or cancelled by the drain: the entries stay held, so the worker
-            # hands them back (claimable at once) as it stops.
+        except BaseException:  # a crash, or cancelled by the drain
             for task in running:
                 task.cancel()
             raise
-        for delivery in batch:
-            delivery.release()
 
     def _results(self, finished: list[asyncio.Task[Decided | None]]) -> list[Decided]:
         decided = []
