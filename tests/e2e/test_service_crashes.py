@@ -9,6 +9,7 @@ import json
 import textwrap
 from pathlib import Path
 
+import pytest
 import redis
 
 from printery.testing import unique_prefix
@@ -92,33 +93,25 @@ def test_a_base_exception_crashes_the_worker_which_is_restarted_then_failed(
         r.close()
 
 
-def test_a_base_exception_in_standalone_mode_exits_1(server: ServerProcess, tmp_path: Path) -> None:
-    prefix = unique_prefix("fatal-solo")
-    r = redis.Redis.from_url(server.url, decode_responses=True)
-    try:
-        r.xadd(f"{prefix}:job", {"data": "{}"})
-        svc = spawn(
-            ["--redis-url", server.url, "--stream-prefix", prefix, "--app", "fatalapp:pipeline"],
-            cwd=_app(tmp_path), wait=False,
-        )
-        assert svc.wait(timeout=30) == 1
-        assert "worker failed: exiting 1: fatal" in svc.log()
-        assert r.xpending(f"{prefix}:job", "fatal")["pending"] == 1
-    finally:
-        r.close()
-
-
-def test_a_base_exception_with_exit_on_failure_exits_1(server: ServerProcess, tmp_path: Path) -> None:
-    prefix = unique_prefix("fatal-eof")
+@pytest.mark.parametrize("mode", [
+    [],  # standalone
+    ["--supervised", "--max-restarts", "1", "--backoff", "50", "--exit-on-failure"],
+], ids=["standalone", "exit-on-failure"])
+def test_a_base_exception_ends_the_process_with_1(
+    server: ServerProcess, tmp_path: Path, mode: list[str]
+) -> None:
+    prefix = unique_prefix("fatal-exit")
     r = redis.Redis.from_url(server.url, decode_responses=True)
     try:
         r.xadd(f"{prefix}:job", {"data": "{}"})
         svc = spawn(
             ["--redis-url", server.url, "--stream-prefix", prefix, "--app", "fatalapp:pipeline",
-             "--supervised", "--max-restarts", "1", "--backoff", "50", "--exit-on-failure"],
+             *mode],
             cwd=_app(tmp_path), wait=False,
         )
         assert svc.wait(timeout=30) == 1
+        assert "worker failed: exiting 1: fatal" in svc.log()
+        assert r.xpending(f"{prefix}:job", "fatal")["pending"] == 1, "the entry is kept"
     finally:
         r.close()
 
