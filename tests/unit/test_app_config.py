@@ -166,3 +166,14 @@ def test_both_passes_accept_the_apps_aliases_in_workers_tables(tmp_path: Path) -
     settings, pipeline = resolve({}, {**env, "WORKER_MODE": "health"})
     assert settings.selected_workers(list(pipeline.steps)) == ["health-monitor"]
     assert settings.concurrency("health-monitor", pipeline.steps["health-monitor"].concurrency) == 4
+
+
+def test_the_commands_give_every_app_the_contracts_prefix_unless_it_declares_one() -> None:
+    """CONTRACT §1: ``--stream-prefix`` defaults to ``materi:events:deployment`` whatever
+    ``--app`` runs; an app's own default, then env and flags, still win."""
+    from printery.cli.common import load_app_settings
+
+    plain = load_app_settings({"app": "examples.docflow:pipeline"}, {})
+    assert plain.settings.stream_prefix == "materi:events:deployment"
+    given = load_app_settings({"app": "examples.docflow:pipeline"}, {"STREAM_PREFIX": "docs"})
+    assert given.settings.stream_prefix == "docs"

@@ -7,12 +7,14 @@ connects (a problem at any step is a :class:`ConfigError`: exit 2, one line):
 2. the app's target (``MODULE:ATTR``) imported, not called, and its
    :class:`~printery.AppConfig` read from it;
 3. every setting validated again with that hook: the app's tables, its defaults (the
-   deployment pipeline's stream prefix), its worker aliases;
+   deployment pipeline's stream prefix; for an app that declares none, CONTRACT §1's
+   default), its worker aliases;
 4. when the command needs the pipeline, the factory called with those settings.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -20,6 +22,7 @@ from typing import Any
 
 from printery.config import AppConfig, Settings
 from printery.config_load import load_settings
+from printery.deploy.settings import STREAM_PREFIX as DEPLOYMENT_STREAM_PREFIX
 from printery.errors import ConfigError
 from printery.pipeline.dag import Pipeline
 
@@ -74,8 +77,17 @@ def load_app_settings(
     first = load_settings(flags, env, app_pending=True)
     spec = first.app or DEFAULT_APP
     target = import_app(spec)
-    settings = load_settings(flags, env, app=AppConfig.of(target))
+    settings = load_settings(flags, env, app=command_defaults(AppConfig.of(target)))
     return LoadedApp(spec, target, settings)
+
+
+def command_defaults(config: AppConfig) -> AppConfig:
+    """``config`` with the commands' own defaults under the app's: CONTRACT §1 gives
+    ``--stream-prefix`` one default, ``materi:events:deployment``, whatever ``--app``
+    runs, so an app that declares no prefix of its own gets that one from the commands
+    (the framework's :class:`Settings`, for library use, defaults to ``printery``)."""
+    return dataclasses.replace(
+        config, defaults={"stream_prefix": DEPLOYMENT_STREAM_PREFIX, **config.defaults})
 
 
 def build_pipeline(spec: str, target: Any, settings: Settings) -> Pipeline:

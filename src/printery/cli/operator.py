@@ -48,8 +48,8 @@ class _OperatorGroup(click.Group):
               help="redis://, rediss:// or unix:// URL [env: REDIS_URL; default: the "
                    "embedded server of the data dir]")
 @click.option("--stream-prefix", metavar="PREFIX", default=None,
-              help="key prefix of every stream [env: STREAM_PREFIX; default: the app's: "
-                   "materi:events:deployment for the deployment pipeline]")
+              help="key prefix of every stream [env: STREAM_PREFIX; default: "
+                   "materi:events:deployment, unless the app declares its own]")
 @click.option("--data-dir", metavar="DIR", default=None,
               help="the embedded server's data dir [env: PRINTERY_DATA_DIR; default: ./.printery]")
 @click.option("--config", metavar="FILE", default=None,

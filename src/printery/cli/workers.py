@@ -25,7 +25,7 @@ from typing import Any
 import click
 from click.core import ParameterSource
 
-from printery.cli.common import default_app_config, load_app_settings
+from printery.cli.common import command_defaults, default_app_config, load_app_settings
 from printery.config import SETTINGS_DOC, SettingDoc, Settings
 from printery.config_load import load_settings
 from printery.errors import ConfigError
@@ -46,14 +46,14 @@ def _help(doc: SettingDoc, app_defaults: dict[str, object]) -> str:
         return doc.help_with_default("the deployment pipeline")
     if doc.name in app_defaults:
         return doc.help_with_default(
-            f"{app_defaults[doc.name]} (the deployment pipeline's; else {doc.default})"
+            f"{app_defaults[doc.name]}, unless the app declares its own"
         )
     return doc.help_text
 
 
 def _options(func: Callable[..., Any]) -> Callable[..., Any]:
     """Attach one click option per setting, in ``SETTINGS_DOC`` order."""
-    app_defaults = dict(default_app_config().defaults)
+    app_defaults = dict(command_defaults(default_app_config()).defaults)
     for doc in reversed(list(SETTINGS_DOC.values())):
         if doc.name == "config":
             # SETTINGS_DOC's config entry keeps its metavar in the `help` slot.
