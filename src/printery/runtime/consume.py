@@ -245,9 +245,9 @@ class EntryPipeline:
                 raise
             except BaseException as exc:
                 raise WorkerCrashed(f"handler raised {describe(exc)}") from exc
-            appends = self.appends(outputs, message, time.perf_counter() - begun)
-            if self.has_large(appends):
-                appends = await self.store_large(appends)
+            appends = self._appends(outputs, message, time.perf_counter() - begun)
+            if self._has_large(appends):
+                appends = await self._store_large(appends)
             return self._handled(delivery, message, appends)
 
     def _failed(self, message: Message, exc: Exception) -> None:
@@ -290,13 +290,13 @@ class EntryPipeline:
                              message.envelope.idempotency_key, appends)
         return Decided(delivery, commit, "ok", message)
 
-    def appends(
+    def _appends(
         self, outputs: Sequence[Output], message: Message | None, seconds: float,
         correlation_id: str = "",
     ) -> list[Append]:
         """The entries to write for ``outputs`` of a handler call (``message`` None: of
         no entry), each carrying the call's duration, cost and ``replay_of``. A ``data``
-        over the inline limit still needs :meth:`store_large` before the commit."""
+        over the inline limit still needs :meth:`_store_large` before the commit."""
         extra = {"duration_ms": f"{seconds * 1000:.3f}"}
         if message is not None:
             correlation_id = message.correlation_id
@@ -316,11 +316,11 @@ class EntryPipeline:
             appends.append(Append(self.keys.stream(out.type), fields, once))
         return appends
 
-    def has_large(self, appends: list[Append]) -> bool:
+    def _has_large(self, appends: list[Append]) -> bool:
         limit = self.payloads.inline_limit
         return any(len(append.fields["data"]) > limit for append in appends)
 
-    async def store_large(self, appends: list[Append]) -> list[Append]:
+    async def _store_large(self, appends: list[Append]) -> list[Append]:
         """``appends`` with every ``data`` over the inline limit moved to a blob (CONTRACT
         §10) and replaced by its reference."""
         stored = []
@@ -392,7 +392,7 @@ class EntryPipeline:
         """Write outputs no entry caused (timers, sweepers) as one atomic commit with their
         ``once`` guards; how many were written. Raises :class:`TransportError` when the
         server cannot be reached."""
-        appends = await self.store_large(self.appends(outputs, None, 0.0, correlation_id))
+        appends = await self._store_large(self._appends(outputs, None, 0.0, correlation_id))
         (result,) = await self.committer.commit([EntryCommit("", "", "", "", appends)])
         if isinstance(result, Exception):
             raise result
