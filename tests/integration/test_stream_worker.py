@@ -209,3 +209,29 @@ async def test_server_restart_loses_nothing(own_server: object, prefix: str) -> 
 
 async def _async(value: bool) -> bool:
     return value
+
+
+async def test_retry_delay_overrides_the_backoff(client: aioredis.Redis, prefix: str) -> None:
+    """``Retry(delay=0)`` comes back at once although the worker's backoff is a minute;
+    the retry is a counted delivery. (Were the delay ignored, the bounded wait fails.)"""
+    import pytest
+
+    from printery.errors import Retry
+
+    keys = StreamKeys(prefix)
+    seen: list[int] = []
+
+    async def handle(msg: Message) -> Output:
+        seen.append(msg.deliveries)
+        if msg.deliveries == 1:
+            raise Retry("the model API said: try again", delay=0)
+        return Output("out", msg.data)
+
+    worker = stream_worker("w", client, keys, ["in"], handle,
+                           retry_backoff_ms=60_000, retry_backoff_cap_ms=60_000)
+    async with running(worker):
+        await publish(client, keys, "in", 1)
+        await wait_for(lambda: _len(client, keys.stream("out"), 1), timeout=10)
+    assert seen == [1, 2]
+    with pytest.raises(ValueError):
+        Retry(delay=-1)

@@ -42,12 +42,6 @@ except ImportError:  # pragma: no cover - hiredis is a dependency; this keeps a 
 Command = tuple[Any, ...]
 
 
-def replies_are_text(client: aioredis.Redis) -> bool:
-    """Whether ``client`` decodes replies to ``str`` (``decode_responses``)."""
-    kwargs: Any = getattr(getattr(client, "connection_pool", None), "connection_kwargs", {})
-    return bool(kwargs.get("decode_responses"))
-
-
 class DirectChannel:
     """Transactions over a connection of its own, packed in C by hiredis.
 
