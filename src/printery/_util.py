@@ -9,6 +9,9 @@ import random
 import socket
 import time
 from datetime import UTC, datetime
+from typing import Any
+
+import structlog
 
 
 class _Rfc3339Clock:
@@ -73,3 +76,14 @@ async def wait_event(event: asyncio.Event, timeout: float) -> bool:
         async with asyncio.timeout(timeout):
             await event.wait()
     return event.is_set()
+
+
+def log_failure(task: asyncio.Future[Any]) -> None:
+    """Done callback of a background task: an exception it ended with is logged at error
+    level with its traceback (and so retrieved), never lost with the task."""
+    if task.cancelled() or task.exception() is None:
+        return
+    exc = task.exception()
+    name = task.get_name() if isinstance(task, asyncio.Task) else repr(task)
+    structlog.get_logger("printery.tasks").error(
+        "background task failed", task=name, error=f"{type(exc).__name__}: {exc}", exc_info=exc)

@@ -165,3 +165,4 @@ def get_logger(name: str | None = None, **initial_values: Any) -> FilteringBound
     # The name travels as a logger-factory argument (see `_NamedLoggerFactory`).
     args = (name,) if name is not None else ()
     return cast(FilteringBoundLogger, structlog.get_logger(*args, **initial_values))
+

@@ -35,7 +35,7 @@ from redis.exceptions import RedisError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from printery import _json
-from printery._util import hostname, now_rfc3339, wait_event
+from printery._util import hostname, log_failure, now_rfc3339, wait_event
 from printery.backoff import compute_backoff
 from printery.config import Settings
 from printery.http import HttpServer
@@ -209,10 +209,13 @@ class Service(ProcessLifecycle):
             self.http_port = await self.http.start(*bind)
             log.info("http listening", host=bind[0], port=self.http_port)
         self.registry = ProcessRegistry(self.client, self.keys, self.process_id)
-        self._tasks.append(asyncio.create_task(self.registry.run(self._registry_status)))
-        self._tasks.append(asyncio.create_task(self._update_gauges()))
+        observers = [self.registry.run(self._registry_status), self._update_gauges()]
         if self.settings.transport.retention > 0:
-            self._tasks.append(asyncio.create_task(self._retain()))
+            observers.append(self._retain())
+        for observer in observers:
+            task = asyncio.create_task(observer)
+            task.add_done_callback(log_failure)  # an observer that fails says so at once
+            self._tasks.append(task)
 
     async def _wait(self) -> int:
         """Block until a stop signal, or a worker failure that should end the process."""
@@ -239,9 +242,7 @@ class Service(ProcessLifecycle):
             await self.manager.stop_all(self.settings.shutdown_timeout)
         for task in self._tasks:
             task.cancel()
-        for task in self._tasks:
-            with contextlib.suppress(BaseException):
-                await task
+        await asyncio.gather(*self._tasks, return_exceptions=True)  # failures: logged
         if self.registry is not None:
             await self.registry.remove()
         if self.http is not None:

@@ -34,7 +34,6 @@ Design, kept deliberately simple:
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import os
 import signal
 import sys
@@ -47,7 +46,7 @@ from prometheus_client.core import Metric
 from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.registry import Collector
 
-from printery._util import hostname, now_rfc3339
+from printery._util import hostname, log_failure, now_rfc3339
 from printery.config import Settings
 from printery.http import HttpServer
 from printery.lifecycle import EXIT_CONFIG, EXIT_OK, ProcessLifecycle
@@ -188,6 +187,7 @@ class Parent(ProcessLifecycle):
             port = await http.start(*bind)
             log.info("http listening", host=bind[0], port=port, processes=len(self.children))
         scraper = asyncio.create_task(self._scrape_loop())
+        scraper.add_done_callback(log_failure)
         waits = [asyncio.create_task(self.stopping.wait()),
                  asyncio.create_task(self.manager.failed.wait())]
         await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
@@ -198,8 +198,7 @@ class Parent(ProcessLifecycle):
             code = EXIT_CONFIG
         for task in [scraper, *waits]:
             task.cancel()
-            with contextlib.suppress(BaseException):
-                await task
+        await asyncio.gather(scraper, *waits, return_exceptions=True)  # failures: logged
         await self.manager.stop_all(self.settings.shutdown_timeout + KILL_MARGIN)
         if http is not None:
             await http.stop()

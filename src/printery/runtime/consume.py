@@ -30,6 +30,7 @@ from typing import Any
 import structlog
 
 from printery import _json
+from printery._util import log_failure
 from printery.backoff import compute_backoff
 from printery.envelope import Codec
 from printery.errors import (
@@ -162,16 +163,21 @@ class EntryPipeline:
         except BaseException:  # a crash, or cancelled by the drain
             for task in running:
                 task.cancel()
+                task.add_done_callback(log_failure)  # one that fails as it stops: logged
             raise
 
     def _results(self, finished: list[asyncio.Task[Decided | None]]) -> list[Decided]:
-        decided = []
+        decided, crash = [], None
         for task in finished:
             if task.cancelled():  # not started at shutdown: handed back
                 continue
-            result = task.result()  # a crash raises here, and so out of the batch
-            if result is not None:
+            failure = task.exception()
+            if failure is not None:
+                crash = crash or failure
+            elif (result := task.result()) is not None:
                 decided.append(result)
+        if crash is not None:
+            raise crash  # out of the batch, and so the worker crashes
         return decided
 
     # -- decode and look up ------------------------------------------------------------------

@@ -27,7 +27,7 @@ import redis.asyncio as aioredis
 import structlog
 from redis.exceptions import ResponseError
 
-from printery._util import consumer_name, wait_event
+from printery._util import consumer_name, log_failure, wait_event
 from printery.envelope import Codec
 from printery.keys import StreamKeys
 from printery.runtime.connectivity import Connectivity
@@ -165,7 +165,10 @@ class StreamWorker:
             # On Python 3.11 redis-py can lose a cancellation that lands in its connection
             # health check (``asyncio.timeout(0)``); a loop that lost one still ends after
             # its current command, since it checks ``_closing``. Bounded either way.
-            await asyncio.wait([*loops, *self._batches], timeout=self.settings.block_ms / 1000 + 5)
+            tasks = [*loops, *self._batches]
+            await asyncio.wait(tasks, timeout=self.settings.block_ms / 1000 + 5)
+            for task in tasks:  # a failure while stopping is logged, never lost
+                task.add_done_callback(log_failure)
             await self._hand_back()
             for consumer in self._consumers:
                 for delivery in list(consumer.held.values()):
