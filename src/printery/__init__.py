@@ -1,6 +1,7 @@
 """printery: worker orchestration over Redis Streams."""
 
 from printery.backoff import compute_backoff
+from printery.client import Client, SyncClient
 from printery.config import AppConfig, Settings, SettingsTable
 from printery.cost import cost_summary
 from printery.envelope import Codec, Envelope
@@ -10,6 +11,7 @@ from printery.errors import (
     DecodeError,
     DependencyCycle,
     HandlerError,
+    InvalidInput,
     MessageError,
     PayloadTooLarge,
     PipelineError,
@@ -18,6 +20,7 @@ from printery.errors import (
     Retry,
     SupervisorError,
     TransportError,
+    UnknownRun,
     WorkerFailed,
 )
 from printery.fields import review_fields
@@ -35,6 +38,7 @@ from printery.pipeline.escalation import escalate, review_output
 from printery.pipeline.reason import Reason
 from printery.redact import redact_text, redact_url
 from printery.replay import ReplayError, ReplayResult, replay
+from printery.runs import RunResult
 from printery.runtime.consumer import ConsumerSettings
 from printery.runtime.handler import Handler, HandlerResult, Message, Output
 from printery.runtime.stream_worker import StreamWorker
@@ -48,6 +52,7 @@ __all__ = [
     "Aggregator",
     "AppConfig",
     "BlobMissing",
+    "Client",
     "Codec",
     "ConfigError",
     "ConsumerSettings",
@@ -57,6 +62,7 @@ __all__ = [
     "Handler",
     "HandlerError",
     "HandlerResult",
+    "InvalidInput",
     "JoinState",
     "MergePolicy",
     "Message",
@@ -72,13 +78,16 @@ __all__ = [
     "ReplayResult",
     "Retry",
     "RunContext",
+    "RunResult",
     "Settings",
     "SettingsTable",
     "Step",
     "StreamKeys",
     "StreamWorker",
     "SupervisorError",
+    "SyncClient",
     "TransportError",
+    "UnknownRun",
     "Worker",
     "WorkerFailed",
     "WorkerManager",

@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import re
 import time
+from collections.abc import Mapping
 from typing import Any
 
 import redis.asyncio as aioredis
@@ -23,7 +24,7 @@ from printery.pipeline.dag import Pipeline
 from printery.replay import scan_stream
 from printery.transport.streams import public_api
 
-__all__ = ["cost_summary", "parse_duration"]
+__all__ = ["CallTally", "cost_summary", "parse_duration"]
 
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h|d|w)?\s*$")
 _UNIT_SECONDS = {"ms": 0.001, "s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
@@ -50,40 +51,58 @@ async def cost_summary(
     Only entries produced by the pipeline's steps count; ``correlation_id`` restricts to
     one run, ``since_seconds`` to entries written in that window (by entry id time).
     """
-    field = pipeline.correlation_field
     start = "-"
     if since_seconds is not None:
         start = str(int((time.time() - since_seconds) * 1000))
-    seen: set[tuple[str, str, str, str]] = set()
-    steps: dict[str, dict[str, Any]] = {}
-    streams = dict.fromkeys([*pipeline.event_types(), REVIEW, DLQ])
-    for event_type in streams:
+    tally = CallTally(pipeline, correlation_id)
+    for event_type in dict.fromkeys([*pipeline.event_types(), REVIEW, DLQ]):
         async for _id, fields in scan_stream(client, keys.stream(event_type), start):
-            producer = fields.get("producer", "")
-            if producer not in pipeline.steps or "duration_ms" not in fields:
-                continue
-            cid = fields.get(field, "")
-            if correlation_id is not None and cid != correlation_id:
-                continue
-            call = (producer, cid, fields["duration_ms"], fields.get("cost", ""))
-            if call in seen:
-                continue
-            seen.add(call)
-            _add(steps.setdefault(producer, {"calls": 0, "duration_ms": 0.0, "cost": {}}), fields)
-    ordered = {name: steps[name] for name in pipeline.steps if name in steps}
-    total: dict[str, Any] = {"calls": 0, "duration_ms": 0.0, "cost": {}}
-    for summary in ordered.values():
-        total["calls"] += summary["calls"]
-        total["duration_ms"] += summary["duration_ms"]
-        for unit, amount in summary["cost"].items():
-            total["cost"][unit] = total["cost"].get(unit, 0) + amount
-    for summary in (*ordered.values(), total):
-        summary["duration_ms"] = round(summary["duration_ms"], 3)
-    return {field: correlation_id, "since_seconds": since_seconds, "steps": ordered,
-            "total": total}
+            tally.add(fields)
+    return {pipeline.correlation_field: correlation_id, "since_seconds": since_seconds,
+            **tally.summary()}
 
 
-def _add(summary: dict[str, Any], fields: dict[str, str]) -> None:
+class CallTally:
+    """Sums handler calls per step: entries of one call (one handler call that wrote
+    several outputs puts the same figures on each) count once. Only entries produced by
+    the pipeline's steps count; ``correlation_id`` restricts to one run."""
+
+    def __init__(self, pipeline: Pipeline, correlation_id: str | None = None) -> None:
+        self.pipeline = pipeline
+        self.correlation_id = correlation_id
+        self._seen: set[tuple[str, str, str, str]] = set()
+        self._steps: dict[str, dict[str, Any]] = {}
+
+    def add(self, fields: Mapping[str, str]) -> None:
+        producer = fields.get("producer", "")
+        if producer not in self.pipeline.steps or "duration_ms" not in fields:
+            return
+        cid = fields.get(self.pipeline.correlation_field, "")
+        if self.correlation_id is not None and cid != self.correlation_id:
+            return
+        call = (producer, cid, fields.get("duration_ms", ""), fields.get("cost", ""))
+        if call in self._seen:
+            return
+        self._seen.add(call)
+        _add(self._steps.setdefault(producer, {"calls": 0, "duration_ms": 0.0, "cost": {}}),
+             fields)
+
+    def summary(self) -> dict[str, Any]:
+        """``{"steps": {step: {"calls", "duration_ms", "cost": {unit: sum}}}, "total"}``,
+        steps in pipeline order."""
+        ordered = {name: self._steps[name] for name in self.pipeline.steps if name in self._steps}
+        total: dict[str, Any] = {"calls": 0, "duration_ms": 0.0, "cost": {}}
+        for summary in ordered.values():
+            total["calls"] += summary["calls"]
+            total["duration_ms"] += summary["duration_ms"]
+            for unit, amount in summary["cost"].items():
+                total["cost"][unit] = total["cost"].get(unit, 0) + amount
+        for summary in (*ordered.values(), total):
+            summary["duration_ms"] = round(summary["duration_ms"], 3)
+        return {"steps": ordered, "total": total}
+
+
+def _add(summary: dict[str, Any], fields: Mapping[str, str]) -> None:
     summary["calls"] += 1
     with contextlib.suppress(ValueError):
         summary["duration_ms"] += float(fields["duration_ms"])

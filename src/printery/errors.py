@@ -22,6 +22,8 @@
      |    +-- WorkerFailed      a worker exhausted its restarts (or failed standalone)
      +-- PipelineError          a pipeline definition is invalid
      +-- ReplayError            a run cannot be replayed (unknown id, step or entry)
+     +-- InvalidInput           submitted data the ingress step refuses (`reasons`)
+     +-- UnknownRun             no entry of that run id exists
 
 Connection failures that reach a caller of the public API are :class:`TransportError`,
 with the client's own exception as ``__cause__``.
@@ -30,6 +32,11 @@ with the client's own exception as ``__cause__``.
 from __future__ import annotations
 
 import traceback
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from printery.pipeline.reason import Reason
 
 #: Characters of a traceback kept in a ``dlq`` entry: the innermost frames, which say
 #: where it failed, are the ones kept.
@@ -155,3 +162,18 @@ class PipelineError(PrinteryError):
 
 class ReplayError(PrinteryError):
     """Raised when a run cannot be replayed: unknown id, unknown step, or no entry."""
+
+
+class InvalidInput(PrinteryError):
+    """Raised by :meth:`~printery.Client.submit` when the data is not valid input of the
+    ingress step; ``reasons`` says why (one :class:`~printery.Reason` per problem) and
+    nothing was written."""
+
+    def __init__(self, reasons: Sequence[Reason]) -> None:
+        self.reasons = list(reasons)
+        summary = "; ".join(f"{r.field or '(data)'}: {r.code}" for r in self.reasons[:5])
+        super().__init__(f"invalid input ({summary})")
+
+
+class UnknownRun(PrinteryError):
+    """Raised when no entry of a run id exists (never submitted, or trimmed)."""

@@ -7,6 +7,9 @@ from dataclasses import dataclass
 DLQ = "dlq"
 REVIEW = "review"
 REVIEW_DECIDED = "review:decided"
+#: The commands' and the client's stream prefix for an app that declares none (CONTRACT
+#: §1); the framework's own :class:`~printery.Settings` default is ``printery``.
+COMMAND_STREAM_PREFIX = "materi:events:deployment"
 
 
 @dataclass(frozen=True, slots=True)
@@ -50,6 +53,15 @@ class StreamKeys:
     def join_deadlines(self, worker: str) -> str:
         """Sorted set: correlation id -> branch deadline (ms), for an aggregator's sweeper."""
         return f"{self.prefix}:join-deadlines:{worker}"
+
+    def submitted(self, idempotency_key: str) -> str:
+        """Which run a submit of ``idempotency_key`` started (``<run id>\n<entry id>``)."""
+        return f"{self.prefix}:submit:{idempotency_key}"
+
+    def run_start(self, run_id: str) -> str:
+        """The id of a run's first entry, when it was submitted through the client:
+        reading the run starts there instead of at the beginning of every stream."""
+        return f"{self.prefix}:run:{run_id}"
 
     def blob(self, digest: str) -> str:
         return f"{self.prefix}:blob:{digest}"

@@ -21,6 +21,8 @@ EXPECTED = {
     # the application hook of the settings, redaction, the framework's own streams
     "AppConfig", "SettingsTable", "redact_text", "redact_url", "DLQ", "REVIEW", "REVIEW_DECIDED",
     "review_fields",
+    # runs: submitting work and following it (CONTRACT §11)
+    "Client", "SyncClient", "RunResult", "InvalidInput", "UnknownRun",
 }
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+from collections.abc import Callable
 from typing import Any
 
 import httpx
@@ -23,6 +24,7 @@ from printery import (
     Message,
     Output,
     Pipeline,
+    Reason,
     review_fields,
     review_output,
 )
@@ -70,6 +72,17 @@ class _Http:
         return self._client
 
 
+def _input_check(cfg: DeploySettings) -> Callable[[Any], list[Reason]]:
+    """What a submitted request is refused for (``Client.submit``): the validator's
+    reasons, so a client learns them before anything is written."""
+
+    def check(data: Any) -> list[Reason]:
+        return validate_request(data, approval_required=cfg.validator.approval_required,
+                                default_notify=cfg.notifier.default_channels).reasons
+
+    return check
+
+
 def build_pipeline(settings: DeploySettings | None = None) -> Pipeline:
     """The deployment pipeline configured from its tables (defaults when None).
 
@@ -83,12 +96,13 @@ def build_pipeline(settings: DeploySettings | None = None) -> Pipeline:
         ingress=[STARTED],
         correlation_field="deployment_id",
         id_prefix="dep",
+        outcomes=[FINISHED],
         cost_units=COST_UNITS,
         extra_types=[REVIEW_DECIDED],
     )
 
     @pipeline.step(VALIDATOR, consumes=[STARTED], produces=[VALIDATED, REJECTED, REVIEW],
-                   concurrency=1)
+                   concurrency=1, input_check=_input_check(cfg))
     async def validator(message: Message) -> Output:
         result = validate_request(
             message.data,

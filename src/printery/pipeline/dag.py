@@ -19,7 +19,7 @@ from pydantic import BaseModel, ValidationError
 from printery import _json
 from printery.envelope import Codec
 from printery.errors import OutputContractError, PipelineError, Reject
-from printery.keys import StreamKeys
+from printery.keys import DLQ, REVIEW, REVIEW_DECIDED, StreamKeys
 from printery.pipeline.reason import Reason
 from printery.runtime.consumer import ConsumerSettings
 from printery.runtime.handler import Handler, HandlerResult, Message, outputs_of
@@ -27,6 +27,9 @@ from printery.runtime.observe import Observer
 from printery.runtime.payloads import PayloadStore
 from printery.runtime.stream_worker import StreamWorker
 from printery.supervisor.graph import find_cycle
+
+#: Streams that record rather than carry a run forward: never a run's outcome.
+_RECORDS = frozenset({DLQ, REVIEW, REVIEW_DECIDED})
 
 
 def validation_reasons(error: ValidationError) -> list[Reason]:
@@ -56,6 +59,22 @@ class Step:
     companions: Sequence[Callable[[StreamWorker], Awaitable[None]]] = ()
     settings: Mapping[str, Any] = field(default_factory=dict)
     cost_units: tuple[str, ...] = ()
+    #: Why ``data`` is not valid input of this step, for a check before anything is
+    #: written (:meth:`~printery.Client.submit`); unset, ``input_model`` decides. Unlike
+    #: ``input_model`` it does not guard the handler, which decides what invalid input
+    #: becomes (the deployment validator turns it into ``deployment:rejected``).
+    input_check: Callable[[Any], Sequence[Reason]] | None = None
+
+    def input_reasons(self, data: Any) -> list[Reason]:
+        """Why ``data`` is not valid input of this step (empty: it is)."""
+        if self.input_check is not None:
+            return list(self.input_check(data))
+        if self.input_model is not None:
+            try:
+                self.input_model.model_validate(data)
+            except ValidationError as exc:
+                return validation_reasons(exc)
+        return []
 
     def guarded_handler(self) -> Handler:
         """The handler wrapped in its input and output contracts."""
@@ -94,7 +113,9 @@ class Pipeline:
     consumed type must be produced by a step. ``correlation_field`` is the wire name of
     the id that ties one run's events together; ``terminal`` lists types nobody consumes
     on purpose (records such as a review stream). ``cost_units`` declares the units
-    handlers may report, so a typo cannot create unbounded metric labels.
+    handlers may report, so a typo cannot create unbounded metric labels. ``outcomes``
+    are the event types whose first entry ends a run (CONTRACT §11); by default the types
+    some step produces and no step consumes.
     """
 
     def __init__(
@@ -106,6 +127,7 @@ class Pipeline:
         id_prefix: str = "cor",
         cost_units: Iterable[str] = (),
         extra_types: Iterable[str] = (),
+        outcomes: Iterable[str] | None = None,
     ) -> None:
         self.name = name
         self.ingress = tuple(ingress)
@@ -113,7 +135,32 @@ class Pipeline:
         self.id_prefix = id_prefix
         self.cost_units = tuple(cost_units)
         self.extra_types = tuple(extra_types)
+        self._outcomes = tuple(outcomes) if outcomes is not None else None
         self.steps: dict[str, Step] = {}
+
+    @property
+    def outcomes(self) -> tuple[str, ...]:
+        """The event types whose first entry of a run ends it: as declared, else the
+        types some step produces and none consumes (records such as ``review`` aside)."""
+        if self._outcomes is not None:
+            return self._outcomes
+        consumed = {t for step in self.steps.values() for t in step.consumes}
+        return tuple(dict.fromkeys(t for step in self.steps.values() for t in step.produces
+                                   if t not in consumed and t not in _RECORDS))
+
+    def ingress_step(self, event_type: str) -> Step | None:
+        """The step that takes ``event_type`` from outside (the first one declared)."""
+        return next((s for s in self.steps.values() if event_type in s.consumes), None)
+
+    def input_reasons(self, event_type: str, data: Any) -> list[Reason]:
+        """Why ``data`` is not valid as an ingress entry of ``event_type``: the ingress
+        step's :meth:`Step.input_reasons`, or an ``unknown_event_type`` reason."""
+        if event_type not in self.ingress:
+            return [Reason(code="unknown_event_type", field="event_type",
+                           message=f"{event_type!r} is not an ingress type of {self.name} "
+                                   f"({', '.join(self.ingress)})")]
+        step = self.ingress_step(event_type)
+        return step.input_reasons(data) if step is not None else []
 
     def add(self, step: Step) -> Step:
         if step.name in self.steps:
@@ -135,6 +182,7 @@ class Pipeline:
         input_model: type[BaseModel] | None = None,
         output_models: Mapping[str, type[BaseModel]] | None = None,
         cost_units: Iterable[str] = (),
+        input_check: Callable[[Any], Sequence[Reason]] | None = None,
         **settings: Any,
     ) -> Callable[[Handler], Handler]:
         """Decorator form of :meth:`add`."""
@@ -145,7 +193,7 @@ class Pipeline:
                     name=name, consumes=tuple(consumes), produces=tuple(produces),
                     handler=handler, concurrency=concurrency, depends_on=tuple(depends_on),
                     input_model=input_model, output_models=dict(output_models or {}),
-                    settings=settings, cost_units=tuple(cost_units),
+                    settings=settings, cost_units=tuple(cost_units), input_check=input_check,
                 )
             )
             return handler
@@ -224,6 +272,7 @@ class Pipeline:
             "name": self.name,
             "ingress": list(self.ingress),
             "correlation_field": self.correlation_field,
+            "outcomes": list(self.outcomes),
             "steps": [
                 {
                     "name": s.name, "consumes": list(s.consumes), "produces": list(s.produces),

@@ -29,13 +29,14 @@ T = TypeVar("T")
 def public_api(func: Callable[P, Coroutine[Any, Any, T]]) -> Callable[P, Coroutine[Any, Any, T]]:
     """For functions of the public API: a connection failure reaches the caller as
     :class:`TransportError` (the client's own exception as its cause), so callers catch
-    one printery error, whatever the client library."""
+    one printery error, whatever the client library. A deadline the caller set
+    (the builtin :class:`TimeoutError`) stays what it is."""
 
     @functools.wraps(func)
     async def call(*args: P.args, **kwargs: P.kwargs) -> T:
         try:
             return await func(*args, **kwargs)
-        except TransportError:
+        except (TransportError, TimeoutError):
             raise
         except CONNECTION_ERRORS as exc:
             raise TransportError(f"server unreachable: {describe(exc)}") from exc

@@ -1,0 +1,232 @@
+"""Runs (CONTRACT §11): every entry of one correlation id, in order, ending with its
+outcome entry.
+
+A run has no record of its own: its entries are the history. :class:`RunReader` finds
+them in the pipeline's streams (and ``dlq``, ``review``, ``review:decided``), by the
+correlation field or, for an entry an external producer wrote with only ``data``, by the
+id inside ``data``; then it follows the streams live (``XREAD BLOCK``) until the outcome
+entry. A run submitted through :class:`~printery.Client` has a start record, so reading
+it starts at its first entry instead of at the beginning of every stream.
+
+Reading survives a server restart: a connection failure is retried with backoff (the
+streams are on disk with the AOF) until the caller's deadline.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import time
+from collections.abc import AsyncIterator, Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import redis.asyncio as aioredis
+import structlog
+
+from printery import _json
+from printery.backoff import compute_backoff
+from printery.cost import CallTally
+from printery.keys import DLQ, REVIEW, REVIEW_DECIDED, StreamKeys
+from printery.pipeline.dag import Pipeline
+from printery.transport.streams import CONNECTION_ERRORS
+
+__all__ = ["RUNNING", "RunReader", "RunResult", "decode_fields", "run_status"]
+
+log = structlog.get_logger("printery.runs")
+
+#: A run's status before its outcome entry.
+RUNNING = "running"
+_CHUNK = 1000
+_FOLLOW_BLOCK_MS = 1000
+
+
+def decode_fields(fields: Mapping[str, str]) -> dict[str, Any]:
+    """An entry's fields with ``data`` and ``cost`` parsed from JSON where possible."""
+    out: dict[str, Any] = dict(fields)
+    for name in ("data", "cost"):
+        raw = fields.get(name)
+        if raw is not None:
+            try:
+                out[name] = _json.loads(raw)
+            except (_json.JSONDecodeError, ValueError):
+                out[name] = raw
+    return out
+
+
+def run_status(outcome: Mapping[str, Any] | None) -> str:
+    """A run's status (§11): its outcome entry's ``data.status`` when that is a string,
+    else the outcome's event type; :data:`RUNNING` without an outcome."""
+    if outcome is None:
+        return RUNNING
+    data = outcome.get("data")
+    if isinstance(data, dict) and isinstance(data.get("status"), str):
+        return str(data["status"])
+    return str(outcome.get("stream", ""))
+
+
+@dataclass(frozen=True, slots=True)
+class RunResult:
+    """A finished run: its status, its outcome's data, its entries up to the outcome and
+    what its steps reported spending, per unit."""
+
+    run_id: str
+    status: str
+    data: Any
+    entries: list[dict[str, Any]]
+    cost: dict[str, float] = field(default_factory=dict)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"run_id": self.run_id, "status": self.status, "data": self.data,
+                "entries": self.entries, "cost": self.cost}
+
+
+def run_cost(pipeline: Pipeline, entries: Iterable[Mapping[str, Any]]) -> dict[str, Any]:
+    """What the steps of a run spent (:class:`~printery.cost.CallTally`), from entries
+    as the reader returns them (``cost`` and ``data`` parsed)."""
+    tally = CallTally(pipeline)
+    for entry in entries:
+        fields = {k: str(entry[k]) for k in ("producer", "duration_ms", pipeline.correlation_field)
+                  if k in entry}
+        cost = entry.get("cost")
+        if cost is not None:
+            fields["cost"] = cost if isinstance(cost, str) else _json.dumps(cost)
+        tally.add(fields)
+    return tally.summary()
+
+
+class RunReader:
+    """Finds and follows runs of ``pipeline`` under ``keys``."""
+
+    def __init__(self, client: aioredis.Redis, keys: StreamKeys, pipeline: Pipeline) -> None:
+        self.client = client
+        self.keys = keys
+        self.pipeline = pipeline
+        self.field = pipeline.correlation_field
+        self.outcomes = frozenset(pipeline.outcomes)
+        event_types = dict.fromkeys([*pipeline.event_types(), DLQ, REVIEW, REVIEW_DECIDED])
+        self.streams = {keys.stream(t): t for t in event_types}
+
+    def belongs(self, fields: Mapping[str, str], run_id: str) -> bool:
+        """Whether an entry is of ``run_id``: by its correlation field, or (only ``data``
+        written) by the correlation field inside ``data``."""
+        value = fields.get(self.field)
+        if value is not None:
+            return value == run_id
+        raw = fields.get("data", "")
+        if run_id not in raw:  # cheap test before parsing
+            return False
+        try:
+            data = _json.loads(raw)
+        except (_json.JSONDecodeError, ValueError):
+            return False
+        return isinstance(data, dict) and data.get(self.field) == run_id
+
+    def view(self, entry_id: str, stream: str, fields: Mapping[str, str]) -> dict[str, Any]:
+        """An entry as ``trace`` shows it: id, event type (``stream``), decoded fields."""
+        return {"id": entry_id, "stream": self.streams.get(stream, stream),
+                **decode_fields(fields)}
+
+    def is_outcome(self, entry: Mapping[str, Any]) -> bool:
+        return entry.get("stream") in self.outcomes
+
+    async def start_of(self, run_id: str) -> str:
+        """Where the run's entries begin: its start record, else the beginning."""
+        start = await self.client.get(self.keys.run_start(run_id))
+        return str(start) if start else "-"
+
+    async def history(self, run_id: str) -> tuple[list[dict[str, Any]], dict[str, str]]:
+        """The run's entries so far in id order, and per stream the last id read (where
+        following it live goes on)."""
+        start = await self.start_of(run_id)
+        if start != "-":  # another stream's entry of the same millisecond may sort lower
+            start = f"{_order(start)[0]}-0"
+        found: list[tuple[tuple[int, int], dict[str, Any]]] = []
+        last: dict[str, str] = {}
+        for stream in self.streams:
+            lower, last[stream] = start, "0-0" if start == "-" else _before(start)
+            while True:
+                batch = await self.client.xrange(stream, lower, "+", count=_CHUNK)
+                for entry_id, fields in batch:
+                    if self.belongs(fields, run_id):
+                        found.append((_order(entry_id), self.view(entry_id, stream, fields)))
+                if batch:
+                    last[stream] = batch[-1][0]
+                if len(batch) < _CHUNK:
+                    break
+                lower = "(" + batch[-1][0]
+        found.sort(key=lambda item: item[0])
+        return [entry for _, entry in found], last
+
+    async def exists(self, run_id: str) -> bool:
+        entries, _ = await self.history(run_id)
+        return bool(entries)
+
+    async def follow(
+        self, run_id: str, *, deadline: float | None = None, include_after_outcome: bool = False
+    ) -> AsyncIterator[dict[str, Any]]:
+        """Every entry of the run in order, from the first, live, ending after the
+        outcome entry. Raises :class:`TimeoutError` at ``deadline`` (monotonic)."""
+        entries, last = await self._retrying(lambda: self.history(run_id), deadline)
+        for entry in entries:
+            yield entry
+            if self.is_outcome(entry) and not include_after_outcome:
+                return
+        if any(self.is_outcome(entry) for entry in entries):
+            return
+        while True:
+            block = _FOLLOW_BLOCK_MS
+            if deadline is not None:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise TimeoutError(f"run {run_id} did not end in time")
+                block = max(1, min(block, int(left * 1000)))
+            read = functools.partial(self.client.xread, dict(last), count=_CHUNK, block=block)
+            reply = await self._retrying(read, deadline)
+            batch: list[tuple[tuple[int, int], dict[str, Any]]] = []
+            for stream, rows in reply or []:
+                for entry_id, fields in rows:
+                    last[stream] = entry_id
+                    if self.belongs(fields, run_id):
+                        batch.append((_order(entry_id), self.view(entry_id, stream, fields)))
+            batch.sort(key=lambda item: item[0])
+            for _, entry in batch:
+                yield entry
+                if self.is_outcome(entry):
+                    return
+
+    async def result(self, run_id: str, *, timeout: float | None = None) -> RunResult:
+        """The run once it has ended (see :meth:`follow`)."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        entries = [entry async for entry in self.follow(run_id, deadline=deadline)]
+        outcome = entries[-1]
+        summary = run_cost(self.pipeline, entries)
+        return RunResult(run_id, run_status(outcome), outcome.get("data"), entries,
+                         dict(summary["total"]["cost"]))
+
+    async def _retrying(self, call: Any, deadline: float | None) -> Any:
+        """``call()``, again after a backoff while the server cannot be reached (a
+        restart), until ``deadline``."""
+        attempt = 0
+        while True:
+            try:
+                return await call()
+            except CONNECTION_ERRORS as exc:
+                attempt += 1
+                delay = compute_backoff(attempt, base_ms=100, cap_ms=2000)
+                if deadline is not None and time.monotonic() + delay > deadline:
+                    raise TimeoutError(f"server unreachable: {exc}") from exc
+                log.warning("server unreachable while following a run; retrying",
+                            attempt=attempt, error=str(exc))
+                await asyncio.sleep(delay)
+
+
+def _order(entry_id: str) -> tuple[int, int]:
+    ms, _, seq = entry_id.partition("-")
+    return int(ms), int(seq or 0)
+
+
+def _before(entry_id: str) -> str:
+    """The id just before ``entry_id`` (XREAD reads after the id it is given)."""
+    ms, seq = _order(entry_id)
+    return f"{ms}-{seq - 1}" if seq else f"{ms - 1}-18446744073709551615"
