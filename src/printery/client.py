@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import os
 import threading
+import time
 from collections.abc import AsyncIterator, Coroutine, Iterator
 from importlib import resources
 from types import TracebackType
@@ -31,7 +32,7 @@ from printery.transport.connection import connect
 from printery.transport.embedded import find_running
 from printery.transport.streams import Scripts, public_api
 
-__all__ = ["Client", "RunResult", "SyncClient"]
+__all__ = ["Client", "RunResult", "Runs", "SyncClient"]
 
 SUBMIT_LUA = resources.files("printery.transport").joinpath("submit.lua").read_text()
 #: How long a submit's idempotency record is kept (the workers' records: 7 days).
@@ -42,69 +43,21 @@ PRODUCER = "printery-client"
 T = TypeVar("T")
 
 
-class Client:
-    """Submits runs to a pipeline and follows them; an async context manager.
-
-    ``redis_url`` None: the ``REDIS_URL`` setting, else the embedded server of the data
-    dir (CONTRACT §6). ``app``: a :class:`Pipeline` or ``MODULE:ATTR`` (default: the
-    ``PRINTERY_APP`` setting, else the deployment pipeline). Settings resolve as for
-    the commands: argument > env var > config file (``PRINTERY_CONFIG``) > the app's
-    defaults.
-    """
+class Runs:
+    """Submitting and reading runs of ``pipeline`` over a connected client: what
+    :class:`Client` and the HTTP API (``/v1/runs``) both do."""
 
     def __init__(
-        self,
-        redis_url: str | None = None,
-        *,
-        stream_prefix: str | None = None,
-        data_dir: str | None = None,
-        app: Pipeline | str | None = None,
-        producer: str = PRODUCER,
+        self, redis: aioredis.Redis, keys: StreamKeys, pipeline: Pipeline, *,
+        payload_limit: int, producer: str = PRODUCER,
     ) -> None:
-        self.settings, self.pipeline = load_app(
-            app, {"redis_url": redis_url, "stream_prefix": stream_prefix, "data_dir": data_dir},
-            os.environ,
-        )
-        self.keys = StreamKeys(self.settings.stream_prefix)
-        self.codec: Codec = self.pipeline.codec(self.settings.transport.payload_limit_bytes)
+        self.redis = redis
+        self.keys = keys
+        self.pipeline = pipeline
+        self.codec: Codec = pipeline.codec(payload_limit)
         self.producer = producer
-        self._client: aioredis.Redis | None = None
-        self._scripts: Scripts | None = None
-        self._reader: RunReader | None = None
-
-    @property
-    def redis(self) -> aioredis.Redis:
-        """The connected client (after ``async with`` or :meth:`connect`)."""
-        if self._client is None:
-            raise RuntimeError("Client is not connected: use `async with Client(...)`")
-        return self._client
-
-    async def connect(self) -> Client:
-        if self._client is None:
-            url = self.settings.redis_url or find_running(self.settings.data_dir)
-            if url is None:
-                raise ConfigError(
-                    "redis_url", None,
-                    f"a Redis URL, or a running embedded server for data dir "
-                    f"{self.settings.data_dir} (start `printery-workers`)")
-            self._client = connect(url, max_connections=64)
-            self._scripts = Scripts(self._client)
-            self._reader = RunReader(self._client, self.keys, self.pipeline)
-        return self
-
-    async def aclose(self) -> None:
-        client, self._client = self._client, None
-        if client is not None:
-            await client.aclose()
-
-    async def __aenter__(self) -> Client:
-        return await self.connect()
-
-    async def __aexit__(
-        self, exc_type: type[BaseException] | None, exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        await self.aclose()
+        self.reader = RunReader(redis, keys, pipeline)
+        self._scripts = Scripts(redis)
 
     def prepare(
         self, data: Any, *, event_type: str | None = None, run_id: str | None = None,
@@ -133,66 +86,132 @@ class Client:
                 f"data is {len(fields['data'])} bytes, limit {self.codec.payload_limit}")
         return event_type, envelope.correlation_id, envelope.idempotency_key, fields
 
-    @public_api
     async def submit(
         self, data: Any, *, event_type: str | None = None, run_id: str | None = None,
         idempotency_key: str | None = None,
-    ) -> str:
-        """Publish one ingress entry and return its run id. The same ``idempotency_key``
-        (default ``<event type>:<run id>``) gives the same run id and one run."""
-        run, _ = await self.submit_entry(data, event_type=event_type, run_id=run_id,
-                                         idempotency_key=idempotency_key)
-        return run
-
-    @public_api
-    async def submit_entry(
-        self, data: Any, *, event_type: str | None = None, run_id: str | None = None,
-        idempotency_key: str | None = None,
     ) -> tuple[str, str]:
-        """:meth:`submit`, also returning the ingress entry's id (that of the first
-        submit of the key)."""
-        await self.connect()
+        """Publish one ingress entry at most once per idempotency key: ``(run id, entry
+        id)``, those of the first submit of the key."""
         event_type, run, key, fields = self.prepare(
             data, event_type=event_type, run_id=run_id, idempotency_key=idempotency_key)
-        assert self._scripts is not None
         args: list[Any] = [run, SUBMIT_RECORD_TTL]
         for name, value in fields.items():
             args += (name, value)
         reply = await self._scripts.call(
             SUBMIT_LUA, [self.keys.submitted(key), self.keys.stream(event_type),
                          self.keys.run_start(run)], args)
-        record = str(reply[1])
-        run, _, entry_id = record.partition("\n")
+        run, _, entry_id = str(reply[1]).partition("\n")
         return run, entry_id
+
+    async def entries(self, run_id: str) -> list[dict[str, Any]]:
+        """Every entry of the run so far (after its outcome too). Raises
+        :class:`UnknownRun` when there is none."""
+        found, _ = await self.reader.history(run_id)
+        if not found:
+            raise UnknownRun(f"no entries of {self.pipeline.correlation_field} {run_id!r}")
+        return found
+
+
+class Client:
+    """Submits runs to a pipeline and follows them; an async context manager.
+
+    ``redis_url`` None: the ``REDIS_URL`` setting, else the embedded server of the data
+    dir (CONTRACT §6). ``app``: a :class:`Pipeline` or ``MODULE:ATTR`` (default: the
+    ``PRINTERY_APP`` setting, else the deployment pipeline). Settings resolve as for
+    the commands: argument > env var > config file (``PRINTERY_CONFIG``) > the app's
+    defaults.
+    """
+
+    def __init__(
+        self,
+        redis_url: str | None = None,
+        *,
+        stream_prefix: str | None = None,
+        data_dir: str | None = None,
+        app: Pipeline | str | None = None,
+        producer: str = PRODUCER,
+    ) -> None:
+        self.settings, self.pipeline = load_app(
+            app, {"redis_url": redis_url, "stream_prefix": stream_prefix, "data_dir": data_dir},
+            os.environ,
+        )
+        self.keys = StreamKeys(self.settings.stream_prefix)
+        self.producer = producer
+        self._client: aioredis.Redis | None = None
+        self._run_ops: Runs | None = None
+
+    @property
+    def redis(self) -> aioredis.Redis:
+        """The connected client (after ``async with`` or :meth:`connect`)."""
+        if self._client is None:
+            raise RuntimeError("Client is not connected: use `async with Client(...)`")
+        return self._client
+
+    async def connect(self) -> Client:
+        if self._client is None:
+            url = self.settings.redis_url or find_running(self.settings.data_dir)
+            if url is None:
+                raise ConfigError(
+                    "redis_url", None,
+                    f"a Redis URL, or a running embedded server for data dir "
+                    f"{self.settings.data_dir} (start `printery-workers`)")
+            self._client = connect(url, max_connections=64)
+            self._run_ops = Runs(self._client, self.keys, self.pipeline, producer=self.producer,
+                                 payload_limit=self.settings.transport.payload_limit_bytes)
+        return self
+
+    async def aclose(self) -> None:
+        client, self._client = self._client, None
+        if client is not None:
+            await client.aclose()
+
+    async def __aenter__(self) -> Client:
+        return await self.connect()
+
+    async def __aexit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.aclose()
+
+    @public_api
+    async def submit(
+        self, data: Any, *, event_type: str | None = None, run_id: str | None = None,
+        idempotency_key: str | None = None,
+    ) -> str:
+        """Publish one ingress entry and return its run id. The same ``idempotency_key``
+        (default ``<event type>:<run id>``) gives the same run id and one run. Raises
+        :class:`InvalidInput` (nothing written) when the ingress step refuses ``data``."""
+        run, _ = await (await self._runs()).submit(
+            data, event_type=event_type, run_id=run_id, idempotency_key=idempotency_key)
+        return run
 
     @public_api
     async def result(self, run_id: str, *, timeout: float | None = None) -> RunResult:
         """The run once it has ended (its outcome entry written), from any process, also
         after the fact. Raises :class:`TimeoutError` at ``timeout`` seconds."""
-        await self.connect()
-        assert self._reader is not None
-        return await self._reader.result(run_id, timeout=timeout)
+        return await (await self._runs()).reader.result(run_id, timeout=timeout)
 
-    async def watch(self, run_id: str, *, timeout: float | None = None) -> AsyncIterator[dict[str, Any]]:
+    async def watch(
+        self, run_id: str, *, timeout: float | None = None
+    ) -> AsyncIterator[dict[str, Any]]:
         """The run's entries as ``trace`` shows them, in order, from the first, live,
         ending after the outcome entry."""
-        await self.connect()
-        assert self._reader is not None
-        loop = asyncio.get_running_loop()
-        deadline = None if timeout is None else loop.time() + timeout
-        async for entry in self._reader.follow(run_id, deadline=deadline):
+        runs = await self._runs()
+        deadline = None if timeout is None else time.monotonic() + timeout
+        async for entry in runs.reader.follow(run_id, deadline=deadline):
             yield entry
 
     @public_api
     async def entries(self, run_id: str) -> list[dict[str, Any]]:
         """Every entry of the run so far (after its outcome too). Raises
         :class:`UnknownRun` when there is none."""
+        return await (await self._runs()).entries(run_id)
+
+    async def _runs(self) -> Runs:
         await self.connect()
-        assert self._reader is not None
-        found, _ = await self._reader.history(run_id)
-        if not found:
-            raise UnknownRun(f"no entries of {self.pipeline.correlation_field} {run_id!r}")
-        return found
+        assert self._run_ops is not None
+        return self._run_ops
 
 
 class SyncClient:

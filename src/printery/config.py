@@ -265,6 +265,7 @@ class Settings(SettingsTable):
     data_dir: Path = Path(".printery")
     app: str | None = None
     processes: int = Field(default=1, ge=1)
+    api_token_env: str = Field(default="PRINTERY_API_TOKEN", pattern=r"^[A-Za-z_][A-Za-z0-9_]{0,127}$")
 
     # Tables are frozen, so one shared default instance is safe.
     transport: TransportSettings = TransportSettings()
@@ -426,9 +427,9 @@ class Settings(SettingsTable):
         return redact_url(self.redis_url) if self.redis_url else None
 
     def secrets(self, env: Mapping[str, str]) -> list[str]:
-        """Secret strings to scrub from logs: the Redis password and the values of the
-        application's ``secret_envs``."""
-        found: list[str] = []
+        """Secret strings to scrub from logs: the Redis password, the API token and the
+        values of the application's ``secret_envs``."""
+        found: list[str] = [env[self.api_token_env]] if env.get(self.api_token_env) else []
         if self.redis_url:
             parts = urlsplit(self.redis_url)
             if parts.password:
@@ -508,6 +509,8 @@ SETTINGS_DOC: Mapping[str, SettingDoc] = {
              "the command's default app"),
         _doc("processes", "--processes", "PRINTERY_PROCESSES", "N",
              "worker processes to run"),
+        _doc("api_token_env", "--api-token-env", "PRINTERY_API_TOKEN_ENV", "NAME",
+             "name of the env var holding the bearer token of the HTTP API (/v1)"),
         SettingDoc("config", "--config", "PRINTERY_CONFIG", "none", "TOML config file", "FILE"),
     )
 }

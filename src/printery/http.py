@@ -75,8 +75,11 @@ async def _json_errors(request: web.Request, handler: Handler) -> web.StreamResp
         )
 
 
-def build_app(provider: StatusProvider, *, probe_timeout: float = 5.0) -> web.Application:
-    """The aiohttp application: ``/healthz``, ``/readyz``, ``/status``, ``/metrics``.
+def build_app(
+    provider: StatusProvider, *, probe_timeout: float = 5.0, api: web.Application | None = None
+) -> web.Application:
+    """The aiohttp application: ``/healthz``, ``/readyz``, ``/status``, ``/metrics``, and
+    ``api`` (the ``/v1`` application of :mod:`printery.api`) mounted under ``/v1``.
 
     ``probe_timeout`` bounds each provider call: a Redis that hangs must turn into a 503
     from ``/readyz`` (so orchestrators stop routing to us), never into a hung probe.
@@ -115,6 +118,8 @@ def build_app(provider: StatusProvider, *, probe_timeout: float = 5.0) -> web.Ap
     app.router.add_get("/readyz", readyz)
     app.router.add_get("/status", status)
     app.router.add_get("/metrics", metrics)
+    if api is not None:
+        app.add_subapp("/v1", api)
     return app
 
 
@@ -125,8 +130,11 @@ class HttpServer:
     handling: the service owns SIGTERM and calls :meth:`stop` during its shutdown.
     """
 
-    def __init__(self, provider: StatusProvider, *, probe_timeout: float = 5.0) -> None:
-        self.app = build_app(provider, probe_timeout=probe_timeout)
+    def __init__(
+        self, provider: StatusProvider, *, probe_timeout: float = 5.0,
+        api: web.Application | None = None,
+    ) -> None:
+        self.app = build_app(provider, probe_timeout=probe_timeout, api=api)
         self._runner: web.AppRunner | None = None
         self.host: str | None = None
         self.port: int | None = None

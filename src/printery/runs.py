@@ -17,7 +17,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import time
-from collections.abc import AsyncIterator, Iterable, Mapping
+from collections.abc import AsyncIterator, Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -31,7 +31,8 @@ from printery.keys import DLQ, REVIEW, REVIEW_DECIDED, StreamKeys
 from printery.pipeline.dag import Pipeline
 from printery.transport.streams import CONNECTION_ERRORS
 
-__all__ = ["RUNNING", "RunReader", "RunResult", "decode_fields", "run_status"]
+__all__ = ["RUNNING", "RunReader", "RunResult", "decode_fields", "entry_order", "run_cost",
+           "run_status"]
 
 log = structlog.get_logger("printery.runs")
 
@@ -140,7 +141,7 @@ class RunReader:
         following it live goes on)."""
         start = await self.start_of(run_id)
         if start != "-":  # another stream's entry of the same millisecond may sort lower
-            start = f"{_order(start)[0]}-0"
+            start = f"{entry_order(start)[0]}-0"
         found: list[tuple[tuple[int, int], dict[str, Any]]] = []
         last: dict[str, str] = {}
         for stream in self.streams:
@@ -149,7 +150,7 @@ class RunReader:
                 batch = await self.client.xrange(stream, lower, "+", count=_CHUNK)
                 for entry_id, fields in batch:
                     if self.belongs(fields, run_id):
-                        found.append((_order(entry_id), self.view(entry_id, stream, fields)))
+                        found.append((entry_order(entry_id), self.view(entry_id, stream, fields)))
                 if batch:
                     last[stream] = batch[-1][0]
                 if len(batch) < _CHUNK:
@@ -163,18 +164,19 @@ class RunReader:
         return bool(entries)
 
     async def follow(
-        self, run_id: str, *, deadline: float | None = None, include_after_outcome: bool = False
+        self, run_id: str, *, deadline: float | None = None,
+        alive: Callable[[], bool] | None = None,
     ) -> AsyncIterator[dict[str, Any]]:
         """Every entry of the run in order, from the first, live, ending after the
-        outcome entry. Raises :class:`TimeoutError` at ``deadline`` (monotonic)."""
+        outcome entry. Raises :class:`TimeoutError` at ``deadline`` (monotonic); ends
+        early once ``alive()`` is false (checked at least once a second: a reader that
+        went away stops costing reads)."""
         entries, last = await self._retrying(lambda: self.history(run_id), deadline)
         for entry in entries:
             yield entry
-            if self.is_outcome(entry) and not include_after_outcome:
+            if self.is_outcome(entry):
                 return
-        if any(self.is_outcome(entry) for entry in entries):
-            return
-        while True:
+        while alive is None or alive():
             block = _FOLLOW_BLOCK_MS
             if deadline is not None:
                 left = deadline - time.monotonic()
@@ -188,7 +190,7 @@ class RunReader:
                 for entry_id, fields in rows:
                     last[stream] = entry_id
                     if self.belongs(fields, run_id):
-                        batch.append((_order(entry_id), self.view(entry_id, stream, fields)))
+                        batch.append((entry_order(entry_id), self.view(entry_id, stream, fields)))
             batch.sort(key=lambda item: item[0])
             for _, entry in batch:
                 yield entry
@@ -221,12 +223,17 @@ class RunReader:
                 await asyncio.sleep(delay)
 
 
-def _order(entry_id: str) -> tuple[int, int]:
+def entry_order(entry_id: str) -> tuple[int, int]:
+    """An entry id as ``(ms, seq)``, to order entries of several streams ((0, 0) for a
+    malformed id)."""
     ms, _, seq = entry_id.partition("-")
-    return int(ms), int(seq or 0)
+    try:
+        return int(ms), int(seq or 0)
+    except ValueError:
+        return 0, 0
 
 
 def _before(entry_id: str) -> str:
     """The id just before ``entry_id`` (XREAD reads after the id it is given)."""
-    ms, seq = _order(entry_id)
+    ms, seq = entry_order(entry_id)
     return f"{ms}-{seq - 1}" if seq else f"{ms - 1}-18446744073709551615"

@@ -1,0 +1,222 @@
+"""The HTTP API under ``/v1`` (CONTRACT §11): runs, reviews and dead letters, for
+programs that cannot use the Python client.
+
+Every answer is JSON; client input never gets a 500: a body over the payload limit is
+413 (refused before it is read when its length is declared, and never read past the
+limit otherwise), malformed JSON or a wrong shape is 400 with machine-actionable
+reasons. Access (:class:`ApiAccess`): with a token, every request needs
+``Authorization: Bearer <token>`` (compared in constant time); without one, only a
+loopback listener answers, anything else is 403.
+"""
+
+from __future__ import annotations
+
+import hmac
+import ipaddress
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from aiohttp import web
+
+from printery import _json
+from printery.client import Runs
+from printery.errors import InvalidInput, PayloadTooLarge, UnknownRun
+from printery.fields import STEP, WORKER
+from printery.keys import DLQ, REVIEW
+from printery.pipeline.reason import Reason
+from printery.runs import entry_order, run_cost, run_status
+
+__all__ = ["ApiAccess", "build_api", "is_loopback"]
+
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+_SUBMIT_KEYS = frozenset({"data", "event_type", "run_id", "idempotency_key"})
+_MAX_ID = 256
+
+
+@dataclass(frozen=True, slots=True)
+class ApiAccess:
+    """Who may call the API: ``token`` (None: no token configured) and whether the
+    listener is reachable from other hosts (``public``)."""
+
+    token: str | None
+    public: bool
+    token_env: str = "PRINTERY_API_TOKEN"
+
+    def refusal(self, request: web.Request) -> web.Response | None:
+        """The answer for a request that may not pass, or None."""
+        if self.token is not None:
+            header = request.headers.get("Authorization", "")
+            scheme, _, given = header.partition(" ")
+            if scheme.lower() != "bearer" or not hmac.compare_digest(
+                given.strip().encode(), self.token.encode()
+            ):
+                return error(401, "unauthorized", "a valid `Authorization: Bearer <token>` "
+                             "header is required", headers={"WWW-Authenticate": "Bearer"})
+            return None
+        if self.public:
+            return error(403, "forbidden", f"the API listens beyond loopback without a "
+                         f"token: set {self.token_env} for the service")
+        return None
+
+
+def is_loopback(host: str) -> bool:
+    """Whether a listener on ``host`` is reachable from this machine only."""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:  # a host name: it may resolve to anything
+        return False
+
+
+def error(
+    status: int, code: str, detail: str = "", *, reasons: list[dict[str, str]] | None = None,
+    headers: Mapping[str, str] | None = None,
+) -> web.Response:
+    body: dict[str, Any] = {"error": code}
+    if detail:
+        body["detail"] = detail
+    if reasons is not None:
+        body["reasons"] = reasons
+    return respond(body, status, headers)
+
+
+def respond(body: object, status: int = 200, headers: Mapping[str, str] | None = None) -> (
+    web.Response
+):
+    return web.json_response(body, status=status, dumps=_json.dumps,
+                             headers={"Cache-Control": "no-store", **(headers or {})})
+
+
+async def read_json(request: web.Request, limit: int) -> Any:
+    """The request's JSON body; raises :class:`_Refused` (413 over ``limit`` bytes,
+    400 when it is not JSON)."""
+    if request.content_length is not None and request.content_length > limit:
+        raise _Refused(error(413, "payload_too_large", f"body over {limit} bytes"))
+    chunks, size = [], 0
+    while True:
+        chunk = await request.content.readany()
+        if not chunk:
+            break
+        size += len(chunk)
+        if size > limit:
+            raise _Refused(error(413, "payload_too_large", f"body over {limit} bytes"))
+        chunks.append(chunk)
+    try:
+        return _json.loads(b"".join(chunks))
+    except (_json.JSONDecodeError, ValueError) as exc:
+        raise _Refused(error(400, "malformed_json", str(exc)[:200])) from None
+
+
+class _Refused(Exception):
+    """Ends a request early with ``response``."""
+
+    def __init__(self, response: web.Response) -> None:
+        super().__init__(response.status)
+        self.response = response
+
+
+def _reason(code: str, field: str, message: str) -> dict[str, str]:
+    return Reason(code=code, field=field, message=message).as_dict()
+
+
+def submit_arguments(body: Any) -> dict[str, Any]:
+    """``POST /v1/runs`` body -> :meth:`Runs.submit` keyword arguments; raises
+    :class:`_Refused` (400 with reasons) for a wrong shape."""
+    if not isinstance(body, dict):
+        raise _Refused(error(400, "invalid_request", "the body must be a JSON object",
+                             reasons=[_reason("malformed_event", "", "expected an object")]))
+    reasons = [_reason("unknown_field", key, "not a field of a run submission")
+               for key in body if key not in _SUBMIT_KEYS]
+    if "data" not in body:
+        reasons.append(_reason("missing_field", "data", "the run's input is required"))
+    for key in ("event_type", "run_id", "idempotency_key"):
+        value = body.get(key)
+        if value is not None and not (isinstance(value, str) and 0 < len(value) <= _MAX_ID):
+            reasons.append(_reason("invalid_field", key, f"a string of 1 to {_MAX_ID} characters"))
+    if reasons:
+        raise _Refused(error(400, "invalid_request", reasons=reasons))
+    return {key: body.get(key) for key in _SUBMIT_KEYS}
+
+
+def step_summary(runs: Runs, entries: list[dict[str, Any]],
+                 figures: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """Each step of the pipeline for one run: ``done`` when it wrote an entry of the run,
+    ``failed`` when it dead-lettered one, ``review`` when it escalated one, else
+    ``pending``; with its handler time and cost (``figures``: :func:`run_cost`'s steps)."""
+    states: dict[str, str] = {}
+    for entry in entries:
+        stream, producer = entry.get("stream"), str(entry.get("producer", ""))
+        if stream == DLQ:
+            states[str(entry.get(WORKER, ""))] = "failed"
+        elif stream == REVIEW:
+            states[str(entry.get(STEP) or producer)] = "review"
+        elif producer in runs.pipeline.steps:
+            states.setdefault(producer, "done")
+    return [{"step": name, "status": states.get(name, "pending"),
+             "duration_ms": figures.get(name, {}).get("duration_ms", 0.0),
+             "cost": figures.get(name, {}).get("cost", {})} for name in runs.pipeline.steps]
+
+
+def build_api(runs: Runs, access: ApiAccess, *, body_limit: int) -> web.Application:
+    """The ``/v1`` application, to mount under the service's HTTP server."""
+
+    @web.middleware
+    async def guard(request: web.Request, handler: Handler) -> web.StreamResponse:
+        refused = access.refusal(request)
+        if refused is not None:
+            return refused
+        try:
+            return await handler(request)
+        except _Refused as exc:
+            return exc.response
+
+    async def submit(request: web.Request) -> web.Response:
+        arguments = submit_arguments(await read_json(request, body_limit))
+        try:
+            run_id, entry_id = await runs.submit(**arguments)
+        except InvalidInput as exc:
+            return error(400, "invalid_input", str(exc),
+                         reasons=[reason.as_dict() for reason in exc.reasons])
+        except PayloadTooLarge as exc:
+            return error(413, "payload_too_large", str(exc))
+        return respond({"run_id": run_id, "entry_id": entry_id}, 202)
+
+    async def get_run(request: web.Request) -> web.Response:
+        run_id = request.match_info["run_id"]
+        try:
+            entries = await runs.entries(run_id)
+        except UnknownRun as exc:
+            return error(404, "unknown_run", str(exc))
+        outcome = next((e for e in entries if runs.reader.is_outcome(e)), None)
+        spent = run_cost(runs.pipeline, entries)
+        return respond({"run_id": run_id, "status": run_status(outcome), "entries": entries,
+                        "cost": spent["total"]["cost"],
+                        "steps": step_summary(runs, entries, spent["steps"])})
+
+    async def run_events(request: web.Request) -> web.StreamResponse:
+        run_id = request.match_info["run_id"]
+        after = request.headers.get("Last-Event-ID", "")
+        response = web.StreamResponse(headers={
+            "Content-Type": "text/event-stream", "Cache-Control": "no-store",
+            "X-Accel-Buffering": "no"})
+        await response.prepare(request)
+
+        def alive() -> bool:
+            transport = request.transport
+            return transport is not None and not transport.is_closing()
+
+        async for entry in runs.reader.follow(run_id, alive=alive):
+            if after and entry_order(entry["id"]) <= entry_order(after):
+                continue
+            await response.write(f"id: {entry['id']}\ndata: ".encode()
+                                 + _json.dumps(entry).encode() + b"\n\n")
+        await response.write_eof()
+        return response
+
+    api = web.Application(middlewares=[guard])
+    api.router.add_post("/runs", submit)
+    api.router.add_get("/runs/{run_id}", get_run)
+    api.router.add_get("/runs/{run_id}/events", run_events)
+    return api

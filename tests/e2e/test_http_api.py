@@ -1,0 +1,199 @@
+"""The HTTP API ``/v1`` (CONTRACT §11) of a real ``printery-workers`` over real HTTP:
+runs (submit, get, server-sent events), auth, limits, and malformed input."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+import redis
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from printery.testing import unique_prefix
+from printery.transport.server import ServerProcess, free_port
+from support.service import ServiceHandle, spawn
+
+TOKEN = "s3cret-token-for-tests"
+LIMIT = 4096
+
+
+def request(deployment_id: str | None = None) -> dict[str, Any]:
+    data: dict[str, Any] = {"service": "billing-api", "version": "1.0.0",
+                            "environment": "development", "requested_by": "alice",
+                            "notify": ["log"]}
+    if deployment_id:
+        data["deployment_id"] = deployment_id
+    return data
+
+
+@pytest.fixture(scope="module")
+def api(tmp_path_factory: pytest.TempPathFactory, server: ServerProcess) -> Iterator[
+    tuple[ServiceHandle, str]
+]:
+    """One service for the module, with a token and a small payload limit."""
+    work = tmp_path_factory.mktemp("api")
+    config = work / "printery.toml"
+    config.write_text(f"[transport]\npayload_limit_bytes = {LIMIT}\n")
+    prefix = unique_prefix()
+    handle = spawn(["--redis-url", server.url, "--stream-prefix", prefix, "--config", str(config)],
+                   env={"PRINTERY_API_TOKEN": TOKEN}, cwd=work)
+    yield handle, prefix
+    handle.stop()
+
+
+def call(handle: ServiceHandle, method: str, path: str, *, token: str | None = TOKEN,
+         **kwargs: Any) -> httpx.Response:
+    headers = kwargs.pop("headers", {})
+    if token is not None:
+        headers["Authorization"] = f"Bearer {token}"
+    assert handle.http_base is not None
+    return httpx.request(method, handle.http_base + path, headers=headers, timeout=10, **kwargs)
+
+
+def events(handle: ServiceHandle, run_id: str, timeout: float = 40) -> list[dict[str, Any]]:
+    """Every ``data:`` line of the run's event stream, until the server closes it."""
+    assert handle.http_base is not None
+    found = []
+    with httpx.stream("GET", f"{handle.http_base}/v1/runs/{run_id}/events",
+                      headers={"Authorization": f"Bearer {TOKEN}"}, timeout=timeout) as response:
+        assert response.status_code == 200
+        assert response.headers["content-type"].startswith("text/event-stream")
+        for line in response.iter_lines():
+            if line.startswith("data: "):
+                found.append(json.loads(line[len("data: "):]))
+    return found
+
+
+def test_submit_follow_and_get_a_run(api: tuple[ServiceHandle, str]) -> None:
+    handle, _ = api
+    answer = call(handle, "POST", "/v1/runs", json={"data": request()})
+    assert answer.status_code == 202, answer.text
+    run_id = answer.json()["run_id"]
+    assert answer.json()["entry_id"]
+    streamed = events(handle, run_id)
+    assert streamed[0]["stream"] == "deployment:started"
+    assert streamed[-1]["stream"] == "deployment:finished"
+    ids = [tuple(int(p) for p in e["id"].split("-")) for e in streamed]
+    assert ids == sorted(ids)
+    run = call(handle, "GET", f"/v1/runs/{run_id}").json()
+    assert run["run_id"] == run_id and run["status"] == "succeeded"
+    assert [e["id"] for e in run["entries"]][: len(streamed)] == [e["id"] for e in streamed]
+    steps = {s["step"]: s for s in run["steps"]}
+    assert set(steps) == {"validator", "dependency-checker", "health-monitor", "aggregator",
+                          "notifier"}
+    assert steps["validator"]["status"] == "done"
+    # After the run ended, the event stream replays it from the first entry and closes.
+    assert [e["id"] for e in events(handle, run_id, timeout=10)] == [e["id"] for e in streamed]
+
+
+def test_same_idempotency_key_same_run(api: tuple[ServiceHandle, str]) -> None:
+    handle, _ = api
+    body = {"data": request(), "idempotency_key": "http-key-1"}
+    first = call(handle, "POST", "/v1/runs", json=body).json()
+    second = call(handle, "POST", "/v1/runs", json=body).json()
+    assert first == second
+
+
+def test_invalid_data_is_400_with_reasons_and_nothing_written(
+    api: tuple[ServiceHandle, str], server: ServerProcess
+) -> None:
+    handle, prefix = api
+    conn = redis.Redis.from_url(server.url, decode_responses=True)
+    before = conn.xlen(f"{prefix}:deployment:started")
+    answer = call(handle, "POST", "/v1/runs",
+                  json={"data": {"service": "Bad Name", "version": "x", "environment": "moon"}})
+    assert answer.status_code == 400
+    body = answer.json()
+    assert body["error"] == "invalid_input"
+    codes = {(r["code"], r["field"]) for r in body["reasons"]}
+    assert {("missing_field", "requested_by"), ("invalid_field", "service"),
+            ("invalid_version", "version"), ("unknown_environment", "environment")} <= codes
+    assert conn.xlen(f"{prefix}:deployment:started") == before
+    conn.close()
+
+
+def test_client_errors_are_4xx(api: tuple[ServiceHandle, str]) -> None:
+    handle, _ = api
+    assert call(handle, "POST", "/v1/runs", content=b"{not json").status_code == 400
+    assert call(handle, "POST", "/v1/runs", json=[1, 2]).status_code == 400
+    missing = call(handle, "POST", "/v1/runs", json={"nodata": 1})
+    assert missing.status_code == 400
+    assert {r["field"] for r in missing.json()["reasons"]} == {"nodata", "data"}
+    big = call(handle, "POST", "/v1/runs", content=b'{"data": "' + b"x" * LIMIT + b'"}')
+    assert big.status_code == 413
+    # Without a declared length (chunked), the body is not read past the limit either.
+    chunked = call(handle, "POST", "/v1/runs", content=iter([b'{"data": "', b"x" * LIMIT, b'"}']))
+    assert chunked.status_code == 413
+    assert call(handle, "GET", "/v1/runs/dep-nobody").status_code == 404
+
+
+def test_auth(api: tuple[ServiceHandle, str]) -> None:
+    handle, _ = api
+    assert call(handle, "GET", "/v1/runs/x", token=None).status_code == 401
+    assert call(handle, "GET", "/v1/runs/x", token="wrong").status_code == 401
+    assert call(handle, "GET", "/v1/runs/x", token=TOKEN).status_code == 404
+    for open_path in ("/healthz", "/metrics", "/status", "/readyz"):
+        assert call(handle, "GET", open_path, token=None).status_code in (200, 503)
+
+
+def test_public_listener_without_token_answers_403(server: ServerProcess, tmp_path: Path) -> None:
+    port = free_port()
+    handle = spawn(["--redis-url", server.url, "--stream-prefix", unique_prefix(),
+                    "--http-addr", f"0.0.0.0:{port}"], cwd=tmp_path)
+    try:
+        base = f"http://127.0.0.1:{port}"
+        handle.http_base = base
+        handle.wait_http()
+        assert httpx.get(base + "/v1/runs/x", timeout=5).status_code == 403
+        assert httpx.get(base + "/healthz", timeout=5).status_code == 200
+        assert "without a token" in handle.log()
+    finally:
+        handle.stop()
+
+
+def test_sse_client_that_disconnects_costs_nothing(
+    api: tuple[ServiceHandle, str], server: ServerProcess
+) -> None:
+    handle, _ = api
+    conn = redis.Redis.from_url(server.url, decode_responses=True)
+
+    def blocked_reads() -> int:
+        return sum(1 for c in conn.client_list() if c.get("cmd") == "xread" and "b" in c["flags"])
+
+    assert handle.http_base is not None
+    with httpx.stream("GET", f"{handle.http_base}/v1/runs/dep-not-yet/events",
+                      headers={"Authorization": f"Bearer {TOKEN}"}, timeout=10) as response:
+        assert response.status_code == 200
+        handle.wait_until(lambda: blocked_reads() >= 1, what="a blocked XREAD for the stream")
+    # Disconnected: the service stops reading for it within its block time.
+    handle.wait_until(lambda: blocked_reads() == 0, timeout=10, what="no XREAD left")
+    conn.close()
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(body=st.one_of(
+    st.binary(max_size=300),
+    st.recursive(st.none() | st.booleans() | st.integers() | st.text(max_size=20),
+                 lambda inner: st.lists(inner, max_size=4)
+                 | st.dictionaries(st.sampled_from(["data", "event_type", "run_id",
+                                                    "idempotency_key", "x"]), inner, max_size=4),
+                 max_leaves=12).map(lambda v: json.dumps(v).encode()),
+))
+def test_malformed_input_never_gets_a_500(api: tuple[ServiceHandle, str], body: bytes) -> None:
+    handle, _ = api
+    answer = call(handle, "POST", "/v1/runs", content=body)
+    assert answer.status_code < 500, answer.text
+    assert answer.status_code in (202, 400, 413)
+    answer.json()  # always JSON
+
+
+def test_run_ids_from_the_path_never_get_a_500(api: tuple[ServiceHandle, str]) -> None:
+    handle, _ = api
+    for run_id in ("%00", "a" * 2000, "..", "%F0%9F%92%A9", "x%0Ay"):
+        answer = call(handle, "GET", f"/v1/runs/{run_id}")
+        assert answer.status_code == 404, (run_id, answer.status_code)
