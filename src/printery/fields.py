@@ -26,6 +26,7 @@ __all__ = [
     "REASON",
     "REASON_CODE",
     "REPLAYED_FROM",
+    "REPLAY_FOR",
     "REVIEW_FIELDS",
     "REVIEW_ID",
     "SOURCE_ID",
@@ -54,6 +55,10 @@ DLQ_FIELDS: tuple[str, ...] = (
 )
 #: Written by ``printery dlq replay`` on the entry it puts back: the dlq entry's id.
 REPLAYED_FROM = "replayed_from"
+#: Written by ``printery replay --from STEP`` on an entry whose stream other steps read
+#: too: the steps (comma-separated) that re-run on it. Every other group acknowledges it
+#: without calling its handler, so a sibling of STEP does not run again.
+REPLAY_FOR = "replay_for"
 
 # `review`: what escalated, in which step, and why.
 KIND = "kind"

@@ -11,7 +11,8 @@ for operator use, not for a hot path. Entries trimmed by retention cannot be rep
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Iterable
+import dataclasses
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -19,11 +20,12 @@ import redis.asyncio as aioredis
 
 from printery import _json
 from printery.errors import ReplayError
+from printery.fields import REPLAY_FOR
 from printery.keys import StreamKeys
 from printery.pipeline.dag import Pipeline
 from printery.transport.streams import public_api
 
-__all__ = ["ReplayError", "ReplayResult", "find_entries", "replay", "scan_stream"]
+__all__ = ["ReplayError", "ReplayResult", "find_entries", "replay", "rerun_steps", "scan_stream"]
 
 _CHUNK = 1000
 _REF_PREFIX = "blob:"
@@ -31,16 +33,18 @@ _REF_PREFIX = "blob:"
 
 @dataclass(frozen=True, slots=True)
 class ReplayResult:
-    """What was re-published: ``entries`` maps each new entry id to its stream."""
+    """What was re-published: ``entries`` maps each new entry id to its stream;
+    ``reruns`` names the steps that run again."""
 
     original_id: str
     new_id: str
     step: str | None
     entries: list[dict[str, str]]
+    reruns: list[str] = dataclasses.field(default_factory=list)
 
     def as_dict(self) -> dict[str, Any]:
         return {"replay_of": self.original_id, "new_id": self.new_id,
-                "from": self.step or "ingress", "entries": self.entries}
+                "from": self.step or "ingress", "reruns": self.reruns, "entries": self.entries}
 
 
 async def scan_stream(
@@ -68,6 +72,37 @@ async def find_entries(
     return [(i, f) async for i, f in scan_stream(client, stream) if f.get(field) == value]
 
 
+def rerun_steps(pipeline: Pipeline, from_step: str) -> list[str]:
+    """``from_step`` and every step downstream of it: those that consume what it, or a
+    step downstream of it, produces. In pipeline order."""
+    chosen = {from_step}
+    produced = set(pipeline.steps[from_step].produces)
+    changed = True
+    while changed:
+        changed = False
+        for step in pipeline.steps.values():
+            if step.name not in chosen and produced.intersection(step.consumes):
+                chosen.add(step.name)
+                produced.update(step.produces)
+                changed = True
+    return [name for name in pipeline.steps if name in chosen]
+
+
+def _inputs(pipeline: Pipeline, steps: list[str]) -> dict[str, list[str]]:
+    """Event type -> the re-run steps that read it, for every type a re-run step consumes
+    and no re-run step produces: what the replay must supply from the original run."""
+    rerun = set(steps)
+    produced = {t for name in steps for t in pipeline.steps[name].produces}
+    inputs: dict[str, list[str]] = {}
+    for name in steps:
+        for event_type in pipeline.steps[name].consumes:
+            if event_type not in produced:
+                inputs.setdefault(event_type, [])
+    for event_type in inputs:
+        inputs[event_type] = [g for g in pipeline.groups()[event_type] if g in rerun]
+    return inputs
+
+
 @public_api
 async def replay(
     client: aioredis.Redis,
@@ -79,48 +114,58 @@ async def replay(
     *,
     producer: str = "printery-replay",
 ) -> ReplayResult:
-    """Re-publish what ``from_step`` consumed for ``correlation_id`` under a new id.
+    """Run ``correlation_id`` again under a new id, from the ingress or from ``from_step``.
 
-    ``from_step`` None means the ingress: the first ingress entry of that id. For a step,
-    the first entry of that id in each stream it consumes (a join step gets all its
-    inputs back). The copies get the new id in the correlation field and in ``data``
-    (when ``data`` carries it), a fresh event id and idempotency key, ``attempt`` 1 and
-    ``replay_of``; they are written in one MULTI/EXEC. ``new_id`` defaults to
-    ``<id>-r<n>``, the first ``n`` no entry of the pipeline uses yet.
+    ``from_step`` None means the ingress: the first ingress entry of that id is copied and
+    the whole pipeline runs again. For a step, only that step and the steps downstream of
+    it (:func:`rerun_steps`) run again: the replay copies, for each event type they
+    consume and none of them produces, the first entry of that id (what the step
+    consumed, and for a join downstream the opening entry and the branches that are not
+    re-run, taken as they were). A copy whose stream other steps read as well carries
+    ``replay_for`` (the re-run steps among its readers); the others acknowledge it
+    without running, so the siblings of ``from_step`` do not run again.
+
+    The copies get the new id in the correlation field and in ``data`` (when ``data``
+    carries it), a fresh event id and idempotency key, ``attempt`` 1 and ``replay_of``;
+    they are written in one MULTI/EXEC. ``new_id`` defaults to ``<id>-r<n>``, the first
+    ``n`` no entry of the pipeline uses yet.
     """
     field = pipeline.correlation_field
-    if from_step is None:
-        types: Iterable[str] = pipeline.ingress
-    elif from_step in pipeline.steps:
-        types = pipeline.steps[from_step].consumes
-    else:
+    if from_step is not None and from_step not in pipeline.steps:
         raise ReplayError(f"unknown step {from_step!r}; steps: {', '.join(pipeline.steps)}")
+    steps = list(pipeline.steps) if from_step is None else rerun_steps(pipeline, from_step)
+    inputs = _inputs(pipeline, steps) if from_step is not None else {}
     originals: list[tuple[str, str, dict[str, str]]] = []
-    for event_type in types:
+    for event_type in pipeline.ingress if from_step is None else inputs:
         found = await find_entries(client, keys.stream(event_type), field, correlation_id)
         if found:
             originals.append((event_type, *found[0]))
             if from_step is None:
                 break
-    if not originals:
+    consumed = pipeline.steps[from_step].consumes if from_step is not None else pipeline.ingress
+    if not any(event_type in consumed for event_type, _, _ in originals):
         where = f"step {from_step!r}" if from_step else "the ingress"
         raise ReplayError(f"no entry of {field} {correlation_id!r} consumed by {where}")
     new_id = await _new_id(client, keys, pipeline, correlation_id, new_id)
     codec = pipeline.codec()
+    groups = pipeline.groups()
     encoded: list[tuple[str, dict[str, str]]] = []
     for event_type, _entry_id, fields in sorted(originals, key=lambda o: _order(o[1])):
         data = await _data(client, keys, fields.get("data", "null"))
         if isinstance(data, dict) and field in data:
             data = {**data, field: new_id}
-        envelope = codec.new(event_type, data, correlation_id=new_id,
-                             producer=producer, extra={"replay_of": correlation_id})
+        extra = {"replay_of": correlation_id}
+        readers = inputs.get(event_type)
+        if readers is not None and set(groups[event_type]) != set(readers):
+            extra[REPLAY_FOR] = ",".join(readers)
+        envelope = codec.new(event_type, data, correlation_id=new_id, producer=producer, extra=extra)
         encoded.append((keys.stream(event_type), codec.encode(envelope)))
     async with client.pipeline(transaction=True) as pipe:
         for stream, entry in encoded:
             pipe.xadd(stream, entry)  # type: ignore[arg-type]
         ids = await pipe.execute()
     entries = [{"stream": s, "id": _text(i)} for (s, _), i in zip(encoded, ids, strict=True)]
-    return ReplayResult(correlation_id, new_id, from_step, entries)
+    return ReplayResult(correlation_id, new_id, from_step, entries, steps)
 
 
 async def _new_id(

@@ -95,11 +95,15 @@ def pipeline_group() -> None:
 @json_option
 def pipeline_show(mermaid: bool, as_json: bool) -> None:
     """Show the pipeline loaded from --app/PRINTERY_APP (needs no server)."""
-    pipeline = get_ctx().pipeline
+    ops = get_ctx()
+    pipeline = ops.pipeline
+    # What a service started with the same settings would run: the config file counts.
+    effective = {name: ops.settings.concurrency(name, step.concurrency)
+                 for name, step in pipeline.steps.items()}
     if as_json:
-        doc = pipeline.describe()
+        doc = pipeline.describe(effective)
         if mermaid:
             doc["mermaid"] = to_mermaid(pipeline)
         print_json(doc)
     else:
-        click.echo(redact_text(to_mermaid(pipeline) if mermaid else to_text(pipeline)))
+        click.echo(redact_text(to_mermaid(pipeline) if mermaid else to_text(pipeline, effective)))

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import inspect
 import time
 import traceback
 from collections.abc import Awaitable, Callable, Mapping, Sequence
@@ -26,9 +27,10 @@ import structlog
 from printery import _json
 from printery._util import parse_rfc3339
 from printery.backoff import compute_backoff
+from printery.errors import PipelineError
 from printery.fields import dlq_fields
 from printery.keys import DLQ
-from printery.pipeline.dag import Step
+from printery.pipeline.dag import Step, check_concurrency
 from printery.runtime.handler import HandlerResult, Message, Output
 from printery.runtime.stream_worker import StreamWorker
 from printery.transport.streams import CONNECTION_ERRORS
@@ -118,6 +120,37 @@ def first_wins() -> MergePolicy:
     return policy
 
 
+#: The policy factories and how to call them, for the error that names what to write.
+_FACTORY_CALLS: dict[Callable[..., MergePolicy], str] = {
+    all_must_pass: 'all_must_pass(status_of=lambda branch, data: data["status"], '
+                   'precedence=[...], timeout_status="failed")',
+    any_pass: "any_pass(passed=lambda branch, data: ...)",
+    first_wins: "first_wins()",
+}
+
+
+def check_policy(name: str, policy: object) -> None:
+    """Refuse, when the aggregator is defined, a policy that could only fail at run time:
+    a factory passed uncalled, or anything not callable with one :class:`JoinState`."""
+    for factory, call in _FACTORY_CALLS.items():
+        if policy is factory:
+            raise PipelineError(f"aggregator {name!r}: policy={factory.__name__} is the policy "
+                                f"factory, not a policy; call it: policy={call}")
+    if not callable(policy):
+        raise PipelineError(f"aggregator {name!r}: policy={policy!r} is not callable; write a "
+                            "function of one JoinState that returns the merged data or None")
+    try:
+        inspect.signature(policy).bind(None)
+    except TypeError:
+        raise PipelineError(
+            f"aggregator {name!r}: policy {getattr(policy, '__name__', policy)!r} cannot be "
+            f"called with one JoinState (its signature is {inspect.signature(policy)}); write "
+            "a function of one JoinState that returns the merged data or None"
+        ) from None
+    except ValueError:  # no signature to inspect (some builtins): trust it
+        return
+
+
 class Aggregator:
     """Builds the aggregator step.
 
@@ -144,6 +177,8 @@ class Aggregator:
         on_timeout: Callable[[JoinState, Any], Sequence[Output]] | None = None,
         extra_produces: Sequence[str] = (),
     ) -> None:
+        check_policy(name, policy)
+        check_concurrency(f"aggregator {name!r}", concurrency)
         self.name = name
         self.opens, self.opens_as = opens, opens_as
         self.branches = dict(branches)

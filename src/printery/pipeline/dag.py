@@ -44,6 +44,16 @@ def validation_reasons(error: ValidationError) -> list[Reason]:
     return reasons
 
 
+def check_concurrency(what: str, concurrency: object) -> None:
+    """Refuse a consumer count below 1 when the pipeline is defined: a worker with no
+    consumer would start, report healthy and never read an entry."""
+    if isinstance(concurrency, bool) or not isinstance(concurrency, int) or concurrency < 1:
+        raise PipelineError(
+            f"{what}: concurrency={concurrency!r} is not a number of consumers; write an "
+            "integer >= 1 (e.g. concurrency=1), or leave it out for the default of 1"
+        )
+
+
 @dataclass(slots=True)
 class Step:
     """One node of a pipeline: a worker consuming ``consumes`` and producing ``produces``."""
@@ -75,6 +85,9 @@ class Step:
             except ValidationError as exc:
                 return validation_reasons(exc)
         return []
+
+    def __post_init__(self) -> None:
+        check_concurrency(f"step {self.name!r}", self.concurrency)
 
     def guarded_handler(self) -> Handler:
         """The handler wrapped in its input and output contracts."""
@@ -267,7 +280,11 @@ class Pipeline:
     def codec(self, payload_limit: int = 1_048_576) -> Codec:
         return Codec(self.correlation_field, self.id_prefix, payload_limit)
 
-    def describe(self) -> dict[str, Any]:
+    def describe(self, concurrency: Mapping[str, int] | None = None) -> dict[str, Any]:
+        """The pipeline as JSON-able data. ``concurrency`` maps step names to the
+        consumer counts in effect (``[workers.<name>] concurrency``); a step missing from
+        it shows its own default."""
+        effective = concurrency or {}
         return {
             "name": self.name,
             "ingress": list(self.ingress),
@@ -276,7 +293,8 @@ class Pipeline:
             "steps": [
                 {
                     "name": s.name, "consumes": list(s.consumes), "produces": list(s.produces),
-                    "concurrency": s.concurrency, "depends_on": list(self.dependencies()[s.name]),
+                    "concurrency": effective.get(s.name, s.concurrency),
+                    "depends_on": list(self.dependencies()[s.name]),
                 }
                 for s in self.steps.values()
             ],
@@ -324,9 +342,11 @@ def _settings_from(base: ConsumerSettings, fields: Mapping[str, Any]) -> Consume
     return replace(base, **{k: v for k, v in fields.items() if k in allowed})
 
 
-def to_text(pipeline: Pipeline) -> str:
+def to_text(pipeline: Pipeline, concurrency: Mapping[str, int] | None = None) -> str:
+    """One line per step: ``name xN: consumes -> produces``, N the consumers in effect
+    (``concurrency``, as for :meth:`Pipeline.describe`)."""
     lines = [f"pipeline {pipeline.name} (ingress: {', '.join(pipeline.ingress)})"]
-    for step in pipeline.describe()["steps"]:
+    for step in pipeline.describe(concurrency)["steps"]:
         lines.append(
             f"  {step['name']} x{step['concurrency']}: {', '.join(step['consumes'])} -> "
             f"{', '.join(step['produces']) or '(nothing)'}"

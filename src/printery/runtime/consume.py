@@ -4,7 +4,7 @@
    or one delivered more than ``max_deliveries`` times, is dead-lettered without a
    handler call;
 2. **look up** the idempotency records of the batch in one round trip; a duplicate is
-   acked without a handler call;
+   acked without a handler call, as is a replay's copy meant for other steps (``replay_for``);
 3. **handle**: each entry's handler runs in a task of its own once it has a slot; a
    handler that raises is retried after a backoff (each retry a counted delivery) until
    it succeeds or goes to the dead-letter stream with its traceback; :class:`Reject`
@@ -41,7 +41,7 @@ from printery.errors import (
     bounded_traceback,
     describe,
 )
-from printery.fields import dlq_fields
+from printery.fields import REPLAY_FOR, dlq_fields
 from printery.keys import StreamKeys
 from printery.runtime.connectivity import Connectivity
 from printery.runtime.consumer import ConsumerSettings, Delivery
@@ -73,7 +73,7 @@ class Decided:
 
     delivery: Delivery
     commit: EntryCommit
-    outcome: str  # ok, duplicate, dead_lettered
+    outcome: str  # ok, duplicate, dead_lettered, skipped (a replay's copy for other steps)
     message: Message | None = None
     reason_code: str = ""
     error: str = ""
@@ -197,6 +197,13 @@ class EntryPipeline:
                 envelope = self.codec.decode(fields, self.keys.event_type(delivery.stream))
             except MessageError as exc:
                 decided.append(self._dead_letter(delivery, fields, exc.reason_code, str(exc)))
+                continue
+            targets = envelope.extra.get(REPLAY_FOR)
+            if targets is not None and self.worker not in targets.split(","):
+                # A replay's copy meant for other steps of this stream: acked, not run.
+                commit = EntryCommit(delivery.stream, delivery.consumer.name,
+                                     delivery.entry_id, "", ())
+                decided.append(Decided(delivery, commit, "skipped"))
                 continue
             if delivery.deliveries > limit:
                 decided.append(self._dead_letter(
@@ -384,6 +391,8 @@ class EntryPipeline:
             log.error("entry dead-lettered", worker=self.worker, entry_id=entry_id,
                       reason_code=item.reason_code, error=item.error[:500],
                       traceback=item.traceback or None)
+        elif item.outcome == "skipped":
+            self.observer.processed(self.worker, "skipped", seconds)
         elif item.outcome == "duplicate" or result == DUPLICATE:
             self.observer.processed(self.worker, "duplicate", seconds)
         else:

@@ -10,7 +10,7 @@ class Observer(Protocol):
     """Called synchronously from the hot path: implementations must be cheap and not raise."""
 
     def processed(self, worker: str, outcome: str, seconds: float) -> None:
-        """``outcome``: ok, duplicate, error, dead_lettered, fenced."""
+        """``outcome``: ok, duplicate, error, dead_lettered, fenced, skipped."""
 
     def dead_lettered(self, worker: str, reason_code: str) -> None: ...
 

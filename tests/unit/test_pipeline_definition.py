@@ -1,0 +1,81 @@
+"""What a user writes from the README is accepted as written, and what could only fail
+at run time is refused when the pipeline is defined, with a message saying what to write."""
+
+from __future__ import annotations
+
+import pytest
+
+from printery import (
+    Aggregator,
+    JoinState,
+    Message,
+    Pipeline,
+    PipelineError,
+    Reason,
+    Step,
+    all_must_pass,
+    any_pass,
+    first_wins,
+    to_text,
+)
+
+
+async def _noop(message: Message) -> None:
+    return None
+
+
+def test_reason_positional_as_the_docs_write_it() -> None:
+    reason = Reason("low_confidence", "confidence", "below 0.5")
+    assert reason == Reason(code="low_confidence", field="confidence", message="below 0.5")
+    assert reason.as_dict() == {"code": "low_confidence", "field": "confidence", "message": "below 0.5"}
+    assert Reason("empty") == Reason(code="empty", field="", message="")
+    assert Reason.model_validate({"code": "c", "field": "f"}).field == "f"
+
+
+def _aggregator(**kw: object) -> Aggregator:
+    args: dict[str, object] = {"opens": "a", "opens_as": "a", "branches": {"b": "b"}, "emits": "c",
+                               "policy": first_wins(), **kw}
+    return Aggregator("join", **args)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(("factory", "hint"), [
+    (all_must_pass, "policy=all_must_pass(status_of="),
+    (any_pass, "policy=any_pass(passed="),
+    (first_wins, "policy=first_wins()"),
+])
+def test_policy_factory_uncalled_is_refused_with_what_to_write(factory: object, hint: str) -> None:
+    with pytest.raises(PipelineError, match="policy factory") as caught:
+        _aggregator(policy=factory)
+    assert hint in str(caught.value) and "'join'" in str(caught.value)
+
+
+def test_policy_of_the_wrong_shape_is_refused() -> None:
+    with pytest.raises(PipelineError, match="one JoinState"):
+        _aggregator(policy=lambda state, extra: None)
+    with pytest.raises(PipelineError, match="not callable"):
+        _aggregator(policy={"status": "ok"})
+
+    def merge(state: JoinState) -> dict[str, str] | None:
+        return None
+
+    assert _aggregator(policy=merge).policy is merge
+
+
+@pytest.mark.parametrize("bad", [0, -1, 1.5, True, "2"])
+def test_concurrency_below_one_is_refused_when_defined(bad: object) -> None:
+    pipeline = Pipeline("p", ingress=["in"])
+    with pytest.raises(PipelineError, match=r"concurrency=.* integer >= 1"):
+        pipeline.step("s", consumes=["in"], concurrency=bad)(_noop)  # type: ignore[arg-type]
+    with pytest.raises(PipelineError, match="concurrency"):
+        Step("s", ("in",), (), _noop, concurrency=bad)  # type: ignore[arg-type]
+    with pytest.raises(PipelineError, match="aggregator 'join': concurrency"):
+        _aggregator(concurrency=bad)
+    assert pipeline.steps == {}
+
+
+def test_text_view_shows_the_concurrency_in_effect() -> None:
+    pipeline = Pipeline("p", ingress=["in"])
+    pipeline.step("s", consumes=["in"], produces=["out"], concurrency=2)(_noop)
+    assert "s x2: in -> out" in to_text(pipeline)
+    assert "s x7: in -> out" in to_text(pipeline, {"s": 7})
+    assert pipeline.describe({"s": 7})["steps"][0]["concurrency"] == 7
