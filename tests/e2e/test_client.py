@@ -19,6 +19,7 @@ from examples import docflow
 from printery import Client, InvalidInput, SyncClient, UnknownRun
 from printery.testing import unique_prefix
 from printery.transport.server import ServerProcess
+from support.operator_cli import cli
 from support.service import ServiceHandle, spawn
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -219,3 +220,28 @@ def _fast_health(tmp_path: Path) -> Path:
     config = tmp_path / "fast.toml"
     config.write_text("[health_monitor]\ndeadline = 2\ninterval = 0.2\nprobe_timeout = 0.5\n")
     return config
+
+
+async def test_printery_watch_follows_a_run_live(server: ServerProcess, tmp_path: Path) -> None:
+    prefix = unique_prefix()
+    async with Client(server.url, stream_prefix=prefix) as client:
+        ok = await client.submit(request("dep-watch-ok"))
+        bad = await client.submit(request("dep-watch-bad", health_url="http://127.0.0.1:9/x"))
+    watchers = [asyncio.create_task(cli(server.url, prefix, "watch", ok)),
+                asyncio.create_task(cli(server.url, prefix, "watch", "--json", ok)),
+                asyncio.create_task(cli(server.url, prefix, "watch", bad))]
+    handle = spawn(["--redis-url", server.url, "--stream-prefix", prefix,
+                    "--config", str(_fast_health(tmp_path))], cwd=tmp_path)
+    try:
+        (code, out, _), (jcode, jout, _), (bcode, bout, _) = await asyncio.wait_for(
+            asyncio.gather(*watchers), 60)
+    finally:
+        handle.stop()
+    assert code == 0 and out.strip().endswith(f"deployment_id {ok}: succeeded")
+    assert "deployment:started" in out and "deployment:finished" in out
+    lines = [json.loads(line) for line in jout.splitlines()]
+    assert jcode == 0 and lines[0]["stream"] == "deployment:started"
+    assert lines[-1]["stream"] == "deployment:finished"
+    assert bcode == 1 and bout.strip().endswith(f"deployment_id {bad}: unhealthy")
+    code, _, err = await cli(server.url, prefix, "watch", "--timeout", "0.5", "dep-nobody")
+    assert code == 3 and "did not end" in err
