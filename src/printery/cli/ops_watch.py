@@ -41,7 +41,7 @@ def watch(run_id: str, timeout: float | None, as_json: bool) -> None:
                     click.echo(_json.dumps(entry))
                 else:
                     click.echo(f"{entry['id']:<17} {'+' + str(ms - first) + 'ms':>9}  "
-                               f"{entry['stream']:<24} {str(entry.get('producer', '')):<20} "
+                               f"{entry['stream']:<24} {entry.get('producer', '')!s:<20} "
                                f"{_detail(entry)}")
                 sys.stdout.flush()
                 if reader.is_outcome(entry):
