@@ -36,15 +36,18 @@ from printery.errors import ConfigError
               default="both", show_default=True,
               help="same: a relay of printery's own envelopes; minimal: a relay of "
                    "one-field entries, as an outside harness's; both: each, one ratio each")
+@click.option("--submit", "submit_mode", is_flag=True,
+              help="measure getting work in instead: Client.submit (100 in flight) and "
+                   "SyncClient.submit against pipelined raw XADD (--events, --payload-bytes)")
 @click.option("--json", "as_json", is_flag=True, help="one JSON document on stdout")
 @click.pass_context
 def bench(
     ctx: click.Context, events: int, stages: int, processes: int, payload_bytes: int,
     bench_url: str | None, rate: float | None, duration: float | None, prefetch: int | None,
-    ceiling: str, as_json: bool,
+    ceiling: str, submit_mode: bool, as_json: bool,
 ) -> None:
     """Throughput benchmark: hand-written relay ceilings vs printery's pipeline (with the
-    library's default settings unless --prefetch is given)."""
+    library's default settings unless --prefetch is given); with --submit, the client."""
     if rate is None and duration is not None:
         raise click.UsageError("--duration needs --rate: a backlog run is sized by --events")
     if rate is not None and _given(ctx, "events"):
@@ -56,6 +59,15 @@ def bench(
         fail(f"bench is not available in this build ({exc})")
     parent = ctx.parent.params if ctx.parent is not None else {}
     url = bench_url or parent.get("redis_url") or os.environ.get("REDIS_URL") or None
+    if submit_mode:
+        if rate is not None:
+            raise click.UsageError("--submit measures a backlog of --events, not a --rate")
+        from printery.bench.submit import format_submit, run_submit_bench
+
+        measured = asyncio.run(run_submit_bench(events=events, payload_bytes=payload_bytes,
+                                                redis_url=url))
+        print_json(measured) if as_json else click.echo(format_submit(measured))
+        return
     kwargs: dict[str, Any] = {"events": events, "stages": stages, "processes": processes,
                               "payload_bytes": payload_bytes, "redis_url": url,
                               "rate": rate, "duration": duration, "prefetch": prefetch,

@@ -84,6 +84,25 @@ class DirectChannel:
             await self.close()
             raise
 
+    async def commands(self, commands: Sequence[Command]) -> list[Any]:
+        """Send commands (no transaction) in one write; each one's reply, or the
+        :class:`ResponseError` it answered with."""
+        conn = await self._connection()
+        packed = b"".join(self._pack(command) for command in commands)
+        try:
+            await conn.send_packed_command(packed, check_health=False)
+            replies: list[Any] = []
+            async with self._deadline():
+                for _ in commands:
+                    try:
+                        replies.append(await conn.read_response())
+                    except ResponseError as exc:
+                        replies.append(exc)
+            return replies
+        except BaseException:
+            await self.close()  # the unread replies would be read as the next call's
+            raise
+
     async def close(self) -> None:
         """Close the connection (made with the pool's settings but never in the pool: a
         call cancelled mid-reply cannot hand anyone a connection with a reply unread)."""
