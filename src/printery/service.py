@@ -38,9 +38,16 @@ from printery import _json
 from printery._util import hostname, log_failure, now_rfc3339, wait_event
 from printery.backoff import compute_backoff
 from printery.config import Settings
+from printery.errors import ConfigError, describe
 from printery.http import HttpServer
 from printery.keys import StreamKeys
-from printery.lifecycle import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK, ProcessLifecycle
+from printery.lifecycle import (
+    EXIT_CONFIG,
+    EXIT_FAILED,
+    EXIT_INTERRUPTED,
+    EXIT_OK,
+    ProcessLifecycle,
+)
 from printery.logging import get_logger
 from printery.metrics import OUTCOMES, Metrics
 from printery.pipeline.dag import Pipeline
@@ -50,6 +57,7 @@ from printery.runtime.registry import ProcessRegistry
 from printery.runtime.retention import trim_pipeline_streams
 from printery.supervisor.manager import WorkerManager
 from printery.transport.connection import connect
+from printery.transport.refusal import refused
 from printery.transport.streams import ensure_group
 
 __all__ = ["EXIT_FAILED", "EXIT_INTERRUPTED", "EXIT_OK", "MetricsObserver", "Service"]
@@ -109,6 +117,8 @@ class Service(ProcessLifecycle):
         self.registry: ProcessRegistry | None = None
         self._tasks: list[asyncio.Task[None]] = []
         self._redis_ok = False
+        #: Why the service is not serving yet while it waits for the server, for /readyz.
+        self._waiting_for: str | None = None
 
     # -- lifecycle -------------------------------------------------------------------------
 
@@ -117,6 +127,7 @@ class Service(ProcessLifecycle):
         s = self.settings
         self.client = connect(self.url)
         try:
+            await self._start_http()
             await self._prepare_streams(self.client)
             self.manager = self._build_manager(self.client)
             await self.manager.start_all()
@@ -125,6 +136,9 @@ class Service(ProcessLifecycle):
                      supervised=s.supervised, environment=s.environment,
                      http_port=self.http_port, pid=self.pid)
             code = await self._wait()
+        except ConfigError as exc:  # refused credentials or ACL: waiting cannot heal it
+            log.error(" ".join(str(exc).split()), setting=exc.setting)
+            code = EXIT_CONFIG
         except Exception as exc:
             if self.stopping.is_set():  # stopped while still waiting for the server
                 code = EXIT_OK
@@ -139,7 +153,9 @@ class Service(ProcessLifecycle):
         """Every group of the pipeline, then its description for ``printery pipeline show``.
 
         A server that is not up yet (started after us by systemd or compose) is waited
-        for with backoff, not treated as a failure (CONTRACT §1): a signal still stops us.
+        for with backoff, not treated as a failure (CONTRACT §1): each attempt is logged,
+        ``/readyz`` says what we wait for, and a signal still stops us. Credentials or an
+        ACL that the server refuses raise :class:`ConfigError`: no wait heals them.
         """
         attempt = 0
         while True:
@@ -148,12 +164,22 @@ class Service(ProcessLifecycle):
                     for group in groups:
                         await ensure_group(client, self.keys.stream(event_type), group)
                 await client.set(self.keys.pipeline, _json.dumps(self.pipeline.describe()))
+                self._waiting_for = None
                 return
-            except (RedisConnectionError, RedisTimeoutError, OSError) as exc:
+            except (RedisError, OSError) as exc:
+                refusal = refused(exc, self.display_url, self.settings.stream_prefix)
+                if refusal is not None:
+                    raise refusal from exc
+                if not isinstance(exc, RedisConnectionError | RedisTimeoutError | OSError):
+                    raise
                 attempt += 1
                 delay = compute_backoff(attempt, base_ms=200, cap_ms=5000)
-                if attempt == 1:
-                    log.warning("server not reachable yet: waiting", error=str(exc))
+                self._waiting_for = (
+                    f"redis at {self.display_url} is not reachable: {describe(exc)}"
+                    f" (attempt {attempt})"
+                )
+                log.warning("server not reachable: retrying", url=self.display_url,
+                            attempt=attempt, retry_in_s=round(delay, 2), error=describe(exc))
                 await wait_event(self.stopping, delay)
                 if self.stopping.is_set():
                     raise
@@ -201,13 +227,17 @@ class Service(ProcessLifecycle):
         m.retries.labels(name)
         m.set_worker(name, up=False, uptime_s=0.0, pending=0)
 
-    async def _start_observers(self) -> None:
-        assert self.client is not None
+    async def _start_http(self) -> None:
+        """Before the server is reached: ``/healthz`` answers and ``/readyz`` says why
+        the service is not ready while it waits."""
         bind = self.settings.http_bind
         if bind is not None:
             self.http = HttpServer(self)
             self.http_port = await self.http.start(*bind)
             log.info("http listening", host=bind[0], port=self.http_port)
+
+    async def _start_observers(self) -> None:
+        assert self.client is not None
         self.registry = ProcessRegistry(self.client, self.keys, self.process_id)
         observers = [self.registry.run(self._registry_status), self._update_gauges()]
         if self.settings.transport.retention > 0:
@@ -320,6 +350,8 @@ class Service(ProcessLifecycle):
         reasons: list[str] = []
         if not await self._ping():
             reasons.append("redis is not answering")
+        if self._waiting_for is not None:
+            reasons.append(self._waiting_for)
         if self.manager is None:
             reasons.append("workers not started")
         else:

@@ -67,3 +67,76 @@ def test_service_and_operator_over_a_unix_socket(
         r.close()
         code = svc.stop()
     assert code == 0, svc.log()
+
+
+PASSWORD = "right-Pa55-word"
+
+
+@pytest.fixture
+def acl_user(server: ServerProcess) -> Iterator[tuple[str, str]]:
+    """A user of the session server allowed only ``test:acl-own:*`` keys: ``(user,
+    prefix it may use)``."""
+    prefix = unique_prefix("acl-own")
+    user = f"svc-{prefix.rsplit(':', 1)[-1]}"
+    admin = redis.Redis.from_url(server.url)
+    admin.execute_command("ACL", "SETUSER", user, *acl_rule(prefix, PASSWORD))
+    try:
+        yield user, prefix
+    finally:
+        admin.execute_command("ACL", "DELUSER", user)
+        admin.close()
+
+
+def _refused(server: ServerProcess, url: str, prefix: str, tmp_path: Path) -> str:
+    """Run the service until it exits on its own; assert exit 2 and one line naming
+    ``redis_url`` without the password; return that line."""
+    svc = spawn(["--redis-url", url, "--stream-prefix", prefix], cwd=tmp_path, wait=False)
+    assert svc.wait(timeout=30) == 2, svc.log()
+    named = [line for line in svc.log().splitlines() if "invalid redis_url" in line]
+    assert len(named) == 1, svc.log()
+    assert "wrong-pw" not in svc.log() and PASSWORD not in svc.log()
+    return named[0]
+
+
+def test_wrong_credentials_at_start_exit_2(
+    server: ServerProcess, acl_user: tuple[str, str], tmp_path: Path
+) -> None:
+    user, prefix = acl_user
+    url = f"redis://{user}:wrong-pw@127.0.0.1:{server.port}/0"
+    line = _refused(server, url, prefix, tmp_path)
+    assert "credentials" in line and f"{user}:***@" in line
+
+
+def test_acl_refusal_at_start_exits_2(
+    server: ServerProcess, acl_user: tuple[str, str], tmp_path: Path
+) -> None:
+    user, _ = acl_user
+    url = f"redis://{user}:{PASSWORD}@127.0.0.1:{server.port}/0"
+    elsewhere = unique_prefix("acl-other")  # keys this user may not touch
+    line = _refused(server, url, elsewhere, tmp_path)
+    assert "ACL" in line and elsewhere in line
+
+
+def test_unreachable_server_is_retried_with_a_line_per_attempt(tmp_path: Path) -> None:
+    port = free_port()
+    prefix = unique_prefix("late")
+    svc = spawn(["--redis-url", f"redis://127.0.0.1:{port}/0", "--stream-prefix", prefix],
+                cwd=tmp_path)  # waits for /healthz: up while the server is not
+    late = ServerProcess(tmp_path / "late", port=port)
+    try:
+        svc.wait_until(lambda: svc.log().count("server not reachable: retrying") >= 3,
+                       what="three logged attempts")
+        ready = svc.get("/readyz")
+        assert ready.status_code == 503
+        assert any(f"127.0.0.1:{port}/0 is not reachable" in reason
+                   for reason in ready.json()["reasons"]), ready.text
+        attempts = [json.loads(line)["attempt"] for line in svc.log().splitlines()
+                    if "server not reachable: retrying" in line]
+        assert attempts[:3] == [1, 2, 3]
+        late.start()  # the server comes up late: the service carries on
+        svc.wait_until(lambda: svc.get("/readyz").status_code == 200, timeout=30,
+                       what="ready once the server is up")
+    finally:
+        code = svc.stop()
+        late.stop()
+    assert code == 0, svc.log()
