@@ -26,7 +26,7 @@ import asyncio
 import contextlib
 import os
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import redis.asyncio as aioredis
@@ -52,8 +52,9 @@ from printery.logging import get_logger
 from printery.metrics import OUTCOMES, Metrics
 from printery.pipeline.dag import Pipeline
 from printery.runtime.consumer import ConsumerSettings
+from printery.runtime.departed import live_owners, remove_departed
 from printery.runtime.payloads import PayloadStore
-from printery.runtime.registry import ProcessRegistry
+from printery.runtime.registry import ProcessRegistry, list_processes
 from printery.runtime.retention import trim_pipeline_streams
 from printery.supervisor.manager import WorkerManager
 from printery.transport.connection import connect
@@ -69,6 +70,9 @@ _OUTCOME_LABEL = {"error": "retry", "dead_lettered": "dead_letter", "fenced": "d
 
 #: Seconds between refreshes of the per-worker gauges (up, uptime, pending).
 GAUGE_INTERVAL = 1.0
+#: Seconds between sweeps for consumers of processes that died (their own graceful stop
+#: removes them at once).
+DEPARTED_INTERVAL = 60.0
 #: Seconds a readiness/status PING may take before Redis counts as not answering.
 PING_TIMEOUT = 2.0
 
@@ -110,6 +114,8 @@ class Service(ProcessLifecycle):
         self.pid = os.getpid()
         self.host = hostname()
         self.process_id = f"{self.host}:{self.pid}:{int(time.time() * 1000):x}"
+        #: What this process's consumer names begin with (``consumer_name``).
+        self.owner = f"{self.host}:{self.pid}"
         self.client: aioredis.Redis | None = None
         self.manager: WorkerManager | None = None
         self.http: HttpServer | None = None
@@ -239,7 +245,8 @@ class Service(ProcessLifecycle):
     async def _start_observers(self) -> None:
         assert self.client is not None
         self.registry = ProcessRegistry(self.client, self.keys, self.process_id)
-        observers = [self.registry.run(self._registry_status), self._update_gauges()]
+        observers = [self.registry.run(self._registry_status), self._update_gauges(),
+                     self._sweep_departed()]
         if self.settings.transport.retention > 0:
             observers.append(self._retain())
         for observer in observers:
@@ -275,6 +282,7 @@ class Service(ProcessLifecycle):
         await asyncio.gather(*self._tasks, return_exceptions=True)  # failures: logged
         if self.registry is not None:
             await self.registry.remove()
+            await self._remove_consumers(lambda who: who == self.owner, min_idle=0)
         if self.http is not None:
             await self.http.stop()
         if self.client is not None:
@@ -290,6 +298,34 @@ class Service(ProcessLifecycle):
                         pending=int(st["pending"]),
                     )
             await asyncio.sleep(GAUGE_INTERVAL)
+
+    async def _sweep_departed(self) -> None:
+        """Every :data:`DEPARTED_INTERVAL`, remove the consumers of processes that died
+        without removing their own (see :mod:`printery.runtime.departed`); idle at least
+        the registry's TTL, the time a dead process takes to leave the registry."""
+        assert self.client is not None and self.registry is not None
+        while True:
+            await asyncio.sleep(DEPARTED_INTERVAL)
+            try:
+                live = live_owners(await list_processes(self.client, self.keys))
+            except (RedisError, OSError) as exc:
+                log.warning("consumer sweep failed: retrying next interval", error=describe(exc))
+                continue
+            live.add(self.owner)
+            await self._remove_consumers(_not_in(frozenset(live)), min_idle=self.registry.ttl)
+
+    async def _remove_consumers(self, gone: Callable[[str], bool], *, min_idle: float) -> None:
+        assert self.client is not None
+        readers = [(self.keys.stream(event_type), group)
+                   for event_type, groups in self.pipeline.groups().items() for group in groups]
+        try:
+            removed = await remove_departed(self.client, readers, gone, min_idle=min_idle)
+        except (RedisError, OSError) as exc:
+            log.warning("could not remove stopped consumers", error=describe(exc))
+            return
+        if removed:
+            log.info("removed consumers of stopped processes", count=len(removed),
+                     consumers=sorted({name for _, _, name in removed}))
 
     async def _retain(self) -> None:
         """Sweep every stream of the pipeline each ``retention_interval``: entries older
@@ -371,6 +407,10 @@ class Service(ProcessLifecycle):
             "redis": {"connected": self._redis_ok, "url": self.display_url},
             "workers": self._workers_doc(),
         }
+
+
+def _not_in(live: frozenset[str]) -> Callable[[str], bool]:
+    return lambda who: who not in live
 
 
 def worker_overrides(settings: Settings, names: Mapping[str, int]) -> dict[str, dict[str, int]]:

@@ -140,3 +140,27 @@ def test_unreachable_server_is_retried_with_a_line_per_attempt(tmp_path: Path) -
         code = svc.stop()
         late.stop()
     assert code == 0, svc.log()
+
+
+def test_restarts_leave_no_consumers_behind(server: ServerProcess, tmp_path: Path) -> None:
+    """Issue 14 item 13: each run used to add its consumers to every group for good."""
+    prefix = unique_prefix("restarts")
+    r = redis.Redis.from_url(server.url, decode_responses=True)
+    started = f"{prefix}:deployment:started"
+    try:
+        for run in range(2):
+            svc = spawn(["--redis-url", server.url, "--stream-prefix", prefix], cwd=tmp_path)
+            svc.wait_until(lambda: svc.get("/readyz").status_code == 200, what="ready")
+            r.xadd(started, started_entry(f"dep-restart-{run}"))
+            svc.wait_until(lambda run=run: r.xlen(f"{prefix}:notification:sent") == run + 1,
+                           what="deployment done")
+            assert any(c["name"].startswith(f"{svc.pid}:") or f":{svc.pid}:" in c["name"]
+                       for c in r.xinfo_consumers(started, "validator"))
+            assert svc.stop() == 0, svc.log()
+            streams = list(r.scan_iter(f"{prefix}:*", _type="STREAM"))
+            assert started in streams
+            for stream in streams:
+                for group in r.xinfo_groups(stream):
+                    assert r.xinfo_consumers(stream, group["name"]) == [], (stream, svc.log())
+    finally:
+        r.close()
