@@ -388,6 +388,8 @@ class Service(ProcessLifecycle):
             reasons.append("redis is not answering")
         if self._waiting_for is not None:
             reasons.append(self._waiting_for)
+        if self.server_problem is not None:
+            reasons.append(self.server_problem)
         if self.manager is None:
             reasons.append("workers not started")
         else:
