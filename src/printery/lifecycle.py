@@ -11,7 +11,8 @@ the parent of ``--processes``.
    handlers: the first signal asks for a graceful stop (:attr:`~ProcessLifecycle.stopping`
    is set and ``main`` winds down); a second SIGINT exits at once with 130 after
    :meth:`~ProcessLifecycle.interrupted`, the way an impatient operator expects from
-   Ctrl-C twice;
+   Ctrl-C twice; beside it, the embedded server is watched and restarted if it dies
+   (a server that cannot come back makes the process exit 1);
 4. :meth:`~ProcessLifecycle.cleanup`, then the server's lease released, whatever happened.
 
 Exit statuses (CONTRACT §1): :data:`EXIT_OK` after a graceful stop, :data:`EXIT_FAILED`

@@ -11,9 +11,11 @@ Everything the other modules provide is wired here, in the order the contract ne
    any worker reads (CONTRACT §2): a process running only ``notifier`` must not let
    ``validator``'s entries published meanwhile go unseen by a later process;
 4. the selected workers, started by the :class:`WorkerManager` in dependency order;
-5. HTTP (``/healthz``, ``/readyz``, ``/status``, ``/metrics``), the process registry
-   heartbeat and a gauge updater, which only observe, and the retention sweep
-   (``transport.retention``), which trims only what every group has acknowledged.
+5. HTTP (``/healthz``, ``/readyz``, ``/status``, ``/metrics``; started before step 3,
+   so a service waiting for its server says why), the process registry heartbeat and a
+   gauge updater, which only observe, the retention sweep (``transport.retention``),
+   which trims only what every group has acknowledged, and the sweep of consumers left
+   by dead processes (``runtime.departed``).
 
 Shutdown is the reverse. SIGTERM/SIGINT start a graceful stop (drain within
 ``shutdown_timeout``, ack what finished, leave the rest pending for redelivery); a second
