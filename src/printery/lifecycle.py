@@ -11,7 +11,8 @@ the parent of ``--processes``.
    handlers: the first signal asks for a graceful stop (:attr:`~ProcessLifecycle.stopping`
    is set and ``main`` winds down); a second SIGINT exits at once with 130 after
    :meth:`~ProcessLifecycle.interrupted`, the way an impatient operator expects from
-   Ctrl-C twice;
+   Ctrl-C twice; beside it, the embedded server is watched and restarted if it dies
+   (a server that cannot come back makes the process exit 1);
 4. :meth:`~ProcessLifecycle.cleanup`, then the server's lease released, whatever happened.
 
 Exit statuses (CONTRACT §1): :data:`EXIT_OK` after a graceful stop, :data:`EXIT_FAILED`
@@ -25,7 +26,9 @@ import os
 import signal
 from abc import ABC, abstractmethod
 
+from printery._util import log_failure, wait_event
 from printery.config import Settings
+from printery.errors import describe
 from printery.logging import configure_logging, get_logger
 from printery.redact import redact_url
 from printery.transport.embedded import EmbeddedServer
@@ -39,6 +42,9 @@ EXIT_OK = 0
 EXIT_FAILED = 1
 EXIT_CONFIG = 2
 EXIT_INTERRUPTED = 130
+
+#: Seconds between checks that the embedded server still runs.
+SERVER_CHECK_INTERVAL = 1.0
 
 log = get_logger("printery.service")
 
@@ -79,6 +85,10 @@ class ProcessLifecycle(ABC):
         self.stopping = asyncio.Event()
         self._signals = 0
         self._embedded: EmbeddedServer | None = None
+        #: Why the embedded server cannot be trusted now (for ``/readyz``), or None.
+        self.server_problem: str | None = None
+        #: Why the embedded server is gone for good: the process exits 1.
+        self.server_lost: str | None = None
 
     def run(self) -> int:
         """Run until :meth:`main` returns; the process exit status."""
@@ -100,7 +110,34 @@ class ProcessLifecycle(ABC):
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, self._on_signal, sig)
-        return await self.main()
+        watch = asyncio.create_task(self._watch_server())
+        watch.add_done_callback(log_failure)
+        try:
+            code = await self.main()
+        finally:
+            watch.cancel()
+            await asyncio.gather(watch, return_exceptions=True)
+        return EXIT_FAILED if self.server_lost is not None else code
+
+    async def _watch_server(self) -> None:
+        """Every :data:`SERVER_CHECK_INTERVAL`, the embedded server is checked and
+        restarted if it died (:meth:`EmbeddedServer.check`). A problem it cannot fix is
+        kept in :attr:`server_problem` for ``/readyz``; a server that cannot be brought
+        back stops the process, which then exits 1 with the reason."""
+        embedded = self._embedded
+        if embedded is None:
+            return
+        while not await wait_event(self.stopping, SERVER_CHECK_INTERVAL):
+            try:
+                problem = await asyncio.to_thread(embedded.check)
+            except Exception as exc:
+                self.server_lost = describe(exc)
+                log.error(f"embedded server lost: exiting 1: {self.server_lost}")
+                self.stopping.set()
+                return
+            if problem is not None and problem != self.server_problem:
+                log.error(problem)
+            self.server_problem = problem
 
     def _on_signal(self, sig: signal.Signals) -> None:
         self._signals += 1

@@ -90,6 +90,9 @@ def _isatty(stream: TextIO | _CurrentStderr) -> bool:
         return False
 
 
+#: Libraries that log each request at INFO (see :func:`configure_logging`).
+_CHATTY_CLIENTS = ("httpx", "httpcore")
+
 # Marks the root handler we installed, so reconfiguring replaces it instead of stacking.
 _HANDLER_NAME = "printery"
 
@@ -157,6 +160,12 @@ def configure_logging(
         root.removeHandler(old)
     root.addHandler(handler)
     root.setLevel(levelno)
+    # The HTTP clients log every request at INFO: the parent of --processes polls its
+    # children each second, which would be two lines a second forever. Below debug,
+    # internal HTTP calls are silent; their failures are still logged by their callers.
+    quiet = levelno if levelno <= logging.DEBUG else max(levelno, logging.WARNING)
+    for name in _CHATTY_CLIENTS:
+        logging.getLogger(name).setLevel(quiet)
 
 
 def get_logger(name: str | None = None, **initial_values: Any) -> FilteringBoundLogger:

@@ -11,9 +11,11 @@ Everything the other modules provide is wired here, in the order the contract ne
    any worker reads (CONTRACT §2): a process running only ``notifier`` must not let
    ``validator``'s entries published meanwhile go unseen by a later process;
 4. the selected workers, started by the :class:`WorkerManager` in dependency order;
-5. HTTP (``/healthz``, ``/readyz``, ``/status``, ``/metrics``), the process registry
-   heartbeat and a gauge updater, which only observe, and the retention sweep
-   (``transport.retention``), which trims only what every group has acknowledged.
+5. HTTP (``/healthz``, ``/readyz``, ``/status``, ``/metrics``; started before step 3,
+   so a service waiting for its server says why), the process registry heartbeat and a
+   gauge updater, which only observe, the retention sweep (``transport.retention``),
+   which trims only what every group has acknowledged, and the sweep of consumers left
+   by dead processes (``runtime.departed``).
 
 Shutdown is the reverse. SIGTERM/SIGINT start a graceful stop (drain within
 ``shutdown_timeout``, ack what finished, leave the rest pending for redelivery); a second
@@ -26,7 +28,7 @@ import asyncio
 import contextlib
 import os
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import redis.asyncio as aioredis
@@ -41,18 +43,27 @@ from printery.api import ApiAccess, build_api, is_loopback
 from printery.backoff import compute_backoff
 from printery.client import Runs
 from printery.config import Settings
+from printery.errors import ConfigError, describe
 from printery.http import HttpServer
 from printery.keys import StreamKeys
-from printery.lifecycle import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK, ProcessLifecycle
+from printery.lifecycle import (
+    EXIT_CONFIG,
+    EXIT_FAILED,
+    EXIT_INTERRUPTED,
+    EXIT_OK,
+    ProcessLifecycle,
+)
 from printery.logging import get_logger
 from printery.metrics import OUTCOMES, Metrics
 from printery.pipeline.dag import Pipeline
 from printery.runtime.consumer import ConsumerSettings
+from printery.runtime.departed import live_owners, remove_departed
 from printery.runtime.payloads import PayloadStore
-from printery.runtime.registry import ProcessRegistry
+from printery.runtime.registry import ProcessRegistry, list_processes
 from printery.runtime.retention import trim_pipeline_streams
 from printery.supervisor.manager import WorkerManager
 from printery.transport.connection import connect
+from printery.transport.refusal import refused
 from printery.transport.streams import ensure_group
 
 __all__ = ["EXIT_FAILED", "EXIT_INTERRUPTED", "EXIT_OK", "MetricsObserver", "Service"]
@@ -64,6 +75,9 @@ _OUTCOME_LABEL = {"error": "retry", "dead_lettered": "dead_letter", "fenced": "d
 
 #: Seconds between refreshes of the per-worker gauges (up, uptime, pending).
 GAUGE_INTERVAL = 1.0
+#: Seconds between sweeps for consumers of processes that died (their own graceful stop
+#: removes them at once).
+DEPARTED_INTERVAL = 60.0
 #: Seconds a readiness/status PING may take before Redis counts as not answering.
 PING_TIMEOUT = 2.0
 
@@ -105,6 +119,8 @@ class Service(ProcessLifecycle):
         self.pid = os.getpid()
         self.host = hostname()
         self.process_id = f"{self.host}:{self.pid}:{int(time.time() * 1000):x}"
+        #: What this process's consumer names begin with (``consumer_name``).
+        self.owner = f"{self.host}:{self.pid}"
         self.client: aioredis.Redis | None = None
         self.manager: WorkerManager | None = None
         self.http: HttpServer | None = None
@@ -112,6 +128,8 @@ class Service(ProcessLifecycle):
         self.registry: ProcessRegistry | None = None
         self._tasks: list[asyncio.Task[None]] = []
         self._redis_ok = False
+        #: Why the service is not serving yet while it waits for the server, for /readyz.
+        self._waiting_for: str | None = None
 
     # -- lifecycle -------------------------------------------------------------------------
 
@@ -120,6 +138,7 @@ class Service(ProcessLifecycle):
         s = self.settings
         self.client = connect(self.url)
         try:
+            await self._start_http()
             await self._prepare_streams(self.client)
             self.manager = self._build_manager(self.client)
             await self.manager.start_all()
@@ -128,6 +147,9 @@ class Service(ProcessLifecycle):
                      supervised=s.supervised, environment=s.environment,
                      http_port=self.http_port, pid=self.pid)
             code = await self._wait()
+        except ConfigError as exc:  # refused credentials or ACL: waiting cannot heal it
+            log.error(" ".join(str(exc).split()), setting=exc.setting)
+            code = EXIT_CONFIG
         except Exception as exc:
             if self.stopping.is_set():  # stopped while still waiting for the server
                 code = EXIT_OK
@@ -142,7 +164,9 @@ class Service(ProcessLifecycle):
         """Every group of the pipeline, then its description for ``printery pipeline show``.
 
         A server that is not up yet (started after us by systemd or compose) is waited
-        for with backoff, not treated as a failure (CONTRACT §1): a signal still stops us.
+        for with backoff, not treated as a failure (CONTRACT §1): each attempt is logged,
+        ``/readyz`` says what we wait for, and a signal still stops us. Credentials or an
+        ACL that the server refuses raise :class:`ConfigError`: no wait heals them.
         """
         attempt = 0
         while True:
@@ -151,12 +175,22 @@ class Service(ProcessLifecycle):
                     for group in groups:
                         await ensure_group(client, self.keys.stream(event_type), group)
                 await client.set(self.keys.pipeline, _json.dumps(self.pipeline.describe()))
+                self._waiting_for = None
                 return
-            except (RedisConnectionError, RedisTimeoutError, OSError) as exc:
+            except (RedisError, OSError) as exc:
+                refusal = refused(exc, self.display_url, self.settings.stream_prefix)
+                if refusal is not None:
+                    raise refusal from exc
+                if not isinstance(exc, RedisConnectionError | RedisTimeoutError | OSError):
+                    raise
                 attempt += 1
                 delay = compute_backoff(attempt, base_ms=200, cap_ms=5000)
-                if attempt == 1:
-                    log.warning("server not reachable yet: waiting", error=str(exc))
+                self._waiting_for = (
+                    f"redis at {self.display_url} is not reachable: {describe(exc)}"
+                    f" (attempt {attempt})"
+                )
+                log.warning("server not reachable: retrying", url=self.display_url,
+                            attempt=attempt, retry_in_s=round(delay, 2), error=describe(exc))
                 await wait_event(self.stopping, delay)
                 if self.stopping.is_set():
                     raise
@@ -204,15 +238,20 @@ class Service(ProcessLifecycle):
         m.retries.labels(name)
         m.set_worker(name, up=False, uptime_s=0.0, pending=0)
 
-    async def _start_observers(self) -> None:
-        assert self.client is not None
+    async def _start_http(self) -> None:
+        """Before the server is reached: ``/healthz`` answers and ``/readyz`` says why
+        the service is not ready while it waits."""
         bind = self.settings.http_bind
         if bind is not None:
             self.http = HttpServer(self, api=self._api(bind[0]))
             self.http_port = await self.http.start(*bind)
             log.info("http listening", host=bind[0], port=self.http_port)
+
+    async def _start_observers(self) -> None:
+        assert self.client is not None
         self.registry = ProcessRegistry(self.client, self.keys, self.process_id)
-        observers = [self.registry.run(self._registry_status), self._update_gauges()]
+        observers = [self.registry.run(self._registry_status), self._update_gauges(),
+                     self._sweep_departed()]
         if self.settings.transport.retention > 0:
             observers.append(self._retain())
         for observer in observers:
@@ -261,6 +300,7 @@ class Service(ProcessLifecycle):
         await asyncio.gather(*self._tasks, return_exceptions=True)  # failures: logged
         if self.registry is not None:
             await self.registry.remove()
+            await self._remove_consumers(lambda who: who == self.owner, min_idle=0)
         if self.http is not None:
             await self.http.stop()
         if self.client is not None:
@@ -276,6 +316,34 @@ class Service(ProcessLifecycle):
                         pending=int(st["pending"]),
                     )
             await asyncio.sleep(GAUGE_INTERVAL)
+
+    async def _sweep_departed(self) -> None:
+        """Every :data:`DEPARTED_INTERVAL`, remove the consumers of processes that died
+        without removing their own (see :mod:`printery.runtime.departed`); idle at least
+        the registry's TTL, the time a dead process takes to leave the registry."""
+        assert self.client is not None and self.registry is not None
+        while True:
+            await asyncio.sleep(DEPARTED_INTERVAL)
+            try:
+                live = live_owners(await list_processes(self.client, self.keys))
+            except (RedisError, OSError) as exc:
+                log.warning("consumer sweep failed: retrying next interval", error=describe(exc))
+                continue
+            live.add(self.owner)
+            await self._remove_consumers(_not_in(frozenset(live)), min_idle=self.registry.ttl)
+
+    async def _remove_consumers(self, gone: Callable[[str], bool], *, min_idle: float) -> None:
+        assert self.client is not None
+        readers = [(self.keys.stream(event_type), group)
+                   for event_type, groups in self.pipeline.groups().items() for group in groups]
+        try:
+            removed = await remove_departed(self.client, readers, gone, min_idle=min_idle)
+        except (RedisError, OSError) as exc:
+            log.warning("could not remove stopped consumers", error=describe(exc))
+            return
+        if removed:
+            log.info("removed consumers of stopped processes", count=len(removed),
+                     consumers=sorted({name for _, _, name in removed}))
 
     async def _retain(self) -> None:
         """Sweep every stream of the pipeline each ``retention_interval``: entries older
@@ -336,6 +404,10 @@ class Service(ProcessLifecycle):
         reasons: list[str] = []
         if not await self._ping():
             reasons.append("redis is not answering")
+        if self._waiting_for is not None:
+            reasons.append(self._waiting_for)
+        if self.server_problem is not None:
+            reasons.append(self.server_problem)
         if self.manager is None:
             reasons.append("workers not started")
         else:
@@ -355,6 +427,10 @@ class Service(ProcessLifecycle):
             "redis": {"connected": self._redis_ok, "url": self.display_url},
             "workers": self._workers_doc(),
         }
+
+
+def _not_in(live: frozenset[str]) -> Callable[[str], bool]:
+    return lambda who: who not in live
 
 
 def worker_overrides(settings: Settings, names: Mapping[str, int]) -> dict[str, dict[str, int]]:

@@ -129,3 +129,27 @@ def test_child_with_bad_configuration_stops_the_parent_with_2(
     assert svc.wait(timeout=30) == 2, svc.log()
     assert "configuration error" in svc.log()
     assert svc.log().count("no config for child 1") == 1  # not restarted
+
+
+def test_parent_polling_its_children_is_not_logged(server: ServerProcess, tmp_path: Path) -> None:
+    """Issue 14 item 12: the parent scrapes each child every second; at info level the
+    log must not grow with it (it used to get two `HTTP Request` lines a second)."""
+    svc = spawn(
+        ["--redis-url", server.url, "--stream-prefix", unique_prefix("quiet"),
+         "--processes", "2", "--worker", "validator"],
+        cwd=tmp_path,
+    )
+    try:
+        def scraped_both() -> bool:
+            # Each child's uptime is merged into the parent's metrics only once the
+            # parent has polled both children.
+            text = svc.get("/metrics").text
+            return text.count('printery_worker_up{worker="validator"}') == 1 and all(
+                p["workers"] for p in svc.json("/status")["processes"])
+
+        svc.wait_until(scraped_both, what="children polled")
+        svc.wait_until(lambda: svc.get("/readyz").status_code == 200, what="ready")
+    finally:
+        assert svc.stop() == 0, svc.log()
+    assert "HTTP Request" not in svc.log()
+    assert "/metrics" not in svc.log() and "/status" not in svc.log()

@@ -13,6 +13,7 @@ import redis.asyncio as aioredis
 
 from printery.errors import ConfigError
 from printery.keys import StreamKeys
+from printery.runtime.departed import live_owners, owner, remove_departed
 from printery.runtime.registry import ProcessRegistry, list_processes
 from printery.transport.server import ServerProcess, free_port
 
@@ -162,3 +163,42 @@ def test_interval_must_be_shorter_than_ttl() -> None:
         ProcessRegistry(client, StreamKeys("p"), "x", ttl=1, interval=1)
     with pytest.raises(ConfigError):
         ProcessRegistry(client, StreamKeys("p"), "x", ttl=0, interval=0.1)
+
+
+# -- consumers of departed processes (issue 14 item 13) ----------------------------------
+
+
+async def test_departed_consumers_are_removed_unless_live_or_owning_entries(
+    client: aioredis.Redis, keys: StreamKeys
+) -> None:
+    stream = keys.stream("in")
+    await client.xgroup_create(stream, "g", id="0", mkstream=True)
+    await client.xadd(stream, {"n": "1"})
+    # host-a:1 read the entry and never acked it; host-a:2 and host-b:3 read nothing;
+    # host-b:3 is registered (alive); "external" is not a printery consumer name.
+    await client.xreadgroup("g", "host-a:1:w:0", {stream: ">"})
+    for name in ("host-a:2:w:0", "host-a:2:w:1", "host-b:3:w:0", "external"):
+        await client.xreadgroup("g", name, {stream: ">"})
+    await ProcessRegistry(client, keys, "host-b:3:x").beat({"host": "host-b", "pid": 3})
+    live = live_owners(await list_processes(client, keys))
+    assert live == {"host-b:3"}
+
+    def gone(who: str) -> bool:
+        return who not in live
+
+    # Idle too short: nothing goes.
+    assert await remove_departed(client, [(stream, "g")], gone, min_idle=60) == []
+    removed = await remove_departed(
+        client, [(stream, "g"), (keys.stream("missing"), "g")], gone, min_idle=0)
+    assert sorted(name for _, _, name in removed) == ["host-a:2:w:0", "host-a:2:w:1"]
+    left = {_name(c["name"]): int(c["pending"]) for c in await client.xinfo_consumers(stream, "g")}
+    assert left == {"host-a:1:w:0": 1, "host-b:3:w:0": 0, "external": 0}
+
+
+def test_consumer_owner_is_host_and_pid() -> None:
+    assert owner("web-1.example:4242:dependency-checker:3") == "web-1.example:4242"
+    assert owner("external") is None and owner("a:b:c:d") is None
+
+
+def _name(value: object) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)

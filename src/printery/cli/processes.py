@@ -269,7 +269,7 @@ class Parent(ProcessLifecycle):
 
     async def readiness(self) -> tuple[bool, list[str]]:
         answers = await asyncio.gather(*(self._get(c, "/readyz") for c in self.children))
-        reasons: list[str] = []
+        reasons = [self.server_problem] if self.server_problem is not None else []
         for child, (code, body) in zip(self.children, answers, strict=True):
             if code == 0:
                 reasons.append(f"process {child.index} is not answering")

@@ -100,6 +100,8 @@ class EmbeddedServer:
         #: True when the last :meth:`acquire` started the server rather than finding it.
         self.started = False
         self._url: str | None = None
+        #: The server this instance last knew to be the data dir's (for a lost data dir).
+        self._state: ServerState | None = None
         self._lease_fd: int | None = None
         self._lease_path: Path | None = None
 
@@ -130,8 +132,37 @@ class EmbeddedServer:
             if state is None:
                 state = self._start(announce)
             self._take_lease()
-        self._url = state.url
+        self._url, self._state = state.url, state
         return self._url
+
+    def check(self) -> str | None:
+        """Keep the data dir's server alive while holding it: None when all is well (a
+        dead server is restarted on the same port and append-only file), else why the
+        server cannot be trusted. Raises :class:`ServerStartError` when it is gone and
+        cannot be brought back, which no waiting heals.
+        """
+        if self._url is None:
+            return None
+        if not self.data_dir.is_dir():
+            if self._state is None or not _is_ours(self._state):
+                raise ServerStartError(f"data dir {self.data_dir} deleted and its server gone")
+            return f"embedded server's data dir {self.data_dir} was deleted"
+        state = _read_state(self.data_dir)
+        if state is not None and state.url == self._url and _pid_alive(state.pid):
+            return None
+        with self._dir_lock():  # one holder restarts it; the others find it restarted
+            state = _read_state(self.data_dir)
+            if state is None or not _is_ours(state, patience=2.0):
+                log.warning("embedded server %s is gone: restarting it", self._url)
+                _stop_servers(self.aof_dir, self.stop_timeout)
+                server = ServerProcess(self.aof_dir, port=self._state.port if self._state else None)
+                server.start(self.start_timeout)
+                state = self._record(server)
+                log.warning("embedded server restarted: %s (pid %d)", state.url, state.pid)
+            if state.url != self._url:
+                raise ServerStartError(f"the server of {self.data_dir} moved to {state.url}")
+            self._state = state
+        return None
 
     def release(self) -> None:
         """Give back this instance's lease; stop the server if it was the last live one.
@@ -140,6 +171,14 @@ class EmbeddedServer:
         release: its lease lock went with it.
         """
         if self._lease_fd is None:
+            return
+        if not self.data_dir.is_dir():
+            # Deleted under us: no lease or state can be counted, and no new holder can
+            # find the server, so it is stopped rather than left running unseen.
+            self._drop_lease()
+            self._url = None
+            _stop_servers(self.aof_dir, self.stop_timeout)
+            log.warning("data dir %s was deleted: its server is stopped", self.data_dir)
             return
         with self._dir_lock():
             self._drop_lease()

@@ -127,13 +127,22 @@ class ServerProcess:
         while time.monotonic() < deadline:
             if self.process.poll() is not None:
                 raise ServerStartError(
-                    f"server exited with {self.process.returncode}; see {self.data_dir}/server.log"
+                    f"server exited with {self.process.returncode}: {self._last_log_line()}"
+                    f" (see {self.data_dir}/server.log)"
                 )
             if _answers_ping(self.host, self.port, self.password):
                 return
             time.sleep(0.02)
         self.stop()
         raise ServerStartError(f"server did not answer on {self.host}:{self.port} in {timeout}s")
+
+    def _last_log_line(self) -> str:
+        """Why the server gave up, in its own words (its last log line)."""
+        try:
+            lines = (self.data_dir / "server.log").read_text(errors="replace").splitlines()
+        except OSError:
+            return "no log"
+        return next((line for line in reversed(lines) if line.strip()), "empty log")
 
     def stop(self, timeout: float = 10.0) -> None:
         """Stop the process (SIGTERM, then SIGKILL); the data stays on disk."""

@@ -1,0 +1,37 @@
+"""What the server refuses for good: credentials or an ACL rule are configuration, not
+an outage, so no amount of waiting heals them (CONTRACT §1: exit 2 at start)."""
+
+from __future__ import annotations
+
+from redis.exceptions import (
+    AuthenticationError,
+    AuthenticationWrongNumberOfArgsError,
+    NoPermissionError,
+)
+
+from printery.errors import ConfigError, describe
+
+#: The client's exceptions for a refusal. ``AuthenticationError`` is a subclass of the
+#: client's ``ConnectionError``, so it must be told apart before any retry.
+REFUSALS = (AuthenticationError, AuthenticationWrongNumberOfArgsError, NoPermissionError)
+
+
+def refused(exc: BaseException, shown_url: str | None, stream_prefix: str) -> ConfigError | None:
+    """The configuration error ``exc`` stands for, or None when it is not a refusal.
+
+    ``shown_url`` is the redacted URL: the error is printed, and must not leak the
+    password that the server refused.
+    """
+    if isinstance(exc, NoPermissionError):
+        return ConfigError(
+            "redis_url", shown_url,
+            f"the server's ACL refuses this user ({describe(exc)}): it needs the commands"
+            f" of docs/security.md on the keys {stream_prefix}:*",
+        )
+    if isinstance(exc, REFUSALS):
+        return ConfigError(
+            "redis_url", shown_url,
+            f"the server refused the credentials ({describe(exc)}): user and password"
+            " that the server accepts",
+        )
+    return None
