@@ -18,9 +18,10 @@ from typing import Any
 import redis.asyncio as aioredis
 
 from printery import _json
+from printery.envelope import correlation_of
+from printery.history import scan_stream
 from printery.keys import DLQ, REVIEW, StreamKeys
 from printery.pipeline.dag import Pipeline
-from printery.replay import scan_stream
 from printery.transport.streams import public_api
 
 __all__ = ["cost_summary", "parse_duration"]
@@ -62,7 +63,7 @@ async def cost_summary(
             producer = fields.get("producer", "")
             if producer not in pipeline.steps or "duration_ms" not in fields:
                 continue
-            cid = fields.get(field, "")
+            cid = correlation_of(fields, field) or ""
             if correlation_id is not None and cid != correlation_id:
                 continue
             call = (producer, cid, fields["duration_ms"], fields.get("cost", ""))

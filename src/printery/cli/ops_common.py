@@ -11,6 +11,7 @@ without a server.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import sys
 from collections.abc import Awaitable, Callable, Mapping, Sequence
@@ -23,8 +24,10 @@ from redis.exceptions import RedisError
 
 from printery import _json
 from printery.cli.common import LoadedApp, load_app_settings
+from printery.cli.term import escape_c1, printable
 from printery.config import Settings
 from printery.errors import ConfigError, TransportError
+from printery.fields import DELIVERIES
 from printery.keys import StreamKeys
 from printery.pipeline.dag import Pipeline
 from printery.redact import redact_text
@@ -133,22 +136,31 @@ def get_ctx() -> OpsContext:
 
 
 def print_json(value: Any) -> None:
-    """One JSON document on stdout, secrets masked (URLs may travel in data)."""
-    click.echo(redact_text(_json.dumps(value)))
+    """One JSON document on stdout, secrets masked (URLs may travel in data), with no
+    raw control character a terminal could act on (:mod:`printery.cli.term`)."""
+    click.echo(escape_c1(redact_text(_json.dumps(value))))
 
 
 def table(rows: Sequence[Sequence[object]], headers: Sequence[str]) -> str:
-    """A plain aligned text table; ``-`` for empty cells."""
+    """A plain aligned text table; ``-`` for empty cells. Cells hold stream data, so
+    each is one printable line (:func:`~printery.cli.term.printable`)."""
     cells = [[str(h) for h in headers]]
-    cells += [["-" if c is None or c == "" else str(c) for c in row] for row in rows]
+    cells += [["-" if c is None or c == "" else printable(str(c)) for c in row] for row in rows]
     widths = [max(len(r[i]) for r in cells) for i in range(len(headers))]
     lines = ["  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in cells]
     lines.insert(1, "  ".join("-" * w for w in widths))
     return "\n".join(lines)
 
 
+#: Entry fields that hold numbers (every field is a string on the wire, CONTRACT §2).
+_NUMBERS: dict[str, Callable[[str], int | float]] = {
+    "attempt": int, DELIVERIES: int, "duration_ms": float,
+}
+
+
 def decode_fields(fields: Mapping[str, str]) -> dict[str, Any]:
-    """An entry's fields with ``data`` and ``cost`` parsed from JSON where possible."""
+    """An entry's fields as an operator reads them: ``data`` and ``cost`` parsed from
+    JSON and the counts as numbers, each where possible (else kept as written)."""
     out: dict[str, Any] = dict(fields)
     for name in ("data", "cost"):
         raw = fields.get(name)
@@ -157,7 +169,29 @@ def decode_fields(fields: Mapping[str, str]) -> dict[str, Any]:
                 out[name] = _json.loads(raw)
             except (_json.JSONDecodeError, ValueError):
                 out[name] = raw
+    for name, number in _NUMBERS.items():
+        raw = fields.get(name)
+        if raw is not None:
+            with contextlib.suppress(ValueError):
+                out[name] = number(raw)
     return out
+
+
+def show_entry(entry: Mapping[str, Any]) -> str:
+    """One entry for reading: ``name: value`` a line; JSON values (``data``, ``cost``)
+    and multi-line text (a traceback) indented below their name. Printable only."""
+    lines: list[str] = []
+    for name, value in entry.items():
+        if isinstance(value, dict | list):
+            block = _json.dumps_indented(value)
+        elif isinstance(value, str) and "\n" in value.strip("\n"):
+            block = value.strip("\n")
+        else:
+            lines.append(f"{name}: {printable(str(value))}")
+            continue
+        lines.append(f"{name}:")
+        lines += ["  " + line for line in printable(block, one_line=False).splitlines()]
+    return redact_text("\n".join(lines))
 
 
 async def get_entry(client: aioredis.Redis, stream: str, entry_id: str) -> dict[str, str] | None:

@@ -38,6 +38,7 @@ from printery.deploy.events import (
     VALIDATED,
 )
 from printery.deploy.settings import NotifierSettings
+from printery.envelope import correlation_of
 from printery.fields import (
     BY,
     DECIDED_AT,
@@ -68,7 +69,7 @@ def review_list(as_json: bool) -> None:
     async def body(client: aioredis.Redis) -> list[dict[str, Any]]:
         entries = await client.xrange(ops.keys.review)
         return [{"id": entry_id, KIND: f.get(KIND, ""), STEP: f.get(STEP, ""),
-                 "deployment_id": f.get(field, ""), REASON: f.get(REASON, ""),
+                 field: correlation_of(f, field) or "", REASON: f.get(REASON, ""),
                  "produced_at": f.get("produced_at", ""),
                  SOURCE_STREAM: f.get(SOURCE_STREAM, ""), SOURCE_ID: f.get(SOURCE_ID, "")}
                 for entry_id, f in entries]
@@ -77,8 +78,8 @@ def review_list(as_json: bool) -> None:
     if as_json:
         print_json(rows)
         return
-    click.echo(table([(r["id"], r["kind"], r["step"], r["deployment_id"], r["reason"])
-                      for r in rows], ["id", "kind", "step", "deployment_id", "reason"]))
+    columns = ["id", KIND, STEP, field, REASON]
+    click.echo(table([[r[c] for c in columns] for r in rows], columns))
 
 
 def _decision_options(func: Any) -> Any:

@@ -2,13 +2,12 @@
 what it spent.
 
 ``trace`` scans every stream of the pipeline plus ``dlq``, ``review`` and
-``review:decided`` with XRANGE in chunks and keeps the entries of one correlation id:
-O(total stream length), fine for operator use on retained history, not for a hot path.
+``review:decided`` (:func:`printery.history.run_entries`): O(total stream length), fine
+for operator use on retained history, not for a hot path.
 """
 
 from __future__ import annotations
 
-import contextlib
 from typing import Any
 
 import click
@@ -26,8 +25,9 @@ from printery.cli.ops_common import (
 )
 from printery.cost import cost_summary, parse_duration
 from printery.fields import DECISION, KIND, REASON, REASON_CODE
-from printery.keys import DLQ, REVIEW, REVIEW_DECIDED
-from printery.replay import ReplayError, scan_stream
+from printery.history import run_entries
+from printery.keys import REVIEW
+from printery.replay import ReplayError
 from printery.replay import replay as replay_run
 
 
@@ -35,25 +35,16 @@ from printery.replay import replay as replay_run
 @click.argument("deployment_id")
 @json_option
 def trace(deployment_id: str, as_json: bool) -> None:
-    """Every entry of one deployment across all streams, in time order, with durations."""
+    """Every entry of one deployment across all streams, in time order, with durations.
+
+    Entries an external producer wrote with only ``data`` belong to the run whose id
+    their ``data`` carries (CONTRACT §2)."""
     ops = get_ctx()
-    pipeline, keys = ops.pipeline, ops.keys
-    field = pipeline.correlation_field
-
-    async def body(client: aioredis.Redis) -> list[dict[str, Any]]:
-        found: list[dict[str, Any]] = []
-        for event_type in dict.fromkeys([*pipeline.event_types(), DLQ, REVIEW, REVIEW_DECIDED]):
-            stream = keys.stream(event_type)
-            async for entry_id, fields in scan_stream(client, stream):
-                if fields.get(field) == deployment_id:
-                    found.append({"id": entry_id, "stream": event_type,
-                                  **decode_fields(fields)})
-        return found
-
-    entries = ops.run(body)
-    if not entries:
+    pipeline, field = ops.pipeline, ops.pipeline.correlation_field
+    found = ops.run(lambda client: run_entries(client, ops.keys, pipeline, deployment_id))
+    if not found:
         fail(f"no entries of {field} {deployment_id!r}")
-    entries.sort(key=lambda e: tuple(int(p) for p in e["id"].split("-")))
+    entries = [{"id": e.id, "stream": e.type, **decode_fields(e.fields)} for e in found]
     first = stream_id_ms(entries[0]["id"])
     previous = first
     for entry in entries:
@@ -61,9 +52,6 @@ def trace(deployment_id: str, as_json: bool) -> None:
         entry["at_ms"] = ms - first
         entry["since_previous_ms"] = ms - previous
         previous = ms
-        if "duration_ms" in entry:
-            with contextlib.suppress(ValueError):
-                entry["duration_ms"] = float(entry["duration_ms"])
     if as_json:
         print_json(entries)
         return
@@ -132,8 +120,17 @@ def cost(deployment_id: str | None, since: str | None, as_json: bool) -> None:
     except ValueError as exc:
         raise click.BadParameter(str(exc), param_hint="--since") from None
     ops = get_ctx()
-    summary = ops.run(lambda client: cost_summary(client, ops.keys, ops.pipeline,
-                                                  deployment_id, since_seconds))
+
+    async def body(client: aioredis.Redis) -> dict[str, Any]:
+        summary = await cost_summary(client, ops.keys, ops.pipeline, deployment_id,
+                                     since_seconds)
+        # No step's figures for that id: an unknown id is a failure, as for `trace`.
+        if deployment_id is not None and not summary["steps"] and not await run_entries(
+                client, ops.keys, ops.pipeline, deployment_id):
+            raise Failure(f"no entries of {ops.pipeline.correlation_field} {deployment_id!r}")
+        return summary
+
+    summary = ops.run(body)
     if as_json:
         print_json(summary)
         return
