@@ -28,7 +28,7 @@ from printery.cli.ops_common import (
     print_json,
     table,
 )
-from printery.deploy.app import delivery_key
+from printery.deploy.app import approved_request, delivery_key
 from printery.deploy.delivery import parse_channel, post_webhook, redact_channel
 from printery.deploy.events import (
     CHANNEL,
@@ -37,7 +37,7 @@ from printery.deploy.events import (
     REVIEW_DELIVERY_FAILED,
     VALIDATED,
 )
-from printery.deploy.settings import NotifierSettings
+from printery.deploy.settings import DeploySettings, NotifierSettings
 from printery.envelope import correlation_of
 from printery.fields import (
     BY,
@@ -133,7 +133,11 @@ async def decide(
     if kind == REVIEW_APPROVAL and decision == "approved":
         if by == data.get("requested_by"):
             raise Failure(f"{by} requested this deployment and cannot approve it")
-        env = codec.new(VALIDATED, {**data, "approved_by": by}, correlation_id=cid,
+        try:
+            approved = approved_request(data, cid, by, DeploySettings.of(ops.settings))
+        except ValueError as exc:
+            raise Failure(f"review {review_id}: the request does not validate: {exc}") from None
+        env = codec.new(VALIDATED, approved, correlation_id=cid,
                         producer=PRODUCER, idempotency_key=f"{VALIDATED}:{cid}")
         output = (keys.stream(VALIDATED), codec.encode(env))
     elif kind == REVIEW_APPROVAL:
