@@ -16,9 +16,13 @@ from __future__ import annotations
 
 import dataclasses
 import importlib
+import os
+import sys
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
+
+import click
 
 from printery.config import AppConfig, Settings
 from printery.config_load import load_settings
@@ -28,6 +32,18 @@ from printery.pipeline.dag import Pipeline
 
 #: The app of both commands when neither ``--app`` nor ``PRINTERY_APP`` names one.
 DEFAULT_APP = "printery.deploy.app:pipeline"
+
+
+#: ``--version`` of both commands: the installed package's version.
+version_option = click.version_option(package_name="printery", message="%(prog)s %(version)s")
+
+
+def apps_from_cwd() -> None:
+    """Like ``celery -A`` and ``uvicorn``: an app module in the working directory is
+    importable (``--app examples.docflow:pipeline``) even when a command starts through
+    its console script, whose ``sys.path`` lacks the working directory."""
+    if os.getcwd() not in sys.path and "" not in sys.path:
+        sys.path.insert(0, os.getcwd())
 
 
 def _crashed(spec: str, exc: Exception) -> ConfigError:
