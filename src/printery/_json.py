@@ -19,3 +19,8 @@ def dumpb(value: Any) -> bytes:
 
 def loads(text: str | bytes) -> Any:
     return orjson.loads(text)
+
+
+def dumps_indented(value: Any) -> str:
+    """For reading, not the wire: two-space indentation."""
+    return orjson.dumps(value, option=orjson.OPT_INDENT_2).decode()

@@ -23,9 +23,10 @@ from printery import _json
 from printery.client import Runs
 from printery.errors import InvalidInput, PayloadTooLarge, UnknownRun
 from printery.fields import STEP, WORKER
+from printery.history import id_order
 from printery.keys import DLQ, REVIEW
 from printery.pipeline.reason import Reason
-from printery.runs import entry_order, run_cost, run_status
+from printery.runs import run_cost, run_status
 
 __all__ = ["ApiAccess", "build_api", "is_loopback"]
 
@@ -208,7 +209,7 @@ def build_api(runs: Runs, access: ApiAccess, *, body_limit: int) -> web.Applicat
             return transport is not None and not transport.is_closing()
 
         async for entry in runs.reader.follow(run_id, alive=alive):
-            if after and entry_order(entry["id"]) <= entry_order(after):
+            if after and id_order(entry["id"]) <= id_order(after):
                 continue
             await response.write(f"id: {entry['id']}\ndata: ".encode()
                                  + _json.dumps(entry).encode() + b"\n\n")

@@ -19,9 +19,10 @@ from typing import Any
 import redis.asyncio as aioredis
 
 from printery import _json
+from printery.envelope import correlation_of
+from printery.history import scan_stream
 from printery.keys import DLQ, REVIEW, StreamKeys
 from printery.pipeline.dag import Pipeline
-from printery.replay import scan_stream
 from printery.transport.streams import public_api
 
 __all__ = ["CallTally", "cost_summary", "parse_duration"]
@@ -77,7 +78,7 @@ class CallTally:
         producer = fields.get("producer", "")
         if producer not in self.pipeline.steps or "duration_ms" not in fields:
             return
-        cid = fields.get(self.pipeline.correlation_field, "")
+        cid = correlation_of(fields, self.pipeline.correlation_field) or ""
         if self.correlation_id is not None and cid != self.correlation_id:
             return
         call = (producer, cid, fields.get("duration_ms", ""), fields.get("cost", ""))

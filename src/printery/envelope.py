@@ -52,6 +52,29 @@ def _text(value: bytes | str) -> str:
     return value.decode("utf-8", errors="replace") if isinstance(value, bytes) else value
 
 
+def _id_in(data: Any, field: str) -> str | None:
+    """The correlation id ``data`` carries under ``field``, if it is a non-empty string."""
+    candidate = data.get(field) if isinstance(data, dict) else None
+    return candidate if isinstance(candidate, str) and candidate else None
+
+
+def correlation_of(fields: Mapping[str, str], field: str) -> str | None:
+    """The run an entry belongs to, by the rule :meth:`Codec.decode` applies: its
+    ``field``, else the id inside its ``data``. An external producer may write only
+    ``data`` (CONTRACT §2), so whoever looks a run up in the streams (``trace``,
+    ``replay``, ``cost``) must look inside ``data`` too. None when neither names one."""
+    value = fields.get(field)
+    if value:
+        return value
+    raw = fields.get("data")
+    if not raw or field not in raw:  # no need to parse what cannot name it
+        return None
+    try:
+        return _id_in(_json.loads(raw), field)
+    except (_json.JSONDecodeError, ValueError):
+        return None
+
+
 @dataclass(frozen=True, slots=True)
 class Codec:
     """Turns stream fields into envelopes and back.
@@ -84,11 +107,8 @@ class Codec:
 
     def envelope_from(self, text: Mapping[str, str], data: Any, stream_type: str) -> Envelope:
         kind = text.get("type") or stream_type
-        correlation = text.get(self.correlation_field)
-        if not correlation:
-            candidate = data.get(self.correlation_field) if isinstance(data, dict) else None
-            correlation = candidate if isinstance(candidate, str) and candidate else None
-        correlation = correlation or new_id(self.id_prefix)
+        correlation = (text.get(self.correlation_field)
+                       or _id_in(data, self.correlation_field) or new_id(self.id_prefix))
         try:
             attempt = max(1, int(text.get("attempt") or 1))
         except ValueError:
@@ -128,9 +148,8 @@ class Codec:
         extra: Mapping[str, str] | None = None,
     ) -> Envelope:
         """A fresh envelope written by ``producer`` (a worker name, or a tool)."""
-        if correlation_id is None and isinstance(data, dict):
-            candidate = data.get(self.correlation_field)
-            correlation_id = candidate if isinstance(candidate, str) and candidate else None
+        if correlation_id is None:
+            correlation_id = _id_in(data, self.correlation_field)
         correlation_id = correlation_id or new_id(self.id_prefix)
         return Envelope(
             type=event_type,

@@ -12,22 +12,22 @@ for operator use, not for a hot path. Entries trimmed by retention cannot be rep
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any
 
 import redis.asyncio as aioredis
 
 from printery import _json
+from printery.envelope import correlation_of
 from printery.errors import ReplayError
 from printery.fields import REPLAY_FOR
+from printery.history import find_entries, id_order, scan_stream
 from printery.keys import StreamKeys
 from printery.pipeline.dag import Pipeline
 from printery.transport.streams import public_api
 
 __all__ = ["ReplayError", "ReplayResult", "find_entries", "replay", "rerun_steps", "scan_stream"]
 
-_CHUNK = 1000
 _REF_PREFIX = "blob:"
 
 
@@ -45,31 +45,6 @@ class ReplayResult:
     def as_dict(self) -> dict[str, Any]:
         return {"replay_of": self.original_id, "new_id": self.new_id,
                 "from": self.step or "ingress", "reruns": self.reruns, "entries": self.entries}
-
-
-async def scan_stream(
-    client: aioredis.Redis, stream: str, start: str = "-", chunk: int = _CHUNK
-) -> AsyncIterator[tuple[str, dict[str, str]]]:
-    """Every entry of ``stream`` from ``start``, in id order, ``chunk`` at a time.
-
-    Bounded memory per round trip; the next chunk starts exclusively after the last id
-    (``(`` syntax), so nothing is read twice.
-    """
-    lower = start
-    while True:
-        batch = await client.xrange(stream, lower, "+", count=chunk)
-        for entry_id, fields in batch:
-            yield _text(entry_id), {_text(k): _text(v) for k, v in fields.items()}
-        if len(batch) < chunk:
-            return
-        lower = "(" + _text(batch[-1][0])
-
-
-async def find_entries(
-    client: aioredis.Redis, stream: str, field: str, value: str
-) -> list[tuple[str, dict[str, str]]]:
-    """Entries of ``stream`` whose ``field`` equals ``value``, oldest first."""
-    return [(i, f) async for i, f in scan_stream(client, stream) if f.get(field) == value]
 
 
 def rerun_steps(pipeline: Pipeline, from_step: str) -> list[str]:
@@ -150,7 +125,7 @@ async def replay(
     codec = pipeline.codec()
     groups = pipeline.groups()
     encoded: list[tuple[str, dict[str, str]]] = []
-    for event_type, _entry_id, fields in sorted(originals, key=lambda o: _order(o[1])):
+    for event_type, _entry_id, fields in sorted(originals, key=lambda o: id_order(o[1])):
         data = await _data(client, keys, fields.get("data", "null"))
         if isinstance(data, dict) and field in data:
             data = {**data, field: new_id}
@@ -178,7 +153,7 @@ async def _new_id(
     stem = wanted if wanted is not None else f"{original}-r"
     for event_type in pipeline.event_types():
         async for _i, fields in scan_stream(client, keys.stream(event_type)):
-            value = fields.get(field, "")
+            value = correlation_of(fields, field) or ""
             if value.startswith(stem):
                 used.add(value)
     if wanted is not None:
@@ -201,11 +176,6 @@ async def _data(client: aioredis.Redis, keys: StreamKeys, raw: str) -> Any:
             raise ReplayError(f"the entry's payload {ref} has expired")
         return _json.loads(blob)
     return data
-
-
-def _order(entry_id: str) -> tuple[int, int]:
-    ms, _, seq = entry_id.partition("-")
-    return int(ms), int(seq or 0)
 
 
 def _text(value: object) -> str:

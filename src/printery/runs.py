@@ -27,12 +27,13 @@ import structlog
 from printery import _json
 from printery.backoff import compute_backoff
 from printery.cost import CallTally
+from printery.envelope import correlation_of
+from printery.history import decode_fields, id_order
 from printery.keys import DLQ, REVIEW, REVIEW_DECIDED, StreamKeys
 from printery.pipeline.dag import Pipeline
 from printery.transport.streams import CONNECTION_ERRORS
 
-__all__ = ["RUNNING", "RunReader", "RunResult", "decode_fields", "entry_order", "run_cost",
-           "run_status"]
+__all__ = ["RUNNING", "RunReader", "RunResult", "run_cost", "run_status"]
 
 log = structlog.get_logger("printery.runs")
 
@@ -40,19 +41,6 @@ log = structlog.get_logger("printery.runs")
 RUNNING = "running"
 _CHUNK = 1000
 _FOLLOW_BLOCK_MS = 1000
-
-
-def decode_fields(fields: Mapping[str, str]) -> dict[str, Any]:
-    """An entry's fields with ``data`` and ``cost`` parsed from JSON where possible."""
-    out: dict[str, Any] = dict(fields)
-    for name in ("data", "cost"):
-        raw = fields.get(name)
-        if raw is not None:
-            try:
-                out[name] = _json.loads(raw)
-            except (_json.JSONDecodeError, ValueError):
-                out[name] = raw
-    return out
 
 
 def run_status(outcome: Mapping[str, Any] | None) -> str:
@@ -112,16 +100,10 @@ class RunReader:
         """Whether an entry is of ``run_id``: by its correlation field, or (only ``data``
         written) by the correlation field inside ``data``."""
         value = fields.get(self.field)
-        if value is not None:
+        if value:
             return value == run_id
-        raw = fields.get("data", "")
-        if run_id not in raw:  # cheap test before parsing
-            return False
-        try:
-            data = _json.loads(raw)
-        except (_json.JSONDecodeError, ValueError):
-            return False
-        return isinstance(data, dict) and data.get(self.field) == run_id
+        # Only ``data``: parse it only when the id can be in it at all.
+        return run_id in fields.get("data", "") and correlation_of(fields, self.field) == run_id
 
     def view(self, entry_id: str, stream: str, fields: Mapping[str, str]) -> dict[str, Any]:
         """An entry as ``trace`` shows it: id, event type (``stream``), decoded fields."""
@@ -141,7 +123,7 @@ class RunReader:
         following it live goes on)."""
         start = await self.start_of(run_id)
         if start != "-":  # another stream's entry of the same millisecond may sort lower
-            start = f"{entry_order(start)[0]}-0"
+            start = f"{id_order(start)[0]}-0"
         found: list[tuple[tuple[int, int], dict[str, Any]]] = []
         last: dict[str, str] = {}
         for stream in self.streams:
@@ -150,7 +132,7 @@ class RunReader:
                 batch = await self.client.xrange(stream, lower, "+", count=_CHUNK)
                 for entry_id, fields in batch:
                     if self.belongs(fields, run_id):
-                        found.append((entry_order(entry_id), self.view(entry_id, stream, fields)))
+                        found.append((id_order(entry_id), self.view(entry_id, stream, fields)))
                 if batch:
                     last[stream] = batch[-1][0]
                 if len(batch) < _CHUNK:
@@ -190,7 +172,7 @@ class RunReader:
                 for entry_id, fields in rows:
                     last[stream] = entry_id
                     if self.belongs(fields, run_id):
-                        batch.append((entry_order(entry_id), self.view(entry_id, stream, fields)))
+                        batch.append((id_order(entry_id), self.view(entry_id, stream, fields)))
             batch.sort(key=lambda item: item[0])
             for _, entry in batch:
                 yield entry
@@ -223,17 +205,7 @@ class RunReader:
                 await asyncio.sleep(delay)
 
 
-def entry_order(entry_id: str) -> tuple[int, int]:
-    """An entry id as ``(ms, seq)``, to order entries of several streams ((0, 0) for a
-    malformed id)."""
-    ms, _, seq = entry_id.partition("-")
-    try:
-        return int(ms), int(seq or 0)
-    except ValueError:
-        return 0, 0
-
-
 def _before(entry_id: str) -> str:
     """The id just before ``entry_id`` (XREAD reads after the id it is given)."""
-    ms, seq = entry_order(entry_id)
+    ms, seq = id_order(entry_id)
     return f"{ms}-{seq - 1}" if seq else f"{ms - 1}-18446744073709551615"

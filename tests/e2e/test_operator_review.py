@@ -116,3 +116,15 @@ async def test_branch_timeout_records_only(server: ServerProcess, prefix: str,
     streams = [k async for k in client.scan_iter(match=f"{prefix}:*")]
     assert sorted(streams) == [f"{prefix}:review", f"{prefix}:review:decided"]
     assert await client.xlen(f"{prefix}:review") == 0
+
+
+async def test_an_approval_of_a_request_that_no_longer_validates_is_refused(
+        server: ServerProcess, prefix: str, client: aioredis.Redis) -> None:
+    """The review entry holds the request as submitted; approving validates it again, so
+    what it writes is the normalized request or nothing at all."""
+    review_id = await add_review(client, prefix, "approval",
+                                 {**REQUEST, "environment": "moon"}, cid="dep-moon")
+    code, _, err = await cli(server.url, prefix, "review", "approve", review_id, "--by", "bob")
+    assert code == 1 and "unknown_environment" in err
+    assert await client.xlen(f"{prefix}:review") == 1
+    assert await client.exists(f"{prefix}:deployment:validated") == 0

@@ -10,6 +10,7 @@ from collections.abc import AsyncIterator
 import pytest
 import redis.asyncio as aioredis
 
+from printery.deploy.app import approved_request
 from printery.testing import wait_for
 from support.deploy import DeployRun, fast_settings, start_pipeline, stop_pipeline
 
@@ -143,8 +144,11 @@ async def test_approval_gate(run: DeployRun) -> None:
     assert reviews[0]["kind"] == "approval" and reviews[0]["step"] == "validator"
     assert await run.entries("deployment:validated", waiting) == []
     assert await run.entries("deployment:finished", waiting) == []
-    # What `printery review approve` writes: the validated request with approved_by.
-    request = {**reviews[0]["data"], "approved_by": "bob"}
+    # What `printery review approve` writes: the request as submitted, normalized again,
+    # with approved_by.
+    assert reviews[0]["data"] == run.request(environment="production")
+    request = approved_request(reviews[0]["data"], waiting, "bob", fast_settings())
+    assert request["approved_by"] == "bob" and request["dependencies"] == []
     envelope = run.codec.new("deployment:validated", request, producer="printery-cli")
     await run.client.xadd(run.keys.stream("deployment:validated"), run.codec.encode(envelope))
     assert (await run.finished(waiting))["status"] == "succeeded"

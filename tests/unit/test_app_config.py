@@ -9,7 +9,7 @@ import pytest
 from pydantic import Field
 
 from printery import AppConfig, Pipeline, Settings, SettingsTable
-from printery.cli.common import DEFAULT_APP, build_pipeline, import_app, load_app_settings
+from printery.apps import DEFAULT_APP, build_pipeline, import_app, load_app_settings
 from printery.config_load import load_settings
 from printery.errors import ConfigError
 
@@ -171,7 +171,7 @@ def test_both_passes_accept_the_apps_aliases_in_workers_tables(tmp_path: Path) -
 def test_the_commands_give_every_app_the_contracts_prefix_unless_it_declares_one() -> None:
     """CONTRACT §1: ``--stream-prefix`` defaults to ``materi:events:deployment`` whatever
     ``--app`` runs; an app's own default, then env and flags, still win."""
-    from printery.cli.common import load_app_settings
+    from printery.apps import load_app_settings
 
     plain = load_app_settings({"app": "examples.docflow:pipeline"}, {})
     assert plain.settings.stream_prefix == "materi:events:deployment"

@@ -1,24 +1,20 @@
-"""The commands' view of app loading, which lives in :mod:`printery.apps` (the client
-loads apps the same way)."""
+"""What both commands share besides app loading (which is :mod:`printery.apps`, shared
+with the client): ``--version`` and importing app modules from the working directory."""
 
 from __future__ import annotations
 
-from printery.apps import (
-    DEFAULT_APP,
-    LoadedApp,
-    build_pipeline,
-    command_defaults,
-    default_app_config,
-    import_app,
-    load_app_settings,
-)
+import os
+import sys
 
-__all__ = [
-    "DEFAULT_APP",
-    "LoadedApp",
-    "build_pipeline",
-    "command_defaults",
-    "default_app_config",
-    "import_app",
-    "load_app_settings",
-]
+import click
+
+#: ``--version`` of both commands: the installed package's version.
+version_option = click.version_option(package_name="printery", message="%(prog)s %(version)s")
+
+
+def apps_from_cwd() -> None:
+    """Like ``celery -A`` and ``uvicorn``: an app module in the working directory is
+    importable (``--app examples.docflow:pipeline``) even when a command starts through
+    its console script, whose ``sys.path`` lacks the working directory."""
+    if os.getcwd() not in sys.path and "" not in sys.path:
+        sys.path.insert(0, os.getcwd())

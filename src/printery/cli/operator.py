@@ -8,11 +8,9 @@ already exit 2), 3 for ``emit --wait`` timing out.
 
 from __future__ import annotations
 
-import os
-import sys
-
 import click
 
+from printery.cli.common import apps_from_cwd, version_option
 from printery.cli.ops_bench import bench
 from printery.cli.ops_common import OpsContext
 from printery.cli.ops_dlq import dlq
@@ -57,6 +55,7 @@ class _OperatorGroup(click.Group):
               help="TOML config file [env: PRINTERY_CONFIG]")
 @click.option("--app", metavar="MODULE:ATTR", default=None,
               help="the pipeline [env: PRINTERY_APP; default: the deployment pipeline]")
+@version_option
 @click.pass_context
 def printery(
     ctx: click.Context,
@@ -71,9 +70,7 @@ def printery(
     Environment variables are read by the shared settings loader (not by click), so
     precedence is the same as the service's: flag > env var > config file > default.
     """
-    # As for `printery-workers`: an app module in the working directory is importable.
-    if os.getcwd() not in sys.path and "" not in sys.path:
-        sys.path.insert(0, os.getcwd())
+    apps_from_cwd()  # as for `printery-workers`
     ctx.obj = OpsContext(flags={
         "redis_url": redis_url or None, "stream_prefix": stream_prefix,
         "data_dir": data_dir, "config": config, "app": app,

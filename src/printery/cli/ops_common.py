@@ -2,7 +2,7 @@
 
 Settings are loaded once per invocation from the global options (flag > env > config
 file > the app's defaults > the framework's), with the app's hook exactly as
-``printery-workers`` loads them (:mod:`printery.cli.common`); a bad one exits 2 with one
+``printery-workers`` loads them (:mod:`printery.apps`); a bad one exits 2 with one
 stderr line.
 Nothing connects before a subcommand asks for the client, so ``pipeline show`` works
 without a server.
@@ -22,7 +22,8 @@ import redis.asyncio as aioredis
 from redis.exceptions import RedisError
 
 from printery import _json
-from printery.cli.common import LoadedApp, load_app_settings
+from printery.apps import LoadedApp, load_app_settings
+from printery.cli.term import escape_c1, printable
 from printery.config import Settings
 from printery.errors import ConfigError, TransportError
 from printery.keys import StreamKeys
@@ -133,31 +134,38 @@ def get_ctx() -> OpsContext:
 
 
 def print_json(value: Any) -> None:
-    """One JSON document on stdout, secrets masked (URLs may travel in data)."""
-    click.echo(redact_text(_json.dumps(value)))
+    """One JSON document on stdout, secrets masked (URLs may travel in data), with no
+    raw control character a terminal could act on (:mod:`printery.cli.term`)."""
+    click.echo(escape_c1(redact_text(_json.dumps(value))))
 
 
 def table(rows: Sequence[Sequence[object]], headers: Sequence[str]) -> str:
-    """A plain aligned text table; ``-`` for empty cells."""
+    """A plain aligned text table; ``-`` for empty cells. Cells hold stream data, so
+    each is one printable line (:func:`~printery.cli.term.printable`)."""
     cells = [[str(h) for h in headers]]
-    cells += [["-" if c is None or c == "" else str(c) for c in row] for row in rows]
+    cells += [["-" if c is None or c == "" else printable(str(c)) for c in row] for row in rows]
     widths = [max(len(r[i]) for r in cells) for i in range(len(headers))]
     lines = ["  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in cells]
     lines.insert(1, "  ".join("-" * w for w in widths))
     return "\n".join(lines)
 
 
-def decode_fields(fields: Mapping[str, str]) -> dict[str, Any]:
-    """An entry's fields with ``data`` and ``cost`` parsed from JSON where possible."""
-    out: dict[str, Any] = dict(fields)
-    for name in ("data", "cost"):
-        raw = fields.get(name)
-        if raw is not None:
-            try:
-                out[name] = _json.loads(raw)
-            except (_json.JSONDecodeError, ValueError):
-                out[name] = raw
-    return out
+#: Entry fields that hold numbers (every field is a string on the wire, CONTRACT §2).
+def show_entry(entry: Mapping[str, Any]) -> str:
+    """One entry for reading: ``name: value`` a line; JSON values (``data``, ``cost``)
+    and multi-line text (a traceback) indented below their name. Printable only."""
+    lines: list[str] = []
+    for name, value in entry.items():
+        if isinstance(value, dict | list):
+            block = _json.dumps_indented(value)
+        elif isinstance(value, str) and "\n" in value.strip("\n"):
+            block = value.strip("\n")
+        else:
+            lines.append(f"{name}: {printable(str(value))}")
+            continue
+        lines.append(f"{name}:")
+        lines += ["  " + line for line in printable(block, one_line=False).splitlines()]
+    return redact_text("\n".join(lines))
 
 
 async def get_entry(client: aioredis.Redis, stream: str, entry_id: str) -> dict[str, str] | None:

@@ -17,25 +17,25 @@ from redis.exceptions import WatchError
 from printery.cli.ops_common import (
     WATCH_RETRIES,
     Failure,
-    decode_fields,
     fail,
     get_ctx,
     get_entry,
     json_option,
     print_json,
+    show_entry,
     table,
 )
+from printery.envelope import correlation_of
 from printery.fields import (
     DELIVERIES,
     DLQ_FIELDS,
     ERROR,
-    FAILED_AT,
     REASON_CODE,
     REPLAYED_FROM,
-    SOURCE_ID,
     SOURCE_STREAM,
     WORKER,
 )
+from printery.history import decode_fields
 
 
 @click.group()
@@ -47,22 +47,23 @@ def dlq() -> None:
 @click.option("--count", type=click.IntRange(min=1), default=1000, show_default=True)
 @json_option
 def dlq_list(count: int, as_json: bool) -> None:
-    """List dead letters, oldest first."""
+    """List dead letters, oldest first: with --json every field of each (the original
+    entry's, ``data`` included, and what dead-lettering added)."""
     ops = get_ctx()
+    field = ops.pipeline.correlation_field
 
     async def body(client: aioredis.Redis) -> list[dict[str, Any]]:
         entries = await client.xrange(ops.keys.dlq, count=count)
-        return [_summary(entry_id, fields, ops.pipeline.correlation_field)
-                for entry_id, fields in entries]
+        return [_row(entry_id, fields, field) for entry_id, fields in entries]
 
     rows = ops.run(body)
     if as_json:
         print_json(rows)
         return
+    columns = [WORKER, REASON_CODE, field, DELIVERIES, SOURCE_STREAM]
     click.echo(table(
-        [(r["id"], r["worker"], r["reason_code"], r["deployment_id"], r["deliveries"],
-          r["source_stream"], r["error"][:60]) for r in rows],
-        ["id", "worker", "reason", "deployment_id", "deliveries", "source_stream", "error"],
+        [(r["id"], *(r.get(c, "") for c in columns), str(r.get(ERROR, ""))[:60]) for r in rows],
+        ["id", *columns, ERROR],
     ))
 
 
@@ -70,17 +71,17 @@ def dlq_list(count: int, as_json: bool) -> None:
 @click.argument("entry_id", metavar="ID")
 @json_option
 def dlq_show(entry_id: str, as_json: bool) -> None:
-    """Every field of one dead letter."""
+    """Every field of one dead letter: JSON with --json, else one per line with ``data``
+    as indented JSON and the traceback as it was printed."""
     ops = get_ctx()
     fields = ops.run(lambda client: get_entry(client, ops.keys.dlq, entry_id))
     if fields is None:
         fail(f"no dlq entry {entry_id}")
-    shown = {"id": entry_id, **decode_fields(fields)}
+    shown = _row(entry_id, fields, ops.pipeline.correlation_field)
     if as_json:
         print_json(shown)
         return
-    for name, value in shown.items():
-        click.echo(f"{name}: {value}")
+    click.echo(show_entry(shown))
 
 
 @dlq.command("replay")
@@ -177,11 +178,9 @@ def _report(results: list[dict[str, Any]], as_json: bool, columns: list[str]) ->
         raise SystemExit(1)
 
 
-def _summary(entry_id: str, fields: dict[str, str], correlation_field: str) -> dict[str, Any]:
-    return {
-        "id": entry_id,
-        **{name: fields.get(name, "") for name in (
-            WORKER, REASON_CODE, ERROR, DELIVERIES, FAILED_AT, SOURCE_STREAM, SOURCE_ID)},
-        "type": fields.get("type", ""),
-        "deployment_id": fields.get(correlation_field, ""),
-    }
+def _row(entry_id: str, fields: dict[str, str], correlation_field: str) -> dict[str, Any]:
+    """A dead letter as the operator sees it: every field decoded, and the run's id under
+    the pipeline's correlation field even when the producer put it only in ``data``."""
+    row = {"id": entry_id, **decode_fields(fields)}
+    row[correlation_field] = correlation_of(fields, correlation_field) or ""
+    return row

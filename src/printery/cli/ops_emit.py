@@ -1,14 +1,17 @@
 """``printery emit``: publish a ``deployment:started`` and optionally wait for its outcome.
 
-``--wait`` reads ``deployment:finished`` from the id that stream had *before* publishing,
-so an outcome written between publishing and the first read cannot be missed.
+``--wait`` follows the request (:mod:`printery.follow`) from where ``deployment:finished``,
+``dlq`` and ``review`` were *before* publishing, so nothing written in between is
+missed: the outcome (exit 0 when ``succeeded``, else 1), the request dead-lettered
+(exit 1 at once) or waiting for approval (said on stderr with the review id; the wait
+goes on, a reviewer may approve).
 """
 
 from __future__ import annotations
 
 import sys
 import time
-from typing import Any
+from typing import Any, NoReturn
 
 import click
 import redis.asyncio as aioredis
@@ -20,14 +23,20 @@ from printery.cli.ops_common import (
     EXIT_OK,
     EXIT_TIMEOUT,
     PRODUCER,
-    decode_fields,
     fail,
     get_ctx,
     json_option,
     print_json,
     table,
 )
-from printery.deploy.events import FINISHED
+from printery.cli.term import printable
+from printery.deploy.events import FINISHED, REVIEW_APPROVAL
+from printery.fields import ERROR, KIND, REASON_CODE
+from printery.follow import Ending, Published, follow, positions
+from printery.history import decode_fields
+
+#: ``status`` of ``emit --wait --json`` when the request itself went to ``dlq``.
+DEAD_LETTERED = "dead_lettered"
 
 _CONSTRAINT_START = tuple("<>=!~0123456789")
 
@@ -131,76 +140,94 @@ def emit(
         cid = new_id(pipeline.id_prefix)
         request[pipeline.correlation_field] = cid
 
-    async def body(client: aioredis.Redis) -> tuple[str, dict[str, Any] | None]:
-        keys, codec = ops.keys, pipeline.codec()
-        finished = keys.stream(FINISHED)
+    ingress = ops.keys.stream(pipeline.ingress[0])
+    finished = ops.keys.stream(FINISHED)
+    reviews: list[str] = []
+
+    def on_review(review_id: str, fields: dict[str, str]) -> None:
+        reviews.append(review_id)
+        _clear_progress()
+        what = "approval" if fields.get(KIND) == REVIEW_APPROVAL else f"review ({fields.get(KIND)})"
+        click.echo(f"{cid} waits for {printable(what)}: review {review_id}; decide with "
+                   f"`printery review approve {review_id} --by NAME` (or reject)", err=True)
+
+    async def body(client: aioredis.Redis) -> tuple[str, Ending | None]:
+        codec = pipeline.codec()
         # A generated id is new: only outcomes after now can be its own. A given id may
         # have finished before (a repeated start is not run again): read from the start.
-        last = [] if given_id else await client.xrevrange(finished, count=1)
-        start = last[0][0] if last else "0-0"
+        start = await positions(client, [ops.keys.dlq, ops.keys.review,
+                                         *([] if given_id else [finished])])
         envelope = codec.new(pipeline.ingress[0], request, correlation_id=cid, producer=PRODUCER)
-        entry_id = await client.xadd(keys.stream(pipeline.ingress[0]), codec.encode(envelope))  # type: ignore[arg-type]
+        entry_id = _text(await client.xadd(ingress, codec.encode(envelope)))  # type: ignore[arg-type]
         if not wait:
-            return str(entry_id), None
+            return entry_id, None
         if not as_json:
             click.echo(cid)
-        return str(entry_id), await _wait_finished(client, finished, start, cid,
-                                                   pipeline.correlation_field, timeout)
+        began = time.monotonic()
+        try:
+            return entry_id, await follow(
+                client, ops.keys, Published(ingress, entry_id, cid),
+                correlation_field=pipeline.correlation_field, outcome_types=[FINISHED],
+                start=start, timeout=timeout, on_review=on_review,
+                on_tick=lambda: _progress(cid, time.monotonic() - began))
+        finally:
+            _clear_progress()
 
-    entry_id, outcome = ops.run(body)
+    entry_id, ending = ops.run(body)
+    head = {"deployment_id": cid, "entry_id": entry_id}
     if not wait:
         if as_json:
-            print_json({"deployment_id": cid, "entry_id": entry_id})
+            print_json(head)
         else:
             click.echo(cid)
         return
-    if outcome is None:
+    if reviews:
+        head["review_id"] = reviews[-1]
+    if ending is None:
         if as_json:
-            print_json({"deployment_id": cid, "entry_id": entry_id, "status": "timeout"})
-        fail(f"timed out after {timeout:g}s waiting for {cid} to finish", EXIT_TIMEOUT)
-    raw_data = outcome.get("data")
+            print_json({**head, "status": "timeout"})
+        waiting = f"; it waits on review {reviews[-1]}" if reviews else ""
+        fail(f"timed out after {timeout:g}s waiting for {cid} to finish{waiting}", EXIT_TIMEOUT)
+    entry = {"id": ending.id, **decode_fields(ending.fields)}
+    if ending.kind == "dead_lettered":
+        _dead_lettered(head, entry, as_json)
+    raw_data = entry.get("data")
     data_out: dict[str, Any] = raw_data if isinstance(raw_data, dict) else {}
     status = str(data_out.get("status", "unknown"))
     if as_json:
-        print_json({"deployment_id": cid, "entry_id": entry_id, "status": status,
-                    "finished": outcome})
+        print_json({**head, "status": status, "finished": entry})
     else:
         reasons = data_out.get("reasons") or []
-        click.echo(f"{cid}: {status}")
+        click.echo(f"{cid}: {printable(status)}")
         if reasons:
             click.echo(table([(r.get("code"), r.get("field"), r.get("message")) for r in reasons],
                              ["code", "field", "message"]))
     sys.exit(EXIT_OK if status == "succeeded" else EXIT_FAIL)
 
 
-async def _wait_finished(
-    client: aioredis.Redis, stream: str, start: str, cid: str, field: str, timeout: float
-) -> dict[str, Any] | None:
-    """The ``finished`` entry of ``cid`` written after ``start``, or None at the timeout.
+def _dead_lettered(head: dict[str, Any], entry: dict[str, Any], as_json: bool) -> NoReturn:
+    """The request itself went to ``dlq``: no outcome will ever come, exit 1 now."""
+    if as_json:
+        print_json({**head, "status": DEAD_LETTERED, "dlq": entry})
+    else:
+        click.echo(f"{head['deployment_id']}: {DEAD_LETTERED} "
+                   f"({printable(str(entry.get(REASON_CODE, '')))}): "
+                   f"{printable(str(entry.get(ERROR, '')))}; dlq entry {entry['id']}")
+    sys.exit(EXIT_FAIL)
 
-    A progress line (elapsed seconds) goes to stderr only when it is a terminal, so
-    scripts and logs stay clean.
-    """
-    tty = sys.stderr.isatty()
-    began = time.monotonic()
-    deadline = began + timeout
-    last = start
-    try:
-        while True:
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
-                return None
-            if tty:
-                sys.stderr.write(f"\rwaiting for {cid} ... {time.monotonic() - began:4.0f}s")
-                sys.stderr.flush()
-            block = max(1, int(min(remaining, 1.0) * 1000))
-            reply = await client.xread({stream: last}, count=100, block=block)
-            for _name, entries in reply or []:
-                for entry_id, fields in entries:
-                    last = entry_id
-                    if fields.get(field) == cid:
-                        return {"id": entry_id, **decode_fields(fields)}
-    finally:
-        if tty:
-            sys.stderr.write("\r\033[K")
-            sys.stderr.flush()
+
+def _progress(cid: str, elapsed: float) -> None:
+    """Elapsed seconds on stderr, only when it is a terminal (scripts and logs stay clean)."""
+    if sys.stderr.isatty():
+        sys.stderr.write(f"\rwaiting for {cid} ... {elapsed:4.0f}s")
+        sys.stderr.flush()
+
+
+def _clear_progress() -> None:
+    if sys.stderr.isatty():
+        sys.stderr.write("\r\033[K")
+        sys.stderr.flush()
+
+
+def _text(value: object) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)

@@ -21,14 +21,13 @@ from printery.cli.ops_common import (
     WATCH_RETRIES,
     Failure,
     OpsContext,
-    decode_fields,
     get_ctx,
     get_entry,
     json_option,
     print_json,
     table,
 )
-from printery.deploy.app import delivery_key
+from printery.deploy.app import approved_request, delivery_key
 from printery.deploy.delivery import parse_channel, post_webhook, redact_channel
 from printery.deploy.events import (
     CHANNEL,
@@ -37,7 +36,8 @@ from printery.deploy.events import (
     REVIEW_DELIVERY_FAILED,
     VALIDATED,
 )
-from printery.deploy.settings import NotifierSettings
+from printery.deploy.settings import DeploySettings, NotifierSettings
+from printery.envelope import correlation_of
 from printery.fields import (
     BY,
     DECIDED_AT,
@@ -50,6 +50,7 @@ from printery.fields import (
     SOURCE_STREAM,
     STEP,
 )
+from printery.history import decode_fields
 from printery.keys import REVIEW_DECIDED
 
 
@@ -68,7 +69,7 @@ def review_list(as_json: bool) -> None:
     async def body(client: aioredis.Redis) -> list[dict[str, Any]]:
         entries = await client.xrange(ops.keys.review)
         return [{"id": entry_id, KIND: f.get(KIND, ""), STEP: f.get(STEP, ""),
-                 "deployment_id": f.get(field, ""), REASON: f.get(REASON, ""),
+                 field: correlation_of(f, field) or "", REASON: f.get(REASON, ""),
                  "produced_at": f.get("produced_at", ""),
                  SOURCE_STREAM: f.get(SOURCE_STREAM, ""), SOURCE_ID: f.get(SOURCE_ID, "")}
                 for entry_id, f in entries]
@@ -77,8 +78,8 @@ def review_list(as_json: bool) -> None:
     if as_json:
         print_json(rows)
         return
-    click.echo(table([(r["id"], r["kind"], r["step"], r["deployment_id"], r["reason"])
-                      for r in rows], ["id", "kind", "step", "deployment_id", "reason"]))
+    columns = ["id", KIND, STEP, field, REASON]
+    click.echo(table([[r[c] for c in columns] for r in rows], columns))
 
 
 def _decision_options(func: Any) -> Any:
@@ -132,7 +133,11 @@ async def decide(
     if kind == REVIEW_APPROVAL and decision == "approved":
         if by == data.get("requested_by"):
             raise Failure(f"{by} requested this deployment and cannot approve it")
-        env = codec.new(VALIDATED, {**data, "approved_by": by}, correlation_id=cid,
+        try:
+            approved = approved_request(data, cid, by, DeploySettings.of(ops.settings))
+        except ValueError as exc:
+            raise Failure(f"review {review_id}: the request does not validate: {exc}") from None
+        env = codec.new(VALIDATED, approved, correlation_id=cid,
                         producer=PRODUCER, idempotency_key=f"{VALIDATED}:{cid}")
         output = (keys.stream(VALIDATED), codec.encode(env))
     elif kind == REVIEW_APPROVAL:

@@ -2,13 +2,12 @@
 what it spent.
 
 ``trace`` scans every stream of the pipeline plus ``dlq``, ``review`` and
-``review:decided`` with XRANGE in chunks and keeps the entries of one correlation id:
-O(total stream length), fine for operator use on retained history, not for a hot path.
+``review:decided`` (:func:`printery.history.run_entries`): O(total stream length), fine
+for operator use on retained history, not for a hot path.
 """
 
 from __future__ import annotations
 
-import contextlib
 from typing import Any
 
 import click
@@ -17,7 +16,7 @@ import redis.asyncio as aioredis
 from printery._util import stream_id_ms
 from printery.cli.ops_common import (
     Failure,
-    decode_fields,
+    OpsContext,
     fail,
     get_ctx,
     json_option,
@@ -26,34 +25,25 @@ from printery.cli.ops_common import (
 )
 from printery.cost import cost_summary, parse_duration
 from printery.fields import DECISION, KIND, REASON, REASON_CODE
-from printery.keys import DLQ, REVIEW, REVIEW_DECIDED
-from printery.replay import ReplayError, scan_stream
+from printery.keys import REVIEW
+from printery.replay import ReplayError
 from printery.replay import replay as replay_run
+from printery.runs import RunReader
 
 
 @click.command()
 @click.argument("deployment_id")
 @json_option
 def trace(deployment_id: str, as_json: bool) -> None:
-    """Every entry of one deployment across all streams, in time order, with durations."""
+    """Every entry of one deployment across all streams, in time order, with durations.
+
+    Entries an external producer wrote with only ``data`` belong to the run whose id
+    their ``data`` carries (CONTRACT §2)."""
     ops = get_ctx()
-    pipeline, keys = ops.pipeline, ops.keys
-    field = pipeline.correlation_field
-
-    async def body(client: aioredis.Redis) -> list[dict[str, Any]]:
-        found: list[dict[str, Any]] = []
-        for event_type in dict.fromkeys([*pipeline.event_types(), DLQ, REVIEW, REVIEW_DECIDED]):
-            stream = keys.stream(event_type)
-            async for entry_id, fields in scan_stream(client, stream):
-                if fields.get(field) == deployment_id:
-                    found.append({"id": entry_id, "stream": event_type,
-                                  **decode_fields(fields)})
-        return found
-
-    entries = ops.run(body)
+    field = ops.pipeline.correlation_field
+    entries = ops.run(lambda client: run_entries(client, ops, deployment_id))
     if not entries:
         fail(f"no entries of {field} {deployment_id!r}")
-    entries.sort(key=lambda e: tuple(int(p) for p in e["id"].split("-")))
     first = stream_id_ms(entries[0]["id"])
     previous = first
     for entry in entries:
@@ -61,9 +51,6 @@ def trace(deployment_id: str, as_json: bool) -> None:
         entry["at_ms"] = ms - first
         entry["since_previous_ms"] = ms - previous
         previous = ms
-        if "duration_ms" in entry:
-            with contextlib.suppress(ValueError):
-                entry["duration_ms"] = float(entry["duration_ms"])
     if as_json:
         print_json(entries)
         return
@@ -132,8 +119,17 @@ def cost(deployment_id: str | None, since: str | None, as_json: bool) -> None:
     except ValueError as exc:
         raise click.BadParameter(str(exc), param_hint="--since") from None
     ops = get_ctx()
-    summary = ops.run(lambda client: cost_summary(client, ops.keys, ops.pipeline,
-                                                  deployment_id, since_seconds))
+
+    async def body(client: aioredis.Redis) -> dict[str, Any]:
+        summary = await cost_summary(client, ops.keys, ops.pipeline, deployment_id,
+                                     since_seconds)
+        # No step's figures for that id: an unknown id is a failure, as for `trace`.
+        if deployment_id is not None and not summary["steps"] and not await run_entries(
+                client, ops, deployment_id):
+            raise Failure(f"no entries of {ops.pipeline.correlation_field} {deployment_id!r}")
+        return summary
+
+    summary = ops.run(body)
     if as_json:
         print_json(summary)
         return
@@ -141,3 +137,9 @@ def cost(deployment_id: str | None, since: str | None, as_json: bool) -> None:
     rows = [(name, s["calls"], s["duration_ms"], *(s["cost"].get(u, 0) for u in units))
             for name, s in [*summary["steps"].items(), ("total", summary["total"])]]
     click.echo(table(rows, ["step", "calls", "duration_ms", *units]))
+
+
+async def run_entries(client: aioredis.Redis, ops: OpsContext, run_id: str) -> list[dict[str, Any]]:
+    """Every entry of the run so far, as ``trace`` shows them (:class:`RunReader`)."""
+    found, _ = await RunReader(client, ops.keys, ops.pipeline).history(run_id)
+    return found

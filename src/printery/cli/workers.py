@@ -8,7 +8,7 @@ only when it was on the command line (click's parameter source), so a switch lef
 does not hide ``SUPERVISED_MODE=true``.
 
 Settings are validated before anything connects, in the order of
-:mod:`printery.cli.common`: the framework's (to find ``--app``), then with the app's
+:mod:`printery.apps`: the framework's (to find ``--app``), then with the app's
 :class:`~printery.AppConfig` (its tables, defaults and worker aliases), then once more
 with the pipeline's worker names, so ``--worker`` and ``[workers.<name>]`` are checked
 against the pipeline actually run. Any :class:`ConfigError` becomes exit 2 with exactly
@@ -18,14 +18,14 @@ one line on stderr.
 from __future__ import annotations
 
 import os
-import sys
 from collections.abc import Callable
 from typing import Any
 
 import click
 from click.core import ParameterSource
 
-from printery.cli.common import command_defaults, default_app_config, load_app_settings
+from printery.apps import command_defaults, default_app_config, load_app_settings
+from printery.cli.common import apps_from_cwd, version_option
 from printery.config import SETTINGS_DOC, SettingDoc, Settings
 from printery.config_load import load_settings
 from printery.errors import ConfigError
@@ -106,6 +106,7 @@ def _child_args(flags: dict[str, object | None]) -> list[str]:
     context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100},
 )
 @_options
+@version_option
 @click.pass_context
 def cli(ctx: click.Context, /, **params: Any) -> None:
     """Run printery's workers until SIGTERM or SIGINT.
@@ -118,10 +119,7 @@ def cli(ctx: click.Context, /, **params: Any) -> None:
         given = ctx.get_parameter_source(name) == ParameterSource.COMMANDLINE
         flags[name] = value if given else None
     env = dict(os.environ)
-    # Like `celery -A` and `uvicorn`: an app module in the working directory is importable
-    # even when started through the console script (whose sys.path lacks the cwd).
-    if os.getcwd() not in sys.path and "" not in sys.path:
-        sys.path.insert(0, os.getcwd())
+    apps_from_cwd()
     try:
         settings, pipeline = resolve(flags, env)
     except ConfigError as exc:

@@ -50,7 +50,7 @@ from printery.deploy.events import (
 from printery.deploy.merge import merge_outcome
 from printery.deploy.probes import check_dependencies, watch_health
 from printery.deploy.settings import CONFIG, DeploySettings, HasTables
-from printery.deploy.validation import validate_request
+from printery.deploy.validation import Validation, validate_request
 
 log = structlog.get_logger("printery.deploy")
 
@@ -104,11 +104,7 @@ def build_pipeline(settings: DeploySettings | None = None) -> Pipeline:
     @pipeline.step(VALIDATOR, consumes=[STARTED], produces=[VALIDATED, REJECTED, REVIEW],
                    concurrency=1, input_check=_input_check(cfg))
     async def validator(message: Message) -> Output:
-        result = validate_request(
-            message.data,
-            approval_required=cfg.validator.approval_required,
-            default_notify=cfg.notifier.default_channels,
-        )
+        result = check_request(message.data, cfg)
         cid = message.correlation_id
         # One decision per deployment id: a later start of the same id is not run again.
         once = f"decided:{cid}"
@@ -118,9 +114,11 @@ def build_pipeline(settings: DeploySettings | None = None) -> Pipeline:
                                      "request": message.data}, once=once)
         request = {**result.request, "deployment_id": cid}
         if result.needs_approval:
+            # The reviewer sees the request exactly as submitted; the approval normalizes
+            # it again (approved_request), as here.
             review = review_output(
                 message, kind=REVIEW_APPROVAL,
-                reason=f"{request['environment']} requires approval", data=request,
+                reason=f"{request['environment']} requires approval",
             )
             return Output(review.type, review.data, idempotency_key=review.idempotency_key,
                           extra=review.extra, once=once)
@@ -215,6 +213,24 @@ def build_pipeline(settings: DeploySettings | None = None) -> Pipeline:
         ]
 
     return pipeline
+
+
+def check_request(data: Any, cfg: DeploySettings) -> Validation:
+    """The validator's verdict on a request under ``cfg`` (CONTRACT §3)."""
+    return validate_request(data, approval_required=cfg.validator.approval_required,
+                            default_notify=cfg.notifier.default_channels)
+
+
+def approved_request(submitted: Any, cid: str, by: str, cfg: DeploySettings) -> dict[str, Any]:
+    """The ``deployment:validated`` data of an approval by ``by``: the request as
+    submitted (what the ``review`` entry holds), validated and normalized as the
+    validator does, with ``approved_by`` = ``by``. Raises :class:`ValueError` naming the
+    reasons when it does not pass (the requester approving, or a config changed since)."""
+    data = {**submitted, "approved_by": by} if isinstance(submitted, dict) else submitted
+    result = check_request(data, cfg)
+    if result.request is None:
+        raise ValueError("; ".join(f"{r.code} {r.field}: {r.message}" for r in result.reasons))
+    return {**result.request, "deployment_id": cid}
 
 
 def channels_of(finished: dict[str, Any], default: tuple[str, ...] | list[str]) -> list[str]:
