@@ -16,6 +16,11 @@ from printery.errors import (
     PrinteryError,
     Reject,
     Retry,
+    ReviewActionFailed,
+    ReviewError,
+    ReviewInvalid,
+    ReviewNotFound,
+    ReviewRefused,
     SupervisorError,
     TransportError,
     WorkerFailed,
@@ -33,6 +38,7 @@ from printery.pipeline.aggregate import (
 from printery.pipeline.dag import Pipeline, Step, to_mermaid, to_text
 from printery.pipeline.escalation import escalate, review_output
 from printery.pipeline.reason import Reason
+from printery.pipeline.review_kinds import ReviewCase, ReviewKind, ReviewOutcome
 from printery.redact import redact_text, redact_url
 from printery.replay import ReplayError, ReplayResult, replay
 from printery.runtime.consumer import ConsumerSettings
@@ -71,6 +77,14 @@ __all__ = [
     "ReplayError",
     "ReplayResult",
     "Retry",
+    "ReviewActionFailed",
+    "ReviewCase",
+    "ReviewError",
+    "ReviewInvalid",
+    "ReviewKind",
+    "ReviewNotFound",
+    "ReviewOutcome",
+    "ReviewRefused",
     "RunContext",
     "Settings",
     "SettingsTable",

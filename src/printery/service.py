@@ -12,8 +12,9 @@ Everything the other modules provide is wired here, in the order the contract ne
    ``validator``'s entries published meanwhile go unseen by a later process;
 4. the selected workers, started by the :class:`WorkerManager` in dependency order;
 5. HTTP (``/healthz``, ``/readyz``, ``/status``, ``/metrics``), the process registry
-   heartbeat and a gauge updater, which only observe, and the retention sweep
-   (``transport.retention``), which trims only what every group has acknowledged.
+   heartbeat and a gauge updater, which only observe, the retention sweep
+   (``transport.retention``), which trims only what every group has acknowledged, and
+   the review deadlines (``[review.<kind>] timeout``), which reject what waited too long.
 
 Shutdown is the reverse. SIGTERM/SIGINT start a graceful stop (drain within
 ``shutdown_timeout``, ack what finished, leave the rest pending for redelivery); a second
@@ -44,6 +45,7 @@ from printery.lifecycle import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK, ProcessLi
 from printery.logging import get_logger
 from printery.metrics import OUTCOMES, Metrics
 from printery.pipeline.dag import Pipeline
+from printery.reviews import expire_reviews, sweep_interval
 from printery.runtime.consumer import ConsumerSettings
 from printery.runtime.payloads import PayloadStore
 from printery.runtime.registry import ProcessRegistry
@@ -212,6 +214,8 @@ class Service(ProcessLifecycle):
         observers = [self.registry.run(self._registry_status), self._update_gauges()]
         if self.settings.transport.retention > 0:
             observers.append(self._retain())
+        if self.settings.review_timeouts():
+            observers.append(self._expire_reviews())
         for observer in observers:
             task = asyncio.create_task(observer)
             task.add_done_callback(log_failure)  # an observer that fails says so at once
@@ -284,6 +288,27 @@ class Service(ProcessLifecycle):
                 if removed:
                     log.info("retention sweep", trimmed=removed)
             await asyncio.sleep(transport.retention_interval)
+
+    async def _expire_reviews(self) -> None:
+        """Reject, by ``timeout``, each review left undecided past its kind's deadline.
+        Every process sweeps; a decision is made once whoever tries (:mod:`printery.
+        reviews`), so more processes only repeat a cheap range read. A sweep that fails
+        is logged and the next one tries again: a deadline is never given up."""
+        assert self.client is not None
+        timeouts = self.settings.review_timeouts()
+        while True:
+            try:
+                made = await expire_reviews(self.client, self.keys, self.pipeline, timeouts)
+            except (RedisError, OSError) as exc:
+                log.warning("review deadline sweep failed: retrying", error=str(exc))
+            except Exception as exc:  # an application's reject hook: logged, retried
+                log.error("review deadline sweep failed: retrying", error=str(exc),
+                          exc_info=exc)
+            else:
+                for record in made:
+                    log.info("review rejected at its deadline", review_id=record["review_id"],
+                             kind=record["kind"], outputs=record["outputs"])
+            await asyncio.sleep(sweep_interval(timeouts))
 
     # -- StatusProvider ----------------------------------------------------------------------
 

@@ -21,6 +21,9 @@ EXPECTED = {
     # the application hook of the settings, redaction, the framework's own streams
     "AppConfig", "SettingsTable", "redact_text", "redact_url", "DLQ", "REVIEW", "REVIEW_DECIDED",
     "review_fields",
+    # the review inbox of any pipeline (CONTRACT §12)
+    "ReviewCase", "ReviewKind", "ReviewOutcome", "ReviewError", "ReviewNotFound",
+    "ReviewRefused", "ReviewInvalid", "ReviewActionFailed",
 }
 
 

@@ -8,7 +8,6 @@ validator ──validated──> dependency-checker ──dependencies:checked�
 
 from __future__ import annotations
 
-import hashlib
 import os
 from typing import Any
 
@@ -26,7 +25,7 @@ from printery import (
     review_fields,
     review_output,
 )
-from printery.deploy.delivery import parse_channel, post_webhook, redact_channel
+from printery.deploy.delivery import delivery_key, parse_channel, post_webhook, redact_channel
 from printery.deploy.events import (
     AGGREGATOR,
     CHANNEL,
@@ -47,6 +46,7 @@ from printery.deploy.events import (
 )
 from printery.deploy.merge import merge_outcome
 from printery.deploy.probes import check_dependencies, watch_health
+from printery.deploy.review_kinds import register_review_kinds
 from printery.deploy.settings import CONFIG, DeploySettings, HasTables
 from printery.deploy.validation import validate_request
 
@@ -86,6 +86,7 @@ def build_pipeline(settings: DeploySettings | None = None) -> Pipeline:
         cost_units=COST_UNITS,
         extra_types=[REVIEW_DECIDED],
     )
+    register_review_kinds(pipeline, cfg.notifier, approved=approved_request)
 
     @pipeline.step(VALIDATOR, consumes=[STARTED], produces=[VALIDATED, REJECTED, REVIEW],
                    concurrency=1)
@@ -107,6 +108,7 @@ def build_pipeline(settings: DeploySettings | None = None) -> Pipeline:
             review = review_output(
                 message, kind=REVIEW_APPROVAL,
                 reason=f"{request['environment']} requires approval", data=request,
+                on_approve=VALIDATED, on_reject=REJECTED,
             )
             return Output(review.type, review.data, idempotency_key=review.idempotency_key,
                           extra=review.extra, once=once)
@@ -203,6 +205,14 @@ def build_pipeline(settings: DeploySettings | None = None) -> Pipeline:
     return pipeline
 
 
+def approved_request(request: Any, cid: str, by: str) -> dict[str, Any]:
+    """The ``deployment:validated`` data of an approval by ``by``: the request under
+    review with ``approved_by`` = ``by``."""
+    if not isinstance(request, dict):
+        raise ValueError("the request under review is not a JSON object")
+    return {**request, "approved_by": by}
+
+
 def channels_of(finished: dict[str, Any], default: tuple[str, ...] | list[str]) -> list[str]:
     """The channels a finished deployment is announced on: the request's, else default."""
     step = (finished.get("steps") or {}).get(VALIDATOR) or {}
@@ -218,12 +228,6 @@ def channels_of(finished: dict[str, Any], default: tuple[str, ...] | list[str]) 
             continue
         valid.append(channel)
     return valid
-
-
-def delivery_key(deployment_id: str, channel: str) -> str:
-    """Stable across retries and restarts: the receiver dedupes on it."""
-    digest = hashlib.sha256(channel.encode()).hexdigest()[:16]
-    return f"{deployment_id}:{digest}"
 
 
 def sent(cid: str, channel: str, status: str, attempts: int, fallback_for: str | None) -> Output:
