@@ -2,9 +2,18 @@
 
     extract ──> summarize ─┐
         │  └──> classify ──┴─> join (aggregator) ──> gate (validator) ──> publish
-        └──────────────── opens the join ─────────┘
+        └──────────────── opens the join ─────────┘          └─> review (a human)
 
-Plain functions stand in for model calls. Run it end to end on a real server:
+Plain functions stand in for model calls. A document the classifier is unsure of goes to
+review: a reviewer approves it with corrected data (the run resumes at ``publish`` with
+exactly that data) or rejects it (``doc:refused``, status ``rejected``). The demo run
+plays the reviewer through :mod:`printery.reviews`; against a service, a person does:
+
+    printery --app examples.docflow:pipeline review list
+    printery --app examples.docflow:pipeline review approve ID --by ana \
+        --data '{"doc_id": "note-1", "label": "note", "summary": "...", "confidence": 1}'
+
+Run it end to end on a real server:
 
     python -m examples.docflow                 # starts a throwaway server of its own
     REDIS_URL=redis://127.0.0.1:6379 python -m examples.docflow
@@ -21,9 +30,11 @@ import tempfile
 import uuid
 from typing import Any
 
+import redis.asyncio as aioredis
 from pydantic import BaseModel
 
 from printery import (
+    REVIEW,
     Aggregator,
     ConsumerSettings,
     JoinState,
@@ -31,7 +42,10 @@ from printery import (
     Output,
     Pipeline,
     Reason,
+    StreamKeys,
     WorkerManager,
+    review_output,
+    reviews,
 )
 
 
@@ -49,6 +63,14 @@ class Classification(BaseModel):
     doc_id: str
     label: str
     confidence: float
+
+
+class Publishable(BaseModel):
+    """What ``publish`` needs: also what a reviewer's edited data must hold."""
+
+    doc_id: str
+    label: str
+    summary: str
 
 
 pipeline = Pipeline(
@@ -113,26 +135,48 @@ def check(analysis: dict[str, Any]) -> list[Reason]:
     return reasons
 
 
-@pipeline.step("gate", consumes=["doc:analyzed"], produces=["doc:approved", "doc:refused"])
+#: The review kind of a document the classifier is unsure of.
+UNSURE = "low_confidence"
+
+
+@pipeline.step("gate", consumes=["doc:analyzed"],
+               produces=["doc:approved", "doc:refused", REVIEW])
 async def gate(message: Message) -> Output:
     reasons = check(message.data)
+    if [r.code for r in reasons] == ["low_confidence"]:
+        # Only unsure, nothing broken: a human decides, and may correct the label.
+        return review_output(message, kind=UNSURE, reason=reasons[0].message,
+                             on_approve="doc:approved", on_reject="doc:refused")
     if reasons:
         return Output("doc:refused", {"doc_id": message.correlation_id,
                                       "reasons": [r.as_dict() for r in reasons]})
     return Output("doc:approved", message.data)
 
 
-@pipeline.step("publish", consumes=["doc:approved"], produces=["doc:published"])
+@pipeline.step("publish", consumes=["doc:approved"], produces=["doc:published"],
+               input_model=Publishable)
 async def publish(message: Message) -> Output:
     return Output("doc:published", {"doc_id": message.correlation_id,
                                     "label": message.data["label"],
                                     "summary": message.data["summary"]})
 
 
+async def demo_reviewer(client: aioredis.Redis, keys: StreamKeys) -> None:
+    """Stands in for a person at ``printery review``: spam is rejected, anything else is
+    approved as a note, with the label corrected in the data it resumes with."""
+    for review in await reviews.list_reviews(client, keys, pipeline):
+        data = review["data"]
+        if "free" in str(data.get("summary", "")).lower():
+            await reviews.reject(client, keys, pipeline, review["id"], by="demo-reviewer",
+                                 note="spam")
+        else:
+            await reviews.approve(client, keys, pipeline, review["id"], by="demo-reviewer",
+                                  data={**data, "label": "note", "confidence": 1.0})
+
+
 async def run_once(url: str, prefix: str, docs: dict[str, str], timeout: float = 30) -> dict[str, Any]:
     """Run the pipeline, submit ``docs``, wait for each to be published or refused."""
     from printery._json import dumps, loads
-    from printery.keys import StreamKeys
     from printery.transport.connection import connect
 
     client = connect(url, block_ms=100)
@@ -154,6 +198,7 @@ async def run_once(url: str, prefix: str, docs: dict[str, str], timeout: float =
             for kind in ("doc:published", "doc:refused"):
                 for _id, fields in await client.xrange(keys.stream(kind)):
                     outcomes[fields["doc_id"]] = {"outcome": kind, **loads(fields["data"])}
+            await demo_reviewer(client, keys)
             await asyncio.sleep(0.05)
         return outcomes
     finally:
@@ -163,7 +208,9 @@ async def run_once(url: str, prefix: str, docs: dict[str, str], timeout: float =
 
 SAMPLES = {
     "invoice-1": "Invoice 42: three widgets, total 99 EUR, due in 30 days.",
+    # Unsure: a reviewer approves it with the label corrected, or rejects it.
     "note-1": "Some note without a clear category at all.",
+    "spam-1": "Free cruise for you, click here now.",
     # A large document: it travels between steps by reference, not inline.
     "letter-big": "Dear reader, " + "lorem ipsum dolor sit amet " * 8000,
 }

@@ -18,6 +18,11 @@ from printery.errors import (
     PrinteryError,
     Reject,
     Retry,
+    ReviewActionFailed,
+    ReviewError,
+    ReviewInvalid,
+    ReviewNotFound,
+    ReviewRefused,
     SupervisorError,
     TransportError,
     UnknownRun,
@@ -36,6 +41,7 @@ from printery.pipeline.aggregate import (
 from printery.pipeline.dag import Pipeline, Step, to_mermaid, to_text
 from printery.pipeline.escalation import escalate, review_output
 from printery.pipeline.reason import Reason
+from printery.pipeline.review_kinds import ReviewCase, ReviewKind, ReviewOutcome
 from printery.redact import redact_text, redact_url
 from printery.replay import ReplayError, ReplayResult, replay
 from printery.runs import RunResult
@@ -77,6 +83,14 @@ __all__ = [
     "ReplayError",
     "ReplayResult",
     "Retry",
+    "ReviewActionFailed",
+    "ReviewCase",
+    "ReviewError",
+    "ReviewInvalid",
+    "ReviewKind",
+    "ReviewNotFound",
+    "ReviewOutcome",
+    "ReviewRefused",
     "RunContext",
     "RunResult",
     "Settings",

@@ -48,6 +48,7 @@ from printery.redact import redact_url
 __all__ = [
     "SETTINGS_DOC",
     "AppConfig",
+    "ReviewSettings",
     "SettingDoc",
     "Settings",
     "SettingsTable",
@@ -172,6 +173,14 @@ class WorkerSettings(SettingsTable):
     prefetch: int | None = Field(default=None, ge=1)
 
 
+class ReviewSettings(SettingsTable):
+    """``[review.<kind>]``: how long a review of that kind may wait for a decision."""
+
+    #: Seconds after which an undecided review is rejected with ``by`` = ``timeout``
+    #: (CONTRACT §12); unset: it waits for ever.
+    timeout: float | None = Field(default=None, gt=0)
+
+
 _APP = re.compile(r"^[A-Za-z_]\w*(\.[A-Za-z_]\w*)*:[A-Za-z_]\w*(\.[A-Za-z_]\w*)*$")
 _REDIS_SCHEMES = ("redis", "rediss", "unix")
 # Where an AppConfig is attached to its target (a factory or a Pipeline).
@@ -270,6 +279,7 @@ class Settings(SettingsTable):
     # Tables are frozen, so one shared default instance is safe.
     transport: TransportSettings = TransportSettings()
     workers: dict[str, WorkerSettings] = Field(default_factory=dict)
+    review: dict[str, ReviewSettings] = Field(default_factory=dict)
 
     _app_config: AppConfig | None = PrivateAttr(default=None)
 
@@ -415,6 +425,11 @@ class Settings(SettingsTable):
         if tuning is not None and tuning.concurrency is not None:
             return tuning.concurrency
         return default
+
+    def review_timeouts(self) -> dict[str, float]:
+        """Review kind -> seconds before an undecided review of it is rejected."""
+        return {kind: table.timeout for kind, table in self.review.items()
+                if table.timeout is not None}
 
     @property
     def http_bind(self) -> tuple[str, int] | None:

@@ -24,6 +24,13 @@
      +-- ReplayError            a run cannot be replayed (unknown id, step or entry)
      +-- InvalidInput           submitted data the ingress step refuses (`reasons`)
      +-- UnknownRun             no entry of that run id exists
+     +-- ReviewError            a review decision could not be made (§12)
+          +-- ReviewNotFound    unknown or already decided (CLI exit 1, HTTP 404)
+          +-- ReviewRefused     this reviewer may not decide it (CLI exit 1, HTTP 409)
+          +-- ReviewInvalid     no reviewer, or edited data the kind or the resumed
+          |                     step refuses (CLI exit 2, HTTP 400)
+          +-- ReviewActionFailed the decision's action failed; the review stays open
+                                (CLI exit 1)
 
 Connection failures that reach a caller of the public API are :class:`TransportError`,
 with the client's own exception as ``__cause__``.
@@ -177,3 +184,33 @@ class InvalidInput(PrinteryError):
 
 class UnknownRun(PrinteryError):
     """Raised when no entry of a run id exists (never submitted, or trimmed)."""
+class ReviewError(PrinteryError):
+    """Raised when a review decision cannot be made; nothing was written."""
+
+
+class ReviewNotFound(ReviewError):
+    """Raised for a review id that is unknown or already decided."""
+
+    def __init__(self, review_id: str) -> None:
+        self.review_id = review_id
+        super().__init__(f"no open review {review_id} (unknown or already decided)")
+
+
+class ReviewRefused(ReviewError):
+    """Raised when the reviewer may not make this decision (the requester of a
+    deployment approving it)."""
+
+
+class ReviewInvalid(ReviewError):
+    """Raised for a decision without a reviewer, or edited data on a rejection, on a kind
+    that takes none, or that the resumed step's input model refuses; ``reasons`` are
+    ``{code, field, message}`` dicts (the input model's)."""
+
+    def __init__(self, message: str, reasons: list[dict[str, str]] | None = None) -> None:
+        self.reasons = list(reasons or [])
+        super().__init__(message)
+
+
+class ReviewActionFailed(ReviewError):
+    """Raised when the decision's own action failed (a retried delivery): nothing is
+    recorded and the review stays open, so it can be decided again."""

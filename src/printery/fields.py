@@ -25,8 +25,10 @@ __all__ = [
     "NOTE",
     "REASON",
     "REASON_CODE",
+    "REJECT_TYPE",
     "REPLAYED_FROM",
     "REPLAY_FOR",
+    "RESUME_TYPE",
     "REVIEW_FIELDS",
     "REVIEW_ID",
     "SOURCE_ID",
@@ -60,11 +62,17 @@ REPLAYED_FROM = "replayed_from"
 #: without calling its handler, so a sibling of STEP does not run again.
 REPLAY_FOR = "replay_for"
 
-# `review`: what escalated, in which step, and why.
+# `review`: what escalated, in which step, and why; what a decision writes (§12).
 KIND = "kind"
 STEP = "step"
 REASON = "reason"
-REVIEW_FIELDS: tuple[str, ...] = (KIND, STEP, REASON, SOURCE_STREAM, SOURCE_ID)
+#: The event type an approval writes (the run resumes from there); empty: none.
+RESUME_TYPE = "resume_type"
+#: The event type a rejection writes; empty: the decision is only recorded.
+REJECT_TYPE = "reject_type"
+REVIEW_FIELDS: tuple[str, ...] = (
+    KIND, STEP, REASON, SOURCE_STREAM, SOURCE_ID, RESUME_TYPE, REJECT_TYPE,
+)
 
 # `review:decided`: one decision on one review.
 REVIEW_ID = "review_id"
@@ -93,9 +101,12 @@ def dlq_fields(
 
 
 def review_fields(
-    *, kind: str, step: str, reason: str, source_stream: str = "", source_id: str = ""
+    *, kind: str, step: str, reason: str, source_stream: str = "", source_id: str = "",
+    resume_type: str = "", reject_type: str = "",
 ) -> dict[str, str]:
     """The fields of a ``review`` entry beside its ``data``; the source is empty when no
-    one entry escalated (an aggregator's deadline)."""
+    one entry escalated (an aggregator's deadline), a decision's type empty when that
+    decision writes nothing."""
     return {KIND: kind, STEP: step, REASON: reason,
-            SOURCE_STREAM: source_stream, SOURCE_ID: source_id}
+            SOURCE_STREAM: source_stream, SOURCE_ID: source_id,
+            RESUME_TYPE: resume_type, REJECT_TYPE: reject_type}

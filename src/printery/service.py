@@ -14,8 +14,9 @@ Everything the other modules provide is wired here, in the order the contract ne
 5. HTTP (``/healthz``, ``/readyz``, ``/status``, ``/metrics``; started before step 3,
    so a service waiting for its server says why), the process registry heartbeat and a
    gauge updater, which only observe, the retention sweep (``transport.retention``),
-   which trims only what every group has acknowledged, and the sweep of consumers left
-   by dead processes (``runtime.departed``).
+   which trims only what every group has acknowledged, the sweep of consumers left by
+   dead processes (``runtime.departed``), and the review deadlines (``[review.<kind>]
+   timeout``), which reject what waited too long; the API ``/v1`` (:mod:`printery.api`).
 
 Shutdown is the reverse. SIGTERM/SIGINT start a graceful stop (drain within
 ``shutdown_timeout``, ack what finished, leave the rest pending for redelivery); a second
@@ -56,6 +57,7 @@ from printery.lifecycle import (
 from printery.logging import get_logger
 from printery.metrics import OUTCOMES, Metrics
 from printery.pipeline.dag import Pipeline
+from printery.reviews import expire_reviews, sweep_interval
 from printery.runtime.consumer import ConsumerSettings
 from printery.runtime.departed import live_owners, remove_departed
 from printery.runtime.payloads import PayloadStore
@@ -254,6 +256,8 @@ class Service(ProcessLifecycle):
                      self._sweep_departed()]
         if self.settings.transport.retention > 0:
             observers.append(self._retain())
+        if self.settings.review_timeouts():
+            observers.append(self._expire_reviews())
         for observer in observers:
             task = asyncio.create_task(observer)
             task.add_done_callback(log_failure)  # an observer that fails says so at once
@@ -368,6 +372,27 @@ class Service(ProcessLifecycle):
                 if removed:
                     log.info("retention sweep", trimmed=removed)
             await asyncio.sleep(transport.retention_interval)
+
+    async def _expire_reviews(self) -> None:
+        """Reject, by ``timeout``, each review left undecided past its kind's deadline.
+        Every process sweeps; a decision is made once whoever tries (:mod:`printery.
+        reviews`), so more processes only repeat a cheap range read. A sweep that fails
+        is logged and the next one tries again: a deadline is never given up."""
+        assert self.client is not None
+        timeouts = self.settings.review_timeouts()
+        while True:
+            try:
+                made = await expire_reviews(self.client, self.keys, self.pipeline, timeouts)
+            except (RedisError, OSError) as exc:
+                log.warning("review deadline sweep failed: retrying", error=str(exc))
+            except Exception as exc:  # an application's reject hook: logged, retried
+                log.error("review deadline sweep failed: retrying", error=str(exc),
+                          exc_info=exc)
+            else:
+                for record in made:
+                    log.info("review rejected at its deadline", review_id=record["review_id"],
+                             kind=record["kind"], outputs=record["outputs"])
+            await asyncio.sleep(sweep_interval(timeouts))
 
     # -- StatusProvider ----------------------------------------------------------------------
 

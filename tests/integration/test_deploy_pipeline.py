@@ -142,6 +142,8 @@ async def test_approval_gate(run: DeployRun) -> None:
     waiting = await run.emit(run.request(environment="production"))
     reviews = await wait_for(lambda: run.entries("review", waiting), timeout=10)
     assert reviews[0]["kind"] == "approval" and reviews[0]["step"] == "validator"
+    assert (reviews[0]["resume_type"], reviews[0]["reject_type"]) == (
+        "deployment:validated", "deployment:rejected")
     assert await run.entries("deployment:validated", waiting) == []
     assert await run.entries("deployment:finished", waiting) == []
     # What `printery review approve` writes: the request as submitted, normalized again,

@@ -211,6 +211,7 @@ def test_unknown_flag_key_is_a_programming_error() -> None:
         ("[workers.nobody]\nconcurrency = 2\n", "workers.nobody"),
         ("[workers.validator]\nthreads = 2\n", "workers.validator.threads"),
         ("[health_monitor]\nfrequency = 2\n", "health_monitor.frequency"),
+        ("[review.approval]\ndeadline = 2\n", "review.approval.deadline"),
     ],
 )
 def test_unknown_config_keys_are_rejected(tmp_path: Path, text: str, setting: str) -> None:
@@ -230,11 +231,22 @@ def test_unknown_config_keys_are_rejected(tmp_path: Path, text: str, setting: st
         ("max_restarts = true\n", "max_restarts"),
         ("supervised = 3\n", "supervised"),
         ("transport = 1\n", "transport"),
+        ("[review.approval]\ntimeout = 0\n", "review.approval.timeout"),
+        ('[review.approval]\ntimeout = "soon"\n', "review.approval.timeout"),
+        ("[review.approval]\ntimeout = true\n", "review.approval.timeout"),
+        ("review = 3\n", "review"),
     ],
 )
 def test_bad_config_file_values(tmp_path: Path, text: str, expected: str) -> None:
     message = config_error(env={"PRINTERY_CONFIG": write_config(tmp_path, text)})
     assert message.startswith(f"invalid {expected} (config file ")
+
+
+def test_review_deadlines_per_kind(tmp_path: Path) -> None:
+    path = write_config(tmp_path, "[review.approval]\ntimeout = 90\n[review.other]\n")
+    settings = load_settings({"config": path}, {}, app=DEPLOY_APP)
+    assert settings.review_timeouts() == {"approval": 90.0}
+    assert load_settings({}, {}).review_timeouts() == {}
 
 
 def test_config_file_tables_and_aliases(tmp_path: Path) -> None:

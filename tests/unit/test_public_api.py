@@ -23,6 +23,9 @@ EXPECTED = {
     "review_fields",
     # runs: submitting work and following it (CONTRACT §11)
     "Client", "SyncClient", "RunResult", "InvalidInput", "UnknownRun",
+    # the review inbox of any pipeline (CONTRACT §12)
+    "ReviewCase", "ReviewKind", "ReviewOutcome", "ReviewError", "ReviewNotFound",
+    "ReviewRefused", "ReviewInvalid", "ReviewActionFailed",
 }
 
 

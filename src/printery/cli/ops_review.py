@@ -1,62 +1,58 @@
-"""``printery review``: human decisions on escalations (CONTRACT §5).
+"""``printery review``: human decisions on escalations (CONTRACT §5, §12).
 
-Each decision writes its output (if any), the ``review:decided`` record and deletes the
-``review`` entry in one MULTI/EXEC under WATCH of the review stream: a review can be
-decided once, and two operators deciding at once cannot both win.
+A thin layer over :mod:`printery.reviews`, where a decision is made once and written in
+one transaction; here its errors become exit statuses: unknown or already decided, a
+reviewer who may not decide, an action that failed -> 1; edited data that is not JSON or
+that the kind or the resumed step refuses -> 2.
 """
 
 from __future__ import annotations
 
-import os
-from typing import Any
+from collections.abc import Awaitable, Callable
+from typing import Any, TextIO, TypeVar
 
 import click
-import httpx
 import redis.asyncio as aioredis
-from redis.exceptions import WatchError
 
-from printery._util import now_rfc3339
+from printery import _json
 from printery.cli.ops_common import (
+    EXIT_USAGE,
     PRODUCER,
-    WATCH_RETRIES,
     Failure,
-    OpsContext,
     get_ctx,
-    get_entry,
     json_option,
     print_json,
+    show_entry,
     table,
 )
-from printery.deploy.app import approved_request, delivery_key
-from printery.deploy.delivery import parse_channel, post_webhook, redact_channel
-from printery.deploy.events import (
-    CHANNEL,
-    REJECTED,
-    REVIEW_APPROVAL,
-    REVIEW_DELIVERY_FAILED,
-    VALIDATED,
-)
-from printery.deploy.settings import DeploySettings, NotifierSettings
-from printery.envelope import correlation_of
-from printery.fields import (
-    BY,
-    DECIDED_AT,
-    DECISION,
-    KIND,
-    NOTE,
-    REASON,
-    REVIEW_ID,
-    SOURCE_ID,
-    SOURCE_STREAM,
-    STEP,
-)
-from printery.history import decode_fields
-from printery.keys import REVIEW_DECIDED
+from printery.errors import ReviewError, ReviewInvalid
+from printery.fields import KIND, REASON, STEP
+from printery.redact import redact_text
+from printery.reviews import approve, get_review, list_reviews, reject
+
+T = TypeVar("T")
 
 
 @click.group()
 def review() -> None:
-    """Escalations waiting for a human: list, approve, reject."""
+    """Escalations waiting for a human: list, show, approve, reject."""
+
+
+def _run(body: Callable[[aioredis.Redis], Awaitable[T]]) -> T:
+    """Run ``body``; a review error exits 1, or 2 for input the decision refuses."""
+    ops = get_ctx()
+
+    async def guarded(client: aioredis.Redis) -> T:
+        try:
+            return await body(client)
+        except ReviewInvalid as exc:
+            reasons = "; ".join(f"{r.get('field') or '-'}: {r.get('message')}"
+                                for r in exc.reasons)
+            raise Failure(f"{exc}" + (f" ({reasons})" if reasons else ""), EXIT_USAGE) from None
+        except ReviewError as exc:
+            raise Failure(str(exc)) from None
+
+    return ops.run(guarded)
 
 
 @review.command("list")
@@ -64,22 +60,26 @@ def review() -> None:
 def review_list(as_json: bool) -> None:
     """Open reviews, oldest first."""
     ops = get_ctx()
-    field = ops.pipeline.correlation_field
-
-    async def body(client: aioredis.Redis) -> list[dict[str, Any]]:
-        entries = await client.xrange(ops.keys.review)
-        return [{"id": entry_id, KIND: f.get(KIND, ""), STEP: f.get(STEP, ""),
-                 field: correlation_of(f, field) or "", REASON: f.get(REASON, ""),
-                 "produced_at": f.get("produced_at", ""),
-                 SOURCE_STREAM: f.get(SOURCE_STREAM, ""), SOURCE_ID: f.get(SOURCE_ID, "")}
-                for entry_id, f in entries]
-
-    rows = ops.run(body)
+    pipeline = ops.pipeline
+    rows = _run(lambda client: list_reviews(client, ops.keys, pipeline))
     if as_json:
         print_json(rows)
         return
-    columns = ["id", KIND, STEP, field, REASON]
+    columns = ["id", KIND, STEP, pipeline.correlation_field, REASON]
     click.echo(table([[r[c] for c in columns] for r in rows], columns))
+
+
+@review.command("show")
+@click.argument("review_id", metavar="ID")
+@json_option
+def review_show(review_id: str, as_json: bool) -> None:
+    """One open review: what escalated, why, what a decision writes, and its data."""
+    ops = get_ctx()
+    view = _run(lambda client: get_review(client, ops.keys, ops.pipeline, review_id))
+    if as_json:
+        print_json(view)
+        return
+    click.echo(show_entry(view))
 
 
 def _decision_options(func: Any) -> Any:
@@ -90,121 +90,53 @@ def _decision_options(func: Any) -> Any:
 
 @review.command("approve")
 @_decision_options
-def review_approve(review_id: str, by: str, note: str, as_json: bool) -> None:
-    """Approve: an approval continues the deployment, a failed delivery is retried once,
-    a branch timeout is recorded."""
-    _decide(review_id, "approved", by, note, as_json)
+@click.option("--data", "data_text", default=None, metavar="JSON",
+              help="the edited data the run resumes with (default: the escalated data)")
+@click.option("--file", "data_file", type=click.File("r"), default=None,
+              help="the edited data from a file, - = stdin")
+def review_approve(review_id: str, by: str, note: str, as_json: bool, data_text: str | None,
+                   data_file: TextIO | None) -> None:
+    """Approve: the run resumes with the review's resume type (and --data if given); a
+    deployment approval continues it, a failed delivery is retried once."""
+    data = _edited_data(data_text, data_file)
+    ops = get_ctx()
+    result = _run(lambda client: approve(client, ops.keys, ops.pipeline, review_id, by=by,
+                                         note=note, data=data, producer=PRODUCER))
+    _report(review_id, result, as_json)
 
 
 @review.command("reject")
 @_decision_options
 def review_reject(review_id: str, by: str, note: str, as_json: bool) -> None:
-    """Reject: an approval becomes deployment:rejected; anything else is closed."""
-    _decide(review_id, "rejected", by, note, as_json)
-
-
-def _decide(review_id: str, decision: str, by: str, note: str, as_json: bool) -> None:
+    """Reject: the review's reject type is written with status rejected; a deployment
+    approval becomes deployment:rejected; anything else is closed."""
     ops = get_ctx()
-    result = ops.run(lambda client: decide(ops, client, review_id, decision, by, note))
+    result = _run(lambda client: reject(client, ops.keys, ops.pipeline, review_id, by=by,
+                                        note=note, producer=PRODUCER))
+    _report(review_id, result, as_json)
+
+
+def _edited_data(text: str | None, file: TextIO | None) -> Any:
+    """The JSON of ``--data`` or ``--file`` (None when neither); anything else exits 2."""
+    if text is not None and file is not None:
+        raise click.UsageError("give only one of --data, --file")
+    raw = file.read() if file is not None else text
+    if raw is None:
+        return None
+    try:
+        data = _json.loads(raw)
+    except (_json.JSONDecodeError, ValueError) as exc:
+        raise click.UsageError(f"the edited data is not valid JSON: {exc}") from None
+    if data is None:
+        raise click.UsageError("the edited data is null; leave --data out to keep the data")
+    return data
+
+
+def _report(review_id: str, result: dict[str, Any], as_json: bool) -> None:
     if as_json:
         print_json(result)
-    else:
-        click.echo(f"review {review_id}: {result['decision']} by {by} ({result['kind']})"
-                   + (f"; {result['detail']}" if result.get("detail") else ""))
-
-
-async def decide(
-    ops: OpsContext, client: aioredis.Redis, review_id: str, decision: str, by: str, note: str
-) -> dict[str, Any]:
-    """Apply one decision; raises :class:`Failure` (exit 1) for an unknown or already
-    decided id, an approval by the requester, or a retried delivery that failed again."""
-    keys, pipeline = ops.keys, ops.pipeline
-    codec, field = pipeline.codec(), pipeline.correlation_field
-    fields = await get_entry(client, keys.review, review_id)
-    if fields is None:
-        raise Failure(f"no open review {review_id} (unknown or already decided)")
-    entry = decode_fields(fields)
-    kind, cid = str(entry.get(KIND, "")), str(entry.get(field, ""))
-    raw_data = entry.get("data")
-    data: dict[str, Any] = raw_data if isinstance(raw_data, dict) else {}
-    result: dict[str, Any] = {REVIEW_ID: review_id, KIND: kind, field: cid,
-                              DECISION: decision, BY: by, NOTE: note, "detail": ""}
-    output: tuple[str, dict[str, str]] | None = None
-    if kind == REVIEW_APPROVAL and decision == "approved":
-        if by == data.get("requested_by"):
-            raise Failure(f"{by} requested this deployment and cannot approve it")
-        try:
-            approved = approved_request(data, cid, by, DeploySettings.of(ops.settings))
-        except ValueError as exc:
-            raise Failure(f"review {review_id}: the request does not validate: {exc}") from None
-        env = codec.new(VALIDATED, approved, correlation_id=cid,
-                        producer=PRODUCER, idempotency_key=f"{VALIDATED}:{cid}")
-        output = (keys.stream(VALIDATED), codec.encode(env))
-    elif kind == REVIEW_APPROVAL:
-        reasons = [{"code": "rejected_by_reviewer", "field": "", "message": note}]
-        env = codec.new(REJECTED, {field: cid, "reasons": reasons, "request": data},
-                        correlation_id=cid, producer=PRODUCER,
-                        idempotency_key=f"{REJECTED}:{cid}")
-        output = (keys.stream(REJECTED), codec.encode(env))
-    elif kind == REVIEW_DELIVERY_FAILED and decision == "approved":
-        result["detail"] = await _retry_delivery(ops, cid, data)
-        result["delivered"] = result["detail"].startswith("delivered")
-        if not result["delivered"]:
-            raise Failure(f"review {review_id}: retry failed: {result['detail']}; "
-                          "the review stays open")
-    decided = codec.new(
-        REVIEW_DECIDED, {k: v for k, v in result.items() if k != "detail"},
-        correlation_id=cid, producer=PRODUCER,
-        idempotency_key=f"{REVIEW_DECIDED}:{review_id}",
-        extra={REVIEW_ID: review_id, DECISION: decision, BY: by, NOTE: note,
-               DECIDED_AT: now_rfc3339()},
-    )
-    await _commit(client, keys.review, keys.review_decided, review_id,
-                  codec.encode(decided), output)
-    return result
-
-
-async def _commit(
-    client: aioredis.Redis, review_key: str, decided_key: str, review_id: str,
-    decided: dict[str, str], output: tuple[str, dict[str, str]] | None,
-) -> None:
-    for _ in range(WATCH_RETRIES):
-        async with client.pipeline(transaction=True) as pipe:
-            try:
-                await pipe.watch(review_key)
-                if await get_entry(pipe, review_key, review_id) is None:
-                    raise Failure(f"review {review_id} was decided meanwhile")
-                pipe.multi()  # type: ignore[no-untyped-call]
-                if output is not None:
-                    pipe.xadd(output[0], output[1])  # type: ignore[arg-type]
-                pipe.xadd(decided_key, decided)  # type: ignore[arg-type]
-                pipe.xdel(review_key, review_id)
-                await pipe.execute()
-                return
-            except WatchError:
-                continue
-    raise Failure(f"review {review_id}: too much concurrent change, try again")
-
-
-async def _retry_delivery(ops: OpsContext, cid: str, data: dict[str, Any]) -> str:
-    """POST the finished data once more to the failed channel, with the notifier's
-    idempotency key, so a receiver that did get an earlier attempt dedupes it."""
-    channel = data.get(CHANNEL)
-    if not isinstance(channel, str):
-        return "failed: the review entry names no channel"
-    try:
-        parsed = parse_channel(channel)
-    except ValueError as exc:
-        return f"failed: {exc}"
-    if parsed.kind == "log":
-        return "delivered (log)"
-    payload = {k: v for k, v in data.items() if k != CHANNEL}
-    nc = ops.settings.table("notifier", NotifierSettings)
-    async with httpx.AsyncClient(follow_redirects=False) as http:
-        outcome = await post_webhook(
-            http, parsed.url or "", payload, idempotency_key=delivery_key(cid, channel),
-            secret=os.environ.get(nc.webhook_secret_env) or None, retries=0,
-            backoff_ms=nc.backoff_ms, timeout=nc.timeout,
-            max_response_bytes=nc.max_response_bytes, allow_hosts=nc.allow_hosts,
-        )
-    return f"{outcome.status} to {redact_channel(channel)}: {outcome.detail}"
+        return
+    wrote = ", ".join(result["outputs"]) or "nothing"
+    detail = f"; {result['detail']}" if result.get("detail") else ""
+    click.echo(redact_text(f"review {review_id}: {result['decision']} by {result['by']} "
+                           f"({result['kind']}); wrote {wrote}{detail}"))

@@ -8,7 +8,6 @@ validator ──validated──> dependency-checker ──dependencies:checked�
 
 from __future__ import annotations
 
-import hashlib
 import os
 from collections.abc import Callable
 from typing import Any
@@ -28,7 +27,7 @@ from printery import (
     review_fields,
     review_output,
 )
-from printery.deploy.delivery import parse_channel, post_webhook, redact_channel
+from printery.deploy.delivery import delivery_key, parse_channel, post_webhook, redact_channel
 from printery.deploy.events import (
     AGGREGATOR,
     CHANNEL,
@@ -49,6 +48,7 @@ from printery.deploy.events import (
 )
 from printery.deploy.merge import merge_outcome
 from printery.deploy.probes import check_dependencies, watch_health
+from printery.deploy.review_kinds import register_review_kinds
 from printery.deploy.settings import CONFIG, DeploySettings, HasTables
 from printery.deploy.validation import Validation, validate_request
 
@@ -100,6 +100,8 @@ def build_pipeline(settings: DeploySettings | None = None) -> Pipeline:
         cost_units=COST_UNITS,
         extra_types=[REVIEW_DECIDED],
     )
+    register_review_kinds(pipeline, cfg.notifier,
+                          approved=lambda request, cid, by: approved_request(request, cid, by, cfg))
 
     @pipeline.step(VALIDATOR, consumes=[STARTED], produces=[VALIDATED, REJECTED, REVIEW],
                    concurrency=1, input_check=_input_check(cfg))
@@ -119,6 +121,7 @@ def build_pipeline(settings: DeploySettings | None = None) -> Pipeline:
             review = review_output(
                 message, kind=REVIEW_APPROVAL,
                 reason=f"{request['environment']} requires approval",
+                on_approve=VALIDATED, on_reject=REJECTED,
             )
             return Output(review.type, review.data, idempotency_key=review.idempotency_key,
                           extra=review.extra, once=once)
@@ -248,12 +251,6 @@ def channels_of(finished: dict[str, Any], default: tuple[str, ...] | list[str]) 
             continue
         valid.append(channel)
     return valid
-
-
-def delivery_key(deployment_id: str, channel: str) -> str:
-    """Stable across retries and restarts: the receiver dedupes on it."""
-    digest = hashlib.sha256(channel.encode()).hexdigest()[:16]
-    return f"{deployment_id}:{digest}"
 
 
 def sent(cid: str, channel: str, status: str, attempts: int, fallback_for: str | None) -> Output:

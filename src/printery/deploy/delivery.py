@@ -37,6 +37,13 @@ SIGNATURE_HEADER = "X-Printery-Signature"
 _BAD_URL_CHARS = re.compile(r"[\x00-\x20\x7f]")
 
 
+def delivery_key(deployment_id: str, channel: str) -> str:
+    """The idempotency key of a deployment's delivery to ``channel``: stable across
+    retries, restarts and a reviewer's retry, so the receiver dedupes on it."""
+    digest = hashlib.sha256(channel.encode()).hexdigest()[:16]
+    return f"{deployment_id}:{digest}"
+
+
 def url_problem(url: object) -> str | None:
     """Why ``url`` is not an absolute http(s) URL with a host, or None when it is one.
 

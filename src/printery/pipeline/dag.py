@@ -19,8 +19,10 @@ from pydantic import BaseModel, ValidationError
 from printery import _json
 from printery.envelope import Codec
 from printery.errors import OutputContractError, PipelineError, Reject
+from printery.fields import REJECT_TYPE, RESUME_TYPE
 from printery.keys import DLQ, REVIEW, REVIEW_DECIDED, StreamKeys
 from printery.pipeline.reason import Reason
+from printery.pipeline.review_kinds import ReviewHook, ReviewKind, escalation_of
 from printery.runtime.consumer import ConsumerSettings
 from printery.runtime.handler import Handler, HandlerResult, Message, outputs_of
 from printery.runtime.observe import Observer
@@ -105,6 +107,8 @@ class Step:
             for out in outputs:
                 if out.type not in produces:
                     raise OutputContractError(f"{self.name} emitted undeclared type {out.type!r}")
+                if out.type == REVIEW:
+                    _check_review_types(self.name, out.extra, produces)
                 model = output_models.get(out.type)
                 if model is not None:
                     try:
@@ -150,6 +154,7 @@ class Pipeline:
         self.extra_types = tuple(extra_types)
         self._outcomes = tuple(outcomes) if outcomes is not None else None
         self.steps: dict[str, Step] = {}
+        self.review_kinds: dict[str, ReviewKind] = {}
 
     @property
     def outcomes(self) -> tuple[str, ...]:
@@ -213,6 +218,27 @@ class Pipeline:
 
         return register
 
+    def review_kind(
+        self,
+        kind: str,
+        *,
+        approve: ReviewHook | None = None,
+        reject: ReviewHook | None = None,
+        accepts_data: bool = True,
+    ) -> ReviewKind:
+        """Register what a decision on a review of ``kind`` does (CONTRACT §12): hooks
+        for approve and reject (None: write the review's ``resume_type`` / ``reject_type``)
+        and whether an approval may carry edited data. Kinds never registered behave as
+        the defaults."""
+        if kind in self.review_kinds:
+            raise PipelineError(f"review kind {kind!r} registered twice")
+        found = self.review_kinds[kind] = ReviewKind(kind, approve, reject, accepts_data)
+        return found
+
+    def kind_of_review(self, kind: str) -> ReviewKind:
+        """The behaviour of ``kind``: the registered one, else the defaults."""
+        return self.review_kinds.get(kind) or ReviewKind(kind)
+
     # -- the graph ---------------------------------------------------------------------------
 
     def producers_of(self, event_type: str) -> list[str]:
@@ -244,6 +270,14 @@ class Pipeline:
             for dep in step.depends_on:
                 if dep not in self.steps:
                     raise PipelineError(f"step {step.name!r} depends on unknown step {dep!r}")
+            escalation = escalation_of(step.handler)
+            if escalation is not None:
+                missing = [t for t in (REVIEW, *escalation.types) if t not in step.produces]
+                if missing:
+                    raise PipelineError(
+                        f"step {step.name!r} escalates to review {escalation.kind!r} but does "
+                        f"not declare {missing} in produces"
+                    )
         cycle = find_cycle(self.dependencies())
         if cycle:
             raise PipelineError("pipeline has a cycle: " + " -> ".join(cycle))
@@ -335,6 +369,17 @@ class Pipeline:
             )
             built.append((worker, tuple(d for d in deps[step.name] if d in chosen)))
         return built
+
+
+def _check_review_types(step: str, extra: Mapping[str, str], produces: set[str]) -> None:
+    """A review's decisions write its resume/reject types on the step's behalf: the step
+    must declare them, so the graph knows who produces what a decision writes."""
+    for name in (RESUME_TYPE, REJECT_TYPE):
+        event_type = extra.get(name)
+        if event_type and event_type not in produces:
+            raise OutputContractError(
+                f"{step} escalated with {name} {event_type!r}, which it does not produce"
+            )
 
 
 def _settings_from(base: ConsumerSettings, fields: Mapping[str, Any]) -> ConsumerSettings:

@@ -10,20 +10,27 @@ import structlog
 from printery.errors import Reject
 from printery.fields import review_fields
 from printery.keys import REVIEW
+from printery.pipeline.review_kinds import Escalation, mark_escalation
 from printery.runtime.handler import Handler, HandlerResult, Message, Output, outputs_of
 
 log = structlog.get_logger("printery.escalation")
 
 
-def review_output(message: Message, *, kind: str, reason: str, data: object = None) -> Output:
-    """A ``review`` entry for ``message``: its data (or ``data``), what escalated and why."""
+def review_output(
+    message: Message, *, kind: str, reason: str, data: object = None,
+    on_approve: str = "", on_reject: str = "",
+) -> Output:
+    """A ``review`` entry for ``message``: its data (or ``data``), what escalated and why,
+    and the event types an approval (``on_approve``) and a rejection (``on_reject``)
+    write (CONTRACT §12); the step writing it must declare both in ``produces``."""
     return Output(
         REVIEW,
         message.data if data is None else data,
         correlation_id=message.correlation_id,
         idempotency_key=f"{REVIEW}:{kind}:{message.worker}:{message.correlation_id}",
         extra=review_fields(kind=kind, step=message.worker, reason=reason,
-                            source_stream=message.stream, source_id=message.entry_id),
+                            source_stream=message.stream, source_id=message.entry_id,
+                            resume_type=on_approve, reject_type=on_reject),
     )
 
 
@@ -33,6 +40,8 @@ def escalate(
     attempts: int,
     fallback: Handler | None = None,
     review_kind: str | None = None,
+    on_approve: str = "",
+    on_reject: str = "",
     terminal: Callable[[Message, BaseException], HandlerResult] | None = None,
 ) -> Handler:
     """Wrap ``handler`` so that its failures escalate instead of dead-lettering.
@@ -41,7 +50,12 @@ def escalate(
     the last attempt the ``fallback`` runs; if there is none or it fails too, a review
     entry of ``review_kind`` is written (when given) together with the ``terminal``
     outputs, and the entry is acknowledged: the escalation is recorded, not retried.
+    A reviewer's approval writes ``on_approve`` (the run resumes there), a rejection
+    ``on_reject``; the pipeline refuses, at build time, a step that escalates without
+    declaring ``review`` and both types in its ``produces``.
     """
+    if (on_approve or on_reject) and not review_kind:
+        raise ValueError("escalate: on_approve/on_reject need a review_kind")
 
     async def handle(message: Message) -> HandlerResult:
         try:
@@ -60,11 +74,14 @@ def escalate(
                 log.warning("fallback failed", worker=message.worker, error=str(exc))
         outputs: list[Output] = []
         if review_kind:
-            outputs.append(review_output(message, kind=review_kind, reason=str(failure)))
+            outputs.append(review_output(message, kind=review_kind, reason=str(failure),
+                                         on_approve=on_approve, on_reject=on_reject))
         if terminal is not None:
             outputs += outputs_of(terminal(message, failure))
         if not outputs:
             raise failure
         return outputs
 
+    if review_kind:
+        mark_escalation(handle, Escalation(review_kind, on_approve, on_reject))
     return handle

@@ -1,0 +1,301 @@
+"""The review inbox of any pipeline (CONTRACT §5, §12): list, show and decide escalations.
+
+These are the functions behind ``printery review``, the HTTP API's ``/v1/reviews`` and
+the service's review deadlines: each takes a connected client, the :class:`StreamKeys`
+and the :class:`Pipeline`, returns JSON-able dicts and raises a
+:class:`~printery.errors.ReviewError` subclass the caller maps to its own answer.
+
+A decision writes its outputs (what the kind's hook returns: by default the review's
+``resume_type`` or ``reject_type`` entry), the ``review:decided`` record and the deletion
+of the ``review`` entry in one MULTI/EXEC under WATCH of the review stream: a review is
+decided once, and two reviewers (or a reviewer and a deadline, or several service
+processes) deciding at once cannot both win.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any, cast
+
+import redis.asyncio as aioredis
+from pydantic import ValidationError
+from redis.exceptions import RedisError, WatchError
+
+from printery import _json
+from printery._util import now_rfc3339, stream_id_ms
+from printery.errors import (
+    BlobMissing,
+    PayloadTooLarge,
+    ReviewError,
+    ReviewInvalid,
+    ReviewNotFound,
+)
+from printery.fields import (
+    BY,
+    DECIDED_AT,
+    DECISION,
+    KIND,
+    NOTE,
+    REASON,
+    REJECT_TYPE,
+    RESUME_TYPE,
+    REVIEW_ID,
+    SOURCE_ID,
+    SOURCE_STREAM,
+    STEP,
+)
+from printery.keys import REVIEW_DECIDED, StreamKeys
+from printery.logging import get_logger
+from printery.pipeline.dag import Pipeline, validation_reasons
+from printery.pipeline.review_kinds import APPROVED, REJECTED, ReviewCase, ReviewKind
+from printery.runtime.payloads import PayloadStore
+
+__all__ = [
+    "DEFAULT_PRODUCER",
+    "TIMEOUT_BY",
+    "approve",
+    "decide",
+    "expire_reviews",
+    "get_review",
+    "list_reviews",
+    "reject",
+    "sweep_interval",
+]
+
+log = get_logger("printery.reviews")
+
+#: The ``producer`` of what a decision writes, unless the caller names itself.
+DEFAULT_PRODUCER = "printery-review"
+#: The ``by`` of a rejection made by a kind's deadline (``[review.<kind>] timeout``).
+TIMEOUT_BY = "timeout"
+#: Attempts of the WATCH/MULTI transaction before giving up on concurrent change.
+WATCH_RETRIES = 20
+_CHUNK = 200
+
+
+# -- reading ----------------------------------------------------------------------------------
+
+
+async def list_reviews(
+    client: aioredis.Redis, keys: StreamKeys, pipeline: Pipeline
+) -> list[dict[str, Any]]:
+    """Every open review, oldest first, as :func:`get_review` shows it."""
+    entries = await client.xrange(keys.review)
+    return [await _view(client, keys, pipeline, entry_id, fields) for entry_id, fields in entries]
+
+
+async def get_review(
+    client: aioredis.Redis, keys: StreamKeys, pipeline: Pipeline, review_id: str
+) -> dict[str, Any]:
+    """One open review: ``id``, ``kind``, ``step``, the correlation field, ``reason``,
+    ``resume_type``, ``reject_type``, ``source_stream``, ``source_id``, ``produced_at``,
+    ``accepts_data`` and the escalated ``data``. Raises :class:`ReviewNotFound`."""
+    fields = await _entry(client, keys.review, review_id)
+    if fields is None:
+        raise ReviewNotFound(review_id)
+    return await _view(client, keys, pipeline, review_id, fields)
+
+
+async def _view(
+    client: aioredis.Redis, keys: StreamKeys, pipeline: Pipeline, review_id: str,
+    fields: Mapping[str, str],
+) -> dict[str, Any]:
+    kind = fields.get(KIND, "")
+    return {
+        "id": review_id, KIND: kind, STEP: fields.get(STEP, ""),
+        pipeline.correlation_field: fields.get(pipeline.correlation_field, ""),
+        REASON: fields.get(REASON, ""), RESUME_TYPE: fields.get(RESUME_TYPE, ""),
+        REJECT_TYPE: fields.get(REJECT_TYPE, ""), SOURCE_STREAM: fields.get(SOURCE_STREAM, ""),
+        SOURCE_ID: fields.get(SOURCE_ID, ""), "produced_at": fields.get("produced_at", ""),
+        "accepts_data": pipeline.kind_of_review(kind).accepts_data,
+        "data": await _data(client, keys, fields),
+    }
+
+
+async def _entry(client: aioredis.Redis, stream: str, entry_id: str) -> dict[str, str] | None:
+    """The fields of one entry, or None when there is none (or the id is malformed)."""
+    try:
+        found = await client.xrange(stream, entry_id, entry_id, count=1)
+    except RedisError:
+        return None
+    return dict(found[0][1]) if found else None
+
+
+async def _data(client: aioredis.Redis, keys: StreamKeys, fields: Mapping[str, str]) -> Any:
+    """The escalated data, resolved when it travelled by reference; as stored when it
+    cannot be decoded (a decision must still be possible)."""
+    raw = fields.get("data", "null")
+    try:
+        if PayloadStore.reference_of(raw) is not None:
+            raw = (await PayloadStore(client, keys).resolve_fields({"data": raw}))["data"]
+        return _json.loads(raw)
+    except (ValueError, BlobMissing, PayloadTooLarge):
+        return raw
+
+
+# -- deciding ---------------------------------------------------------------------------------
+
+
+async def approve(
+    client: aioredis.Redis, keys: StreamKeys, pipeline: Pipeline, review_id: str, *,
+    by: str, note: str = "", data: Any = None, producer: str = DEFAULT_PRODUCER,
+) -> dict[str, Any]:
+    """Approve: by default the review's ``resume_type`` is written with ``data`` (None:
+    the escalated data) and the run goes on from there. See :func:`decide`."""
+    return await decide(client, keys, pipeline, review_id, APPROVED, by=by, note=note,
+                        data=data, producer=producer)
+
+
+async def reject(
+    client: aioredis.Redis, keys: StreamKeys, pipeline: Pipeline, review_id: str, *,
+    by: str, note: str = "", producer: str = DEFAULT_PRODUCER,
+) -> dict[str, Any]:
+    """Reject: by default the review's ``reject_type`` is written, status ``rejected``
+    with reason ``rejected_by_reviewer``. See :func:`decide`."""
+    return await decide(client, keys, pipeline, review_id, REJECTED, by=by, note=note,
+                        producer=producer)
+
+
+async def decide(
+    client: aioredis.Redis, keys: StreamKeys, pipeline: Pipeline, review_id: str,
+    decision: str, *, by: str, note: str = "", data: Any = None,
+    producer: str = DEFAULT_PRODUCER,
+) -> dict[str, Any]:
+    """Make one decision (``approved`` or ``rejected``) and return its record:
+    ``review_id``, ``kind``, the correlation field, ``decision``, ``by``, ``note``,
+    ``decided_at``, ``outputs`` (the event types written), ``detail`` and what the kind's
+    hook adds.
+
+    Raises :class:`ReviewNotFound` (unknown or already decided, also when another
+    decision won meanwhile), :class:`ReviewInvalid` (an empty ``by``; ``data`` on a
+    rejection, on a kind that takes none, or refused by the resumed step's input model),
+    :class:`~printery.errors.ReviewRefused` (this ``by`` may not decide it),
+    :class:`~printery.errors.ReviewActionFailed` (the kind's action failed; the review
+    stays open), :class:`ReviewError` (too much concurrent change). Nothing is written
+    when any is raised.
+    """
+    if decision not in (APPROVED, REJECTED):
+        raise ValueError(f"decision must be {APPROVED!r} or {REJECTED!r}, not {decision!r}")
+    if not by.strip():
+        raise ReviewInvalid("a decision needs a reviewer (`by`)")
+    fields = await _entry(client, keys.review, review_id)
+    if fields is None:
+        raise ReviewNotFound(review_id)
+    kind = pipeline.kind_of_review(fields.get(KIND, ""))
+    field, cid = pipeline.correlation_field, fields.get(pipeline.correlation_field, "")
+    if data is not None:
+        _check_edited(pipeline, kind, decision, fields.get(RESUME_TYPE, ""), data)
+    case = ReviewCase(
+        review_id=review_id, kind=kind.name, decision=decision, by=by, note=note,
+        correlation_field=field, correlation_id=cid, data=await _data(client, keys, fields),
+        edited=data, resume_type=fields.get(RESUME_TYPE, ""),
+        reject_type=fields.get(REJECT_TYPE, ""), fields=fields,
+    )
+    outcome = await kind.hook(decision)(case)
+    codec = pipeline.codec()
+    carried = {k: fields[k] for k in ("replay_of",) if fields.get(k)}
+    outputs = [
+        (keys.stream(out.type), codec.new_fields(
+            out.type, out.data, correlation_id=out.correlation_id or cid, producer=producer,
+            idempotency_key=out.idempotency_key, extra=carried, more=out.extra))
+        for out in outcome.outputs
+    ]
+    decided_at = now_rfc3339()
+    record: dict[str, Any] = {REVIEW_ID: review_id, KIND: kind.name, field: cid,
+                              DECISION: decision, BY: by, NOTE: note, DECIDED_AT: decided_at,
+                              "outputs": [out.type for out in outcome.outputs]}
+    decided = codec.new_fields(
+        REVIEW_DECIDED, record, correlation_id=cid, producer=producer,
+        idempotency_key=f"{REVIEW_DECIDED}:{review_id}",
+        extra={REVIEW_ID: review_id, DECISION: decision, BY: by, NOTE: note,
+               DECIDED_AT: decided_at},
+    )
+    await _commit(client, keys, review_id, decided, outputs)
+    return {**record, **outcome.result, "detail": outcome.detail}
+
+
+def _check_edited(
+    pipeline: Pipeline, kind: ReviewKind, decision: str, resume_type: str, data: Any
+) -> None:
+    """Edited data only on an approval of a kind that takes it, within the payload
+    limit, and acceptable to every step that consumes the type it resumes with."""
+    if decision != APPROVED:
+        raise ReviewInvalid("only an approval takes edited data")
+    if not kind.accepts_data:
+        raise ReviewInvalid(f"a review of kind {kind.name!r} takes no edited data")
+    limit = pipeline.codec().payload_limit
+    if len(_json.dumps(data)) > limit:
+        raise ReviewInvalid(f"the edited data is larger than the payload limit ({limit} bytes)")
+    for step in pipeline.steps.values():
+        if resume_type in step.consumes and step.input_model is not None:
+            try:
+                step.input_model.model_validate(data)
+            except ValidationError as exc:
+                reasons = [r.as_dict() for r in validation_reasons(exc)]
+                raise ReviewInvalid(f"step {step.name} refuses the edited data", reasons) from None
+
+
+async def _commit(
+    client: aioredis.Redis, keys: StreamKeys, review_id: str, decided: dict[str, str],
+    outputs: list[tuple[str, dict[str, str]]],
+) -> None:
+    for _ in range(WATCH_RETRIES):
+        async with client.pipeline(transaction=True) as pipe:
+            try:
+                await pipe.watch(keys.review)
+                if await _entry(pipe, keys.review, review_id) is None:
+                    raise ReviewNotFound(review_id)
+                pipe.multi()  # type: ignore[no-untyped-call]
+                for stream, fields in outputs:
+                    pipe.xadd(stream, cast(Any, fields))
+                pipe.xadd(keys.review_decided, cast(Any, decided))
+                pipe.xdel(keys.review, review_id)
+                await pipe.execute()
+                return
+            except WatchError:
+                continue
+    raise ReviewError(f"review {review_id}: too much concurrent change, try again")
+
+
+# -- deadlines --------------------------------------------------------------------------------
+
+
+async def expire_reviews(
+    client: aioredis.Redis, keys: StreamKeys, pipeline: Pipeline, timeouts: Mapping[str, float],
+    *, producer: str = DEFAULT_PRODUCER,
+) -> list[dict[str, Any]]:
+    """Reject, with ``by`` = ``timeout``, every open review older (by its entry id, the
+    server's clock) than its kind's timeout in seconds; the decisions made. A review
+    decided meanwhile (by a person or another process's sweep) is skipped; one whose
+    kind's hook fails stays open and is logged, to be tried again next sweep."""
+    if not timeouts:
+        return []
+    seconds, micros = await client.time()
+    now_ms = int(seconds) * 1000 + int(micros) // 1000
+    newest = now_ms - int(min(timeouts.values()) * 1000)
+    made: list[dict[str, Any]] = []
+    start = "-"
+    while True:
+        chunk = await client.xrange(keys.review, start, str(max(newest, 0)), count=_CHUNK)
+        for entry_id, fields in chunk:
+            timeout = timeouts.get(fields.get(KIND, ""))
+            if timeout is None or stream_id_ms(entry_id) + timeout * 1000 > now_ms:
+                continue
+            note = f"undecided after {timeout:g} s"
+            try:
+                made.append(await reject(client, keys, pipeline, entry_id, by=TIMEOUT_BY,
+                                         note=note, producer=producer))
+            except ReviewNotFound:
+                continue
+            except ReviewError as exc:
+                log.warning("review deadline: could not reject", review_id=entry_id,
+                            error=str(exc))
+        if len(chunk) < _CHUNK:
+            return made
+        start = "(" + chunk[-1][0]
+
+
+def sweep_interval(timeouts: Mapping[str, float]) -> float:
+    """Seconds between deadline sweeps: a quarter of the shortest timeout, between 50 ms
+    and 5 s, so a review is rejected at most about that late."""
+    return min(5.0, max(0.05, min(timeouts.values()) / 4)) if timeouts else 5.0
