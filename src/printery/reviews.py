@@ -23,6 +23,7 @@ from redis.exceptions import RedisError, WatchError
 
 from printery import _json
 from printery._util import now_rfc3339, stream_id_ms
+from printery.envelope import correlation_of
 from printery.errors import (
     BlobMissing,
     PayloadTooLarge,
@@ -103,7 +104,7 @@ async def _view(
     kind = fields.get(KIND, "")
     return {
         "id": review_id, KIND: kind, STEP: fields.get(STEP, ""),
-        pipeline.correlation_field: fields.get(pipeline.correlation_field, ""),
+        pipeline.correlation_field: correlation_of(fields, pipeline.correlation_field) or "",
         REASON: fields.get(REASON, ""), RESUME_TYPE: fields.get(RESUME_TYPE, ""),
         REJECT_TYPE: fields.get(REJECT_TYPE, ""), SOURCE_STREAM: fields.get(SOURCE_STREAM, ""),
         SOURCE_ID: fields.get(SOURCE_ID, ""), "produced_at": fields.get("produced_at", ""),
@@ -182,7 +183,8 @@ async def decide(
     if fields is None:
         raise ReviewNotFound(review_id)
     kind = pipeline.kind_of_review(fields.get(KIND, ""))
-    field, cid = pipeline.correlation_field, fields.get(pipeline.correlation_field, "")
+    field = pipeline.correlation_field
+    cid = correlation_of(fields, field) or ""
     if data is not None:
         _check_edited(pipeline, kind, decision, fields.get(RESUME_TYPE, ""), data)
     case = ReviewCase(

@@ -59,7 +59,7 @@ async def test_submit_then_result_from_another_process(
     assert all(entry["deployment_id"] == run_id for entry in result.entries)
     # The ingress entry carries every §2 field, written by the client.
     first = result.entries[0]
-    assert first["producer"] == "printery-client" and first["attempt"] == "1"
+    assert first["producer"] == "printery-client" and first["attempt"] == 1
     assert first["idempotency_key"] == f"deployment:started:{run_id}"
 
 
