@@ -19,9 +19,18 @@ from typing import Any
 
 from aiohttp import web
 
-from printery import _json
+from printery import _json, dead_letters, reviews
 from printery.client import Runs
-from printery.errors import InvalidInput, PayloadTooLarge, UnknownRun
+from printery.errors import (
+    InvalidInput,
+    PayloadTooLarge,
+    ReviewActionFailed,
+    ReviewError,
+    ReviewInvalid,
+    ReviewNotFound,
+    ReviewRefused,
+    UnknownRun,
+)
 from printery.fields import STEP, WORKER
 from printery.history import id_order
 from printery.keys import DLQ, REVIEW
@@ -141,6 +150,29 @@ def submit_arguments(body: Any) -> dict[str, Any]:
     return {key: body.get(key) for key in _SUBMIT_KEYS}
 
 
+def decision_arguments(body: Any, decision: str) -> dict[str, Any]:
+    """A review decision's body (``{"by", "note"?, "data"?}``; no ``data`` on a reject)
+    -> :func:`printery.reviews.decide` keyword arguments; :class:`_Refused` (400) for a
+    wrong shape."""
+    if not isinstance(body, dict):
+        raise _Refused(error(400, "invalid_request", "the body must be a JSON object"))
+    allowed = {"by", "note", "data"} if decision == "approve" else {"by", "note"}
+    reasons = [_reason("unknown_field", key, f"not a field of a {decision}")
+               for key in body if key not in allowed]
+    by, note = body.get("by"), body.get("note", "")
+    if not (isinstance(by, str) and 0 < len(by.strip()) <= _MAX_ID):
+        reasons.append(_reason("missing_field" if by is None else "invalid_field", "by",
+                               f"who decides: a string of 1 to {_MAX_ID} characters"))
+    if not isinstance(note, str):
+        reasons.append(_reason("invalid_field", "note", "a string"))
+    if reasons:
+        raise _Refused(error(400, "invalid_request", reasons=reasons))
+    arguments: dict[str, Any] = {"by": by, "note": note}
+    if body.get("data") is not None:
+        arguments["data"] = body["data"]
+    return arguments
+
+
 def step_summary(runs: Runs, entries: list[dict[str, Any]],
                  figures: Mapping[str, Any]) -> list[dict[str, Any]]:
     """Each step of the pipeline for one run: ``done`` when it wrote an entry of the run,
@@ -173,6 +205,14 @@ def build_api(runs: Runs, access: ApiAccess, *, body_limit: int) -> web.Applicat
         except _Refused as exc:
             return exc.response
 
+    api = web.Application(middlewares=[guard])
+    _run_routes(api, runs, body_limit)
+    _review_routes(api, runs, body_limit)
+    _dlq_routes(api, runs)
+    return api
+
+
+def _run_routes(api: web.Application, runs: Runs, body_limit: int) -> None:
     async def submit(request: web.Request) -> web.Response:
         arguments = submit_arguments(await read_json(request, body_limit))
         try:
@@ -216,8 +256,65 @@ def build_api(runs: Runs, access: ApiAccess, *, body_limit: int) -> web.Applicat
         await response.write_eof()
         return response
 
-    api = web.Application(middlewares=[guard])
     api.router.add_post("/runs", submit)
     api.router.add_get("/runs/{run_id}", get_run)
     api.router.add_get("/runs/{run_id}/events", run_events)
-    return api
+
+
+def _review_routes(api: web.Application, runs: Runs, body_limit: int) -> None:
+    keys, pipeline = runs.keys, runs.pipeline
+
+    async def review_list(_: web.Request) -> web.Response:
+        return respond(await reviews.list_reviews(runs.redis, keys, pipeline))
+
+    async def review_get(request: web.Request) -> web.Response:
+        try:
+            found = await reviews.get_review(runs.redis, keys, pipeline, request.match_info["id"])
+        except ReviewNotFound as exc:
+            return error(404, "unknown_review", str(exc))
+        return respond(found)
+
+    async def review_decide(request: web.Request) -> web.Response:
+        decision = request.match_info["decision"]
+        body = decision_arguments(await read_json(request, body_limit), decision)
+        try:
+            record = await reviews.decide(
+                runs.redis, keys, pipeline, request.match_info["id"],
+                "approved" if decision == "approve" else "rejected", producer="printery-api",
+                **body)
+        except ReviewNotFound as exc:
+            return error(404, "unknown_review", str(exc))
+        except ReviewRefused as exc:
+            return error(409, "refused", str(exc))
+        except ReviewInvalid as exc:
+            return error(400, "invalid_decision", str(exc), reasons=exc.reasons)
+        except ReviewActionFailed as exc:
+            return error(502, "action_failed", str(exc))
+        except ReviewError as exc:  # too much concurrent change: try again
+            return error(409, "conflict", str(exc))
+        return respond(record)
+
+    api.router.add_get("/reviews", review_list)
+    api.router.add_get("/reviews/{id}", review_get)
+    api.router.add_post("/reviews/{id}/{decision:approve|reject}", review_decide)
+
+
+def _dlq_routes(api: web.Application, runs: Runs) -> None:
+    keys, field = runs.keys, runs.pipeline.correlation_field
+
+    async def dlq_list(_: web.Request) -> web.Response:
+        return respond(await dead_letters.dead_letters(runs.redis, keys, field))
+
+    async def dlq_replay(request: web.Request) -> web.Response:
+        result = await dead_letters.replay_dead_letter(runs.redis, keys, request.match_info["id"])
+        return respond(result) if result["replayed"] else error(404, "unknown_dead_letter",
+                                                               result["error"])
+
+    async def dlq_delete(request: web.Request) -> web.Response:
+        result = await dead_letters.purge(runs.redis, keys, request.match_info["id"])
+        return respond(result) if result["purged"] else error(404, "unknown_dead_letter",
+                                                             result["error"])
+
+    api.router.add_get("/dlq", dlq_list)
+    api.router.add_post("/dlq/{id}/replay", dlq_replay)
+    api.router.add_delete("/dlq/{id}", dlq_delete)

@@ -14,12 +14,14 @@ from collections.abc import AsyncIterator, Callable, Mapping
 from typing import Any
 
 import redis.asyncio as aioredis
+from redis.exceptions import RedisError
 
 from printery import _json
 from printery.envelope import correlation_of
 from printery.fields import DELIVERIES
+from printery.transport.streams import CONNECTION_ERRORS
 
-__all__ = ["decode_fields", "find_entries", "id_order", "scan_stream"]
+__all__ = ["decode_fields", "find_entries", "get_entry", "id_order", "scan_stream"]
 
 _CHUNK = 1000
 
@@ -48,6 +50,18 @@ async def find_entries(
     """Entries of ``stream`` of the run ``value`` (correlation ``field``), oldest first."""
     return [(i, f) async for i, f in scan_stream(client, stream)
             if correlation_of(f, field) == value]
+
+
+async def get_entry(client: Any, stream: str, entry_id: str) -> dict[str, str] | None:
+    """The fields of one entry, or None when it does not exist (or the id is malformed);
+    ``client`` may be a pipeline under WATCH. Connection errors raise."""
+    try:
+        found = await client.xrange(stream, entry_id, entry_id, count=1)
+    except RedisError as exc:
+        if isinstance(exc, CONNECTION_ERRORS):
+            raise
+        return None
+    return {_text(k): _text(v) for k, v in found[0][1].items()} if found else None
 
 
 def id_order(entry_id: str) -> tuple[int, int]:

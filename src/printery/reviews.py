@@ -19,7 +19,7 @@ from typing import Any, cast
 
 import redis.asyncio as aioredis
 from pydantic import ValidationError
-from redis.exceptions import RedisError, WatchError
+from redis.exceptions import WatchError
 
 from printery import _json
 from printery._util import now_rfc3339, stream_id_ms
@@ -45,11 +45,13 @@ from printery.fields import (
     SOURCE_STREAM,
     STEP,
 )
+from printery.history import get_entry
 from printery.keys import REVIEW_DECIDED, StreamKeys
 from printery.logging import get_logger
 from printery.pipeline.dag import Pipeline, validation_reasons
 from printery.pipeline.review_kinds import APPROVED, REJECTED, ReviewCase, ReviewKind
 from printery.runtime.payloads import PayloadStore
+from printery.transport.streams import WATCH_RETRIES
 
 __all__ = [
     "DEFAULT_PRODUCER",
@@ -69,8 +71,6 @@ log = get_logger("printery.reviews")
 DEFAULT_PRODUCER = "printery-review"
 #: The ``by`` of a rejection made by a kind's deadline (``[review.<kind>] timeout``).
 TIMEOUT_BY = "timeout"
-#: Attempts of the WATCH/MULTI transaction before giving up on concurrent change.
-WATCH_RETRIES = 20
 _CHUNK = 200
 
 
@@ -91,7 +91,7 @@ async def get_review(
     """One open review: ``id``, ``kind``, ``step``, the correlation field, ``reason``,
     ``resume_type``, ``reject_type``, ``source_stream``, ``source_id``, ``produced_at``,
     ``accepts_data`` and the escalated ``data``. Raises :class:`ReviewNotFound`."""
-    fields = await _entry(client, keys.review, review_id)
+    fields = await get_entry(client, keys.review, review_id)
     if fields is None:
         raise ReviewNotFound(review_id)
     return await _view(client, keys, pipeline, review_id, fields)
@@ -111,15 +111,6 @@ async def _view(
         "accepts_data": pipeline.kind_of_review(kind).accepts_data,
         "data": await _data(client, keys, fields),
     }
-
-
-async def _entry(client: aioredis.Redis, stream: str, entry_id: str) -> dict[str, str] | None:
-    """The fields of one entry, or None when there is none (or the id is malformed)."""
-    try:
-        found = await client.xrange(stream, entry_id, entry_id, count=1)
-    except RedisError:
-        return None
-    return dict(found[0][1]) if found else None
 
 
 async def _data(client: aioredis.Redis, keys: StreamKeys, fields: Mapping[str, str]) -> Any:
@@ -179,7 +170,7 @@ async def decide(
         raise ValueError(f"decision must be {APPROVED!r} or {REJECTED!r}, not {decision!r}")
     if not by.strip():
         raise ReviewInvalid("a decision needs a reviewer (`by`)")
-    fields = await _entry(client, keys.review, review_id)
+    fields = await get_entry(client, keys.review, review_id)
     if fields is None:
         raise ReviewNotFound(review_id)
     kind = pipeline.kind_of_review(fields.get(KIND, ""))
@@ -245,7 +236,7 @@ async def _commit(
         async with client.pipeline(transaction=True) as pipe:
             try:
                 await pipe.watch(keys.review)
-                if await _entry(pipe, keys.review, review_id) is None:
+                if await get_entry(pipe, keys.review, review_id) is None:
                     raise ReviewNotFound(review_id)
                 pipe.multi()  # type: ignore[no-untyped-call]
                 for stream, fields in outputs:

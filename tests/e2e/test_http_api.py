@@ -197,3 +197,90 @@ def test_run_ids_from_the_path_never_get_a_500(api: tuple[ServiceHandle, str]) -
     for run_id in ("%00", "a" * 2000, "..", "%F0%9F%92%A9", "x%0Ay"):
         answer = call(handle, "GET", f"/v1/runs/{run_id}")
         assert answer.status_code == 404, (run_id, answer.status_code)
+
+
+def _wait_review(handle: ServiceHandle, run_id: str, field: str = "deployment_id") -> dict[str, Any]:
+    def find() -> dict[str, Any] | None:
+        for review in call(handle, "GET", "/v1/reviews").json():
+            if review.get(field) == run_id:
+                return dict(review)
+        return None
+
+    return dict(handle.wait_until(find, timeout=30, what=f"a review of {run_id}"))
+
+
+def test_reviews_through_http(api: tuple[ServiceHandle, str]) -> None:
+    handle, _ = api
+    production = {**request(), "environment": "production"}
+    approved = call(handle, "POST", "/v1/runs", json={"data": production}).json()["run_id"]
+    review = _wait_review(handle, approved)
+    shown = call(handle, "GET", f"/v1/reviews/{review['id']}")
+    assert shown.status_code == 200 and shown.json()["kind"] == "approval"
+    path = f"/v1/reviews/{review['id']}/approve"
+    assert call(handle, "POST", path, json={}).status_code == 400  # who decides?
+    assert call(handle, "POST", path, json={"by": "alice"}).status_code == 409  # the requester
+    edited = call(handle, "POST", path, json={"by": "bob", "data": {"x": 1}})
+    assert edited.status_code == 400  # a deployment approval takes no edited data
+    decision = call(handle, "POST", path, json={"by": "bob", "note": "ok"})
+    assert decision.status_code == 200, decision.text
+    assert decision.json()["decision"] == "approved" and decision.json()["by"] == "bob"
+    assert call(handle, "POST", path, json={"by": "bob"}).status_code == 404  # decided
+    assert events(handle, approved)[-1]["data"]["status"] == "succeeded"
+
+    rejected = call(handle, "POST", "/v1/runs", json={"data": production}).json()["run_id"]
+    assert rejected != approved
+    review = _wait_review(handle, rejected)
+    answer = call(handle, "POST", f"/v1/reviews/{review['id']}/reject",
+                  json={"by": "carol", "note": "not today"})
+    assert answer.status_code == 200 and answer.json()["decision"] == "rejected"
+    assert events(handle, rejected)[-1]["data"]["status"] == "rejected"
+    assert call(handle, "GET", "/v1/reviews/0-1").status_code == 404
+
+
+def test_dead_letters_through_http(api: tuple[ServiceHandle, str], server: ServerProcess) -> None:
+    handle, prefix = api
+    conn = redis.Redis.from_url(server.url, decode_responses=True)
+    bad = conn.xadd(f"{prefix}:deployment:started", {"data": "{not json"})
+
+    def dead() -> list[dict[str, Any]]:
+        return [d for d in call(handle, "GET", "/v1/dlq").json() if d.get("source_id") == bad]
+
+    [letter] = handle.wait_until(dead, what="the dead letter")
+    assert letter["reason_code"] == "undecodable" and letter["data"] == "{not json"
+    replayed = call(handle, "POST", f"/v1/dlq/{letter['id']}/replay")
+    assert replayed.status_code == 200 and replayed.json()["replayed"] is True
+    assert call(handle, "POST", f"/v1/dlq/{letter['id']}/replay").status_code == 404
+    # The replayed entry is dead-lettered again (still not JSON): delete that one.
+    [again] = handle.wait_until(
+        lambda: [d for d in call(handle, "GET", "/v1/dlq").json()
+                 if d.get("source_id") == replayed.json()["new_id"]], what="the second letter")
+    assert call(handle, "DELETE", f"/v1/dlq/{again['id']}").status_code == 200
+    assert call(handle, "DELETE", f"/v1/dlq/{again['id']}").status_code == 404
+    assert call(handle, "DELETE", "/v1/dlq/not-an-id").status_code == 404
+    conn.close()
+
+
+def test_docflow_review_approved_with_edited_data_over_http(
+    server: ServerProcess, tmp_path: Path
+) -> None:
+    prefix = unique_prefix()
+    root = Path(__file__).resolve().parents[2]
+    handle = spawn(["--redis-url", server.url, "--stream-prefix", prefix,
+                    "--app", "examples.docflow:pipeline"], cwd=root,
+                   env={"PRINTERY_API_TOKEN": TOKEN}, log_path=tmp_path / "service.log")
+    try:
+        run = call(handle, "POST", "/v1/runs", json={"data": {
+            "doc_id": "unsure-1", "text": "Some note without a clear category at all."}})
+        assert run.status_code == 202, run.text
+        review = _wait_review(handle, "unsure-1", field="doc_id")
+        assert review["kind"] == "low_confidence"
+        path = f"/v1/reviews/{review['id']}/approve"
+        refused = call(handle, "POST", path, json={"by": "ana", "data": {"doc_id": "unsure-1"}})
+        assert refused.status_code == 400  # publish's input model wants label and summary
+        assert {r["field"] for r in refused.json()["reasons"]} >= {"label", "summary"}
+        edited = {**review["data"], "label": "memo"}
+        assert call(handle, "POST", path, json={"by": "ana", "data": edited}).status_code == 200
+        final = events(handle, "unsure-1")[-1]
+    finally:
+        handle.stop()
+    assert final["stream"] == "doc:published" and final["data"]["label"] == "memo"

@@ -38,8 +38,6 @@ T = TypeVar("T")
 EXIT_OK, EXIT_FAIL, EXIT_USAGE, EXIT_TIMEOUT = 0, 1, 2, 3
 #: The ``producer`` of every entry the operator's tool writes.
 PRODUCER = "printery-cli"
-#: Attempts of a WATCH/MULTI transaction before giving up on concurrent change.
-WATCH_RETRIES = 20
 
 
 class Failure(Exception):
@@ -166,15 +164,6 @@ def show_entry(entry: Mapping[str, Any]) -> str:
         lines.append(f"{name}:")
         lines += ["  " + line for line in printable(block, one_line=False).splitlines()]
     return redact_text("\n".join(lines))
-
-
-async def get_entry(client: aioredis.Redis, stream: str, entry_id: str) -> dict[str, str] | None:
-    """The fields of one entry, or None when it does not exist (or the id is malformed)."""
-    try:
-        found = await client.xrange(stream, entry_id, entry_id, count=1)
-    except RedisError:
-        return None
-    return dict(found[0][1]) if found else None
 
 
 json_option = click.option("--json", "as_json", is_flag=True, help="one JSON document on stdout")

@@ -1,10 +1,5 @@
-"""``printery dlq``: inspect, replay and purge dead letters (CONTRACT §4).
-
-Replay moves an entry back atomically: WATCH the ``dlq`` stream, check the entry is still
-there, then MULTI: XADD to its source stream + XDEL from ``dlq``, EXEC. Two operators
-replaying the same entry at once cannot both succeed (the loser's EXEC aborts and its
-retry finds the entry gone), and a crash between the two writes is impossible.
-"""
+"""``printery dlq``: inspect, replay and purge dead letters (CONTRACT §4); what each does
+is :mod:`printery.dead_letters`, shared with the HTTP API."""
 
 from __future__ import annotations
 
@@ -12,30 +7,23 @@ from typing import Any
 
 import click
 import redis.asyncio as aioredis
-from redis.exceptions import WatchError
 
 from printery.cli.ops_common import (
-    WATCH_RETRIES,
-    Failure,
     fail,
     get_ctx,
-    get_entry,
     json_option,
     print_json,
     show_entry,
     table,
 )
-from printery.envelope import correlation_of
+from printery.dead_letters import dead_letter, dead_letters, purge, replay_dead_letter
 from printery.fields import (
     DELIVERIES,
-    DLQ_FIELDS,
     ERROR,
     REASON_CODE,
-    REPLAYED_FROM,
     SOURCE_STREAM,
     WORKER,
 )
-from printery.history import decode_fields
 
 
 @click.group()
@@ -52,11 +40,7 @@ def dlq_list(count: int, as_json: bool) -> None:
     ops = get_ctx()
     field = ops.pipeline.correlation_field
 
-    async def body(client: aioredis.Redis) -> list[dict[str, Any]]:
-        entries = await client.xrange(ops.keys.dlq, count=count)
-        return [_row(entry_id, fields, field) for entry_id, fields in entries]
-
-    rows = ops.run(body)
+    rows = ops.run(lambda client: dead_letters(client, ops.keys, field, count=count))
     if as_json:
         print_json(rows)
         return
@@ -74,10 +58,10 @@ def dlq_show(entry_id: str, as_json: bool) -> None:
     """Every field of one dead letter: JSON with --json, else one per line with ``data``
     as indented JSON and the traceback as it was printed."""
     ops = get_ctx()
-    fields = ops.run(lambda client: get_entry(client, ops.keys.dlq, entry_id))
-    if fields is None:
+    shown = ops.run(lambda client: dead_letter(client, ops.keys, ops.pipeline.correlation_field,
+                                               entry_id))
+    if shown is None:
         fail(f"no dlq entry {entry_id}")
-    shown = _row(entry_id, fields, ops.pipeline.correlation_field)
     if as_json:
         print_json(shown)
         return
@@ -97,44 +81,10 @@ def dlq_replay(entry_ids: tuple[str, ...], replay_all: bool, as_json: bool) -> N
 
     async def body(client: aioredis.Redis) -> list[dict[str, Any]]:
         ids = list(entry_ids) or [e for e, _ in await client.xrange(ops.keys.dlq)]
-        return [await replay_entry(client, ops.keys.dlq, entry_id) for entry_id in ids]
+        return [await replay_dead_letter(client, ops.keys, entry_id) for entry_id in ids]
 
     results = ops.run(body)
     _report(results, as_json, ["id", "replayed", "source_stream", "new_id", "error"])
-
-
-async def replay_entry(client: aioredis.Redis, dlq_key: str, entry_id: str) -> dict[str, Any]:
-    """Move one dlq entry back to its source stream; a result dict, never raises for a
-    missing entry (``replayed`` false with an ``error``)."""
-    for _ in range(WATCH_RETRIES):
-        async with client.pipeline(transaction=True) as pipe:
-            try:
-                await pipe.watch(dlq_key)
-                fields = await get_entry(pipe, dlq_key, entry_id)
-                if fields is None:
-                    await pipe.unwatch()  # type: ignore[no-untyped-call]
-                    return {"id": entry_id, "replayed": False, "error": "no such dlq entry"}
-                source = fields.get(SOURCE_STREAM, "")
-                if not source:
-                    await pipe.unwatch()  # type: ignore[no-untyped-call]
-                    return {"id": entry_id, "replayed": False,
-                            "error": "entry has no source_stream"}
-                # Everything but what dead-lettering added is the original entry.
-                original = {k: v for k, v in fields.items() if k not in DLQ_FIELDS}
-                try:
-                    attempt = int(original.get("attempt") or 1)
-                except ValueError:
-                    attempt = 1
-                original["attempt"] = str(attempt + 1)
-                original[REPLAYED_FROM] = entry_id
-                pipe.multi()  # type: ignore[no-untyped-call]
-                pipe.xadd(source, original)  # type: ignore[arg-type]
-                pipe.xdel(dlq_key, entry_id)
-                new_id, _deleted = await pipe.execute()
-            except WatchError:
-                continue
-        return {"id": entry_id, "replayed": True, "source_stream": source, "new_id": new_id}
-    raise Failure(f"dlq entry {entry_id}: too much concurrent change, try again")
 
 
 @dlq.command("purge")
@@ -154,15 +104,7 @@ def dlq_purge(entry_ids: tuple[str, ...], purge_all: bool, yes: bool, as_json: b
         ids = list(entry_ids)
         if purge_all:
             ids = [e for e, _ in await client.xrange(ops.keys.dlq)]
-        results = []
-        for entry_id in ids:
-            try:
-                deleted = await client.xdel(ops.keys.dlq, entry_id)
-            except Exception:  # a malformed id is an unknown id
-                deleted = 0
-            results.append({"id": entry_id, "purged": bool(deleted),
-                            "error": "" if deleted else "no such dlq entry"})
-        return results
+        return [await purge(client, ops.keys, entry_id) for entry_id in ids]
 
     results = ops.run(body)
     _report(results, as_json, ["id", "purged", "error"])
@@ -176,11 +118,3 @@ def _report(results: list[dict[str, Any]], as_json: bool, columns: list[str]) ->
         click.echo(table([[r.get(c, "") for c in columns] for r in results], columns))
     if any(r.get("error") for r in results):
         raise SystemExit(1)
-
-
-def _row(entry_id: str, fields: dict[str, str], correlation_field: str) -> dict[str, Any]:
-    """A dead letter as the operator sees it: every field decoded, and the run's id under
-    the pipeline's correlation field even when the producer put it only in ``data``."""
-    row = {"id": entry_id, **decode_fields(fields)}
-    row[correlation_field] = correlation_of(fields, correlation_field) or ""
-    return row

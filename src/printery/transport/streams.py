@@ -22,6 +22,9 @@ from printery.errors import TransportError, describe
 CONNECTION_ERRORS = (RedisConnectionError, RedisTimeoutError, ConnectionError, OSError, TransportError)
 
 
+#: Attempts of a WATCH/MULTI transaction before giving up on concurrent change.
+WATCH_RETRIES = 20
+
 P = ParamSpec("P")
 T = TypeVar("T")
 

@@ -1,0 +1,100 @@
+"""Dead letters (CONTRACT §4): reading, replaying and purging the ``dlq`` stream, for the
+operator tool and the HTTP API alike.
+
+Replay moves an entry back atomically: WATCH the ``dlq`` stream, check the entry is still
+there, then MULTI: XADD to its source stream + XDEL from ``dlq``, EXEC. Two operators
+replaying the same entry at once cannot both succeed (the loser's EXEC aborts and its
+retry finds the entry gone), and a crash between the two writes is impossible.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import redis.asyncio as aioredis
+from redis.exceptions import RedisError, WatchError
+
+from printery.envelope import correlation_of
+from printery.errors import TransportError
+from printery.fields import DLQ_FIELDS, REPLAYED_FROM, SOURCE_STREAM
+from printery.history import decode_fields, get_entry
+from printery.keys import StreamKeys
+from printery.transport.streams import CONNECTION_ERRORS, WATCH_RETRIES, public_api
+
+__all__ = ["dead_letter", "dead_letters", "purge", "replay_dead_letter"]
+
+
+
+def view(entry_id: str, fields: dict[str, str], correlation_field: str) -> dict[str, Any]:
+    """A dead letter as a reader sees it: every field decoded, and the run's id under the
+    pipeline's correlation field even when the producer put it only in ``data``."""
+    row = {"id": entry_id, **decode_fields(fields)}
+    row[correlation_field] = correlation_of(fields, correlation_field) or ""
+    return row
+
+
+@public_api
+async def dead_letters(
+    client: aioredis.Redis, keys: StreamKeys, correlation_field: str, *, count: int = 1000
+) -> list[dict[str, Any]]:
+    """The oldest ``count`` dead letters, each with every field."""
+    entries = await client.xrange(keys.dlq, count=count)
+    return [view(entry_id, fields, correlation_field) for entry_id, fields in entries]
+
+
+@public_api
+async def dead_letter(
+    client: aioredis.Redis, keys: StreamKeys, correlation_field: str, entry_id: str
+) -> dict[str, Any] | None:
+    """One dead letter, or None when there is no such entry."""
+    fields = await get_entry(client, keys.dlq, entry_id)
+    return None if fields is None else view(entry_id, fields, correlation_field)
+
+
+@public_api
+async def replay_dead_letter(client: aioredis.Redis, keys: StreamKeys, entry_id: str) -> dict[str, Any]:
+    """Move one dead letter back to its source stream (``attempt`` + 1, ``replayed_from``);
+    a result: ``replayed`` true with ``new_id``, or false with an ``error``."""
+    dlq_key = keys.dlq
+    for _ in range(WATCH_RETRIES):
+        async with client.pipeline(transaction=True) as pipe:
+            try:
+                await pipe.watch(dlq_key)
+                fields = await get_entry(pipe, dlq_key, entry_id)
+                if fields is None:
+                    await pipe.unwatch()  # type: ignore[no-untyped-call]
+                    return {"id": entry_id, "replayed": False, "error": "no such dlq entry"}
+                source = fields.get(SOURCE_STREAM, "")
+                if not source:
+                    await pipe.unwatch()  # type: ignore[no-untyped-call]
+                    return {"id": entry_id, "replayed": False,
+                            "error": "entry has no source_stream"}
+                # Everything but what dead-lettering added is the original entry.
+                original = {k: v for k, v in fields.items() if k not in DLQ_FIELDS}
+                try:
+                    attempt = int(original.get("attempt") or 1)
+                except ValueError:
+                    attempt = 1
+                original["attempt"] = str(attempt + 1)
+                original[REPLAYED_FROM] = entry_id
+                pipe.multi()  # type: ignore[no-untyped-call]
+                pipe.xadd(source, original)  # type: ignore[arg-type]
+                pipe.xdel(dlq_key, entry_id)
+                new_id, _deleted = await pipe.execute()
+            except WatchError:
+                continue
+        return {"id": entry_id, "replayed": True, "source_stream": source, "new_id": new_id}
+    raise TransportError(f"dlq entry {entry_id}: too much concurrent change, try again")
+
+
+@public_api
+async def purge(client: aioredis.Redis, keys: StreamKeys, entry_id: str) -> dict[str, Any]:
+    """Delete one dead letter for good: ``purged`` true, or false with an ``error``."""
+    try:
+        deleted = await client.xdel(keys.dlq, entry_id)
+    except RedisError as exc:
+        if isinstance(exc, CONNECTION_ERRORS):
+            raise
+        deleted = 0  # a malformed id is an unknown id
+    return {"id": entry_id, "purged": bool(deleted),
+            "error": "" if deleted else "no such dlq entry"}
