@@ -245,3 +245,26 @@ async def test_printery_watch_follows_a_run_live(server: ServerProcess, tmp_path
     assert bcode == 1 and bout.strip().endswith(f"deployment_id {bad}: unhealthy")
     code, _, err = await cli(server.url, prefix, "watch", "--timeout", "0.5", "dep-nobody")
     assert code == 3 and "did not end" in err
+
+
+async def test_emit_for_any_pipeline(server: ServerProcess, tmp_path: Path) -> None:
+    prefix = unique_prefix()
+    app = ("--app", "examples.docflow:pipeline")
+    code, out, _ = await cli(server.url, prefix, *app, "emit", "--type", "doc:submitted",
+                             "--data", json.dumps({"doc_id": "d-1"}), "--json")
+    assert code == 1
+    refused = json.loads(out)
+    assert refused["status"] == "rejected" and refused["published"] is False
+    assert [(r["code"], r["field"]) for r in refused["reasons"]] == [("missing_field", "text")]
+    handle = spawn(["--redis-url", server.url, "--stream-prefix", prefix, *app], cwd=ROOT,
+                   log_path=tmp_path / "service.log")
+    try:
+        data = json.dumps({"doc_id": "inv-9", "text": docflow.SAMPLES["invoice-1"]})
+        code, out, err = await cli(server.url, prefix, *app, "emit", "--data", data, "--wait",
+                                   "--json")
+    finally:
+        handle.stop()
+    done = json.loads(out)
+    assert done["doc_id"] == "inv-9" and done["status"] == "doc:published", err
+    assert done["finished"]["data"]["label"] == "invoice"
+    assert code == 1  # CONTRACT §1: exit 0 only for the status `succeeded`

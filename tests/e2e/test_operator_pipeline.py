@@ -109,16 +109,25 @@ async def test_emit_wait_on_a_production_request_names_the_review_then_follows_t
 
 async def test_emit_wait_on_a_dead_lettered_request_returns_at_once(
         run: DeployRun, server: ServerProcess, prefix: str, tmp_path: Path) -> None:
-    """Too large for the payload limit: the request goes to dlq, and --wait says so with
-    exit 1 instead of sitting out its 120 s timeout (the helper gives up after 60 s)."""
+    """Too large for the service's payload limit (not the operator's, who allows more):
+    the request goes to dlq, and --wait says so with exit 1 instead of sitting out its
+    120 s timeout (the helper gives up after 60 s)."""
     big = tmp_path / "big.json"
     big.write_text(json.dumps(run.request(deployment_id="dep-big-1", note="x" * 1_100_000)))
-    code, out, err = await cli(server.url, prefix, "emit", "--file", str(big), "--wait", "--json")
+    roomy = tmp_path / "roomy.toml"
+    roomy.write_text("[transport]\npayload_limit_bytes = 4194304\n")
+    code, out, err = await cli(server.url, prefix, "--config", str(roomy), "emit", "--file",
+                               str(big), "--wait", "--json")
     assert code == 1, err
     doc = json.loads(out)
     assert doc["status"] == "dead_lettered" and doc["deployment_id"] == "dep-big-1"
     assert doc["dlq"]["reason_code"] == "payload_too_large"
     assert doc["dlq"]["source_id"] == doc["entry_id"]
     big.write_text(json.dumps(run.request(deployment_id="dep-big-2", note="x" * 1_100_000)))
-    code, out, _ = await cli(server.url, prefix, "emit", "--file", str(big), "--wait")
+    code, out, _ = await cli(server.url, prefix, "--config", str(roomy), "emit", "--file",
+                             str(big), "--wait")
     assert code == 1 and "dep-big-2: dead_lettered (payload_too_large)" in out
+    # Within the operator's own limit, it is refused before anything is published.
+    big.write_text(json.dumps(run.request(deployment_id="dep-big-3", note="x" * 1_100_000)))
+    code, _, err = await cli(server.url, prefix, "emit", "--file", str(big), "--wait")
+    assert code == 1 and "dep-big-3: payload_too_large (not published)" in err

@@ -1,10 +1,10 @@
-"""``printery emit``: publish a ``deployment:started`` and optionally wait for its outcome.
+"""``printery emit``: submit a run (:class:`printery.client.Runs`, as the client does) and
+optionally wait for its end.
 
-``--wait`` follows the request (:mod:`printery.follow`) from where ``deployment:finished``,
-``dlq`` and ``review`` were *before* publishing, so nothing written in between is
-missed: the outcome (exit 0 when ``succeeded``, else 1), the request dead-lettered
-(exit 1 at once) or waiting for approval (said on stderr with the review id; the wait
-goes on, a reviewer may approve).
+``--wait`` follows the run from its first entry (:meth:`printery.runs.RunReader.follow`):
+the outcome (exit 0 when ``succeeded``, else 1), the request itself dead-lettered (exit 1
+at once), or waiting for a review (said on stderr with the review id; the wait goes on,
+a reviewer may approve).
 """
 
 from __future__ import annotations
@@ -30,10 +30,11 @@ from printery.cli.ops_common import (
     table,
 )
 from printery.cli.term import printable
-from printery.deploy.events import FINISHED, REVIEW_APPROVAL
-from printery.fields import ERROR, KIND, REASON_CODE
-from printery.follow import Ending, Published, follow, positions
-from printery.history import decode_fields
+from printery.client import Runs
+from printery.errors import InvalidInput, PayloadTooLarge
+from printery.fields import ERROR, KIND, REASON_CODE, SOURCE_ID, SOURCE_STREAM
+from printery.keys import DLQ, REVIEW
+from printery.runs import run_status
 
 #: ``status`` of ``emit --wait --json`` when the request itself went to ``dlq``.
 DEAD_LETTERED = "dead_lettered"
@@ -112,7 +113,9 @@ def build_request(
 @click.option("--health-url", default=None)
 @click.option("--dependency", "dependencies", multiple=True, metavar="SERVICE=URL[@CONSTRAINT]")
 @click.option("--notify", multiple=True, metavar="CHANNEL")
-@click.option("--wait", is_flag=True, help="block until the deployment finishes")
+@click.option("--type", "event_type", default=None, metavar="EVENT",
+              help="the ingress event type (default: the pipeline's only one)")
+@click.option("--wait", is_flag=True, help="block until the run ends (its outcome entry)")
 @click.option("--timeout", type=click.FloatRange(min=0), default=120.0, show_default=True,
               help="seconds --wait waits (exit 3 after)")
 @json_option
@@ -120,10 +123,12 @@ def emit(
     file: click.File | None, data: str | None, example: bool, deployment_id: str | None,
     service: str | None, version: str | None, environment: str | None,
     requested_by: str | None, approved_by: str | None, health_url: str | None,
-    dependencies: tuple[str, ...], notify: tuple[str, ...], wait: bool, timeout: float,
-    as_json: bool,
+    dependencies: tuple[str, ...], notify: tuple[str, ...], event_type: str | None, wait: bool,
+    timeout: float, as_json: bool,
 ) -> None:
-    """Publish a deployment request (deployment:started) and print its deployment_id."""
+    """Submit a run: a deployment request (deployment:started), or with --app and --type
+    any pipeline's ingress entry; print its run id. The data is checked against the
+    ingress step first (refused: the reasons, exit 1, nothing written)."""
     flags: dict[str, Any] = {
         "deployment_id": deployment_id, "service": service, "version": version,
         "environment": environment, "requested_by": requested_by, "approved_by": approved_by,
@@ -134,47 +139,35 @@ def emit(
     request = build_request(file, data, example, flags)
     ops = get_ctx()
     pipeline = ops.pipeline
-    cid = request.get(pipeline.correlation_field)
-    given_id = isinstance(cid, str) and bool(cid)
-    if not isinstance(cid, str) or not cid:
-        cid = new_id(pipeline.id_prefix)
-        request[pipeline.correlation_field] = cid
-
-    ingress = ops.keys.stream(pipeline.ingress[0])
-    finished = ops.keys.stream(FINISHED)
+    if not request.get(pipeline.correlation_field):
+        # The run id travels in the data too, as a producer that writes only data does.
+        request[pipeline.correlation_field] = new_id(pipeline.id_prefix)
     reviews: list[str] = []
 
-    def on_review(review_id: str, fields: dict[str, str]) -> None:
-        reviews.append(review_id)
-        _clear_progress()
-        what = "approval" if fields.get(KIND) == REVIEW_APPROVAL else f"review ({fields.get(KIND)})"
-        click.echo(f"{cid} waits for {printable(what)}: review {review_id}; decide with "
-                   f"`printery review approve {review_id} --by NAME` (or reject)", err=True)
-
-    async def body(client: aioredis.Redis) -> tuple[str, Ending | None]:
-        codec = pipeline.codec()
-        # A generated id is new: only outcomes after now can be its own. A given id may
-        # have finished before (a repeated start is not run again): read from the start.
-        start = await positions(client, [ops.keys.dlq, ops.keys.review,
-                                         *([] if given_id else [finished])])
-        envelope = codec.new(pipeline.ingress[0], request, correlation_id=cid, producer=PRODUCER)
-        entry_id = _text(await client.xadd(ingress, codec.encode(envelope)))  # type: ignore[arg-type]
+    async def body(client: aioredis.Redis) -> tuple[str, str, dict[str, Any] | None]:
+        runs = Runs(client, ops.keys, pipeline, producer=PRODUCER,
+                    payload_limit=ops.settings.transport.payload_limit_bytes)
+        try:
+            cid, entry_id = await runs.submit(request, event_type=event_type)
+        except InvalidInput as exc:
+            _rejected(str(request[pipeline.correlation_field]), pipeline.correlation_field,
+                      exc, as_json)
+        except PayloadTooLarge as exc:
+            cid = str(request[pipeline.correlation_field])
+            if as_json:
+                print_json({pipeline.correlation_field: cid, "status": "payload_too_large",
+                            "published": False, "error": str(exc)})
+                sys.exit(EXIT_FAIL)
+            fail(f"{cid}: payload_too_large (not published): {exc}")
         if not wait:
-            return entry_id, None
+            return cid, entry_id, None
         if not as_json:
             click.echo(cid)
-        began = time.monotonic()
-        try:
-            return entry_id, await follow(
-                client, ops.keys, Published(ingress, entry_id, cid),
-                correlation_field=pipeline.correlation_field, outcome_types=[FINISHED],
-                start=start, timeout=timeout, on_review=on_review,
-                on_tick=lambda: _progress(cid, time.monotonic() - began))
-        finally:
-            _clear_progress()
+        ingress = ops.keys.stream(event_type or pipeline.ingress[0])
+        return cid, entry_id, await _follow(runs, cid, entry_id, ingress, timeout, reviews)
 
-    entry_id, ending = ops.run(body)
-    head = {"deployment_id": cid, "entry_id": entry_id}
+    cid, entry_id, ending = ops.run(body)
+    head = {pipeline.correlation_field: cid, "entry_id": entry_id}
     if not wait:
         if as_json:
             print_json(head)
@@ -188,14 +181,13 @@ def emit(
             print_json({**head, "status": "timeout"})
         waiting = f"; it waits on review {reviews[-1]}" if reviews else ""
         fail(f"timed out after {timeout:g}s waiting for {cid} to finish{waiting}", EXIT_TIMEOUT)
-    entry = {"id": ending.id, **decode_fields(ending.fields)}
-    if ending.kind == "dead_lettered":
-        _dead_lettered(head, entry, as_json)
-    raw_data = entry.get("data")
+    if ending["stream"] == DLQ:
+        _dead_lettered(head, cid, ending, as_json)
+    raw_data = ending.get("data")
     data_out: dict[str, Any] = raw_data if isinstance(raw_data, dict) else {}
-    status = str(data_out.get("status", "unknown"))
+    status = run_status(ending)
     if as_json:
-        print_json({**head, "status": status, "finished": entry})
+        print_json({**head, "status": status, "finished": ending})
     else:
         reasons = data_out.get("reasons") or []
         click.echo(f"{cid}: {printable(status)}")
@@ -205,12 +197,62 @@ def emit(
     sys.exit(EXIT_OK if status == "succeeded" else EXIT_FAIL)
 
 
-def _dead_lettered(head: dict[str, Any], entry: dict[str, Any], as_json: bool) -> NoReturn:
+async def _follow(
+    runs: Runs, cid: str, entry_id: str, ingress: str, timeout: float, reviews: list[str]
+) -> dict[str, Any] | None:
+    """The run's outcome entry, or the published entry's own dead letter; None at the
+    timeout. A review escalated from it is said on stderr (and its id kept in
+    ``reviews``), and the wait goes on."""
+    began = time.monotonic()
+
+    def ticking() -> bool:
+        _progress(cid, time.monotonic() - began)
+        return True
+
+    try:
+        async for entry in runs.reader.follow(cid, deadline=began + timeout, alive=ticking):
+            mine = entry.get(SOURCE_ID) == entry_id and entry.get(SOURCE_STREAM) == ingress
+            if entry["stream"] == DLQ and mine:
+                return entry
+            if entry["stream"] == REVIEW and mine and entry["id"] not in reviews:
+                reviews.append(entry["id"])
+                _clear_progress()
+                click.echo(f"{cid} waits for {printable(_what(entry))}: review {entry['id']}; "
+                           f"decide with `printery review approve {entry['id']} --by NAME` "
+                           "(or reject)", err=True)
+            if runs.reader.is_outcome(entry):
+                return entry
+    except TimeoutError:
+        pass
+    finally:
+        _clear_progress()
+    return None
+
+
+def _what(review: dict[str, Any]) -> str:
+    kind = str(review.get(KIND, ""))
+    return "approval" if kind == "approval" else f"review ({kind})"
+
+
+def _rejected(cid: str, field: str, exc: InvalidInput, as_json: bool) -> NoReturn:
+    """The ingress step refused the data before anything was written: status
+    ``rejected`` with its reasons (as the run would have ended), exit 1."""
+    reasons = [reason.as_dict() for reason in exc.reasons]
+    if as_json:
+        print_json({field: cid, "status": "rejected", "published": False, "reasons": reasons})
+    else:
+        click.echo(f"{cid}: rejected (not published)")
+        click.echo(table([(r["code"], r["field"], r["message"]) for r in reasons],
+                         ["code", "field", "message"]))
+    sys.exit(EXIT_FAIL)
+
+
+def _dead_lettered(head: dict[str, Any], cid: str, entry: dict[str, Any], as_json: bool) -> NoReturn:
     """The request itself went to ``dlq``: no outcome will ever come, exit 1 now."""
     if as_json:
         print_json({**head, "status": DEAD_LETTERED, "dlq": entry})
     else:
-        click.echo(f"{head['deployment_id']}: {DEAD_LETTERED} "
+        click.echo(f"{cid}: {DEAD_LETTERED} "
                    f"({printable(str(entry.get(REASON_CODE, '')))}): "
                    f"{printable(str(entry.get(ERROR, '')))}; dlq entry {entry['id']}")
     sys.exit(EXIT_FAIL)
@@ -227,7 +269,3 @@ def _clear_progress() -> None:
     if sys.stderr.isatty():
         sys.stderr.write("\r\033[K")
         sys.stderr.flush()
-
-
-def _text(value: object) -> str:
-    return value.decode() if isinstance(value, bytes) else str(value)
