@@ -153,12 +153,8 @@ def emit(
             _rejected(str(request[pipeline.correlation_field]), pipeline.correlation_field,
                       exc, as_json)
         except PayloadTooLarge as exc:
-            cid = str(request[pipeline.correlation_field])
-            if as_json:
-                print_json({pipeline.correlation_field: cid, "status": "payload_too_large",
-                            "published": False, "error": str(exc)})
-                sys.exit(EXIT_FAIL)
-            fail(f"{cid}: payload_too_large (not published): {exc}")
+            _too_large(str(request[pipeline.correlation_field]), pipeline.correlation_field,
+                       exc, as_json)
         if not wait:
             return cid, entry_id, None
         if not as_json:
@@ -183,6 +179,11 @@ def emit(
         fail(f"timed out after {timeout:g}s waiting for {cid} to finish{waiting}", EXIT_TIMEOUT)
     if ending["stream"] == DLQ:
         _dead_lettered(head, cid, ending, as_json)
+    _finished(head, cid, ending, as_json)
+
+
+def _finished(head: dict[str, Any], cid: str, ending: dict[str, Any], as_json: bool) -> NoReturn:
+    """The run's outcome: exit 0 when its status is ``succeeded``, else 1."""
     raw_data = ending.get("data")
     data_out: dict[str, Any] = raw_data if isinstance(raw_data, dict) else {}
     status = run_status(ending)
@@ -195,6 +196,15 @@ def emit(
             click.echo(table([(r.get("code"), r.get("field"), r.get("message")) for r in reasons],
                              ["code", "field", "message"]))
     sys.exit(EXIT_OK if status == "succeeded" else EXIT_FAIL)
+
+
+def _too_large(cid: str, field: str, exc: PayloadTooLarge, as_json: bool) -> NoReturn:
+    """Over the payload limit: refused before anything was published, exit 1."""
+    if as_json:
+        print_json({field: cid, "status": "payload_too_large", "published": False,
+                    "error": str(exc)})
+        sys.exit(EXIT_FAIL)
+    fail(f"{cid}: payload_too_large (not published): {exc}")
 
 
 async def _follow(
