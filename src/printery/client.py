@@ -23,6 +23,7 @@ from typing import Any, TypeVar
 import redis.asyncio as aioredis
 from redis.exceptions import NoScriptError
 
+from printery._util import new_id
 from printery.apps import load_app
 from printery.envelope import Codec
 from printery.errors import ConfigError, InvalidInput, PayloadTooLarge, UnknownRun
@@ -81,13 +82,13 @@ class Runs:
         field = self.pipeline.correlation_field
         if run_id is None and isinstance(data, dict) and isinstance(data.get(field), str):
             run_id = data[field] or None
-        envelope = self.codec.new(event_type, data, correlation_id=run_id,
-                                  producer=self.producer, idempotency_key=idempotency_key)
-        fields = self.codec.encode(envelope)
+        run_id = run_id or new_id(self.codec.id_prefix)
+        fields = self.codec.new_fields(event_type, data, correlation_id=run_id,
+                                       producer=self.producer, idempotency_key=idempotency_key)
         if len(fields["data"]) > self.codec.payload_limit:
             raise PayloadTooLarge(
                 f"data is {len(fields['data'])} bytes, limit {self.codec.payload_limit}")
-        return event_type, envelope.correlation_id, envelope.idempotency_key, fields
+        return event_type, run_id, fields["idempotency_key"], fields
 
     async def submit(
         self, data: Any, *, event_type: str | None = None, run_id: str | None = None,
