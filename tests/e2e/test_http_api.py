@@ -4,6 +4,7 @@ runs (submit, get, server-sent events), auth, limits, and malformed input."""
 from __future__ import annotations
 
 import json
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -284,3 +285,48 @@ def test_docflow_review_approved_with_edited_data_over_http(
     finally:
         handle.stop()
     assert final["stream"] == "doc:published" and final["data"]["label"] == "memo"
+
+
+def test_event_stream_survives_a_server_restart(own_server: ServerProcess, tmp_path: Path) -> None:
+    """The stream is open before the service runs the run; the server restarts under it;
+    every entry still arrives, in order, and the stream ends after the outcome."""
+    prefix = unique_prefix()
+    handle = spawn(["--redis-url", own_server.url, "--stream-prefix", prefix, "--worker",
+                    "validator"], env={"PRINTERY_API_TOKEN": TOKEN}, cwd=tmp_path)
+    try:
+        run_id = call(handle, "POST", "/v1/runs", json={"data": request()}).json()["run_id"]
+        found: list[dict[str, Any]] = []
+        failures: list[BaseException] = []
+
+        def read() -> None:
+            try:
+                with httpx.stream("GET", f"{handle.http_base}/v1/runs/{run_id}/events",
+                                  headers={"Authorization": f"Bearer {TOKEN}"},
+                                  timeout=90) as response:
+                    for line in response.iter_lines():
+                        if line.startswith("data: "):
+                            found.append(json.loads(line[len("data: "):]))
+            except BaseException as exc:  # reported by the test below
+                failures.append(exc)
+
+        reader = threading.Thread(target=read)
+        reader.start()
+        handle.wait_until(lambda: any(e["stream"] == "deployment:validated" for e in found),
+                          what="the validated entry on the stream")
+        own_server.stop()
+        own_server.start()
+        # The rest of the pipeline runs only now, in a second process.
+        rest = spawn(["--redis-url", own_server.url, "--stream-prefix", prefix, "--worker",
+                      "dependency-checker,health-monitor,aggregator,notifier"], cwd=tmp_path)
+        try:
+            reader.join(90)
+        finally:
+            rest.stop()
+    finally:
+        handle.stop()
+    assert not reader.is_alive() and not failures, failures
+    streams = [e["stream"] for e in found]
+    assert streams[0] == "deployment:started" and streams[-1] == "deployment:finished"
+    assert "deployment:validated" in streams
+    ids = [tuple(int(p) for p in e["id"].split("-")) for e in found]
+    assert ids == sorted(ids)
