@@ -107,6 +107,10 @@ class Runs:
         run, _, entry_id = str(reply[1]).partition("\n")
         return run, entry_id
 
+    async def close(self) -> None:
+        """Close the submit channel's connection (the reader uses the pooled client)."""
+        await self._submits.close()
+
     async def entries(self, run_id: str) -> list[dict[str, Any]]:
         """Every entry of the run so far (after its outcome too). Raises
         :class:`UnknownRun` when there is none."""
@@ -129,6 +133,9 @@ class _SubmitBatcher:
         self._sha = hashlib.sha1(SUBMIT_LUA.encode()).hexdigest()
         self._queue: list[tuple[Command, asyncio.Future[Any]]] = []
         self._lock = asyncio.Lock()
+
+    async def close(self) -> None:
+        await self._channel.close()
 
     async def call(self, keys: list[str], args: list[Any]) -> Any:
         future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
@@ -218,6 +225,9 @@ class Client:
 
     async def aclose(self) -> None:
         client, self._client = self._client, None
+        runs, self._run_ops = self._run_ops, None
+        if runs is not None:
+            await runs.close()
         if client is not None:
             await client.aclose()
 

@@ -126,6 +126,7 @@ class Service(ProcessLifecycle):
         self.client: aioredis.Redis | None = None
         self.manager: WorkerManager | None = None
         self.http: HttpServer | None = None
+        self.runs: Runs | None = None
         self.http_port: int | None = None
         self.registry: ProcessRegistry | None = None
         self._tasks: list[asyncio.Task[None]] = []
@@ -272,9 +273,9 @@ class Service(ProcessLifecycle):
         if access.token is None and access.public:
             log.warning("the HTTP API listens beyond loopback without a token: /v1 answers "
                         f"403 until {s.api_token_env} is set", http_addr=s.http_addr)
-        runs = Runs(self.client, self.keys, self.pipeline,
-                    payload_limit=s.transport.payload_limit_bytes, producer="printery-api")
-        return build_api(runs, access, body_limit=s.transport.payload_limit_bytes)
+        self.runs = Runs(self.client, self.keys, self.pipeline,
+                         payload_limit=s.transport.payload_limit_bytes, producer="printery-api")
+        return build_api(self.runs, access, body_limit=s.transport.payload_limit_bytes)
 
     async def _wait(self) -> int:
         """Block until a stop signal, or a worker failure that should end the process."""
@@ -307,6 +308,8 @@ class Service(ProcessLifecycle):
             await self._remove_consumers(lambda who: who == self.owner, min_idle=0)
         if self.http is not None:
             await self.http.stop()
+        if self.runs is not None:
+            await self.runs.close()
         if self.client is not None:
             with contextlib.suppress(Exception):
                 await self.client.aclose()
