@@ -66,11 +66,15 @@ class ChildProcess:
 
     @property
     def exit_code(self) -> int | None:
-        """The last run's exit status; None while it runs or before it started."""
-        return self.proc.returncode if self.proc is not None else None
+        """The last run's exit status; None while it runs or before it started (polled:
+        ``returncode`` alone stays None until someone asks the process)."""
+        return self.proc.poll() if self.proc is not None else None
 
     def healthy(self) -> bool:
-        return self.alive
+        """Started. An exit is reported by :meth:`run` itself within a poll interval, with
+        its status (fatal or not): answering False here would race that report, and the
+        supervisor would restart a process whose exit status says not to."""
+        return self.proc is not None
 
     def spawn(self) -> subprocess.Popen[bytes]:
         """Start the command (a fork and exec: quick, so the event loop may call it)."""
