@@ -29,7 +29,7 @@ import asyncio
 import contextlib
 import os
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from typing import Any
 
 import redis.asyncio as aioredis
@@ -45,6 +45,7 @@ from printery.backoff import compute_backoff
 from printery.client import Runs
 from printery.config import Settings
 from printery.errors import ConfigError, describe
+from printery.housekeeping import Housekeeping, remove_consumers
 from printery.http import HttpServer
 from printery.keys import StreamKeys
 from printery.lifecycle import (
@@ -57,12 +58,9 @@ from printery.lifecycle import (
 from printery.logging import get_logger
 from printery.metrics import OUTCOMES, Metrics
 from printery.pipeline.dag import Pipeline
-from printery.reviews import expire_reviews, sweep_interval
 from printery.runtime.consumer import ConsumerSettings
-from printery.runtime.departed import live_owners, remove_departed
 from printery.runtime.payloads import PayloadStore
-from printery.runtime.registry import ProcessRegistry, list_processes
-from printery.runtime.retention import trim_pipeline_streams
+from printery.runtime.registry import ProcessRegistry
 from printery.supervisor.manager import WorkerManager
 from printery.transport.connection import connect
 from printery.transport.refusal import refused
@@ -75,11 +73,6 @@ log = get_logger("printery.service")
 #: Runtime outcome names -> the ``outcome`` label values of ``printery_messages_total``.
 _OUTCOME_LABEL = {"error": "retry", "dead_lettered": "dead_letter", "fenced": "duplicate"}
 
-#: Seconds between refreshes of the per-worker gauges (up, uptime, pending).
-GAUGE_INTERVAL = 1.0
-#: Seconds between sweeps for consumers of processes that died (their own graceful stop
-#: removes them at once).
-DEPARTED_INTERVAL = 60.0
 #: Seconds a readiness/status PING may take before Redis counts as not answering.
 PING_TIMEOUT = 2.0
 
@@ -253,12 +246,10 @@ class Service(ProcessLifecycle):
     async def _start_observers(self) -> None:
         assert self.client is not None
         self.registry = ProcessRegistry(self.client, self.keys, self.process_id)
-        observers = [self.registry.run(self._registry_status), self._update_gauges(),
-                     self._sweep_departed()]
-        if self.settings.transport.retention > 0:
-            observers.append(self._retain())
-        if self.settings.review_timeouts():
-            observers.append(self._expire_reviews())
+        self.housekeeping = Housekeeping(self.client, self.keys, self.pipeline, self.settings,
+                                         self.prom, self.registry, self.owner)
+        observers = [self.registry.run(self._registry_status),
+                     *self.housekeeping.sweeps(lambda: self.manager)]
         for observer in observers:
             task = asyncio.create_task(observer)
             task.add_done_callback(log_failure)  # an observer that fails says so at once
@@ -303,9 +294,10 @@ class Service(ProcessLifecycle):
         for task in self._tasks:
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)  # failures: logged
-        if self.registry is not None:
+        if self.registry is not None and self.client is not None:
             await self.registry.remove()
-            await self._remove_consumers(lambda who: who == self.owner, min_idle=0)
+            await remove_consumers(self.client, self.keys, self.pipeline,
+                                   lambda who: who == self.owner, min_idle=0)
         if self.http is not None:
             await self.http.stop()
         if self.runs is not None:
@@ -313,89 +305,6 @@ class Service(ProcessLifecycle):
         if self.client is not None:
             with contextlib.suppress(Exception):
                 await self.client.aclose()
-
-    async def _update_gauges(self) -> None:
-        while True:
-            if self.manager is not None:
-                for name, st in self.manager.get_status().items():
-                    self.prom.set_worker(
-                        name, up=bool(st["healthy"]), uptime_s=float(st["uptime_s"]),
-                        pending=int(st["pending"]),
-                    )
-            await asyncio.sleep(GAUGE_INTERVAL)
-
-    async def _sweep_departed(self) -> None:
-        """Every :data:`DEPARTED_INTERVAL`, remove the consumers of processes that died
-        without removing their own (see :mod:`printery.runtime.departed`); idle at least
-        the registry's TTL, the time a dead process takes to leave the registry."""
-        assert self.client is not None and self.registry is not None
-        while True:
-            await asyncio.sleep(DEPARTED_INTERVAL)
-            try:
-                live = live_owners(await list_processes(self.client, self.keys))
-            except (RedisError, OSError) as exc:
-                log.warning("consumer sweep failed: retrying next interval", error=describe(exc))
-                continue
-            live.add(self.owner)
-            await self._remove_consumers(_not_in(frozenset(live)), min_idle=self.registry.ttl)
-
-    async def _remove_consumers(self, gone: Callable[[str], bool], *, min_idle: float) -> None:
-        assert self.client is not None
-        readers = [(self.keys.stream(event_type), group)
-                   for event_type, groups in self.pipeline.groups().items() for group in groups]
-        try:
-            removed = await remove_departed(self.client, readers, gone, min_idle=min_idle)
-        except (RedisError, OSError) as exc:
-            log.warning("could not remove stopped consumers", error=describe(exc))
-            return
-        if removed:
-            log.info("removed consumers of stopped processes", count=len(removed),
-                     consumers=sorted({name for _, _, name in removed}))
-
-    async def _retain(self) -> None:
-        """Sweep every stream of the pipeline each ``retention_interval``: entries older
-        than ``retention`` that every group has acknowledged go (a stream no group reads,
-        such as ``notification:sent``, is trimmed by age alone). Every process sweeps;
-        the trim is idempotent, so more processes only repeat a cheap no-op."""
-        assert self.client is not None
-        transport = self.settings.transport
-        event_types = self.pipeline.event_types()
-        while True:
-            try:
-                trimmed = await trim_pipeline_streams(
-                    self.client, self.keys, event_types, transport.retention,
-                    trim_without_groups=True,
-                )
-            except (RedisError, OSError) as exc:
-                log.warning("retention sweep failed: retrying next interval", error=str(exc))
-            else:
-                removed = {event_type: n for event_type, n in trimmed.items() if n}
-                for event_type, n in removed.items():
-                    self.prom.stream_trimmed.labels(event_type).inc(n)
-                if removed:
-                    log.info("retention sweep", trimmed=removed)
-            await asyncio.sleep(transport.retention_interval)
-
-    async def _expire_reviews(self) -> None:
-        """Reject, by ``timeout``, each review left undecided past its kind's deadline.
-        Every process sweeps; a decision is made once whoever tries (:mod:`printery.
-        reviews`), so more processes only repeat a cheap range read. A sweep that fails
-        is logged and the next one tries again: a deadline is never given up."""
-        assert self.client is not None
-        timeouts = self.settings.review_timeouts()
-        while True:
-            try:
-                made = await expire_reviews(self.client, self.keys, self.pipeline, timeouts)
-            except (RedisError, OSError) as exc:
-                log.warning("review deadline sweep failed: retrying", error=str(exc))
-            except Exception as exc:  # an application's reject hook: logged, retried
-                log.error("review deadline sweep failed: retrying", error=str(exc),
-                          exc_info=exc)
-            else:
-                for record in made:
-                    log.info("review rejected at its deadline", review_id=record["review_id"],
-                             kind=record["kind"], outputs=record["outputs"])
-            await asyncio.sleep(sweep_interval(timeouts))
 
     # -- StatusProvider ----------------------------------------------------------------------
 
@@ -455,10 +364,6 @@ class Service(ProcessLifecycle):
             "redis": {"connected": self._redis_ok, "url": self.display_url},
             "workers": self._workers_doc(),
         }
-
-
-def _not_in(live: frozenset[str]) -> Callable[[str], bool]:
-    return lambda who: who not in live
 
 
 def worker_overrides(settings: Settings, names: Mapping[str, int]) -> dict[str, dict[str, int]]:

@@ -1,0 +1,152 @@
+"""The service's periodic sweeps, each a loop of its own that the service supervises:
+the per-worker gauges, consumers left by processes that died, stream retention, and
+review deadlines. A sweep that fails logs why and tries again at its next interval; none
+of them is ever given up."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable, Coroutine
+from typing import Any
+
+import redis.asyncio as aioredis
+from redis.exceptions import RedisError
+
+from printery.config import Settings
+from printery.errors import describe
+from printery.keys import StreamKeys
+from printery.logging import get_logger
+from printery.metrics import Metrics
+from printery.pipeline.dag import Pipeline
+from printery.reviews import expire_reviews, sweep_interval
+from printery.runtime.departed import live_owners, remove_departed
+from printery.runtime.registry import ProcessRegistry, list_processes
+from printery.runtime.retention import trim_pipeline_streams
+from printery.supervisor.manager import WorkerManager
+
+__all__ = ["DEPARTED_INTERVAL", "GAUGE_INTERVAL", "Housekeeping", "remove_consumers"]
+
+log = get_logger("printery.service")
+
+#: Seconds between refreshes of the per-worker gauges (up, uptime, pending).
+GAUGE_INTERVAL = 1.0
+#: Seconds between sweeps for consumers of processes that died (their own graceful stop
+#: removes them at once).
+DEPARTED_INTERVAL = 60.0
+
+
+async def remove_consumers(
+    client: aioredis.Redis, keys: StreamKeys, pipeline: Pipeline, gone: Callable[[str], bool],
+    *, min_idle: float,
+) -> None:
+    """Remove the consumers, of every group of the pipeline, whose owner is ``gone``;
+    never one that still owns entries (see :mod:`printery.runtime.departed`)."""
+    readers = [(keys.stream(event_type), group)
+               for event_type, groups in pipeline.groups().items() for group in groups]
+    try:
+        removed = await remove_departed(client, readers, gone, min_idle=min_idle)
+    except (RedisError, OSError) as exc:
+        log.warning("could not remove stopped consumers", error=describe(exc))
+        return
+    if removed:
+        log.info("removed consumers of stopped processes", count=len(removed),
+                 consumers=sorted({name for _, _, name in removed}))
+
+
+class Housekeeping:
+    """The sweeps of one service process (``owner``: its consumers' owner name)."""
+
+    def __init__(
+        self, client: aioredis.Redis, keys: StreamKeys, pipeline: Pipeline, settings: Settings,
+        metrics: Metrics, registry: ProcessRegistry, owner: str,
+    ) -> None:
+        self.client = client
+        self.keys = keys
+        self.pipeline = pipeline
+        self.settings = settings
+        self.metrics = metrics
+        self.registry = registry
+        self.owner = owner
+
+    def sweeps(
+        self, manager: Callable[[], WorkerManager | None]
+    ) -> list[Coroutine[Any, Any, None]]:
+        """The loops this process runs (retention and review deadlines only when set)."""
+        loops = [self.update_gauges(manager), self.sweep_departed()]
+        if self.settings.transport.retention > 0:
+            loops.append(self.retain())
+        if self.settings.review_timeouts():
+            loops.append(self.expire_reviews())
+        return loops
+
+    async def update_gauges(self, manager: Callable[[], WorkerManager | None]) -> None:
+        while True:
+            current = manager()
+            if current is not None:
+                for name, st in current.get_status().items():
+                    self.metrics.set_worker(
+                        name, up=bool(st["healthy"]), uptime_s=float(st["uptime_s"]),
+                        pending=int(st["pending"]),
+                    )
+            await asyncio.sleep(GAUGE_INTERVAL)
+
+    async def sweep_departed(self) -> None:
+        """Every :data:`DEPARTED_INTERVAL`, remove the consumers of processes that died
+        without removing their own; idle at least the registry's TTL, the time a dead
+        process takes to leave the registry."""
+        while True:
+            await asyncio.sleep(DEPARTED_INTERVAL)
+            try:
+                live = live_owners(await list_processes(self.client, self.keys))
+            except (RedisError, OSError) as exc:
+                log.warning("consumer sweep failed: retrying next interval", error=describe(exc))
+                continue
+            live.add(self.owner)
+            await remove_consumers(self.client, self.keys, self.pipeline,
+                                   _not_in(frozenset(live)), min_idle=self.registry.ttl)
+
+    async def retain(self) -> None:
+        """Sweep every stream of the pipeline each ``retention_interval``: entries older
+        than ``retention`` that every group has acknowledged go (a stream no group reads,
+        such as ``notification:sent``, is trimmed by age alone). Every process sweeps;
+        the trim is idempotent, so more processes only repeat a cheap no-op."""
+        transport = self.settings.transport
+        event_types = self.pipeline.event_types()
+        while True:
+            try:
+                trimmed = await trim_pipeline_streams(
+                    self.client, self.keys, event_types, transport.retention,
+                    trim_without_groups=True,
+                )
+            except (RedisError, OSError) as exc:
+                log.warning("retention sweep failed: retrying next interval", error=str(exc))
+            else:
+                removed = {event_type: n for event_type, n in trimmed.items() if n}
+                for event_type, n in removed.items():
+                    self.metrics.stream_trimmed.labels(event_type).inc(n)
+                if removed:
+                    log.info("retention sweep", trimmed=removed)
+            await asyncio.sleep(transport.retention_interval)
+
+    async def expire_reviews(self) -> None:
+        """Reject, by ``timeout``, each review left undecided past its kind's deadline.
+        Every process sweeps; a decision is made once whoever tries (:mod:`printery.
+        reviews`), so more processes only repeat a cheap range read."""
+        timeouts = self.settings.review_timeouts()
+        while True:
+            try:
+                made = await expire_reviews(self.client, self.keys, self.pipeline, timeouts)
+            except (RedisError, OSError) as exc:
+                log.warning("review deadline sweep failed: retrying", error=str(exc))
+            except Exception as exc:  # an application's reject hook: logged, retried
+                log.error("review deadline sweep failed: retrying", error=str(exc),
+                          exc_info=exc)
+            else:
+                for record in made:
+                    log.info("review rejected at its deadline", review_id=record["review_id"],
+                             kind=record["kind"], outputs=record["outputs"])
+            await asyncio.sleep(sweep_interval(timeouts))
+
+
+def _not_in(live: frozenset[str]) -> Callable[[str], bool]:
+    return lambda who: who not in live
