@@ -5,6 +5,7 @@ defines a loadable app. A new block must be added here, so none can rot unseen."
 from __future__ import annotations
 
 import ast
+import asyncio
 import json
 import re
 from collections.abc import AsyncIterator
@@ -13,9 +14,12 @@ from typing import Any
 
 import pytest
 import redis.asyncio as aioredis
+from examples import docflow
 
 from printery import AppConfig, ConsumerSettings, Pipeline, StreamKeys, WorkerManager
-from printery.testing import wait_for
+from printery.testing import unique_prefix, wait_for
+from printery.transport.server import ServerProcess
+from support.service import spawn
 
 README = Path(__file__).resolve().parents[2] / "README.md"
 BLOCKS = re.findall(r"```python\n(.*?)```", README.read_text(), re.S)
@@ -29,10 +33,12 @@ def block(marker: str) -> str:
 PIPELINE = block('pipeline = Pipeline("docflow"')
 APP_CONFIG = block("config = AppConfig(")
 LIBRARY_CALLS = block("await replay(")
+ASYNC_CLIENT = block("async with Client(")
+SYNC_CLIENT = block("with SyncClient(")
 
 
 def test_every_block_is_run_here() -> None:
-    assert len(BLOCKS) == 3, "a new README block: run it in this file"
+    assert len(BLOCKS) == 5, "a new README block: run it in this file"
 
 
 def run_block(source: str, namespace: dict[str, Any]) -> Any:
@@ -96,3 +102,41 @@ def test_readme_app_config_block_defines_a_loadable_app() -> None:
     run_block(APP_CONFIG, namespace)
     config = AppConfig.of(namespace["pipeline"])
     assert set(config.tables) == {"ocr"} and config.defaults == {"stream_prefix": "docs"}
+
+
+async def test_readme_async_client_block(
+    client: aioredis.Redis, server: ServerProcess, monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    prefix = unique_prefix()
+    monkeypatch.setenv("REDIS_URL", server.url)
+    monkeypatch.setenv("STREAM_PREFIX", prefix)
+    manager = WorkerManager(drain_timeout=2)
+    for worker, deps in docflow.pipeline.build_workers(
+        client=client, keys=StreamKeys(prefix), settings=ConsumerSettings(block_ms=100)
+    ):
+        manager.register(worker, deps)
+    await manager.start_all()
+    try:
+        namespace: dict[str, Any] = {"__name__": "readme"}
+        await asyncio.wait_for(run_block(ASYNC_CLIENT, namespace), 60)
+    finally:
+        await manager.stop_all(2)
+    assert namespace["result"].status == "doc:published"
+    lines = [line for line in capsys.readouterr().out.splitlines() if "[info" not in line]
+    assert lines[0].startswith("doc:published {") and lines[-1].split()[1] == "doc:published"
+
+
+def test_readme_sync_client_block(
+    server: ServerProcess, monkeypatch: pytest.MonkeyPatch, tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    prefix = unique_prefix()
+    monkeypatch.setenv("REDIS_URL", server.url)
+    monkeypatch.setenv("STREAM_PREFIX", prefix)
+    handle = spawn(["--redis-url", server.url, "--stream-prefix", prefix], cwd=tmp_path)
+    try:
+        run_block(SYNC_CLIENT, {"__name__": "readme"})
+    finally:
+        handle.stop()
+    assert capsys.readouterr().out.strip().splitlines()[-1] == "succeeded"
