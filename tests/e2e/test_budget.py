@@ -11,6 +11,7 @@ import signal
 from pathlib import Path
 from typing import Any
 
+import pytest
 import redis
 
 from printery import Client
@@ -18,6 +19,7 @@ from printery.reviews import approve, reject
 from printery.testing import unique_prefix
 from printery.transport.server import ServerProcess
 from support import budget_app
+from support.operator_cli import cli
 from support.service import ServiceHandle, spawn
 
 TESTS = Path(__file__).resolve().parents[1]
@@ -92,7 +94,7 @@ def test_spent_is_exact_through_a_kill_and_nothing_runs_past_the_limit(
 
 
 async def test_review_approval_raises_the_limit_and_rejection_ends_the_run(
-    server: ServerProcess, tmp_path: Path
+    server: ServerProcess, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     prefix, run = unique_prefix("budget-review"), "run-2"
     r = redis.Redis.from_url(server.url, decode_responses=True)
@@ -123,5 +125,14 @@ async def test_review_approval_raises_the_limit_and_rejection_ends_the_run(
         assert result.data["unit"] == "usd" and result.data["limit"] == 4
         assert sorted(json.loads(f["data"])["n"] for f in _entries(r, prefix, "done")) == [0, 1, 2, 3]
         assert r.xlen(f"{prefix}:calls") == 4
+        monkeypatch.setenv("PYTHONPATH", str(TESTS))  # for the operator command's --app
+        app = ["--app", "support.budget_app:reviewed"]
+        code, out, err = await cli(server.url, prefix, *app, "cost", run, "--json")
+        assert code == 0, err
+        assert json.loads(out)["budget"] == [{"step": "", "unit": "usd", "spent": 4.0,
+                                              "limit": 4.0, "soft": 1.6, "status": "exceeded"}]
+        code, out, err = await cli(server.url, prefix, *app, "cost", run)
+        assert code == 0, err
+        assert "exceeded" in out and "warn_at" in out
     finally:
         assert svc.stop() == 0, svc.log()
