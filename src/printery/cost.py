@@ -74,7 +74,7 @@ async def budget_status(
     None for a pipeline without budgets."""
     if not pipeline.has_budgets:
         return None
-    held = await client.hgetall(keys.budget(run_id))
+    held: dict[str, str] = await client.hgetall(keys.budget(run_id))  # type: ignore[misc]
     rows = []
     scopes = [("", pipeline.budget, "")] + [
         (name, step.budget, f"step:{name}:") for name, step in pipeline.steps.items()]

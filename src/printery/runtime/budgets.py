@@ -11,6 +11,7 @@ entry's outputs are written, and the soft warning is decided inside the same scr
 
 from __future__ import annotations
 
+import time
 from collections.abc import Sequence
 from typing import Any
 
@@ -50,6 +51,8 @@ class BudgetGuard:
         self._units = tuple(unit for _, unit, _, _ in charged)
         self._soft = tuple(soft for _, _, soft, _ in charged)
         self._notes = tuple(note for _, _, _, note in charged)
+        self._warning_fields: dict[str, str] = {}
+        self._warning_made = -1
 
     def reads(self, messages: Sequence[Message]) -> list[Command]:
         """The commands that read the budgets of ``messages``' runs (one each)."""
@@ -100,11 +103,19 @@ class BudgetGuard:
         costs = message.costs
         if not costs or not self._fields:
             return None
-        warning = self.codec.new_fields(BUDGET_WARNING, None, correlation_id="",
-                                        producer=self.worker)
         return BudgetCharge(
             self.keys.budget_prefix, message.correlation_id, self._fields,
             tuple(costs.get(unit, 0) for unit in self._units), self._soft, self._notes,
-            self.codec.correlation_field, self.keys.stream(BUDGET_WARNING),
-            warning,
+            self.codec.correlation_field, self.keys.stream(BUDGET_WARNING), self._warning(),
         )
+
+    def _warning(self) -> dict[str, str]:
+        """The fields of a warning this step's commits may write (the script fills in
+        the run, the data and the ids): made again once a second, for its
+        ``produced_at``, rather than for every commit."""
+        now = int(time.monotonic())
+        if now != self._warning_made:
+            self._warning_fields = self.codec.new_fields(
+                BUDGET_WARNING, None, correlation_id="", producer=self.worker)
+            self._warning_made = now
+        return self._warning_fields

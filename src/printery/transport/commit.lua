@@ -298,10 +298,10 @@ local function record()
   if current then redis.call('PEXPIRE', current, 2 * ttl, 'NX') end
 end
 
--- Budgets (CONTRACT §13): each committed entry adds its amounts to its run's hash; a
--- field whose total reaches its soft threshold in this commit writes the run's warning
--- (once: the hash remembers it). ``warned[e]`` counts the warnings entry e wrote.
-local function budget_warning(b, f, run, spent, e)
+-- Budgets (CONTRACT §13): each committed entry adds its amounts to its run's hash; the
+-- first commit that finds a field's total at or over its soft threshold writes the run's
+-- warning (once: the hash remembers it). ``warned[e]`` counts the warnings entry e wrote.
+local function budget_warning(b, f, run, spent)
   local args, tpl = {}, b.tpl
   for j = tpl, tpl + b.ntpl - 1, 2 do
     local name, value = ARGV[j], ARGV[j + 1]
@@ -312,7 +312,7 @@ local function budget_warning(b, f, run, spent, e)
     elseif name == 'idempotency_key' then
       value = 'budget:warning:' .. run .. ':' .. f.name
     elseif name == 'event_id' then
-      value = value .. '-' .. e .. '-' .. f.col
+      value = value .. '-' .. run .. '-' .. f.name
     end
     args[#args + 1] = name
     args[#args + 1] = value
@@ -328,21 +328,22 @@ local function charge(warned)
         local e = s.first + x
         if verdict[e] == nil then
           local run = ARGV[b.runs + x - 1]
-          local key = b.prefix .. run
+          local key, fresh = b.prefix .. run, true
           for _, f in ipairs(b.fields) do
             local amount = ARGV[f.col + x - 1]
             if amount ~= '0' then
-              local before = 0
-              if f.soft then before = tonumber(redis.call('HGET', key, f.name) or '0') end
               local spent = tonumber(redis.call('HINCRBYFLOAT', key, f.name, amount))
-              if f.soft and before < f.soft and spent >= f.soft
+              if spent ~= tonumber(amount) then fresh = false end
+              if f.soft and spent >= f.soft
                   and redis.call('HSETNX', key, 'warned:' .. f.name, '1') == 1 then
-                budget_warning(b, f, run, spent, e)
+                budget_warning(b, f, run, spent)
                 warned[e] = (warned[e] or 0) + 1
               end
             end
           end
-          redis.call('PEXPIRE', key, 2 * ttl)
+          -- A run's hash lives twice the record ttl from its first charge (when every
+          -- field charged was new).
+          if fresh then redis.call('PEXPIRE', key, 2 * ttl) end
         end
       end
     end
