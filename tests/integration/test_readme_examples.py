@@ -28,6 +28,7 @@ def block(marker: str) -> str:
 
 PIPELINE = block('pipeline = Pipeline("docflow"')
 APP_CONFIG = block("config = AppConfig(")
+BUDGETS = block("budget=Budget(")
 LIBRARY_CALLS = block("await replay(")
 
 
@@ -96,3 +97,13 @@ def test_readme_app_config_block_defines_a_loadable_app() -> None:
     run_block(APP_CONFIG, namespace)
     config = AppConfig.of(namespace["pipeline"])
     assert set(config.tables) == {"ocr"} and config.defaults == {"stream_prefix": "docs"}
+
+
+def test_readme_budget_block_defines_a_budgeted_pipeline() -> None:
+    namespace: dict[str, Any] = {}
+    run_block(BUDGETS, namespace)
+    budgeted: Pipeline = namespace["pipeline"]
+    budgeted.validate()
+    assert "budget:exceeded" in budgeted.outcomes
+    assert "budget_exceeded" in budgeted.review_kinds
+    assert budgeted.steps["draft"].budget is not None
