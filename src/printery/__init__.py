@@ -38,6 +38,7 @@ from printery.pipeline.aggregate import (
     any_pass,
     first_wins,
 )
+from printery.pipeline.budget import Budget
 from printery.pipeline.dag import Pipeline, Step, to_mermaid, to_text
 from printery.pipeline.escalation import escalate, review_output
 from printery.pipeline.reason import Reason
@@ -58,6 +59,7 @@ __all__ = [
     "Aggregator",
     "AppConfig",
     "BlobMissing",
+    "Budget",
     "Client",
     "Codec",
     "ConfigError",

@@ -25,7 +25,7 @@ from printery.keys import DLQ, REVIEW, StreamKeys
 from printery.pipeline.dag import Pipeline
 from printery.transport.streams import public_api
 
-__all__ = ["CallTally", "cost_summary", "parse_duration"]
+__all__ = ["CallTally", "budget_status", "cost_summary", "parse_duration"]
 
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h|d|w)?\s*$")
 _UNIT_SECONDS = {"ms": 0.001, "s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
@@ -61,6 +61,35 @@ async def cost_summary(
             tally.add(fields)
     return {pipeline.correlation_field: correlation_id, "since_seconds": since_seconds,
             **tally.summary()}
+
+
+@public_api
+async def budget_status(
+    client: aioredis.Redis, keys: StreamKeys, pipeline: Pipeline, run_id: str
+) -> list[dict[str, Any]] | None:
+    """What ``run_id`` has spent against each budget limit (CONTRACT §13), from the
+    run's hash (exact, as the commits charged it): one row per limit, ``{"step"}`` (""
+    for the run's budget), ``unit``, ``spent``, ``limit`` (raised by approved reviews),
+    ``soft`` (the warning threshold) and ``status`` (``ok``, ``warning``, ``exceeded``).
+    None for a pipeline without budgets."""
+    if not pipeline.has_budgets:
+        return None
+    held: dict[str, str] = await client.hgetall(keys.budget(run_id))  # type: ignore[misc]
+    rows = []
+    scopes = [("", pipeline.budget, "")] + [
+        (name, step.budget, f"step:{name}:") for name, step in pipeline.steps.items()]
+    for step, budget, field_prefix in scopes:
+        if budget is None:
+            continue
+        for unit, base in budget.limits.items():
+            field = field_prefix + unit
+            spent = float(held.get(field, 0))
+            limit = base + float(held.get(f"raise:{field}", 0))
+            status = ("exceeded" if spent >= limit else
+                      "warning" if spent >= base * budget.soft else "ok")
+            rows.append({"step": step, "unit": unit, "spent": spent, "limit": limit,
+                         "soft": base * budget.soft, "status": status})
+    return rows
 
 
 class CallTally:

@@ -63,6 +63,15 @@ class StreamKeys:
         reading the run starts there instead of at the beginning of every stream."""
         return f"{self.prefix}:run:{run_id}"
 
+    def budget(self, run_id: str) -> str:
+        """Hash of what a run has spent, per unit (and per step with a budget of its
+        own), and the raises of its limits (CONTRACT §13)."""
+        return f"{self.budget_prefix}{run_id}"
+
+    @property
+    def budget_prefix(self) -> str:
+        return f"{self.prefix}:budget:"
+
     def blob(self, digest: str) -> str:
         return f"{self.prefix}:blob:{digest}"
 

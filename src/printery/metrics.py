@@ -88,6 +88,13 @@ class Metrics:
             "printery_step_cost_total", "Cost reported by handlers, by worker and unit.",
             ["worker", "unit"], registry=r,
         )
+        self.budget_events = Counter(
+            "printery_budget_events_total",
+            "Budget events of runs: a soft limit reached (warning), a hard one (exceeded).",
+            ["level"], registry=r,
+        )
+        for level in ("warning", "exceeded"):
+            self.budget_events.labels(level)
 
     def observe_message(self, worker: str, outcome: str, seconds: float | None = None) -> None:
         """Count one consumed message; ``seconds`` (handler time) feeds the histogram."""

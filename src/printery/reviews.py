@@ -14,7 +14,7 @@ processes) deciding at once cannot both win.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any, cast
 
 import redis.asyncio as aioredis
@@ -182,7 +182,7 @@ async def decide(
         review_id=review_id, kind=kind.name, decision=decision, by=by, note=note,
         correlation_field=field, correlation_id=cid, data=await _data(client, keys, fields),
         edited=data, resume_type=fields.get(RESUME_TYPE, ""),
-        reject_type=fields.get(REJECT_TYPE, ""), fields=fields,
+        reject_type=fields.get(REJECT_TYPE, ""), fields=fields, keys=keys,
     )
     outcome = await kind.hook(decision)(case)
     codec = pipeline.codec()
@@ -203,7 +203,7 @@ async def decide(
         extra={REVIEW_ID: review_id, DECISION: decision, BY: by, NOTE: note,
                DECIDED_AT: decided_at},
     )
-    await _commit(client, keys, review_id, decided, outputs)
+    await _commit(client, keys, review_id, decided, outputs, outcome.commands)
     return {**record, **outcome.result, "detail": outcome.detail}
 
 
@@ -230,7 +230,7 @@ def _check_edited(
 
 async def _commit(
     client: aioredis.Redis, keys: StreamKeys, review_id: str, decided: dict[str, str],
-    outputs: list[tuple[str, dict[str, str]]],
+    outputs: list[tuple[str, dict[str, str]]], commands: Sequence[tuple[Any, ...]] = (),
 ) -> None:
     for _ in range(WATCH_RETRIES):
         async with client.pipeline(transaction=True) as pipe:
@@ -243,6 +243,8 @@ async def _commit(
                     pipe.xadd(stream, cast(Any, fields))
                 pipe.xadd(keys.review_decided, cast(Any, decided))
                 pipe.xdel(keys.review, review_id)
+                for command in commands:
+                    pipe.execute_command(*command)
                 await pipe.execute()
                 return
             except WatchError:

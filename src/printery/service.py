@@ -96,6 +96,9 @@ class MetricsObserver:
     def cost(self, worker: str, unit: str, amount: float) -> None:
         self.metrics.observe_cost(worker, {unit: amount})
 
+    def budget_event(self, worker: str, level: str) -> None:
+        self.metrics.budget_events.labels(level).inc()
+
 
 class Service(ProcessLifecycle):
     """One ``printery-workers`` process: call :meth:`run` from synchronous code.

@@ -22,6 +22,7 @@ from printery.transport.commit import (
     DUPLICATE,
     FENCED,
     Append,
+    BudgetCharge,
     Committer,
     EntryCommit,
     commit_commands,
@@ -189,9 +190,19 @@ for _, s in ipairs(segs) do
       local column = s.once[j]
       outs[j] = {s.outs[j], column and ARGV[column + x - 1] or ''}
     end
+    local budget = {}
+    if s.budget then
+      local b, charged = s.budget, {}
+      for j, f in ipairs(b.fields) do
+        charged[j] = {f.name, ARGV[f.col + x - 1], f.soft or '', f.note}
+      end
+      local tpl = {}
+      for j = b.tpl, b.tpl + b.ntpl - 1 do tpl[#tpl + 1] = ARGV[j] end
+      budget = {b.prefix .. ARGV[b.runs + x - 1], b.corr, b.stream, tpl, charged}
+    end
     entries[#entries + 1] = {
       s.stream or '', s.stream and s.consumer or '', s.ids and ARGV[s.ids + x - 1] or '',
-      s.marks and ARGV[s.marks + x - 1] or '', outs}
+      s.marks and ARGV[s.marks + x - 1] or '', outs, budget}
   end
 end
 return cjson.encode({group, ttl, entries})
@@ -200,10 +211,39 @@ return cjson.encode({group, ttl, entries})
 _appends = st.lists(st.builds(
     Append, stream=st.sampled_from(["s1", "s2"]), fields=st.just({"data": "{}"}),
     once=st.sampled_from(["", "o1", "o2"])), max_size=3)
+_WARNING = {"data": "", "type": "budget:warning", "cid": ""}
+
+
+@st.composite
+def _charges(draw: st.DrawFn) -> BudgetCharge | None:
+    """No charge, or one of a few budget shapes (field names, soft thresholds) with
+    amounts of their own."""
+    shape = draw(st.sampled_from([None, ("usd",), ("usd", "tokens"), ("step:s:usd", "usd")]))
+    if shape is None:
+        return None
+    soft = draw(st.sampled_from([None, 8.0, 0.5]))
+    return BudgetCharge(
+        "p:budget:", draw(st.sampled_from(["r1", "r2"])), shape,
+        tuple(draw(st.sampled_from([0, 3, 0.25, 812])) for _ in shape),
+        (soft, *[None] * (len(shape) - 1)), ('{"unit": "usd", "spent": ', *[""] * (len(shape) - 1)),
+        "cid", "p:budget:warning", _WARNING)
+
+
 _entries = st.lists(st.builds(
     EntryCommit, source=st.sampled_from(["in1", "in2"]), consumer=st.sampled_from(["c1", "c2"]),
     entry_id=st.sampled_from(["", "1-0", "2-0", "3-1"]), record=st.sampled_from(["", "k1", "k2"]),
-    appends=_appends), min_size=1, max_size=12)
+    appends=_appends, budget=_charges()), min_size=1, max_size=12)
+
+
+def _charged(charge: BudgetCharge | None) -> list[Any]:
+    """A charge as the decoder shows it (amounts as sent, thresholds as numbers)."""
+    if charge is None:
+        return []
+    fields = [[name, str(amount), "" if soft is None else soft, note]
+              for name, amount, soft, note in zip(charge.fields, charge.amounts, charge.soft,
+                                                  charge.notes, strict=True)]
+    template = [part for pair in charge.warning.items() for part in pair]
+    return [charge.prefix + charge.run, charge.corr, charge.warning_stream, template, fields]
 
 
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
@@ -212,7 +252,8 @@ async def test_the_script_parses_exactly_what_the_python_half_encodes(
     client: aioredis.Redis, entries: list[EntryCommit]
 ) -> None:
     """Any run of entries, encoded by ``commit_run``, is read back by commit.lua's own
-    argument parser entry by entry: source, consumer, id, record, outputs and once keys."""
+    argument parser entry by entry: source, consumer, id, record, outputs and once keys,
+    and the budget charged: hash key, warning layout, field, amount, soft threshold."""
     run = commit_run("index", "group", TTL_MS, entries)
     parser = COMMIT_LUA.split(ARGUMENTS_PARSED)[0]
     assert "ARGV" in parser and "segs" in parser
@@ -221,9 +262,9 @@ async def test_the_script_parses_exactly_what_the_python_half_encodes(
     assert (group, ttl) == ("group", TTL_MS)
     expected = [
         [e.source if e.entry_id else "", e.consumer if e.entry_id else "", e.entry_id,
-         e.record, [[out.stream, out.once] for out in e.appends]]
+         e.record, [[out.stream, out.once] for out in e.appends], _charged(e.budget)]
         for e in entries
     ]
     # cjson writes an empty table as an object.
-    assert [[*entry[:4], entry[4] or []] for entry in seen] == expected
+    assert [[*entry[:4], entry[4] or [], entry[5] or []] for entry in seen] == expected
     assert run.appends == [(out.stream, out.fields) for e in entries for out in e.appends]

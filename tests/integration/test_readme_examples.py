@@ -32,13 +32,14 @@ def block(marker: str) -> str:
 
 PIPELINE = block('pipeline = Pipeline("docflow"')
 APP_CONFIG = block("config = AppConfig(")
+BUDGETS = block("budget=Budget(")
 LIBRARY_CALLS = block("await replay(")
 ASYNC_CLIENT = block("async with Client(")
 SYNC_CLIENT = block("with SyncClient(")
 
 
 def test_every_block_is_run_here() -> None:
-    assert len(BLOCKS) == 5, "a new README block: run it in this file"
+    assert len(BLOCKS) == 6, "a new README block: run it in this file"
 
 
 def run_block(source: str, namespace: dict[str, Any]) -> Any:
@@ -140,3 +141,12 @@ def test_readme_sync_client_block(
     finally:
         handle.stop()
     assert capsys.readouterr().out.strip().splitlines()[-1] == "succeeded"
+
+def test_readme_budget_block_defines_a_budgeted_pipeline() -> None:
+    namespace: dict[str, Any] = {}
+    run_block(BUDGETS, namespace)
+    budgeted: Pipeline = namespace["pipeline"]
+    budgeted.validate()
+    assert "budget:exceeded" in budgeted.outcomes
+    assert "budget_exceeded" in budgeted.review_kinds
+    assert budgeted.steps["draft"].budget is not None

@@ -64,6 +64,8 @@ __all__ = ["SIDES", "format_table", "run_bench"]
 
 #: The sides, in the order they run: the same-entry ceiling, the minimal one, printery.
 SIDES = ("ceiling", "ceiling_minimal", "printery")
+#: The side ``with_budget`` adds: printery with a Budget on the run and every stage.
+BUDGET_SIDE = "printery_budget"
 #: ``ceiling`` option: which ceilings run (printery always does).
 CEILINGS: dict[str, tuple[str, ...]] = {
     "same": ("ceiling",),
@@ -107,6 +109,7 @@ async def run_bench(
     duration: float | None,
     prefetch: int | None = None,
     ceiling: str = "both",
+    with_budget: bool = False,
 ) -> dict[str, Any]:
     """Run the ceiling(s), then printery, and return the §9 document.
 
@@ -115,11 +118,13 @@ async def run_bench(
     from ``INFO commandstats``; with a URL, only keys under a fresh prefix are used and
     deleted afterwards. ``rate`` switches to the open-loop mode, where ``events`` is
     ``rate * duration``. ``prefetch`` None runs printery with the library's default;
-    ``ceiling`` is ``same``, ``minimal`` or ``both``. Raises :class:`ConfigError` for an
+    ``ceiling`` is ``same``, ``minimal`` or ``both``. ``with_budget`` runs printery a
+    second time with a Budget on the run and on every stage (never reached) and reports
+    ``budget_overhead``, the share of throughput that costs. Raises :class:`ConfigError` for an
     impossible option.
     """
     _validate(events, stages, processes, payload_bytes, rate, duration, prefetch, ceiling)
-    sides = (*CEILINGS[ceiling], "printery")
+    sides = (*CEILINGS[ceiling], "printery", *([BUDGET_SIDE] if with_budget else []))
     run_duration = duration if duration is not None else DEFAULT_DURATION
     if rate is not None:
         events = round(rate * run_duration)
@@ -173,7 +178,7 @@ async def _run_side(
     procs = RelayProcesses(
         kind, plan.processes, url=url, prefix=layout.prefix, stages=plan.stages, batch=BATCH,
         block_ms=BLOCK_MS, log_dir=plan.work_dir,
-        prefetch=plan.prefetch if kind == "printery" else None,
+        prefetch=plan.prefetch if kind.startswith("printery") else None,
     )
     server_cpu = _ServerCpu(server_pid)
     commands = _CommandStats(client, enabled=server_pid is not None)
@@ -224,7 +229,7 @@ async def _run_side(
         "arrived": arrived,
         "verified": arrivals.exactly_once(plan.events),
     }
-    if kind == "printery":
+    if kind.startswith("printery"):
         side["settings"] = procs.settings
     if server_seconds is not None:
         side["server_cpu_s_per_1000"] = round(server_seconds * per_event * 1000, 4)
@@ -347,6 +352,10 @@ def _document(
         "prefetch": settings.get("prefetch", plan.prefetch),
         "prefetch_default": plan.prefetch is None,
     }
+    budgeted = results.get(BUDGET_SIDE)
+    if budgeted:
+        doc[BUDGET_SIDE] = budgeted
+        doc["budget_overhead"] = round(1 - _ratio(budgeted, ours, "events_per_s"), 3)
     if plan.rate is not None:
         doc["rate"] = plan.rate
         doc["duration"] = plan.duration

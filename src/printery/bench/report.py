@@ -20,6 +20,7 @@ _ROWS = (
     ("ceiling", "ceiling (same entries)"),
     ("ceiling_minimal", "ceiling (minimal, 1 field)"),
     ("printery", "printery"),
+    ("printery_budget", "printery, Budget on every stage"),
 )
 
 
@@ -68,6 +69,9 @@ def format_table(result: dict[str, Any]) -> str:
         if result.get("p99_ratio" + key):
             summary += f"; p99 ratio: {result['p99_ratio' + key]:.2f}"
         lines.append(summary)
+    if "budget_overhead" in result:
+        lines.append(f"budget overhead (throughput lost to a Budget on every stage): "
+                     f"{result['budget_overhead']:.1%}")
     verdict = "yes" if result.get("verified") else "NO"
     lines.append(f"every event arrived exactly once: {verdict}")
     return "\n".join(lines)

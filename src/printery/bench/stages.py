@@ -6,26 +6,48 @@ from __future__ import annotations
 
 import redis.asyncio as aioredis
 
-from printery import ConsumerSettings, Handler, Message, Output, Pipeline, Step, WorkerManager
+from printery import (
+    Budget,
+    ConsumerSettings,
+    Handler,
+    Message,
+    Output,
+    Pipeline,
+    Step,
+    WorkerManager,
+)
 from printery.bench.layout import BenchLayout
 
+#: The bench's budgets: never reached, so every event still arrives; what is measured
+#: is their bookkeeping (the check before each handler, the charge in each commit).
+BENCH_BUDGET_USD = 1e12
 
-def _forward(target: str) -> Handler:
+
+def _forward(target: str, *, cost: bool = False) -> Handler:
     async def handle(message: Message) -> Output:
         return Output(target, message.data)
 
-    return handle
+    async def handle_reporting(message: Message) -> Output:
+        message.report_cost("usd", 0.001)
+        return Output(target, message.data)
+
+    return handle_reporting if cost else handle
 
 
-def bench_pipeline(layout: BenchLayout) -> Pipeline:
-    """A chain ``s0 -> stage0 -> s1 -> ... -> s<stages>`` of handlers that pass data on."""
-    pipeline = Pipeline("bench", ingress=[layout.event_type(0)])
+def bench_pipeline(layout: BenchLayout, *, budget: bool = False) -> Pipeline:
+    """A chain ``s0 -> stage0 -> s1 -> ... -> s<stages>`` of handlers that pass data on;
+    with ``budget``, each reports a cost and the run and every stage have a budget."""
+    pipeline = Pipeline("bench", ingress=[layout.event_type(0)],
+                        cost_units=["usd"] if budget else [],
+                        budget=Budget(usd=BENCH_BUDGET_USD) if budget else None)
     for stage in range(layout.stages):
         target = layout.event_type(stage + 1)
         pipeline.add(
             Step(
                 name=layout.group(stage), consumes=(layout.event_type(stage),),
-                produces=(target,), handler=_forward(target),
+                produces=(target,), handler=_forward(target, cost=budget),
+                cost_units=("usd",) if budget else (),
+                budget=Budget(usd=BENCH_BUDGET_USD) if budget else None,
             )
         )
     return pipeline
@@ -38,11 +60,12 @@ def bench_settings(prefetch: int | None) -> ConsumerSettings:
 
 
 def bench_manager(
-    client: aioredis.Redis, layout: BenchLayout, settings: ConsumerSettings
+    client: aioredis.Redis, layout: BenchLayout, settings: ConsumerSettings, *,
+    budget: bool = False,
 ) -> WorkerManager:
     """The stage workers, registered with their dependencies, not yet started."""
     manager = WorkerManager(drain_timeout=10.0)
-    for worker, deps in bench_pipeline(layout).build_workers(
+    for worker, deps in bench_pipeline(layout, budget=budget).build_workers(
         client=client, keys=layout.keys, settings=settings
     ):
         manager.register(worker, deps)

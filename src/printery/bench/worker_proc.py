@@ -29,7 +29,7 @@ from printery.bench.stages import bench_manager, bench_settings
 from printery.transport.connection import connect
 from printery.worker import Observable
 
-KINDS = ("ceiling", "ceiling_minimal", "printery")
+KINDS = ("ceiling", "ceiling_minimal", "printery", "printery_budget")
 
 
 def _say(line: str) -> None:
@@ -80,11 +80,13 @@ async def _serve_ceiling(
         await client.aclose()
 
 
-async def _serve_printery(url: str, layout: BenchLayout, prefetch: int | None) -> None:
+async def _serve_printery(
+    url: str, layout: BenchLayout, prefetch: int | None, *, budget: bool = False
+) -> None:
     settings = bench_settings(prefetch)
     client = connect(url, block_ms=settings.block_ms)
     try:
-        manager = bench_manager(client, layout, settings)
+        manager = bench_manager(client, layout, settings, budget=budget)
         for worker in manager.workers.values():
             if isinstance(worker, Observable):
                 await worker.prepare()
@@ -103,8 +105,9 @@ async def _serve_printery(url: str, layout: BenchLayout, prefetch: int | None) -
 async def _serve(args: argparse.Namespace, layout: BenchLayout, rss: _PeakRss) -> None:
     sampler = asyncio.create_task(rss.run())
     try:
-        if args.kind == "printery":
-            await _serve_printery(args.url, layout, args.prefetch)
+        if args.kind in ("printery", "printery_budget"):
+            await _serve_printery(args.url, layout, args.prefetch,
+                                  budget=args.kind == "printery_budget")
         else:
             await _serve_ceiling(args.kind, args.url, layout, args.batch, args.block_ms)
     finally:

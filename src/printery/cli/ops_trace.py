@@ -23,7 +23,7 @@ from printery.cli.ops_common import (
     print_json,
     table,
 )
-from printery.cost import cost_summary, parse_duration
+from printery.cost import budget_status, cost_summary, parse_duration
 from printery.fields import DECISION, KIND, REASON, REASON_CODE
 from printery.keys import REVIEW
 from printery.replay import ReplayError
@@ -127,6 +127,8 @@ def cost(deployment_id: str | None, since: str | None, as_json: bool) -> None:
         if deployment_id is not None and not summary["steps"] and not await run_entries(
                 client, ops, deployment_id):
             raise Failure(f"no entries of {ops.pipeline.correlation_field} {deployment_id!r}")
+        if deployment_id is not None and ops.pipeline.has_budgets:
+            summary["budget"] = await budget_status(client, ops.keys, ops.pipeline, deployment_id)
         return summary
 
     summary = ops.run(body)
@@ -137,6 +139,11 @@ def cost(deployment_id: str | None, since: str | None, as_json: bool) -> None:
     rows = [(name, s["calls"], s["duration_ms"], *(s["cost"].get(u, 0) for u in units))
             for name, s in [*summary["steps"].items(), ("total", summary["total"])]]
     click.echo(table(rows, ["step", "calls", "duration_ms", *units]))
+    if summary.get("budget"):
+        click.echo("")
+        click.echo(table([(b["step"] or "(run)", b["unit"], f"{b['spent']:g}", f"{b['limit']:g}",
+                           f"{b['soft']:g}", b["status"]) for b in summary["budget"]],
+                         ["budget", "unit", "spent", "limit", "warn_at", "status"]))
 
 
 async def run_entries(client: aioredis.Redis, ops: OpsContext, run_id: str) -> list[dict[str, Any]]:

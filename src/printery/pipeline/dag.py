@@ -21,6 +21,14 @@ from printery.envelope import Codec
 from printery.errors import OutputContractError, PipelineError, Reject
 from printery.fields import REJECT_TYPE, RESUME_TYPE
 from printery.keys import DLQ, REVIEW, REVIEW_DECIDED, StreamKeys
+from printery.pipeline.budget import (
+    BUDGET_EXCEEDED,
+    BUDGET_REVIEW_KIND,
+    BUDGET_WARNING,
+    Budget,
+    BudgetPlan,
+    budget_review_kind,
+)
 from printery.pipeline.reason import Reason
 from printery.pipeline.review_kinds import ReviewHook, ReviewKind, escalation_of
 from printery.runtime.consumer import ConsumerSettings
@@ -76,6 +84,8 @@ class Step:
     #: ``input_model`` it does not guard the handler, which decides what invalid input
     #: becomes (the deployment validator turns it into ``deployment:rejected``).
     input_check: Callable[[Any], Sequence[Reason]] | None = None
+    #: The step's own share of one run's spending (CONTRACT §13).
+    budget: Budget | None = None
 
     def input_reasons(self, data: Any) -> list[Reason]:
         """Why ``data`` is not valid input of this step (empty: it is)."""
@@ -132,7 +142,8 @@ class Pipeline:
     on purpose (records such as a review stream). ``cost_units`` declares the units
     handlers may report, so a typo cannot create unbounded metric labels. ``outcomes``
     are the event types whose first entry ends a run (CONTRACT §11); by default the types
-    some step produces and no step consumes.
+    some step produces and no step consumes. ``budget`` limits what one run may spend
+    (CONTRACT §13); ``budget:exceeded`` then ends a run too.
     """
 
     def __init__(
@@ -145,6 +156,7 @@ class Pipeline:
         cost_units: Iterable[str] = (),
         extra_types: Iterable[str] = (),
         outcomes: Iterable[str] | None = None,
+        budget: Budget | None = None,
     ) -> None:
         self.name = name
         self.ingress = tuple(ingress)
@@ -155,16 +167,40 @@ class Pipeline:
         self._outcomes = tuple(outcomes) if outcomes is not None else None
         self.steps: dict[str, Step] = {}
         self.review_kinds: dict[str, ReviewKind] = {}
+        self.budget = budget
+        self._check_budget(budget, "the pipeline")
 
     @property
     def outcomes(self) -> tuple[str, ...]:
         """The event types whose first entry of a run ends it: as declared, else the
         types some step produces and none consumes (records such as ``review`` aside)."""
+        exceeded = (BUDGET_EXCEEDED,) if self.has_budgets else ()
         if self._outcomes is not None:
-            return self._outcomes
+            return tuple(dict.fromkeys((*self._outcomes, *exceeded)))
         consumed = {t for step in self.steps.values() for t in step.consumes}
-        return tuple(dict.fromkeys(t for step in self.steps.values() for t in step.produces
-                                   if t not in consumed and t not in _RECORDS))
+        return tuple(dict.fromkeys([*(t for step in self.steps.values() for t in step.produces
+                                      if t not in consumed and t not in _RECORDS), *exceeded]))
+
+    @property
+    def has_budgets(self) -> bool:
+        """Whether the pipeline or any step has a budget (else nothing is counted)."""
+        return self.budget is not None or any(s.budget for s in self.steps.values())
+
+    def budget_plan(self, step: Step) -> BudgetPlan | None:
+        """What ``step`` checks and charges, or None in a pipeline without budgets."""
+        if not self.has_budgets:
+            return None
+        return BudgetPlan(step.name, step.cost_units, self.budget, step.budget)
+
+    def _check_budget(self, budget: Budget | None, what: str) -> None:
+        if budget is None:
+            return
+        unknown = [u for u in budget.limits if u not in self.cost_units]
+        if unknown:
+            raise PipelineError(f"{what}: budget on undeclared cost units {unknown}; "
+                                f"declare them in Pipeline(cost_units=...)")
+        if budget.on_exceeded == "review" and BUDGET_REVIEW_KIND not in self.review_kinds:
+            self.review_kinds[BUDGET_REVIEW_KIND] = budget_review_kind()
 
     def ingress_step(self, event_type: str) -> Step | None:
         """The step that takes ``event_type`` from outside (the first one declared)."""
@@ -186,6 +222,9 @@ class Pipeline:
         unknown = [u for u in step.cost_units if u not in self.cost_units]
         if unknown:
             raise PipelineError(f"step {step.name!r} uses undeclared cost units {unknown}")
+        if {BUDGET_WARNING, BUDGET_EXCEEDED}.intersection(step.produces):
+            raise PipelineError(f"step {step.name!r}: budget entries are written by printery")
+        self._check_budget(step.budget, f"step {step.name!r}")
         self.steps[step.name] = step
         return step
 
@@ -201,6 +240,7 @@ class Pipeline:
         output_models: Mapping[str, type[BaseModel]] | None = None,
         cost_units: Iterable[str] = (),
         input_check: Callable[[Any], Sequence[Reason]] | None = None,
+        budget: Budget | None = None,
         **settings: Any,
     ) -> Callable[[Handler], Handler]:
         """Decorator form of :meth:`add`."""
@@ -212,6 +252,7 @@ class Pipeline:
                     handler=handler, concurrency=concurrency, depends_on=tuple(depends_on),
                     input_model=input_model, output_models=dict(output_models or {}),
                     settings=settings, cost_units=tuple(cost_units), input_check=input_check,
+                    budget=budget,
                 )
             )
             return handler
@@ -301,6 +342,8 @@ class Pipeline:
             seen.update(dict.fromkeys(step.consumes))
             seen.update(dict.fromkeys(step.produces))
         seen.update(dict.fromkeys(self.extra_types))
+        if self.has_budgets:
+            seen.update(dict.fromkeys((BUDGET_WARNING, BUDGET_EXCEEDED)))
         return list(seen)
 
     def groups(self) -> dict[str, list[str]]:
@@ -365,7 +408,7 @@ class Pipeline:
                 step.name, client=client, keys=keys, consumes=step.consumes,
                 handler=step.guarded_handler(), codec=codec,
                 settings=_settings_from(base, fields), observer=observer, payloads=payloads,
-                companions=step.companions,
+                companions=step.companions, budget=self.budget_plan(step),
             )
             built.append((worker, tuple(d for d in deps[step.name] if d in chosen)))
         return built

@@ -15,6 +15,7 @@ from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from printery.keys import StreamKeys
 from printery.runtime.handler import Output
 
 __all__ = [
@@ -43,7 +44,8 @@ class ReviewCase:
     """One decision being made on one open review, as a hook sees it.
 
     ``data`` is the escalated data; ``edited`` the data an approver gave instead (None
-    when none was given); ``fields`` the review entry as stored.
+    when none was given); ``fields`` the review entry as stored; ``keys`` the key
+    layout of the pipeline's server.
     """
 
     review_id: str
@@ -58,16 +60,19 @@ class ReviewCase:
     resume_type: str
     reject_type: str
     fields: Mapping[str, str] = field(default_factory=dict)
+    keys: StreamKeys | None = None
 
 
 @dataclass(frozen=True, slots=True)
 class ReviewOutcome:
     """What a decision writes (``outputs``, committed with the decision record) and what
-    it reports: ``detail`` (one line for the operator) and more keys of the result."""
+    it reports: ``detail`` (one line for the operator) and more keys of the result.
+    ``commands`` are more writes for the decision's transaction (a budget raised)."""
 
     outputs: Sequence[Output] = ()
     detail: str = ""
     result: Mapping[str, Any] = field(default_factory=dict)
+    commands: Sequence[tuple[Any, ...]] = ()
 
 
 #: A kind's approve or reject hook. It may raise :class:`~printery.errors.ReviewRefused`

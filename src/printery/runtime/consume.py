@@ -5,6 +5,8 @@
    handler call;
 2. **look up** the idempotency records of the batch in one round trip; a duplicate is
    acked without a handler call, as is a replay's copy meant for other steps (``replay_for``);
+   with budgets, the same round trip reads the runs' spent, and an entry of a run at a
+   hard limit writes what its budget says instead of running (:mod:`.budgets`);
 3. **handle**: each entry's handler runs in a task of its own once it has a slot; a
    handler that raises is retried after a backoff (each retry a counted delivery) until
    it succeeds or goes to the dead-letter stream with its traceback; :class:`Reject`
@@ -43,6 +45,7 @@ from printery.errors import (
 )
 from printery.fields import REPLAY_FOR, dlq_fields
 from printery.keys import StreamKeys
+from printery.runtime.budgets import BudgetGuard
 from printery.runtime.connectivity import Connectivity
 from printery.runtime.consumer import ConsumerSettings, Delivery
 from printery.runtime.handler import Handler, Message, Output, outputs_of
@@ -73,7 +76,9 @@ class Decided:
 
     delivery: Delivery
     commit: EntryCommit
-    outcome: str  # ok, duplicate, dead_lettered, skipped (a replay's copy for other steps)
+    # ok, duplicate, dead_lettered, skipped (a replay's copy for other steps),
+    # budget_exceeded (held: its run is at a hard limit)
+    outcome: str
     message: Message | None = None
     reason_code: str = ""
     error: str = ""
@@ -98,6 +103,7 @@ class EntryPipeline:
         observer: Observer,
         stats: WorkerStats,
         connectivity: Connectivity,
+        budget: BudgetGuard | None = None,
     ) -> None:
         self.worker = worker
         self.handler = handler
@@ -111,6 +117,7 @@ class EntryPipeline:
         self.observer = observer
         self.stats = stats
         self.connectivity = connectivity
+        self.budget = budget
 
     async def process(self, batch: Sequence[Delivery]) -> None:
         """Take a batch through the pipeline. Raises :class:`WorkerCrashed` when a handler
@@ -217,13 +224,24 @@ class EntryPipeline:
                 consumer=delivery.consumer.name, fields=fields,
             )))
         keys = [message.envelope.idempotency_key for _, message in admitted]
-        seen = await self.connectivity.retrying(lambda: self.records.recorded(keys))
+        budget, budgets = self.budget, list[Any]()
+        if budget is None:
+            seen = await self.connectivity.retrying(lambda: self.records.recorded(keys))
+        else:
+            reads = budget.reads([message for _, message in admitted])
+            seen, budgets = await self.connectivity.retrying(
+                lambda: self.records.recorded_and_read(keys, reads))
         to_run = []
-        for (delivery, message), duplicate in zip(admitted, seen, strict=True):
+        for n, ((delivery, message), duplicate) in enumerate(zip(admitted, seen, strict=True)):
             if duplicate:
                 commit = EntryCommit(delivery.stream, delivery.consumer.name, delivery.entry_id,
                                      message.envelope.idempotency_key, ())
                 decided.append(Decided(delivery, commit, "duplicate"))
+            elif budget is not None and (exceeded := budget.over(budgets, n)) is not None:
+                appends = self._appends([budget.held(message, exceeded)], message, 0.0)
+                commit = EntryCommit(delivery.stream, delivery.consumer.name, delivery.entry_id,
+                                     message.envelope.idempotency_key, appends)
+                decided.append(Decided(delivery, commit, "budget_exceeded", message))
             else:
                 to_run.append((delivery, message))
         return to_run
@@ -299,8 +317,9 @@ class EntryPipeline:
     def _handled(
         self, delivery: Delivery, message: Message, appends: list[Append]
     ) -> Decided:
+        charge = self.budget.charge(message) if self.budget is not None else None
         commit = EntryCommit(delivery.stream, delivery.consumer.name, delivery.entry_id,
-                             message.envelope.idempotency_key, appends)
+                             message.envelope.idempotency_key, appends, charge)
         return Decided(delivery, commit, "ok", message)
 
     def _appends(
@@ -395,12 +414,19 @@ class EntryPipeline:
             self.observer.processed(self.worker, "skipped", seconds)
         elif item.outcome == "duplicate" or result == DUPLICATE:
             self.observer.processed(self.worker, "duplicate", seconds)
+        elif item.outcome == "budget_exceeded":
+            self.observer.processed(self.worker, "budget_exceeded", seconds)
+            if result > 1:  # its output was written (a stop's is written once per run)
+                self.observer.budget_event(self.worker, "exceeded")
         else:
             self.stats.processed += 1
             self.observer.processed(self.worker, "ok", seconds)
             assert item.message is not None
             for unit, amount in item.message.costs.items():
                 self.observer.cost(self.worker, unit, amount)
+            if item.commit.budget is not None:
+                for _ in range(result - 1 - len(item.commit.appends)):  # warnings written
+                    self.observer.budget_event(self.worker, "warning")
 
     @public_api
     async def emit(self, outputs: Sequence[Output], *, correlation_id: str) -> int:

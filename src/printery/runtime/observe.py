@@ -18,6 +18,9 @@ class Observer(Protocol):
 
     def cost(self, worker: str, unit: str, amount: float) -> None: ...
 
+    def budget_event(self, worker: str, level: str) -> None:
+        """``level``: warning (a soft limit reached) or exceeded (a hard one)."""
+
 
 class NullObserver:
     def processed(self, worker: str, outcome: str, seconds: float) -> None:
@@ -30,4 +33,7 @@ class NullObserver:
         pass
 
     def cost(self, worker: str, unit: str, amount: float) -> None:
+        pass
+
+    def budget_event(self, worker: str, level: str) -> None:
         pass

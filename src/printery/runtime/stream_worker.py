@@ -30,6 +30,8 @@ from redis.exceptions import ResponseError
 from printery._util import consumer_name, log_failure, wait_event
 from printery.envelope import Codec
 from printery.keys import StreamKeys
+from printery.pipeline.budget import BudgetPlan
+from printery.runtime.budgets import BudgetGuard
 from printery.runtime.connectivity import Connectivity
 from printery.runtime.consume import EntryPipeline
 from printery.runtime.consumer import Consumer, ConsumerSettings
@@ -53,7 +55,8 @@ class StreamWorker:
     The group is named after the worker. ``handler`` receives a :class:`Message` and returns
     outputs; raising :class:`~printery.Retry` or any exception means "try again later",
     :class:`~printery.Reject` means "dead-letter now". ``companions`` run beside the
-    consumers for as long as the worker runs (an aggregator's deadline sweeper).
+    consumers for as long as the worker runs (an aggregator's deadline sweeper);
+    ``budget`` what the step checks and charges of its runs' budgets (CONTRACT §13).
     """
 
     def __init__(
@@ -69,6 +72,7 @@ class StreamWorker:
         observer: Observer | None = None,
         payloads: PayloadStore | None = None,
         companions: Sequence[Companion] = (),
+        budget: BudgetPlan | None = None,
     ) -> None:
         self._name = name
         self.client = client
@@ -80,6 +84,7 @@ class StreamWorker:
         self.observer: Observer = observer or NullObserver()
         self.payloads = payloads or PayloadStore(client, keys, limit=self.codec.payload_limit)
         self.companions = list(companions)
+        self.budget = budget
         self._stats = WorkerStats(consumers=self.settings.concurrency)
         self._consumers: list[Consumer] = []
         self._batches: set[asyncio.Task[None]] = set()
@@ -130,6 +135,8 @@ class StreamWorker:
             payloads=self.payloads, records=records, committer=committer, leases=self._leases,
             settings=self.settings, observer=self.observer, stats=self._stats,
             connectivity=connectivity,
+            budget=None if self.budget is None else BudgetGuard(
+                self.budget, keys=self.keys, codec=self.codec, worker=self.name),
         )
         self._crash: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         await connectivity.retrying(self.prepare)

@@ -19,10 +19,15 @@
 -- ARGV[1]  group; ARGV[2] idempotency record ttl in ms; then each segment:
 --            source (position of its stream in KEYS, '0' = outputs alone: no source, no
 --            ack, no fence), consumer, entry count n, '1' if its entries carry records
---            (else '0'), outputs per entry m, then per output: stream key, '1' if it has
---            a once key (else '0');
+--            (else '0'), outputs per entry m, budget fields per entry nb, then per output:
+--            stream key, '1' if it has a once key (else '0');
+--            when nb > 0 (a pipeline with budgets, CONTRACT §13): the budget hash prefix,
+--            the correlation field, the warning stream, t, t values (the warning entry's
+--            fields, name then value), then per budget field: its name, its soft
+--            threshold ('' = none), the warning's data up to its spent;
 --            then the columns, n values each: entry ids (if it has a source), idempotency
---            keys (if it carries records), once keys (one column per output with one).
+--            keys (if it carries records), once keys (one column per output with one),
+--            run ids and one amount column per budget field (if nb > 0).
 --          The outputs were appended in entry order, an entry's in output order, by the
 --          XADDs before the script, so the k-th output to a stream is the k-th of that
 --          stream's last entries.
@@ -30,7 +35,8 @@
 -- usual case, so no reply per entry is built); else one reply per entry: -1 when fenced
 -- out (another consumer owns the entry now; its outputs withdrawn), 0 when its record
 -- already existed (a duplicate: acked, its outputs withdrawn), else 1 + number of outputs
--- kept (an output whose once key was already taken is withdrawn); or an error reply for an
+-- kept (an output whose once key was already taken is withdrawn) + budget warnings this
+-- commit wrote; or an error reply for an
 -- entry that cannot commit (its source stream has no such group, an output key holds
 -- another type): outputs withdrawn, no record, not acked. A failure of the script itself
 -- withdraws every output of the run and returns the error.
@@ -45,19 +51,32 @@ local unpack = unpack
 
 -- Segments (parsed once each; nothing here is per entry).
 local segs, nsegs, total = {}, 0, 0
-local outkeys, any_once = {}, false
+local outkeys, any_once, any_budget = {}, false, false
 local a, last = 3, #ARGV
 while a <= last do
   local src, n, m = tonumber(ARGV[a]), tonumber(ARGV[a + 2]), tonumber(ARGV[a + 4])
+  local nb = tonumber(ARGV[a + 5])
   local s = {consumer = ARGV[a + 1], n = n, m = m, first = total, outs = {}, once = {}}
   if src > 0 then s.stream = KEYS[src] end
   local marked = ARGV[a + 3] == '1'
-  a = a + 5
+  a = a + 6
   for j = 1, m do
     s.outs[j] = ARGV[a]
     outkeys[ARGV[a]] = true
     s.once[j] = ARGV[a + 1] == '1'
     a = a + 2
+  end
+  local b
+  if nb > 0 then
+    b = {prefix = ARGV[a], corr = ARGV[a + 1], stream = ARGV[a + 2], tpl = a + 4,
+         ntpl = tonumber(ARGV[a + 3]), fields = {}}
+    a = a + 4 + b.ntpl
+    for j = 1, nb do
+      b.fields[j] = {name = ARGV[a], soft = tonumber(ARGV[a + 1]), note = ARGV[a + 2]}
+      a = a + 3
+    end
+    s.budget = b
+    any_budget = true
   end
   if s.stream then s.ids = a; a = a + n end
   if marked then s.marks = a; a = a + n end
@@ -66,6 +85,14 @@ while a <= last do
       s.once[j] = a
       a = a + n
       any_once = true
+    end
+  end
+  if b then
+    b.runs = a
+    a = a + n
+    for j = 1, nb do
+      b.fields[j].col = a
+      a = a + n
     end
   end
   nsegs = nsegs + 1
@@ -271,6 +298,58 @@ local function record()
   if current then redis.call('PEXPIRE', current, 2 * ttl, 'NX') end
 end
 
+-- Budgets (CONTRACT §13): each committed entry adds its amounts to its run's hash; the
+-- first commit that finds a field's total at or over its soft threshold writes the run's
+-- warning (once: the hash remembers it). ``warned[e]`` counts the warnings entry e wrote.
+local function budget_warning(b, f, run, spent)
+  local args, tpl = {}, b.tpl
+  for j = tpl, tpl + b.ntpl - 1, 2 do
+    local name, value = ARGV[j], ARGV[j + 1]
+    if name == 'data' then
+      value = f.note .. string.format('%.17g', spent) .. '}'
+    elseif name == b.corr then
+      value = run
+    elseif name == 'idempotency_key' then
+      value = 'budget:warning:' .. run .. ':' .. f.name
+    elseif name == 'event_id' then
+      value = value .. '-' .. run .. '-' .. f.name
+    end
+    args[#args + 1] = name
+    args[#args + 1] = value
+  end
+  redis.call('XADD', b.stream, '*', unpack(args))
+end
+
+local function charge(warned)
+  for _, s in ipairs(segs) do
+    local b = s.budget
+    if b then
+      for x = 1, s.n do
+        local e = s.first + x
+        if verdict[e] == nil then
+          local run = ARGV[b.runs + x - 1]
+          local key, fresh = b.prefix .. run, true
+          for _, f in ipairs(b.fields) do
+            local amount = ARGV[f.col + x - 1]
+            if amount ~= '0' then
+              local spent = tonumber(redis.call('HINCRBYFLOAT', key, f.name, amount))
+              if spent ~= tonumber(amount) then fresh = false end
+              if f.soft and spent >= f.soft
+                  and redis.call('HSETNX', key, 'warned:' .. f.name, '1') == 1 then
+                budget_warning(b, f, run, spent)
+                warned[e] = (warned[e] or 0) + 1
+              end
+            end
+          end
+          -- A run's hash lives twice the record ttl from its first charge (when every
+          -- field charged was new).
+          if fresh then redis.call('PEXPIRE', key, 2 * ttl) end
+        end
+      end
+    end
+  end
+end
+
 local function decide()
   for _, s in ipairs(segs) do
     for j = 1, s.m do
@@ -295,7 +374,9 @@ local function decide()
       end
     end
   end
-  if next(troubled) == nil and not any_once then
+  local warned = {}
+  if any_budget then charge(warned) end
+  if next(troubled) == nil and not any_once and next(warned) == nil then
     return total
   end
   local results = {}
@@ -315,7 +396,7 @@ local function decide()
             any_withdrawn = true
           end
         end
-        results[e] = 1 + kept
+        results[e] = 1 + kept + (warned[e] or 0)
       else
         if s.m > 0 then
           withdrawn[e] = true

@@ -57,15 +57,37 @@ class Append(NamedTuple):
     once: str = ""
 
 
+class BudgetCharge(NamedTuple):
+    """What an entry's commit adds to its run's spent (CONTRACT §13), only if the entry
+    commits: each of ``amounts`` to its field of the hash ``prefix + run``. A field with a
+    ``soft`` threshold (None: none) whose total reaches it in this commit writes one
+    ``warning`` entry to ``warning_stream``, once per run and field: ``warning`` with
+    ``data`` = ``note`` + the spent + ``}``, ``corr`` = ``run`` and an event id and
+    idempotency key of its own. Everything but ``run`` and ``amounts`` is the step's and
+    the same for each of its entries."""
+
+    prefix: str
+    run: str
+    fields: tuple[str, ...]
+    amounts: tuple[float, ...]
+    soft: tuple[float | None, ...]
+    notes: tuple[str, ...]
+    corr: str
+    warning_stream: str
+    warning: Fields
+
+
 class EntryCommit(NamedTuple):
     """One entry's part of a commit. ``entry_id`` "" means outputs caused by no entry
-    (no ack, no fence); ``record`` "" means no idempotency record (dead letters)."""
+    (no ack, no fence); ``record`` "" means no idempotency record (dead letters);
+    ``budget`` what its commit adds to its run's budget (None: nothing)."""
 
     source: str
     consumer: str
     entry_id: str
     record: str
     appends: Sequence[Append]
+    budget: BudgetCharge | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -84,7 +106,8 @@ def commit_run(
 ) -> CommitRun:
     """One run over ``entries`` of ``group``, whose idempotency records live under
     ``index_key`` for at least ``ttl_ms``. Consecutive entries of one shape (source,
-    consumer, record or not, output streams and whether each has a once key) form a
+    consumer, record or not, output streams and whether each has a once key, the budget
+    fields they charge) form a
     segment whose per-entry values go as columns: the script hands them to its commands
     whole (see commit.lua for the layout)."""
     keys: list[str] = [index_key]
@@ -96,6 +119,7 @@ def commit_run(
     for entry in entries:
         source = entry.source if entry.entry_id else ""
         entry_shape = (source, entry.consumer if source else "", not entry.record,
+                       _budget_shape(entry.budget),
                        *[(out.stream, not out.once) for out in entry.appends])
         if entry_shape != shape and segment:
             _add_segment(keys, args, segment, shape)
@@ -112,7 +136,7 @@ def commit_run(
 def _add_segment(
     keys: list[str], args: list[Any], segment: list[EntryCommit], shape: tuple[Any, ...]
 ) -> None:
-    source, consumer, unrecorded, *outputs = shape
+    source, consumer, unrecorded, budget, *outputs = shape
     if source:
         # A key is passed only when there is one: never the empty name, which an ACL user
         # confined to its prefix may not touch.
@@ -121,9 +145,16 @@ def _add_segment(
         position = keys.index(source, 1) + 1
     else:
         position = 0
-    args += (position, consumer, len(segment), "0" if unrecorded else "1", len(outputs))
+    args += (position, consumer, len(segment), "0" if unrecorded else "1", len(outputs),
+             len(budget[3]) if budget else 0)
     for stream, no_once in outputs:
         args += (stream, "0" if no_once else "1")
+    charge = segment[0].budget
+    if budget and charge is not None:
+        template = list(chain.from_iterable(charge.warning.items()))
+        args += (charge.prefix, charge.corr, charge.warning_stream, len(template), *template)
+        for name, soft, note in zip(charge.fields, charge.soft, charge.notes, strict=True):
+            args += (name, "" if soft is None else repr(float(soft)), note)
     if source:
         args += [entry.entry_id for entry in segment]
     if not unrecorded:
@@ -131,6 +162,23 @@ def _add_segment(
     for slot, (_, no_once) in enumerate(outputs):
         if not no_once:
             args += [entry.appends[slot].once for entry in segment]
+    if budget:
+        charges = [entry.budget for entry in segment if entry.budget is not None]
+        args += [c.run for c in charges]
+        for column in range(len(budget[3])):
+            args += [_amount(c.amounts[column]) for c in charges]
+
+
+def _budget_shape(charge: BudgetCharge | None) -> tuple[Any, ...] | None:
+    if charge is None:
+        return None
+    return (charge.prefix, charge.corr, charge.warning_stream, charge.fields, charge.soft,
+            charge.notes)
+
+
+def _amount(value: float) -> str:
+    """An amount as ``HINCRBYFLOAT`` takes it ("0": nothing to add)."""
+    return str(value) if isinstance(value, int) else repr(float(value))
 
 
 def commit_commands(run: CommitRun) -> list[Command]:

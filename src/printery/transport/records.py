@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Sequence
+from typing import Any
 
 from redis.exceptions import ResponseError
 
@@ -41,8 +42,16 @@ class RecordLookup:
 
     async def recorded(self, idempotency_keys: Sequence[str]) -> list[bool]:
         """For each key, whether it has a record (in the current or previous generation)."""
+        found, _ = await self.recorded_and_read(idempotency_keys)
+        return found
+
+    async def recorded_and_read(
+        self, idempotency_keys: Sequence[str], reads: Sequence[Command] = ()
+    ) -> tuple[list[bool], list[Any]]:
+        """:meth:`recorded`, and the replies of ``reads`` (read-only commands, such as the
+        budgets of the runs of a batch) from the same round trip."""
         if not idempotency_keys:
-            return []
+            return [], []
         async with self._lock:
             for _ in range(3):
                 guess = self._generation
@@ -51,18 +60,20 @@ class RecordLookup:
                     if generation is not None and generation >= 1:
                         commands.append(
                             ("SMISMEMBER", record_set(self.index_key, generation), *idempotency_keys))
-                commands.append(("EXEC",))
+                looked_up = len(commands) - 2
+                commands += [*reads, ("EXEC",)]
                 (executed,) = await self.channel.transactions([commands])
                 if isinstance(executed, Exception):
                     raise executed
-                (current,), *found = executed
+                (current,), *found = executed[: 1 + looked_up]
+                read = list(executed[1 + looked_up :])
                 current = None if current is None else int(current)
                 if current == guess:
                     return [any(column[i] for column in found)
-                            for i in range(len(idempotency_keys))]
+                            for i in range(len(idempotency_keys))], read
                 self._generation = current
                 if current is None:
-                    return [False] * len(idempotency_keys)
+                    return [False] * len(idempotency_keys), read
         raise ResponseError(f"idempotency generation of {self.index_key} keeps rotating")
 
     async def close(self) -> None:

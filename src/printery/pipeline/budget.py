@@ -1,0 +1,238 @@
+"""Budgets (CONTRACT §13): how much one run may spend, per cost unit, for the whole
+pipeline and for a step's own share.
+
+What a run has spent lives in one Redis hash per run (``StreamKeys.budget``), updated by
+the commit of each entry that spent it (``commit.lua``), so it is exact across processes
+and crashes. Its fields: ``<unit>`` (the run's total), ``step:<step>:<unit>`` (a step's
+share, kept for steps with a budget of their own), ``raise:<field>`` (what approved
+reviews added to that field's limit) and ``warned:<field>`` (the soft warning was
+written). This module is the pure part: the limits, what a step reads and charges, and
+what a decision on a ``budget_exceeded`` review does.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from printery import _json
+from printery.errors import PipelineError, ReviewActionFailed
+from printery.fields import REPLAY_FOR, STEP
+from printery.pipeline.review_kinds import (
+    REJECTED_BY_REVIEWER,
+    ReviewCase,
+    ReviewKind,
+    ReviewOutcome,
+)
+from printery.runtime.handler import Output
+
+__all__ = [
+    "BUDGET_EXCEEDED",
+    "BUDGET_REVIEW_KIND",
+    "BUDGET_WARNING",
+    "Budget",
+    "BudgetPlan",
+    "Exceeded",
+    "budget_review_kind",
+    "exceeded_data",
+]
+
+BUDGET_WARNING = "budget:warning"
+BUDGET_EXCEEDED = "budget:exceeded"
+#: The review kind a run over a ``review`` budget waits in.
+BUDGET_REVIEW_KIND = "budget_exceeded"
+_MODES = ("stop", "review")
+
+# Fields of a ``budget_exceeded`` review entry beside the review fields: what was
+# exceeded, and what the held entry needs to run again.
+BUDGET_UNIT = "budget_unit"
+BUDGET_FIELD = "budget_field"
+BUDGET_LIMIT = "budget_limit"
+BUDGET_SPENT = "budget_spent"
+BUDGET_RAISE = "budget_raise"
+HELD_KEY = "held_idempotency_key"
+
+
+class Budget:
+    """Limits for one run, per cost unit: ``usd``, ``tokens`` and any other unit of the
+    pipeline as a keyword. At ``soft`` times a limit a ``budget:warning`` is written once per
+    run and unit; at the limit no further handler runs: ``on_exceeded`` ``"stop"`` ends
+    the run with ``budget:exceeded``, ``"review"`` asks a person (review kind
+    ``budget_exceeded``) whether to raise the limit by its original amount."""
+
+    __slots__ = ("limits", "on_exceeded", "soft")
+
+    def __init__(
+        self,
+        usd: float | None = None,
+        tokens: float | None = None,
+        *,
+        soft: float = 0.8,
+        on_exceeded: str = "stop",
+        **units: float,
+    ) -> None:
+        given = {"usd": usd, "tokens": tokens, **units}
+        limits: dict[str, float] = {}
+        for unit, limit in given.items():
+            if limit is None:
+                continue
+            if (isinstance(limit, bool) or not isinstance(limit, int | float)
+                    or not math.isfinite(limit) or limit <= 0):
+                raise PipelineError(f"Budget: {unit}={limit!r} is not a limit; write a number > 0")
+            limits[unit] = float(limit)
+        if not limits:
+            raise PipelineError("Budget: give at least one limit (usd=..., tokens=..., or a unit)")
+        if isinstance(soft, bool) or not isinstance(soft, int | float) or not 0 < soft <= 1:
+            raise PipelineError(f"Budget: soft={soft!r} must be a fraction in (0, 1]")
+        if on_exceeded not in _MODES:
+            raise PipelineError(f"Budget: on_exceeded={on_exceeded!r} must be 'stop' or 'review'")
+        self.limits: Mapping[str, float] = limits
+        self.soft = float(soft)
+        self.on_exceeded = on_exceeded
+
+    def __repr__(self) -> str:
+        limits = ", ".join(f"{unit}={limit:g}" for unit, limit in self.limits.items())
+        return f"Budget({limits}, soft={self.soft:g}, on_exceeded={self.on_exceeded!r})"
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Budget) and (self.limits, self.soft, self.on_exceeded) == (
+            other.limits, other.soft, other.on_exceeded)
+
+    def __hash__(self) -> int:
+        return hash((tuple(self.limits.items()), self.soft, self.on_exceeded))
+
+
+def step_field(step: str, unit: str) -> str:
+    """The hash field of a step's own share of ``unit``."""
+    return f"step:{step}:{unit}"
+
+
+@dataclass(frozen=True, slots=True)
+class _Limit:
+    field: str
+    unit: str
+    limit: float
+    budget: Budget
+    step: str  # "" for the run's budget
+
+
+@dataclass(frozen=True, slots=True)
+class Exceeded:
+    """A hard limit a run is at or over, as found before a handler runs."""
+
+    field: str
+    unit: str
+    limit: float
+    spent: float
+    on_exceeded: str
+    step: str
+
+
+def exceeded_data(unit: str, limit: float, spent: float) -> dict[str, Any]:
+    """The ``data`` of ``budget:exceeded`` (CONTRACT §13)."""
+    return {"status": "budget_exceeded", "unit": unit, "limit": limit, "spent": spent}
+
+
+@dataclass(frozen=True, slots=True)
+class BudgetPlan:
+    """What one step of a pipeline with budgets does about them: the limits it checks
+    before its handler runs (the run's and its own), and the hash fields its commits
+    charge (every unit it may report, to the run's total and, with a budget of its own,
+    to its share)."""
+
+    step: str
+    units: tuple[str, ...]
+    run: Budget | None = None
+    own: Budget | None = None
+
+    @property
+    def limits(self) -> tuple[_Limit, ...]:
+        found = []
+        if self.run is not None:
+            found += [_Limit(u, u, lim, self.run, "") for u, lim in self.run.limits.items()]
+        if self.own is not None:
+            found += [_Limit(step_field(self.step, u), u, lim, self.own, self.step)
+                      for u, lim in self.own.limits.items()]
+        return tuple(found)
+
+    def read_fields(self) -> list[str]:
+        """The hash fields to read before a handler runs: each limit's spent and raise."""
+        return [name for limit in self.limits for name in (limit.field, f"raise:{limit.field}")]
+
+    def over(self, values: Sequence[Any]) -> Exceeded | None:
+        """The first hard limit the values of :meth:`read_fields` are at or over."""
+        for n, limit in enumerate(self.limits):
+            spent, raised = _number(values, 2 * n), _number(values, 2 * n + 1)
+            if spent >= limit.limit + raised:
+                return Exceeded(limit.field, limit.unit, limit.limit + raised, spent,
+                                limit.budget.on_exceeded, limit.step)
+        return None
+
+    def charged(self) -> list[tuple[str, str, float | None, str]]:
+        """Per charged field: its name, its unit, its soft threshold (None: no limit) and
+        the start of its warning's data (the spent and ``}`` follow)."""
+        found: list[tuple[str, str, float | None, str]] = []
+        for budget, step in ((self.run, ""), (self.own, self.step)):
+            if budget is None:
+                continue
+            for unit in self.units:
+                name = step_field(step, unit) if step else unit
+                limit = budget.limits.get(unit)
+                if limit is None:
+                    found.append((name, unit, None, ""))
+                    continue
+                note = {"status": "budget_warning", "unit": unit, "limit": limit,
+                        "soft": budget.soft, **({"step": step} if step else {})}
+                found.append((name, unit, limit * budget.soft,
+                              _json.dumps(note)[:-1] + ', "spent": '))
+        return found
+
+
+def _number(values: Sequence[Any], index: int) -> float:
+    value = values[index] if index < len(values) else None
+    try:
+        return float(value) if value is not None else 0.0
+    except (TypeError, ValueError):
+        return 0.0
+
+
+# -- the review kind --------------------------------------------------------------------------
+
+
+def budget_review_kind() -> ReviewKind:
+    """The ``budget_exceeded`` kind: an approval raises the run's limit by its original
+    amount in the decision's transaction and puts the held entry (the review's
+    ``resume_type``, its data) back for its step alone; a rejection writes
+    ``budget:exceeded``. Approvals take no edited data."""
+
+    async def approve(case: ReviewCase) -> ReviewOutcome:
+        fields = case.fields
+        raise_by = float(fields.get(BUDGET_RAISE, "0") or 0)
+        if case.keys is None:
+            raise ReviewActionFailed("a budget review is decided with the stream keys")
+        key = case.keys.budget(case.correlation_id)
+        held_type = case.resume_type
+        copy = Output(
+            held_type, case.data, correlation_id=case.correlation_id,
+            idempotency_key=f"{fields.get(HELD_KEY, held_type)}:budget:{case.review_id}",
+            extra={REPLAY_FOR: fields.get(STEP, "")},
+        )
+        commands = [("HINCRBYFLOAT", key, f"raise:{fields.get(BUDGET_FIELD, '')}", repr(raise_by))]
+        return ReviewOutcome([copy], detail=f"limit raised by {raise_by:g}",
+                             commands=commands)
+
+    async def reject(case: ReviewCase) -> ReviewOutcome:
+        fields = case.fields
+        data = {**exceeded_data(fields.get(BUDGET_UNIT, ""),
+                                float(fields.get(BUDGET_LIMIT, "0") or 0),
+                                float(fields.get(BUDGET_SPENT, "0") or 0)),
+                case.correlation_field: case.correlation_id,
+                "reasons": [{"code": REJECTED_BY_REVIEWER, "field": "", "message": case.note}]}
+        return ReviewOutcome([Output(
+            BUDGET_EXCEEDED, data, correlation_id=case.correlation_id,
+            idempotency_key=f"{BUDGET_EXCEEDED}:{case.correlation_id}",
+        )])
+
+    return ReviewKind(BUDGET_REVIEW_KIND, approve, reject, accepts_data=False)

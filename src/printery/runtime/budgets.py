@@ -1,0 +1,121 @@
+"""A step's budgets at run time (CONTRACT §13): the check before handlers run, what a
+held entry writes instead, and what a commit charges to its run.
+
+The check reads the runs' hashes in the round trip that looks up the batch's
+idempotency records (:meth:`~printery.transport.records.RecordLookup.recorded_and_read`),
+so a pipeline with budgets costs no round trip more, and one without costs nothing: the
+entry pipeline has no guard then. The charge travels with the entry's commit
+(:class:`~printery.transport.commit.BudgetCharge`): spent is counted if and only if the
+entry's outputs are written, and the soft warning is decided inside the same script.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from typing import Any
+
+from printery.envelope import Codec
+from printery.fields import review_fields
+from printery.keys import REVIEW, StreamKeys
+from printery.pipeline.budget import (
+    BUDGET_EXCEEDED,
+    BUDGET_FIELD,
+    BUDGET_LIMIT,
+    BUDGET_RAISE,
+    BUDGET_REVIEW_KIND,
+    BUDGET_SPENT,
+    BUDGET_UNIT,
+    BUDGET_WARNING,
+    HELD_KEY,
+    BudgetPlan,
+    Exceeded,
+    exceeded_data,
+)
+from printery.runtime.handler import Message, Output
+from printery.transport.channel import Command
+from printery.transport.commit import BudgetCharge
+
+
+class BudgetGuard:
+    """One step's budgets, for its entry pipeline."""
+
+    def __init__(self, plan: BudgetPlan, *, keys: StreamKeys, codec: Codec, worker: str) -> None:
+        self.plan = plan
+        self.keys = keys
+        self.codec = codec
+        self.worker = worker
+        self._read = plan.read_fields()
+        charged = plan.charged()
+        self._fields = tuple(name for name, _, _, _ in charged)
+        self._units = tuple(unit for _, unit, _, _ in charged)
+        self._soft = tuple(soft for _, _, soft, _ in charged)
+        self._notes = tuple(note for _, _, _, note in charged)
+        self._warning_fields: dict[str, str] = {}
+        self._warning_made = -1
+
+    def reads(self, messages: Sequence[Message]) -> list[Command]:
+        """The commands that read the budgets of ``messages``' runs (one each)."""
+        if not self._read:
+            return []
+        return [("HMGET", self.keys.budget(m.correlation_id), *self._read) for m in messages]
+
+    def over(self, replies: Sequence[Any], index: int) -> Exceeded | None:
+        """The hard limit the ``index``-th message's run is at or over, from the replies
+        of :meth:`reads`."""
+        if not self._read:
+            return None
+        values = replies[index]
+        return self.plan.over(values if isinstance(values, list) else [])
+
+    def held(self, message: Message, exceeded: Exceeded) -> Output:
+        """What a held entry writes instead of running: the run's terminal
+        ``budget:exceeded`` (once per run), or a ``budget_exceeded`` review whose
+        approval runs it again."""
+        run = message.correlation_id
+        if exceeded.on_exceeded == "stop":
+            return Output(
+                BUDGET_EXCEEDED,
+                {**exceeded_data(exceeded.unit, exceeded.limit, exceeded.spent),
+                 **({"step": exceeded.step} if exceeded.step else {})},
+                idempotency_key=f"{BUDGET_EXCEEDED}:{run}", once=f"budget-exceeded:{run}",
+            )
+        budget = self.plan.own if exceeded.step else self.plan.run
+        assert budget is not None
+        where = f"step {exceeded.step}" if exceeded.step else "run"
+        return Output(
+            REVIEW, message.data,
+            idempotency_key=f"{REVIEW}:{BUDGET_REVIEW_KIND}:{message.envelope.idempotency_key}",
+            extra={**review_fields(
+                kind=BUDGET_REVIEW_KIND, step=self.worker,
+                reason=f"{where} budget of {exceeded.unit} reached: spent "
+                       f"{exceeded.spent:g} of {exceeded.limit:g}",
+                source_stream=message.stream, source_id=message.entry_id,
+                resume_type=message.type, reject_type=BUDGET_EXCEEDED),
+                BUDGET_UNIT: exceeded.unit, BUDGET_FIELD: exceeded.field,
+                BUDGET_LIMIT: repr(exceeded.limit), BUDGET_SPENT: repr(exceeded.spent),
+                BUDGET_RAISE: repr(budget.limits[exceeded.unit]),
+                HELD_KEY: message.envelope.idempotency_key},
+        )
+
+    def charge(self, message: Message) -> BudgetCharge | None:
+        """What the commit of ``message``'s outputs adds to its run (None: nothing)."""
+        costs = message.costs
+        if not costs or not self._fields:
+            return None
+        return BudgetCharge(
+            self.keys.budget_prefix, message.correlation_id, self._fields,
+            tuple(costs.get(unit, 0) for unit in self._units), self._soft, self._notes,
+            self.codec.correlation_field, self.keys.stream(BUDGET_WARNING), self._warning(),
+        )
+
+    def _warning(self) -> dict[str, str]:
+        """The fields of a warning this step's commits may write (the script fills in
+        the run, the data and the ids): made again once a second, for its
+        ``produced_at``, rather than for every commit."""
+        now = int(time.monotonic())
+        if now != self._warning_made:
+            self._warning_fields = self.codec.new_fields(
+                BUDGET_WARNING, None, correlation_id="", producer=self.worker)
+            self._warning_made = now
+        return self._warning_fields

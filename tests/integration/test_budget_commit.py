@@ -1,0 +1,70 @@
+"""Budgets in the commit transaction (CONTRACT §13) against a real server: a run's spent
+grows with exactly the entries that commit (never a fenced one, a duplicate or a
+retried reply), and the soft warning is written by the commit that reaches it, once."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import redis.asyncio as aioredis
+
+from printery import _json
+from printery.keys import StreamKeys
+from printery.transport.commit import FENCED, Append, BudgetCharge, Committer, EntryCommit
+from printery.transport.streams import ensure_group
+
+TTL_MS = 60_000
+
+
+def _charge(keys: StreamKeys, run: str, usd: float, tokens: int = 0) -> BudgetCharge:
+    note = '{"status": "budget_warning", "unit": "usd", "limit": 10.0, "soft": 0.8, "spent": '
+    warning = {"data": "", "type": "budget:warning", "event_id": "evt-w", "cid": "",
+               "idempotency_key": "", "producer": "step"}
+    return BudgetCharge(keys.budget_prefix, run, ("usd", "tokens"), (usd, tokens), (8.0, None),
+                        (note, ""), "cid", keys.stream("budget:warning"), warning)
+
+
+async def test_spent_counts_only_what_commits_and_the_warning_is_written_once(
+    client: aioredis.Redis, prefix: str
+) -> None:
+    keys = StreamKeys(prefix)
+    stream, out, index = keys.stream("in"), keys.stream("out"), keys.idempotency_index("g")
+    await ensure_group(client, stream, "g")
+    for n in range(7):
+        await client.xadd(stream, {"data": str(n)})
+    ((_, read),) = await client.xreadgroup("g", "c", {stream: ">"}, count=7)
+    ids = [entry_id for entry_id, _ in read]
+    await client.xclaim(stream, "g", "other", 0, [ids[1]])  # fenced out
+    await client.hset(index, mapping={"gen": 1, "start": 2**52})
+    await client.sadd(f"{index}:r1", "k2")  # already recorded: a duplicate
+
+    def entry(n: int, usd: float) -> EntryCommit:
+        return EntryCommit(stream, "c", ids[n], f"k{n}", [Append(out, {"data": str(n)})],
+                           _charge(keys, "r1", usd, tokens=100))
+
+    committer = Committer(client, index_key=index, group="g", ttl_ms=TTL_MS)
+    try:
+        first = [entry(0, 3), entry(1, 3), entry(2, 3), entry(3, 3)]
+        results: list[Any] = await committer.commit(first)
+        assert results == [2, FENCED, 0, 2]
+        assert await client.hgetall(keys.budget("r1")) == {"usd": "6", "tokens": "200"}
+        # The reply was lost and the same commit is sent again: nothing more is charged.
+        assert await committer.commit(first) == [FENCED] * 4
+        assert await client.hgetall(keys.budget("r1")) == {"usd": "6", "tokens": "200"}
+        # 6 -> 9 reaches the soft threshold (8): that entry's commit writes the warning
+        # (its result counts it); 9 -> 12 does not write another.
+        assert await committer.commit([entry(4, 3), entry(5, 3)]) == [3, 2]
+        assert await committer.commit([entry(6, 0.5)]) == [2]
+    finally:
+        await committer.close()
+    spent = await client.hgetall(keys.budget("r1"))
+    assert float(spent["usd"]) == 12.5 and spent["tokens"] == "500"
+    assert 0 < await client.pttl(keys.budget("r1")) <= 2 * TTL_MS
+    warnings = await client.xrange(keys.stream("budget:warning"))
+    assert len(warnings) == 1
+    (_, fields), = warnings
+    assert _json.loads(fields["data"]) == {"status": "budget_warning", "unit": "usd",
+                                           "limit": 10.0, "soft": 0.8, "spent": 9}
+    assert fields["cid"] == "r1" and fields["idempotency_key"] == "budget:warning:r1:usd"
+    assert fields["type"] == "budget:warning" and fields["producer"] == "step"
+    assert [f["data"] for _, f in await client.xrange(out)] == ["0", "3", "4", "5", "6"]
