@@ -63,6 +63,10 @@ class StreamKeys:
         reading the run starts there instead of at the beginning of every stream."""
         return f"{self.prefix}:run:{run_id}"
 
+    def limit(self, key: str) -> str:
+        """Where a flow-control limit keeps its state (``<this>:slots``, ``:starts``...)."""
+        return f"{self.prefix}:limit:{key}"
+
     def blob(self, digest: str) -> str:
         return f"{self.prefix}:blob:{digest}"
 

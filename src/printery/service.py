@@ -103,6 +103,9 @@ class MetricsObserver:
     def cost(self, worker: str, unit: str, amount: float) -> None:
         self.metrics.observe_cost(worker, {unit: amount})
 
+    def limit_waited(self, worker: str, limit: str, seconds: float) -> None:
+        self.metrics.limit_wait.labels(limit).observe(seconds)
+
 
 class Service(ProcessLifecycle):
     """One ``printery-workers`` process: call :meth:`run` from synchronous code.

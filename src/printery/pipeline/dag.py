@@ -21,6 +21,7 @@ from printery.envelope import Codec
 from printery.errors import OutputContractError, PipelineError, Reject
 from printery.fields import REJECT_TYPE, RESUME_TYPE
 from printery.keys import DLQ, REVIEW, REVIEW_DECIDED, StreamKeys
+from printery.limits import Limit
 from printery.pipeline.reason import Reason
 from printery.pipeline.review_kinds import ReviewHook, ReviewKind, escalation_of
 from printery.runtime.consumer import ConsumerSettings
@@ -76,6 +77,8 @@ class Step:
     #: ``input_model`` it does not guard the handler, which decides what invalid input
     #: becomes (the deployment validator turns it into ``deployment:rejected``).
     input_check: Callable[[Any], Sequence[Reason]] | None = None
+    #: Flow control (CONTRACT §13): every handler call waits for all of them.
+    limits: Sequence[Limit] = ()
 
     def input_reasons(self, data: Any) -> list[Reason]:
         """Why ``data`` is not valid input of this step (empty: it is)."""
@@ -90,6 +93,10 @@ class Step:
 
     def __post_init__(self) -> None:
         check_concurrency(f"step {self.name!r}", self.concurrency)
+        self.limits = tuple(self.limits)
+        for limit in self.limits:
+            if not isinstance(limit, Limit):
+                raise PipelineError(f"step {self.name!r}: limits holds {limit!r}, not a Limit")
 
     def guarded_handler(self) -> Handler:
         """The handler wrapped in its input and output contracts."""
@@ -201,6 +208,7 @@ class Pipeline:
         output_models: Mapping[str, type[BaseModel]] | None = None,
         cost_units: Iterable[str] = (),
         input_check: Callable[[Any], Sequence[Reason]] | None = None,
+        limits: Iterable[Limit] = (),
         **settings: Any,
     ) -> Callable[[Handler], Handler]:
         """Decorator form of :meth:`add`."""
@@ -212,6 +220,7 @@ class Pipeline:
                     handler=handler, concurrency=concurrency, depends_on=tuple(depends_on),
                     input_model=input_model, output_models=dict(output_models or {}),
                     settings=settings, cost_units=tuple(cost_units), input_check=input_check,
+                    limits=tuple(limits),
                 )
             )
             return handler
@@ -365,7 +374,7 @@ class Pipeline:
                 step.name, client=client, keys=keys, consumes=step.consumes,
                 handler=step.guarded_handler(), codec=codec,
                 settings=_settings_from(base, fields), observer=observer, payloads=payloads,
-                companions=step.companions,
+                companions=step.companions, limits=step.limits,
             )
             built.append((worker, tuple(d for d in deps[step.name] if d in chosen)))
         return built

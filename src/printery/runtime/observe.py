@@ -18,6 +18,9 @@ class Observer(Protocol):
 
     def cost(self, worker: str, unit: str, amount: float) -> None: ...
 
+    def limit_waited(self, worker: str, limit: str, seconds: float) -> None:
+        """A handler call of a limited step was admitted after ``seconds`` of waiting."""
+
 
 class NullObserver:
     def processed(self, worker: str, outcome: str, seconds: float) -> None:
@@ -30,4 +33,7 @@ class NullObserver:
         pass
 
     def cost(self, worker: str, unit: str, amount: float) -> None:
+        pass
+
+    def limit_waited(self, worker: str, limit: str, seconds: float) -> None:
         pass
