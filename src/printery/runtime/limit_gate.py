@@ -66,6 +66,7 @@ class Ticket:
     bounds: tuple[Bound, ...]
     since: float = field(default_factory=time.perf_counter)
     admitted: bool = False
+    asked: bool = False
     abandoned: bool = False
     waiting: bool = False
 
@@ -90,6 +91,10 @@ class LimitGate:
         self._flusher: asyncio.Task[None] | None = None
         self._freed = asyncio.Event()
         self._renew = False
+        #: The bounds of every call when no key is a function (computed once).
+        self._static = None if any(callable(limit.key) for limit in self.limits) else tuple(
+            self._bound(limit, limit.key) for limit in self.limits if isinstance(limit.key, str))
+        self._slot_waiters = 0
         #: Per limit label: entries waiting now, and seconds waited in all.
         self.waiting = dict.fromkeys((limit.label for limit in self.limits), 0)
         self.waited = dict.fromkeys((limit.label for limit in self.limits), 0.0)
@@ -97,12 +102,14 @@ class LimitGate:
     def ticket(self, message: Message) -> Ticket:
         """A claim for one handler call of ``message``. Raises
         :class:`~printery.PipelineError` when a key function fails."""
-        bounds = tuple(
-            Bound(self.keys.limit(limit.key_of(message)), limit.concurrency or 0,
-                  limit.requests_per_minute or 0, limit.tokens_per_minute or 0)
-            for limit in self.limits
-        )
+        bounds = self._static
+        if bounds is None:
+            bounds = tuple(self._bound(limit, limit.key_of(message)) for limit in self.limits)
         return Ticket(f"{self._nonce}:{next(self._ids)}", bounds)
+
+    def _bound(self, limit: Limit, key: str) -> Bound:
+        return Bound(self.keys.limit(key), limit.concurrency or 0,
+                     limit.requests_per_minute or 0, limit.tokens_per_minute or 0)
 
     async def try_admit(self, tickets: Sequence[Ticket]) -> None:
         """Ask once for all ``tickets`` (a read batch): those the limits let through now
@@ -113,6 +120,7 @@ class LimitGate:
     async def admit(self, ticket: Ticket) -> None:
         """Wait until ``ticket`` is admitted. Connection errors are raised (the caller
         retries with the same ticket: the server admits a holder once)."""
+        self._slot_waiters += 1  # a release wakes it (cheaper than an event per release)
         try:
             while not ticket.admitted:
                 freed = self._freed
@@ -130,6 +138,7 @@ class LimitGate:
             self._abandon(ticket)
             raise
         finally:
+            self._slot_waiters -= 1
             self._set_waiting(ticket, False)
 
     def release(self, ticket: Ticket, costs: dict[str, float]) -> Ticket:
@@ -144,8 +153,9 @@ class LimitGate:
             if slot or charge:
                 self._releases.append(Release(bound.base, ticket.holder, slot, charge))
         if self._releases:
-            fresh, self._freed = self._freed, asyncio.Event()
-            fresh.set()
+            if self._slot_waiters:
+                fresh, self._freed = self._freed, asyncio.Event()
+                fresh.set()
             self._kick()
         return Ticket(f"{self._nonce}:{next(self._ids)}", ticket.bounds)
 
@@ -214,7 +224,11 @@ class LimitGate:
                 renewals = [Renewal(bound.base, holder) for holder, ticket in self._held.items()
                             for bound in ticket.bounds if bound.concurrency] if self._renew else []
                 self._renew = False
-                admissions = [Admission(t.holder, t.bounds) for tickets, _ in asks for t in tickets]
+                admissions = [Admission(t.holder, t.bounds, t.asked)
+                              for tickets, _ in asks for t in tickets]
+                for tickets, _ in asks:
+                    for ticket in tickets:
+                        ticket.asked = True
                 try:
                     results = await self.store.apply(renewals, releases, admissions)
                 except Exception as exc:

@@ -29,6 +29,8 @@ class Bound(NamedTuple):
 class Admission(NamedTuple):
     holder: str
     bounds: Sequence[Bound]
+    #: Asked before (the reply may have been lost): the server checks whether it admitted it.
+    asked: bool = False
 
 
 class Release(NamedTuple):
@@ -75,7 +77,7 @@ class LimitStore:
                      repr(float(release.tokens)) if release.tokens else "0")
         args.append(len(admissions))
         for admission in admissions:
-            args += (admission.holder, len(admission.bounds))
+            args += (admission.holder, "1" if admission.asked else "0", len(admission.bounds))
             for bound in admission.bounds:
                 args += (index(bound.base), bound.concurrency, bound.requests_per_minute,
                          bound.tokens_per_minute)
