@@ -29,6 +29,7 @@ def block(marker: str) -> str:
 PIPELINE = block('pipeline = Pipeline("docflow"')
 APP_CONFIG = block("config = AppConfig(")
 LIBRARY_CALLS = block("await replay(")
+LIMITS = block("OpenAICompatible(")
 
 
 def test_every_block_is_run_here() -> None:
@@ -96,3 +97,13 @@ def test_readme_app_config_block_defines_a_loadable_app() -> None:
     run_block(APP_CONFIG, namespace)
     config = AppConfig.of(namespace["pipeline"])
     assert set(config.tables) == {"ocr"} and config.defaults == {"stream_prefix": "docs"}
+
+
+def test_readme_flow_control_block_defines_a_limited_model_step() -> None:
+    namespace: dict[str, Any] = {"__name__": "readme"}
+    run_block(LIMITS, namespace)
+    pipeline: Pipeline = namespace["pipeline"]
+    pipeline.validate()
+    api, tenant = pipeline.steps["draft"].limits
+    assert (api.concurrency, api.requests_per_minute, api.tokens_per_minute) == (4, 500, 200_000)
+    assert tenant.label == "per-tenant" and tenant.requests_per_minute == 60
