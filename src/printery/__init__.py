@@ -30,6 +30,7 @@ from printery.errors import (
 )
 from printery.fields import review_fields
 from printery.keys import DLQ, REVIEW, REVIEW_DECIDED, StreamKeys
+from printery.limits import Limit
 from printery.pipeline.aggregate import (
     Aggregator,
     JoinState,
@@ -72,6 +73,7 @@ __all__ = [
     "HandlerResult",
     "InvalidInput",
     "JoinState",
+    "Limit",
     "MergePolicy",
     "Message",
     "MessageError",

@@ -72,6 +72,10 @@ class StreamKeys:
     def budget_prefix(self) -> str:
         return f"{self.prefix}:budget:"
 
+    def limit(self, key: str) -> str:
+        """Where a flow-control limit keeps its state (``<this>:slots``, ``:starts``...)."""
+        return f"{self.prefix}:limit:{key}"
+
     def blob(self, digest: str) -> str:
         return f"{self.prefix}:blob:{digest}"
 

@@ -84,6 +84,11 @@ class Metrics:
             "Acknowledged entries removed by the retention sweep, by event type.",
             ["event_type"], registry=r,
         )
+        self.limit_wait = Histogram(
+            "printery_limit_wait_seconds",
+            "Seconds a handler call waited for its step's flow-control limits, by limit.",
+            ["limit"], buckets=PROCESSING_BUCKETS, registry=r,
+        )
         self.step_cost = Counter(
             "printery_step_cost_total", "Cost reported by handlers, by worker and unit.",
             ["worker", "unit"], registry=r,

@@ -16,7 +16,8 @@ these rules, so a secret masked in one place is masked in every other. What beco
   ``redis_password``, ``api_key``, ``authorization``...), whole;
 - **configured secret strings** (the Redis password, an application's secrets named by
   its ``AppConfig.secret_envs``), longest first, so a secret containing another is
-  masked whole.
+  masked whole, and those registered at run time with :func:`register_secret` (a model
+  step's API key), by every redactor of the process.
 
 Best effort by design and never raising: the rules are text patterns, not a URL parser,
 so a malformed URL (the typical bad value of a setting) is scrubbed as well.
@@ -35,6 +36,7 @@ __all__ = [
     "is_secret_key",
     "redact_text",
     "redact_url",
+    "register_secret",
 ]
 
 MASK = "***"
@@ -57,6 +59,19 @@ _SECRET_KEY = re.compile(
     r"(?i)(?:^|[_.\-])(?:password|passwd|pwd|secret|token|credentials?|authorization"
     r"|api_?key|access_?key)$"
 )
+
+
+#: Secrets learnt at run time (:func:`register_secret`), longest first.
+_registered: list[str] = []
+
+
+def register_secret(value: str) -> None:
+    """Mask ``value`` wherever any :class:`Redactor` of this process looks (logs above
+    all), for secrets read after logging was configured, such as an API key a step reads
+    from its environment variable."""
+    if value and value not in _registered:
+        _registered.append(value)
+        _registered.sort(key=len, reverse=True)
 
 
 def is_secret_key(key: str) -> bool:
@@ -97,6 +112,9 @@ class Redactor:
 
     def text(self, text: str) -> str:
         for secret in self._secrets:
+            if secret in text:
+                text = text.replace(secret, MASK)
+        for secret in _registered:
             if secret in text:
                 text = text.replace(secret, MASK)
         return redact_text(text)

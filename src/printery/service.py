@@ -99,6 +99,9 @@ class MetricsObserver:
     def budget_event(self, worker: str, level: str) -> None:
         self.metrics.budget_events.labels(level).inc()
 
+    def limit_waited(self, worker: str, limit: str, seconds: float) -> None:
+        self.metrics.limit_wait.labels(limit).observe(seconds)
+
 
 class Service(ProcessLifecycle):
     """One ``printery-workers`` process: call :meth:`run` from synchronous code.

@@ -74,6 +74,8 @@ class WorkerStats:
     last_error: str | None = None
     in_flight: int = 0
     extra: dict[str, int] = field(default_factory=dict)
+    #: Per flow-control limit of the step: entries ``waiting`` now, ``waited_s`` in all.
+    limits: dict[str, dict[str, float]] = field(default_factory=dict)
 
 
 @runtime_checkable

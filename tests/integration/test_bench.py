@@ -80,6 +80,23 @@ async def test_rate_run_with_two_processes_on_a_given_server(server: ServerProce
     assert "prefetch 64 (--prefetch)" in format_table(result)
 
 
+async def test_with_limit_runs_printery_again_and_reports_the_overhead(
+    server: ServerProcess,
+) -> None:
+    """``--with-limit``: the same run again with a Limit on every stage, every event
+    arriving once, and the overhead reported against the run without."""
+    result = await run_bench(
+        events=500, stages=2, processes=1, payload_bytes=64, redis_url=server.url,
+        rate=None, duration=None, ceiling="same", features=("limit",),
+    )
+    assert result["verified"] and result["with"] == ["limit"]
+    assert result["printery_with"]["arrived"] == 500
+    assert result["with_overhead"] == round(
+        1 - result["printery_with"]["events_per_s"] / result["printery"]["events_per_s"], 3)
+    assert "printery with limit" in format_table(result)
+    assert "overhead of limit on every stage" in format_table(result)
+
+
 @pytest.mark.parametrize(
     ("options", "field"),
     [({"stages": 0}, "stages"), ({"prefetch": 0}, "prefetch"), ({"ceiling": "max"}, "ceiling")],

@@ -36,10 +36,11 @@ BUDGETS = block("budget=Budget(")
 LIBRARY_CALLS = block("await replay(")
 ASYNC_CLIENT = block("async with Client(")
 SYNC_CLIENT = block("with SyncClient(")
+LIMITS = block("OpenAICompatible(")
 
 
 def test_every_block_is_run_here() -> None:
-    assert len(BLOCKS) == 6, "a new README block: run it in this file"
+    assert len(BLOCKS) == 7, "a new README block: run it in this file"
 
 
 def run_block(source: str, namespace: dict[str, Any]) -> Any:
@@ -150,3 +151,11 @@ def test_readme_budget_block_defines_a_budgeted_pipeline() -> None:
     assert "budget:exceeded" in budgeted.outcomes
     assert "budget_exceeded" in budgeted.review_kinds
     assert budgeted.steps["draft"].budget is not None
+def test_readme_flow_control_block_defines_a_limited_model_step() -> None:
+    namespace: dict[str, Any] = {"__name__": "readme"}
+    run_block(LIMITS, namespace)
+    pipeline: Pipeline = namespace["pipeline"]
+    pipeline.validate()
+    api, tenant = pipeline.steps["draft"].limits
+    assert (api.concurrency, api.requests_per_minute, api.tokens_per_minute) == (4, 500, 200_000)
+    assert tenant.label == "per-tenant" and tenant.requests_per_minute == 60

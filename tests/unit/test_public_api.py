@@ -10,7 +10,7 @@ import printery
 
 EXPECTED = {
     "Aggregator", "BlobMissing", "Codec", "ConfigError", "ConsumerSettings", "DecodeError",
-    "DependencyCycle", "Envelope", "Handler", "HandlerError", "HandlerResult", "JoinState",
+    "DependencyCycle", "Envelope", "Handler", "HandlerError", "HandlerResult", "JoinState", "Limit",
     "MergePolicy", "Message", "MessageError", "Output", "PayloadTooLarge", "Pipeline",
     "PipelineError", "PrinteryError", "Reason", "Reject", "Retry", "RunContext", "Settings",
     "Step", "StreamWorker", "SupervisorError", "TransportError", "Worker", "WorkerFailed",

@@ -26,6 +26,11 @@ carry (latency under a backlog only measures the queue). Either way both sides a
 checked for exactly-once arrival, and ``verified`` is true only if every event arrived
 exactly once on both.
 
+With ``features`` (``--with-limit``: a :class:`~printery.Limit` on every stage;
+``--with-budget``: a :class:`~printery.Budget` on the run and every stage), printery
+runs twice, without and then with them (side ``printery_with``), and ``with_overhead`` is
+the throughput the features cost: ``1 - with / without``.
+
 The CLI calls :func:`run_bench` and prints :func:`format_table` or the JSON document.
 """
 
@@ -62,10 +67,9 @@ from printery.transport.embedded import start_ephemeral
 
 __all__ = ["SIDES", "format_table", "run_bench"]
 
-#: The sides, in the order they run: the same-entry ceiling, the minimal one, printery.
-SIDES = ("ceiling", "ceiling_minimal", "printery")
-#: The side ``with_budget`` adds: printery with a Budget on the run and every stage.
-BUDGET_SIDE = "printery_budget"
+#: The sides, in the order they run: the same-entry ceiling, the minimal one, printery,
+#: and printery with the features asked for (only when some are).
+SIDES = ("ceiling", "ceiling_minimal", "printery", "printery_with")
 #: ``ceiling`` option: which ceilings run (printery always does).
 CEILINGS: dict[str, tuple[str, ...]] = {
     "same": ("ceiling",),
@@ -96,6 +100,7 @@ class _Plan:
     run_id: str
     work_dir: Path
     prefetch: int | None
+    features: tuple[str, ...] = ()
 
 
 async def run_bench(
@@ -109,7 +114,7 @@ async def run_bench(
     duration: float | None,
     prefetch: int | None = None,
     ceiling: str = "both",
-    with_budget: bool = False,
+    features: tuple[str, ...] = (),
 ) -> dict[str, Any]:
     """Run the ceiling(s), then printery, and return the §9 document.
 
@@ -118,19 +123,17 @@ async def run_bench(
     from ``INFO commandstats``; with a URL, only keys under a fresh prefix are used and
     deleted afterwards. ``rate`` switches to the open-loop mode, where ``events`` is
     ``rate * duration``. ``prefetch`` None runs printery with the library's default;
-    ``ceiling`` is ``same``, ``minimal`` or ``both``. ``with_budget`` runs printery a
-    second time with a Budget on the run and on every stage (never reached) and reports
-    ``budget_overhead``, the share of throughput that costs. Raises :class:`ConfigError` for an
-    impossible option.
+    ``ceiling`` is ``same``, ``minimal`` or ``both``; ``features`` (``limit``, ``budget``) adds the
+    ``printery_with`` side. Raises :class:`ConfigError` for an impossible option.
     """
     _validate(events, stages, processes, payload_bytes, rate, duration, prefetch, ceiling)
-    sides = (*CEILINGS[ceiling], "printery", *([BUDGET_SIDE] if with_budget else []))
+    sides = (*CEILINGS[ceiling], "printery", *(("printery_with",) if features else ()))
     run_duration = duration if duration is not None else DEFAULT_DURATION
     if rate is not None:
         events = round(rate * run_duration)
     with tempfile.TemporaryDirectory(prefix="printery-bench-") as tmp:
         plan = _Plan(events, stages, processes, payload_bytes, rate, run_duration,
-                     uuid.uuid4().hex[:10], Path(tmp), prefetch)
+                     uuid.uuid4().hex[:10], Path(tmp), prefetch, tuple(features))
         server = None
         if redis_url is None:
             server = await asyncio.to_thread(start_ephemeral, plan.work_dir / "server",
@@ -175,10 +178,12 @@ async def _run_side(
     kind: str, client: aioredis.Redis, url: str, plan: _Plan, server_pid: int | None
 ) -> dict[str, Any]:
     layout = BenchLayout(f"bench:{plan.run_id}:{kind}", plan.stages)
+    ours = kind.startswith("printery")
     procs = RelayProcesses(
-        kind, plan.processes, url=url, prefix=layout.prefix, stages=plan.stages, batch=BATCH,
-        block_ms=BLOCK_MS, log_dir=plan.work_dir,
-        prefetch=plan.prefetch if kind.startswith("printery") else None,
+        "printery" if ours else kind, plan.processes, url=url, prefix=layout.prefix,
+        stages=plan.stages, batch=BATCH, block_ms=BLOCK_MS, log_dir=plan.work_dir,
+        prefetch=plan.prefetch if ours else None,
+        features=plan.features if kind == "printery_with" else (),
     )
     server_cpu = _ServerCpu(server_pid)
     commands = _CommandStats(client, enabled=server_pid is not None)
@@ -229,7 +234,7 @@ async def _run_side(
         "arrived": arrived,
         "verified": arrivals.exactly_once(plan.events),
     }
-    if kind.startswith("printery"):
+    if ours:
         side["settings"] = procs.settings
     if server_seconds is not None:
         side["server_cpu_s_per_1000"] = round(server_seconds * per_event * 1000, 4)
@@ -331,7 +336,7 @@ def _ratio(ours: dict[str, Any] | None, ceiling: dict[str, Any] | None, key: str
 def _document(
     plan: _Plan, results: dict[str, dict[str, Any]], *, embedded: bool, ceiling: str
 ) -> dict[str, Any]:
-    same, minimal, ours = (results.get(side) for side in SIDES)
+    same, minimal, ours, featured = (results.get(side) for side in SIDES)
     settings = (ours or {}).get("settings", {})
     doc: dict[str, Any] = {
         "ceiling": same or {},
@@ -352,10 +357,10 @@ def _document(
         "prefetch": settings.get("prefetch", plan.prefetch),
         "prefetch_default": plan.prefetch is None,
     }
-    budgeted = results.get(BUDGET_SIDE)
-    if budgeted:
-        doc[BUDGET_SIDE] = budgeted
-        doc["budget_overhead"] = round(1 - _ratio(budgeted, ours, "events_per_s"), 3)
+    if featured is not None:
+        doc["printery_with"] = featured
+        doc["with"] = list(plan.features)
+        doc["with_overhead"] = round(1 - _ratio(featured, ours, "events_per_s"), 3)
     if plan.rate is not None:
         doc["rate"] = plan.rate
         doc["duration"] = plan.duration

@@ -12,6 +12,7 @@ import asyncio
 import contextlib
 import os
 import sys
+from collections.abc import Sequence
 from pathlib import Path
 from typing import IO, Any
 
@@ -45,6 +46,7 @@ class RelayProcesses:
     def __init__(
         self, kind: str, count: int, *, url: str, prefix: str, stages: int, batch: int,
         block_ms: int, log_dir: Path, prefetch: int | None = None,
+        features: Sequence[str] = (),
     ) -> None:
         self.kind = kind
         self.count = count
@@ -52,6 +54,8 @@ class RelayProcesses:
                      "--block-ms", str(block_ms)]
         if prefetch is not None:
             self.args += ["--prefetch", str(prefetch)]
+        for feature in features:
+            self.args += ["--with", feature]
         #: What the first process said it runs with (its ``ready`` line), e.g. ``prefetch``.
         self.settings: dict[str, Any] = {}
         self.log_dir = log_dir

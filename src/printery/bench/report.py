@@ -20,7 +20,7 @@ _ROWS = (
     ("ceiling", "ceiling (same entries)"),
     ("ceiling_minimal", "ceiling (minimal, 1 field)"),
     ("printery", "printery"),
-    ("printery_budget", "printery, Budget on every stage"),
+    ("printery_with", "printery with"),
 )
 
 
@@ -54,6 +54,8 @@ def format_table(result: dict[str, Any]) -> str:
     for side, name in _ROWS:
         values = result.get(side) or {}
         if values:
+            if side == "printery_with":
+                name = f"printery with {' + '.join(result.get('with', []))}"
             rows.append([name, *(_cell(values, key, fmt) for _, key, fmt in _COLUMNS)])
     widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
     lines = [_headline(result), ""]
@@ -69,9 +71,9 @@ def format_table(result: dict[str, Any]) -> str:
         if result.get("p99_ratio" + key):
             summary += f"; p99 ratio: {result['p99_ratio' + key]:.2f}"
         lines.append(summary)
-    if "budget_overhead" in result:
-        lines.append(f"budget overhead (throughput lost to a Budget on every stage): "
-                     f"{result['budget_overhead']:.1%}")
+    if result.get("printery_with"):
+        lines.append(f"overhead of {' + '.join(result.get('with', []))} on every stage "
+                     f"(1 - with / without events/s): {result.get('with_overhead', 0):.1%}")
     verdict = "yes" if result.get("verified") else "NO"
     lines.append(f"every event arrived exactly once: {verdict}")
     return "\n".join(lines)

@@ -4,12 +4,15 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import redis.asyncio as aioredis
 
 from printery import (
     Budget,
     ConsumerSettings,
     Handler,
+    Limit,
     Message,
     Output,
     Pipeline,
@@ -34,9 +37,23 @@ def _forward(target: str, *, cost: bool = False) -> Handler:
     return handle_reporting if cost else handle
 
 
-def bench_pipeline(layout: BenchLayout, *, budget: bool = False) -> Pipeline:
-    """A chain ``s0 -> stage0 -> s1 -> ... -> s<stages>`` of handlers that pass data on;
-    with ``budget``, each reports a cost and the run and every stage have a budget."""
+#: What ``--with-limit`` / ``--with-budget`` add to every stage.
+FEATURES = ("limit", "budget")
+
+
+def bench_limits(stage: int) -> list[Limit]:
+    """A stage's limit under ``--with limit``: a concurrency slot and a start in the
+    window for every handler call (both the admission and the release path), at numbers
+    a bench never reaches, so what is measured is the machinery and not the waiting."""
+    return [Limit(f"bench-stage-{stage}", concurrency=1_000_000,
+                  requests_per_minute=1_000_000_000)]
+
+
+def bench_pipeline(layout: BenchLayout, features: Sequence[str] = ()) -> Pipeline:
+    """A chain ``s0 -> stage0 -> s1 -> ... -> s<stages>`` of handlers that pass data on,
+    each stage with the ``features`` asked for (:data:`FEATURES`): ``budget`` makes each
+    handler report a cost and puts a budget on the run and on every stage."""
+    budget = "budget" in features
     pipeline = Pipeline("bench", ingress=[layout.event_type(0)],
                         cost_units=["usd"] if budget else [],
                         budget=Budget(usd=BENCH_BUDGET_USD) if budget else None)
@@ -46,6 +63,7 @@ def bench_pipeline(layout: BenchLayout, *, budget: bool = False) -> Pipeline:
             Step(
                 name=layout.group(stage), consumes=(layout.event_type(stage),),
                 produces=(target,), handler=_forward(target, cost=budget),
+                limits=bench_limits(stage) if "limit" in features else (),
                 cost_units=("usd",) if budget else (),
                 budget=Budget(usd=BENCH_BUDGET_USD) if budget else None,
             )
@@ -60,12 +78,12 @@ def bench_settings(prefetch: int | None) -> ConsumerSettings:
 
 
 def bench_manager(
-    client: aioredis.Redis, layout: BenchLayout, settings: ConsumerSettings, *,
-    budget: bool = False,
+    client: aioredis.Redis, layout: BenchLayout, settings: ConsumerSettings,
+    features: Sequence[str] = (),
 ) -> WorkerManager:
     """The stage workers, registered with their dependencies, not yet started."""
     manager = WorkerManager(drain_timeout=10.0)
-    for worker, deps in bench_pipeline(layout, budget=budget).build_workers(
+    for worker, deps in bench_pipeline(layout, features).build_workers(
         client=client, keys=layout.keys, settings=settings
     ):
         manager.register(worker, deps)

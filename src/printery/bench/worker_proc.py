@@ -25,11 +25,11 @@ import structlog
 from printery import _json
 from printery.bench.ceiling import CeilingRelay
 from printery.bench.layout import PROTOCOL_PREFIX, BenchLayout
-from printery.bench.stages import bench_manager, bench_settings
+from printery.bench.stages import FEATURES, bench_manager, bench_settings
 from printery.transport.connection import connect
 from printery.worker import Observable
 
-KINDS = ("ceiling", "ceiling_minimal", "printery", "printery_budget")
+KINDS = ("ceiling", "ceiling_minimal", "printery")
 
 
 def _say(line: str) -> None:
@@ -81,12 +81,12 @@ async def _serve_ceiling(
 
 
 async def _serve_printery(
-    url: str, layout: BenchLayout, prefetch: int | None, *, budget: bool = False
+    url: str, layout: BenchLayout, prefetch: int | None, features: list[str]
 ) -> None:
     settings = bench_settings(prefetch)
     client = connect(url, block_ms=settings.block_ms)
     try:
-        manager = bench_manager(client, layout, settings, budget=budget)
+        manager = bench_manager(client, layout, settings, features)
         for worker in manager.workers.values():
             if isinstance(worker, Observable):
                 await worker.prepare()
@@ -105,9 +105,8 @@ async def _serve_printery(
 async def _serve(args: argparse.Namespace, layout: BenchLayout, rss: _PeakRss) -> None:
     sampler = asyncio.create_task(rss.run())
     try:
-        if args.kind in ("printery", "printery_budget"):
-            await _serve_printery(args.url, layout, args.prefetch,
-                                  budget=args.kind == "printery_budget")
+        if args.kind == "printery":
+            await _serve_printery(args.url, layout, args.prefetch, args.features)
         else:
             await _serve_ceiling(args.kind, args.url, layout, args.batch, args.block_ms)
     finally:
@@ -125,6 +124,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--block-ms", type=int, default=100, help="the ceilings' block time")
     parser.add_argument("--prefetch", type=int, default=None,
                         help="printery's prefetch (default: the library's)")
+    parser.add_argument("--with", dest="features", action="append", default=[],
+                        choices=FEATURES, help="add this to every printery stage")
     args = parser.parse_args(argv)
     structlog.configure(logger_factory=structlog.PrintLoggerFactory(sys.stderr))
     layout = BenchLayout(args.prefix, args.stages)

@@ -39,15 +39,17 @@ from printery.errors import ConfigError
 @click.option("--submit", "submit_mode", is_flag=True,
               help="measure getting work in instead: Client.submit (100 in flight) and "
                    "SyncClient.submit against pipelined raw XADD (--events, --payload-bytes)")
+@click.option("--with-limit", "with_limit", is_flag=True,
+              help="run printery again with a Limit on every stage and report what it costs")
 @click.option("--with-budget", "with_budget", is_flag=True,
               help="run printery again with a Budget on the run and every stage (never "
-                   "reached) and report the throughput it costs")
+                   "reached) and report what it costs (with --with-limit: both)")
 @click.option("--json", "as_json", is_flag=True, help="one JSON document on stdout")
 @click.pass_context
 def bench(
     ctx: click.Context, events: int, stages: int, processes: int, payload_bytes: int,
     bench_url: str | None, rate: float | None, duration: float | None, prefetch: int | None,
-    ceiling: str, submit_mode: bool, with_budget: bool, as_json: bool,
+    ceiling: str, submit_mode: bool, with_limit: bool, with_budget: bool, as_json: bool,
 ) -> None:
     """Throughput benchmark: hand-written relay ceilings vs printery's pipeline (with the
     library's default settings unless --prefetch is given); with --submit, the client."""
@@ -75,8 +77,10 @@ def bench(
                               "payload_bytes": payload_bytes, "redis_url": url,
                               "rate": rate, "duration": duration, "prefetch": prefetch,
                               "ceiling": ceiling}
-    if with_budget:
-        kwargs["with_budget"] = True
+    features = tuple(name for name, given in (("limit", with_limit), ("budget", with_budget))
+                     if given)
+    if features:
+        kwargs["features"] = features
     try:
         outcome: Any = run_bench(**kwargs)
         result: dict[str, Any] = asyncio.run(outcome) if inspect.iscoroutine(outcome) else outcome

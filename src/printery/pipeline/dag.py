@@ -21,6 +21,7 @@ from printery.envelope import Codec
 from printery.errors import OutputContractError, PipelineError, Reject
 from printery.fields import REJECT_TYPE, RESUME_TYPE
 from printery.keys import DLQ, REVIEW, REVIEW_DECIDED, StreamKeys
+from printery.limits import Limit
 from printery.pipeline.budget import (
     BUDGET_EXCEEDED,
     BUDGET_REVIEW_KIND,
@@ -86,6 +87,8 @@ class Step:
     input_check: Callable[[Any], Sequence[Reason]] | None = None
     #: The step's own share of one run's spending (CONTRACT §13).
     budget: Budget | None = None
+    #: Flow control (CONTRACT §13): every handler call waits for all of them.
+    limits: Sequence[Limit] = ()
 
     def input_reasons(self, data: Any) -> list[Reason]:
         """Why ``data`` is not valid input of this step (empty: it is)."""
@@ -100,6 +103,10 @@ class Step:
 
     def __post_init__(self) -> None:
         check_concurrency(f"step {self.name!r}", self.concurrency)
+        self.limits = tuple(self.limits)
+        for limit in self.limits:
+            if not isinstance(limit, Limit):
+                raise PipelineError(f"step {self.name!r}: limits holds {limit!r}, not a Limit")
 
     def guarded_handler(self) -> Handler:
         """The handler wrapped in its input and output contracts."""
@@ -241,6 +248,7 @@ class Pipeline:
         cost_units: Iterable[str] = (),
         input_check: Callable[[Any], Sequence[Reason]] | None = None,
         budget: Budget | None = None,
+        limits: Iterable[Limit] = (),
         **settings: Any,
     ) -> Callable[[Handler], Handler]:
         """Decorator form of :meth:`add`."""
@@ -253,6 +261,7 @@ class Pipeline:
                     input_model=input_model, output_models=dict(output_models or {}),
                     settings=settings, cost_units=tuple(cost_units), input_check=input_check,
                     budget=budget,
+                    limits=tuple(limits),
                 )
             )
             return handler
@@ -408,7 +417,7 @@ class Pipeline:
                 step.name, client=client, keys=keys, consumes=step.consumes,
                 handler=step.guarded_handler(), codec=codec,
                 settings=_settings_from(base, fields), observer=observer, payloads=payloads,
-                companions=step.companions, budget=self.budget_plan(step),
+                companions=step.companions, budget=self.budget_plan(step), limits=step.limits,
             )
             built.append((worker, tuple(d for d in deps[step.name] if d in chosen)))
         return built

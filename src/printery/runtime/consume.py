@@ -7,7 +7,9 @@
    acked without a handler call, as is a replay's copy meant for other steps (``replay_for``);
    with budgets, the same round trip reads the runs' spent, and an entry of a run at a
    hard limit writes what its budget says instead of running (:mod:`.budgets`);
-3. **handle**: each entry's handler runs in a task of its own once it has a slot; a
+3. **handle**: a step with flow-control limits first waits for them (the batch is
+   admitted in one request; see :mod:`printery.runtime.limit_gate`); each entry's handler
+   runs in a task of its own once it has a slot; a
    handler that raises is retried after a backoff (each retry a counted delivery) until
    it succeeds or goes to the dead-letter stream with its traceback; :class:`Reject`
    dead-letters at once; a ``BaseException`` that is not an ``Exception`` crashes the
@@ -24,6 +26,7 @@ finish, those finishing together again in one commit.
 from __future__ import annotations
 
 import asyncio
+import functools
 import time
 from collections.abc import Coroutine, Sequence
 from dataclasses import dataclass
@@ -37,6 +40,7 @@ from printery.backoff import compute_backoff
 from printery.envelope import Codec
 from printery.errors import (
     MessageError,
+    PipelineError,
     Reject,
     Retry,
     WorkerCrashed,
@@ -49,6 +53,7 @@ from printery.runtime.budgets import BudgetGuard
 from printery.runtime.connectivity import Connectivity
 from printery.runtime.consumer import ConsumerSettings, Delivery
 from printery.runtime.handler import Handler, Message, Output, outputs_of
+from printery.runtime.limit_gate import LimitGate, Ticket
 from printery.runtime.observe import Observer
 from printery.runtime.payloads import PayloadStore
 from printery.transport.commit import DUPLICATE, FENCED, Append, Committer, EntryCommit
@@ -104,6 +109,7 @@ class EntryPipeline:
         stats: WorkerStats,
         connectivity: Connectivity,
         budget: BudgetGuard | None = None,
+        gate: LimitGate | None = None,
     ) -> None:
         self.worker = worker
         self.handler = handler
@@ -118,6 +124,7 @@ class EntryPipeline:
         self.stats = stats
         self.connectivity = connectivity
         self.budget = budget
+        self.gate = gate
 
     async def process(self, batch: Sequence[Delivery]) -> None:
         """Take a batch through the pipeline. Raises :class:`WorkerCrashed` when a handler
@@ -131,20 +138,22 @@ class EntryPipeline:
         if self.connectivity.stopping.is_set():
             await self._commit(decided, begun)  # what was admitted never starts
             return
+        tickets = await self._limit(admitted, decided) if self.gate is not None else None
         if len(admitted) == 1:
             # A batch of one (the usual case at low load) runs its handler in this task,
             # which is its own: no task to start, no turn of the loop to wait for.
             delivery, message = admitted[0]
             delivery.task = asyncio.current_task()
-            result = await self._handle(delivery, message)
+            result = await self._handle(delivery, message, tickets[0] if tickets else None)
             await self._commit([*decided, result] if result is not None else decided, begun)
         else:
-            await self._handle_in_tasks(admitted, decided, begun)
+            await self._handle_in_tasks(admitted, decided, begun, tickets)
         for delivery in batch:
             delivery.release()
 
     async def _handle_in_tasks(
-        self, admitted: list[tuple[Delivery, Message]], decided: list[Decided], begun: float
+        self, admitted: list[tuple[Delivery, Message]], decided: list[Decided], begun: float,
+        tickets: list[Ticket] | None,
     ) -> None:
         """A task per handler. After one turn of the loop (handlers that never really
         await are done by then) the decided entries commit together; the others commit
@@ -152,8 +161,9 @@ class EntryPipeline:
         committed in the order they were read are fenced by one ranged ``XPENDING``."""
         running: list[asyncio.Task[Decided | None]] = []
         try:
-            for delivery, message in admitted:
-                delivery.task = _start(self._handle(delivery, message))
+            for index, (delivery, message) in enumerate(admitted):
+                ticket = tickets[index] if tickets else None
+                delivery.task = _start(self._handle(delivery, message, ticket))
                 running.append(delivery.task)
             if any(not task.done() for task in running):
                 await asyncio.sleep(0)
@@ -248,16 +258,47 @@ class EntryPipeline:
 
     # -- handle --------------------------------------------------------------------------------
 
-    async def _handle(self, delivery: Delivery, message: Message) -> Decided | None:
+    async def _limit(
+        self, admitted: list[tuple[Delivery, Message]], decided: list[Decided]
+    ) -> list[Ticket]:
+        """Ask the step's limits for the whole batch in one request: entries admitted
+        now start at once, the others wait in :meth:`_handle`. A key function that fails
+        dead-letters its entry (it would fail again on every delivery)."""
+        gate, tickets, kept = self.gate, [], []
+        assert gate is not None
+        for delivery, message in admitted:
+            try:
+                tickets.append(gate.ticket(message))
+                kept.append((delivery, message))
+            except PipelineError as exc:
+                decided.append(self._dead_letter(delivery, message.fields, "invalid_limit_key",
+                                                 str(exc)))
+        admitted[:] = kept
+        await self.connectivity.retrying(lambda: gate.try_admit(tickets))
+        return tickets
+
+    async def _handle(
+        self, delivery: Delivery, message: Message, ticket: Ticket | None = None
+    ) -> Decided | None:
         """Run the handler until it succeeds, is rejected, or runs out of deliveries; the
         entry's commit, or None when the entry was lost to another consumer meanwhile.
+        ``ticket``: the step's limits, waited for before each call (before the entry takes
+        a slot, so a waiting entry has not started: the drain hands it back at once).
         The slot taken here is given back once the entry is committed."""
-        if not delivery.try_take_slot():
-            await delivery.take_slot()
+        gate = self.gate
         while True:
+            if ticket is not None and not ticket.admitted:
+                assert gate is not None
+                await self.connectivity.retrying(functools.partial(gate.admit, ticket))
+            if not delivery.slot and not delivery.try_take_slot():
+                await delivery.take_slot()
             begun = time.perf_counter()
             try:
-                outputs = outputs_of(await self.handler(message))
+                try:
+                    outputs = outputs_of(await self.handler(message))
+                finally:
+                    if gate is not None and ticket is not None:  # a retry: a new claim
+                        ticket = gate.release(ticket, message.costs)
             except Reject as exc:
                 return self._dead_letter(delivery, message.fields, exc.reason_code, str(exc),
                                          deliveries=message.deliveries)
@@ -293,7 +334,8 @@ class EntryPipeline:
 
     async def _again(self, delivery: Delivery, message: Message, exc: Exception) -> Message:
         """Wait the backoff (or the handler's ``Retry(delay=...)``) without holding a slot,
-        then take the entry again as a counted delivery (``deliveries`` -1: lost)."""
+        then take the entry again as a counted delivery (``deliveries`` -1: lost); the
+        caller takes a slot again."""
         self.observer.retried(self.worker)
         delivery.give_slot()
         delay = exc.delay if isinstance(exc, Retry) and exc.delay is not None else compute_backoff(
@@ -304,8 +346,6 @@ class EntryPipeline:
         deliveries = await self.connectivity.retrying(
             lambda: self.leases.redeliver(delivery.stream, delivery.consumer.name, delivery.entry_id)
         )
-        if deliveries >= 0 and not delivery.try_take_slot():
-            await delivery.take_slot()
         return Message(
             envelope=message.envelope, stream=message.stream, entry_id=message.entry_id,
             deliveries=deliveries, worker=self.worker, consumer=message.consumer,

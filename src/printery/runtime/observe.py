@@ -21,6 +21,9 @@ class Observer(Protocol):
     def budget_event(self, worker: str, level: str) -> None:
         """``level``: warning (a soft limit reached) or exceeded (a hard one)."""
 
+    def limit_waited(self, worker: str, limit: str, seconds: float) -> None:
+        """A handler call of a limited step was admitted after ``seconds`` of waiting."""
+
 
 class NullObserver:
     def processed(self, worker: str, outcome: str, seconds: float) -> None:
@@ -36,4 +39,7 @@ class NullObserver:
         pass
 
     def budget_event(self, worker: str, level: str) -> None:
+        pass
+
+    def limit_waited(self, worker: str, limit: str, seconds: float) -> None:
         pass

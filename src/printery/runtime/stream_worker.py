@@ -30,16 +30,19 @@ from redis.exceptions import ResponseError
 from printery._util import consumer_name, log_failure, wait_event
 from printery.envelope import Codec
 from printery.keys import StreamKeys
+from printery.limits import Limit
 from printery.pipeline.budget import BudgetPlan
 from printery.runtime.budgets import BudgetGuard
 from printery.runtime.connectivity import Connectivity
 from printery.runtime.consume import EntryPipeline
 from printery.runtime.consumer import Consumer, ConsumerSettings
 from printery.runtime.handler import Handler, Output
+from printery.runtime.limit_gate import LimitGate, window_seconds
 from printery.runtime.observe import NullObserver, Observer
 from printery.runtime.payloads import PayloadStore
 from printery.transport.channel import DirectChannel
 from printery.transport.commit import Committer
+from printery.transport.limits import LimitStore
 from printery.transport.records import RecordLookup
 from printery.transport.streams import CONNECTION_ERRORS, Leases, delivery_counts, ensure_group
 from printery.worker import RunContext, WorkerStats
@@ -57,6 +60,7 @@ class StreamWorker:
     :class:`~printery.Reject` means "dead-letter now". ``companions`` run beside the
     consumers for as long as the worker runs (an aggregator's deadline sweeper);
     ``budget`` what the step checks and charges of its runs' budgets (CONTRACT §13).
+    ``limits`` are the step's flow-control limits (:class:`~printery.Limit`).
     """
 
     def __init__(
@@ -73,6 +77,7 @@ class StreamWorker:
         payloads: PayloadStore | None = None,
         companions: Sequence[Companion] = (),
         budget: BudgetPlan | None = None,
+        limits: Sequence[Limit] = (),
     ) -> None:
         self._name = name
         self.client = client
@@ -85,6 +90,8 @@ class StreamWorker:
         self.payloads = payloads or PayloadStore(client, keys, limit=self.codec.payload_limit)
         self.companions = list(companions)
         self.budget = budget
+        self.limits = tuple(limits)
+        self._gate: LimitGate | None = None
         self._stats = WorkerStats(consumers=self.settings.concurrency)
         self._consumers: list[Consumer] = []
         self._batches: set[asyncio.Task[None]] = set()
@@ -113,6 +120,8 @@ class StreamWorker:
 
     def stats(self) -> WorkerStats:
         self._stats.in_flight = sum(len(c.held) for c in self._consumers)
+        if self._gate is not None:
+            self._stats.limits = self._gate.status()
         return self._stats
 
     async def prepare(self) -> None:
@@ -130,6 +139,11 @@ class StreamWorker:
         committer = Committer(self.client, index_key=self.keys.idempotency_index(self.name),
                               group=self.name, ttl_ms=int(self.settings.record_ttl * 1000))
         records = RecordLookup(DirectChannel(self.client), self.keys.idempotency_index(self.name))
+        if self.limits:
+            store = LimitStore(self.client, window_ms=int(window_seconds() * 1000),
+                               lease_ms=int(self.settings.visibility_timeout * 1000))
+            self._gate = LimitGate(store, self.keys, self.limits, worker=self.name,
+                                   observer=self.observer)
         self._pipeline = EntryPipeline(
             self.name, handler=self.handler, codec=self.codec, keys=self.keys,
             payloads=self.payloads, records=records, committer=committer, leases=self._leases,
@@ -137,6 +151,7 @@ class StreamWorker:
             connectivity=connectivity,
             budget=None if self.budget is None else BudgetGuard(
                 self.budget, keys=self.keys, codec=self.codec, worker=self.name),
+            gate=self._gate,
         )
         self._crash: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         await connectivity.retrying(self.prepare)
@@ -180,6 +195,8 @@ class StreamWorker:
             for consumer in self._consumers:
                 for delivery in list(consumer.held.values()):
                     delivery.release()
+            if self._gate is not None:
+                await self._gate.close()
             await records.close()
 
     async def emit(self, outputs: Sequence[Output], *, correlation_id: str) -> int:
@@ -282,6 +299,8 @@ class StreamWorker:
         interval = max(0.05, self.settings.visibility_timeout / 3)
         while not self._closing.is_set():
             await asyncio.sleep(interval)
+            if self._gate is not None:
+                self._gate.renew()  # the slots of handlers running now, with their leases
             for consumer in self._consumers:
                 for stream, ids in consumer.held_ids().items():
                     with contextlib.suppress(*CONNECTION_ERRORS):

@@ -303,4 +303,6 @@ class WorkerManager:
                 "pending": stats.pending if stats else 0,
                 "last_error": slot.last_error or (stats.last_error if stats else None),
             }
+            if stats is not None and stats.limits:
+                status[name]["limits"] = stats.limits
         return status

@@ -1,0 +1,86 @@
+"""Flow control for steps that call rate-limited APIs (CONTRACT §13): :class:`Limit`.
+
+A limit is declared on a step (``@pipeline.step(..., limits=[Limit(...)])``) and holds
+across every process sharing the server, because its state lives there: see
+:mod:`printery.runtime.limit_gate` for how entries wait and
+``printery/transport/limit.lua`` for the one atomic decision.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from printery.errors import PipelineError
+
+if TYPE_CHECKING:
+    from printery.runtime.handler import Message
+
+__all__ = ["WINDOW_SECONDS", "Limit"]
+
+#: The window of ``requests_per_minute`` and ``tokens_per_minute``.
+WINDOW_SECONDS = 60.0
+
+
+@dataclass(frozen=True, slots=True)
+class Limit:
+    """At most ``concurrency`` handlers at once, ``requests_per_minute`` handler starts
+    and ``tokens_per_minute`` tokens (the ``tokens`` cost handlers report) within any
+    60 s window, per key, for every process sharing the server.
+
+    ``key`` is a string, or a function of the :class:`~printery.Message` returning one
+    (e.g. a limit per tenant); limits with the same key share their state, whichever
+    step declares them. ``name`` labels ``printery_limit_wait_seconds`` and ``/status``;
+    by default the key, or the function's name (a per-message key would make a label per
+    tenant).
+
+    Tokens are known only once a handler reports them, so a handler starts while the
+    tokens of the window are below ``tokens_per_minute``: the window can go over by what
+    the handlers running at that moment report (with ``concurrency`` too, at most that
+    many calls' worth).
+    """
+
+    key: str | Callable[[Message], str]
+    requests_per_minute: int | None = None
+    tokens_per_minute: int | None = None
+    concurrency: int | None = None
+    name: str | None = None
+
+    def __post_init__(self) -> None:
+        if isinstance(self.key, str):
+            if not self.key:
+                raise PipelineError("Limit: key is empty; name what is limited (e.g. 'openai')")
+        elif not callable(self.key):
+            raise PipelineError(
+                f"Limit: key={self.key!r} is neither a string nor a function of the message")
+        given = {"requests_per_minute": self.requests_per_minute,
+                 "tokens_per_minute": self.tokens_per_minute, "concurrency": self.concurrency}
+        if all(value is None for value in given.values()):
+            raise PipelineError(
+                f"Limit {self.label!r} limits nothing: give requests_per_minute, "
+                "tokens_per_minute or concurrency")
+        for what, value in given.items():
+            if value is not None and (isinstance(value, bool) or not isinstance(value, int)
+                                      or value < 1):
+                raise PipelineError(
+                    f"Limit {self.label!r}: {what}={value!r} is not an integer >= 1")
+
+    @property
+    def label(self) -> str:
+        """The limit's name in metrics and ``/status``."""
+        if self.name:
+            return self.name
+        if isinstance(self.key, str):
+            return self.key
+        return getattr(self.key, "__name__", "key")
+
+    def key_of(self, message: Message) -> str:
+        """The key ``message`` is limited under."""
+        if isinstance(self.key, str):
+            return self.key
+        key = self.key(message)
+        if not isinstance(key, str) or not key:
+            raise PipelineError(
+                f"Limit {self.label!r}: the key function returned {key!r}, not a non-empty string")
+        return key

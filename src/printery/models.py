@@ -1,0 +1,182 @@
+"""Model steps (CONTRACT §13): :class:`OpenAICompatible`, one chat-completions call per
+:meth:`~OpenAICompatible.complete` against any OpenAI-compatible endpoint.
+
+What a step needs from a model call and usually writes by hand: a timeout, retries of
+429 and 5xx that honour ``Retry-After`` (bounded in attempts and in delay), the call's
+usage reported as the step's ``tokens`` cost (and ``usd`` from ``prices``), which is
+what ``Limit(tokens_per_minute=...)`` and budgets count, and the API key kept out of
+logs and errors.
+
+Failures map onto the runtime's: a timeout, a connection failure or retries used up
+raise :class:`~printery.Retry` (the entry is delivered again later); a ``Retry-After``
+longer than ``max_retry_delay`` too, with that delay, so no handler sleeps for minutes
+holding a slot; 401 and 403 as well (a key an operator can fix); any other 4xx is
+:class:`~printery.Reject` (the same request would be
+refused again), reason code ``model_request_refused``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import email.utils
+import os
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import httpx
+import structlog
+
+from printery.backoff import compute_backoff
+from printery.errors import PipelineError, Reject, Retry
+from printery.redact import MASK, register_secret
+from printery.runtime.handler import Message
+
+__all__ = ["Completion", "OpenAICompatible"]
+
+log = structlog.get_logger("printery.models")
+
+#: Status codes worth asking again: rate limited, and the server's own failures.
+_RETRYABLE = frozenset({408, 409, 429, 500, 502, 503, 504})
+
+
+@dataclass(frozen=True, slots=True)
+class Completion:
+    """What one call returned: the first choice's ``text``, its usage, the whole body."""
+
+    text: str
+    prompt_tokens: int
+    completion_tokens: int
+    body: dict[str, Any] = field(repr=False)
+
+    @property
+    def tokens(self) -> int:
+        return self.prompt_tokens + self.completion_tokens
+
+
+class OpenAICompatible:
+    """A chat-completions endpoint at ``base_url`` (``.../v1``) serving ``model``.
+
+    ``api_key_env`` names the environment variable holding the key (read at each call;
+    ``None``: no key, for local servers); ``prices`` are USD per 1,000 ``input`` and
+    ``output`` tokens. ``timeout`` bounds one HTTP attempt; ``max_attempts`` bounds the
+    attempts of one call (429/5xx), each waiting ``Retry-After`` (or a backoff) of at
+    most ``max_retry_delay`` seconds. The step must declare the cost units it reports
+    (``cost_units=["tokens", "usd"]``).
+    """
+
+    def __init__(
+        self,
+        base_url: str,
+        model: str,
+        *,
+        api_key_env: str | None = "OPENAI_API_KEY",
+        prices: Mapping[str, float] | None = None,
+        timeout: float = 60.0,
+        max_attempts: int = 4,
+        max_retry_delay: float = 30.0,
+        http: httpx.AsyncClient | None = None,
+    ) -> None:
+        unknown = set(prices or {}) - {"input", "output"}
+        if unknown:
+            raise PipelineError(f"OpenAICompatible prices: unknown {sorted(unknown)}; "
+                                "give USD per 1k tokens as {'input': ..., 'output': ...}")
+        if max_attempts < 1:
+            raise PipelineError(f"OpenAICompatible max_attempts={max_attempts!r}: at least 1")
+        self.url = base_url.rstrip("/") + "/chat/completions"
+        self.model = model
+        self.api_key_env = api_key_env
+        self.prices = dict(prices or {})
+        self.timeout = timeout
+        self.max_attempts = max_attempts
+        self.max_retry_delay = max_retry_delay
+        self._http = http
+        self._key()  # registered for redaction as soon as it is known
+
+    async def complete(
+        self, message: Message, *, messages: Sequence[Mapping[str, Any]], **params: Any
+    ) -> Completion:
+        """One chat completion of ``messages`` (``params``: ``temperature``,
+        ``max_tokens``...); its usage is reported on ``message`` as ``tokens`` and ``usd``."""
+        key = self._key()
+        headers = {"Authorization": f"Bearer {key}"} if key else {}
+        body = {**params, "model": self.model, "messages": list(messages)}
+        for attempt in range(1, self.max_attempts + 1):
+            try:
+                response = await self._post(body, headers)
+            except httpx.TimeoutException:
+                raise Retry(f"model call to {self.url} timed out after {self.timeout} s") from None
+            except httpx.TransportError as exc:
+                raise Retry(self._clean(f"model call to {self.url} failed: {exc}")) from None
+            if response.status_code < 300:
+                return self._completed(message, response)
+            detail = self._clean(f"{self.url} answered {response.status_code}: {response.text[:300]}")
+            if response.status_code in (401, 403):  # the key: an operator can fix it
+                raise Retry(detail)
+            if response.status_code not in _RETRYABLE:
+                raise Reject("model_request_refused", detail)
+            delay = _retry_after(response.headers.get("retry-after"))
+            if delay is None:
+                delay = compute_backoff(attempt, base_ms=500, cap_ms=self.max_retry_delay * 1000)
+            if delay > self.max_retry_delay or attempt == self.max_attempts:
+                raise Retry(detail, delay=delay)
+            log.warning("model call retried", url=self.url, status=response.status_code,
+                        attempt=attempt, delay_s=round(delay, 3))
+            await asyncio.sleep(delay)
+        raise AssertionError("unreachable")  # pragma: no cover
+
+    # -- internals ---------------------------------------------------------------------------
+
+    def _key(self) -> str:
+        if self.api_key_env is None:
+            return ""
+        key = os.environ.get(self.api_key_env, "")
+        register_secret(key)
+        return key
+
+    def _clean(self, text: str) -> str:
+        """``text`` without the key, should a server echo it."""
+        key = self._key()
+        return text.replace(key, MASK) if key else text
+
+    async def _post(self, body: dict[str, Any], headers: dict[str, str]) -> httpx.Response:
+        if self._http is not None:
+            return await self._http.post(self.url, json=body, headers=headers,
+                                         timeout=self.timeout)
+        async with httpx.AsyncClient(timeout=self.timeout, trust_env=False) as http:
+            return await http.post(self.url, json=body, headers=headers)
+
+    def _completed(self, message: Message, response: httpx.Response) -> Completion:
+        try:
+            body = response.json()
+            usage = body.get("usage") or {}
+            prompt = int(usage.get("prompt_tokens", 0))
+            completion = int(usage.get("completion_tokens", 0))
+            choices = body.get("choices") or [{}]
+            text = (choices[0].get("message") or {}).get("content") or ""
+        except (ValueError, AttributeError, TypeError) as exc:
+            raise Retry(self._clean(f"{self.url} answered a body that is not a chat "
+                                    f"completion: {exc}")) from None
+        if prompt or completion:
+            message.report_cost("tokens", prompt + completion)
+        if self.prices:
+            usd = (prompt * self.prices.get("input", 0.0)
+                   + completion * self.prices.get("output", 0.0)) / 1000
+            message.report_cost("usd", usd)
+        return Completion(str(text), prompt, completion, body)
+
+
+def _retry_after(value: str | None) -> float | None:
+    """``Retry-After`` in seconds: a number of seconds or an HTTP date."""
+    if not value:
+        return None
+    try:
+        return max(0.0, float(value))
+    except ValueError:
+        pass
+    try:
+        when = email.utils.parsedate_to_datetime(value)
+    except (TypeError, ValueError):
+        return None
+    return max(0.0, when.timestamp() - time.time())

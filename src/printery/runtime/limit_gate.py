@@ -1,0 +1,260 @@
+"""Where an entry of a limited step waits for its limits (CONTRACT §13) before its handler
+runs, and gives back what it held after.
+
+The decision is the server's (``limit.lua``, atomic, on its own clock), so limits hold
+across every process. Round trips are shared: the admissions, releases and lease
+renewals asked for while one is on the wire go together in the next (the way the
+committer groups commits), and a read batch is admitted in one request before its
+handlers start. An entry that waits keeps its lease (its consumer still holds it, so
+the lease loop renews it) and counts no delivery: nothing is read or claimed again.
+
+A concurrency slot is the holder's until released, or until its lease lapses: slots are
+renewed with the entries' leases, so a process that dies holding one gives it back
+within the visibility timeout.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import os
+import random
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import structlog
+
+from printery._util import wait_event
+from printery.keys import StreamKeys
+from printery.limits import WINDOW_SECONDS, Limit
+from printery.runtime.handler import Message
+from printery.runtime.observe import Observer
+from printery.transport.limits import (
+    WAIT_FOR_SLOT,
+    Admission,
+    Bound,
+    LimitStore,
+    Release,
+    Renewal,
+)
+from printery.transport.streams import CONNECTION_ERRORS
+
+log = structlog.get_logger("printery.worker")
+
+#: How often an entry waiting for a concurrency slot asks again (plus up to as much
+#: again at random, so processes do not ask in step); a slot given back in this process
+#: wakes its waiters at once.
+SLOT_POLL_SECONDS = 0.1
+
+#: Tests only: a shorter window than the contract's 60 s, so a test can watch a window
+#: refill in seconds rather than minutes. Not a setting: the public semantics are per
+#: 60 s, and nothing outside the test suite may set it.
+WINDOW_ENV = "PRINTERY_TEST_LIMIT_WINDOW_S"
+
+
+def window_seconds() -> float:
+    return float(os.environ.get(WINDOW_ENV) or WINDOW_SECONDS)
+
+
+@dataclass(slots=True, eq=False)
+class Ticket:
+    """One handler call's claim on the step's limits."""
+
+    holder: str
+    bounds: tuple[Bound, ...]
+    since: float = field(default_factory=time.perf_counter)
+    admitted: bool = False
+    asked: bool = False
+    abandoned: bool = False
+    waiting: bool = False
+
+
+class LimitGate:
+    """The limits of one step's worker."""
+
+    def __init__(
+        self, store: LimitStore, keys: StreamKeys, limits: Sequence[Limit], *, worker: str,
+        observer: Observer,
+    ) -> None:
+        self.store = store
+        self.keys = keys
+        self.limits = tuple(limits)
+        self.worker = worker
+        self.observer = observer
+        self._ids = itertools.count()
+        self._nonce = f"{os.getpid()}:{os.urandom(4).hex()}"
+        self._asks: list[tuple[list[Ticket], asyncio.Future[list[int]]]] = []
+        self._releases: list[Release] = []
+        self._held: dict[str, Ticket] = {}
+        self._flusher: asyncio.Task[None] | None = None
+        self._freed = asyncio.Event()
+        self._renew = False
+        #: The bounds of every call when no key is a function (computed once).
+        self._static = None if any(callable(limit.key) for limit in self.limits) else tuple(
+            self._bound(limit, limit.key) for limit in self.limits if isinstance(limit.key, str))
+        self._slot_waiters = 0
+        #: Per limit label: entries waiting now, and seconds waited in all.
+        self.waiting = dict.fromkeys((limit.label for limit in self.limits), 0)
+        self.waited = dict.fromkeys((limit.label for limit in self.limits), 0.0)
+
+    def ticket(self, message: Message) -> Ticket:
+        """A claim for one handler call of ``message``. Raises
+        :class:`~printery.PipelineError` when a key function fails."""
+        bounds = self._static
+        if bounds is None:
+            bounds = tuple(self._bound(limit, limit.key_of(message)) for limit in self.limits)
+        return Ticket(f"{self._nonce}:{next(self._ids)}", bounds)
+
+    def _bound(self, limit: Limit, key: str) -> Bound:
+        return Bound(self.keys.limit(key), limit.concurrency or 0,
+                     limit.requests_per_minute or 0, limit.tokens_per_minute or 0)
+
+    async def try_admit(self, tickets: Sequence[Ticket]) -> None:
+        """Ask once for all ``tickets`` (a read batch): those the limits let through now
+        are admitted, the others wait in :meth:`admit`."""
+        if tickets:
+            await self._ask(list(tickets))
+
+    async def admit(self, ticket: Ticket) -> None:
+        """Wait until ``ticket`` is admitted. Connection errors are raised (the caller
+        retries with the same ticket: the server admits a holder once)."""
+        self._slot_waiters += 1  # a release wakes it (cheaper than an event per release)
+        try:
+            while not ticket.admitted:
+                freed = self._freed
+                (result,) = await self._ask([ticket])
+                if result == 0:
+                    break
+                self._set_waiting(ticket, True)
+                if result == WAIT_FOR_SLOT:
+                    await wait_event(freed, SLOT_POLL_SECONDS * (1 + random.random()))
+                else:
+                    await asyncio.sleep(result / 1000)
+        except CONNECTION_ERRORS:
+            raise
+        except BaseException:  # cancelled (the drain) or failing: nobody will release it
+            self._abandon(ticket)
+            raise
+        finally:
+            self._slot_waiters -= 1
+            self._set_waiting(ticket, False)
+
+    def release(self, ticket: Ticket, costs: dict[str, float]) -> Ticket:
+        """The handler call is over: give back its slots and charge the tokens it
+        reported (sent with the next round trip, which starts now if none is on the wire).
+        Returns the claim of a next call (a retry) under the same keys."""
+        self._held.pop(ticket.holder, None)
+        tokens = costs.get("tokens", 0)
+        for bound in ticket.bounds:
+            slot = bound.concurrency > 0
+            charge = tokens if bound.tokens_per_minute > 0 else 0
+            if slot or charge:
+                self._releases.append(Release(bound.base, ticket.holder, slot, charge))
+        if self._releases:
+            if self._slot_waiters:
+                fresh, self._freed = self._freed, asyncio.Event()
+                fresh.set()
+            self._kick()
+        return Ticket(f"{self._nonce}:{next(self._ids)}", ticket.bounds)
+
+    def renew(self) -> None:
+        """Renew every held slot (with the entries' leases)."""
+        if self._held:
+            self._kick(renew=True)
+
+    def status(self) -> dict[str, dict[str, float]]:
+        return {label: {"waiting": self.waiting[label], "waited_s": round(self.waited[label], 3)}
+                for label in self.waiting}
+
+    async def close(self) -> None:
+        """Give back what is still held as the worker stops (best effort: what cannot
+        be given back lapses with its lease)."""
+        for ticket in list(self._held.values()):
+            self.release(ticket, {})
+        if self._flusher is not None:
+            await asyncio.wait([self._flusher], timeout=2.0)
+
+    # -- internals -----------------------------------------------------------------------
+
+    def _admitted(self, ticket: Ticket) -> None:
+        ticket.admitted = True
+        if any(bound.concurrency for bound in ticket.bounds):
+            self._held[ticket.holder] = ticket
+        if ticket.abandoned:  # its caller is gone: give it back
+            self.release(ticket, {})
+            return
+        waited = time.perf_counter() - ticket.since
+        for limit in self.limits:
+            self.waited[limit.label] += waited
+            self.observer.limit_waited(self.worker, limit.label, waited)
+
+    def _abandon(self, ticket: Ticket) -> None:
+        ticket.abandoned = True
+        if ticket.admitted:
+            self.release(ticket, {})
+
+    def _set_waiting(self, ticket: Ticket, waiting: bool) -> None:
+        if ticket.waiting != waiting:
+            ticket.waiting = waiting
+            for limit in self.limits:
+                self.waiting[limit.label] += 1 if waiting else -1
+
+    async def _ask(self, tickets: list[Ticket]) -> list[int]:
+        """Each ticket's reply (see :meth:`LimitStore.apply`); admitted ones are marked."""
+        future: asyncio.Future[list[int]] = asyncio.get_running_loop().create_future()
+        self._asks.append((tickets, future))
+        self._kick()
+        return await asyncio.shield(future)
+
+    def _kick(self, *, renew: bool = False) -> None:
+        self._renew = self._renew or renew
+        if self._flusher is None:
+            self._flusher = asyncio.get_running_loop().create_task(
+                self._flush(), name=f"{self.worker}:limits")
+
+    async def _flush(self) -> None:
+        """Send what is queued until nothing is; a failed round trip fails the
+        admissions in it and keeps the releases for the next."""
+        try:
+            while self._asks or self._releases or self._renew:
+                asks, self._asks = self._asks, []
+                releases, self._releases = self._releases, []
+                renewals = [Renewal(bound.base, holder) for holder, ticket in self._held.items()
+                            for bound in ticket.bounds if bound.concurrency] if self._renew else []
+                self._renew = False
+                admissions = [Admission(t.holder, t.bounds, t.asked)
+                              for tickets, _ in asks for t in tickets]
+                for tickets, _ in asks:
+                    for ticket in tickets:
+                        ticket.asked = True
+                try:
+                    results = await self.store.apply(renewals, releases, admissions)
+                except Exception as exc:
+                    self._failed(asks, releases, exc)
+                    if not self._asks:
+                        return
+                    continue
+                except BaseException:
+                    self._failed(asks, releases, ConnectionError("limit request interrupted"))
+                    raise
+                start = 0
+                for tickets, future in asks:
+                    mine = results[start : start + len(tickets)]
+                    start += len(tickets)
+                    for ticket, result in zip(tickets, mine, strict=True):
+                        if result == 0 and not ticket.admitted:
+                            self._admitted(ticket)  # here, so a caller gone meanwhile loses nothing
+                    if not future.done():
+                        future.set_result(mine)
+        finally:
+            self._flusher = None
+
+    def _failed(self, asks: list[Any], releases: list[Release], exc: Exception) -> None:
+        for _, future in asks:
+            if not future.done():
+                future.set_exception(exc)
+        self._releases = releases + self._releases
+        if not isinstance(exc, CONNECTION_ERRORS):
+            log.error("limit request failed", worker=self.worker, error=str(exc))

@@ -1,0 +1,212 @@
+"""Model steps (CONTRACT §13): ``printery.models.OpenAICompatible`` against a local
+OpenAI-compatible HTTP server the test runs (the external boundary); the pipeline,
+server and workers are real."""
+
+from __future__ import annotations
+
+import asyncio
+import io
+import time
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import orjson
+import pytest
+import redis.asyncio as aioredis
+from aiohttp import web
+
+from printery import Limit, Message, Output, Pipeline
+from printery.keys import StreamKeys
+from printery.logging import configure_logging
+from printery.models import OpenAICompatible
+from printery.runtime.consumer import ConsumerSettings
+from printery.runtime.limit_gate import WINDOW_ENV
+from printery.testing import wait_for
+from printery.worker import WorkerState
+from support.spine import CODEC, publish, running
+
+KEY = "sk-test-5f1d0c9a7b3e4d2f8a6c"
+PRICES = {"input": 0.5, "output": 1.5}
+
+
+@dataclass
+class Reply:
+    status: int = 200
+    prompt: int = 12
+    completion: int = 30
+    headers: dict[str, str] = field(default_factory=dict)
+    body: str | None = None
+    sleep: float = 0.0
+
+
+class FakeModel:
+    """An OpenAI-compatible chat-completions server: answers the scripted replies in
+    order (then the default one) and records every request."""
+
+    def __init__(self) -> None:
+        self.script: list[Reply] = []
+        self.default = Reply()
+        self.requests: list[tuple[float, dict[str, Any], str]] = []
+        self.url = ""
+
+    async def handle(self, request: web.Request) -> web.Response:
+        body = await request.json()
+        self.requests.append((time.monotonic(), body, request.headers.get("Authorization", "")))
+        reply = self.script.pop(0) if self.script else self.default
+        if reply.sleep:
+            await asyncio.sleep(reply.sleep)
+        if reply.status != 200:
+            return web.Response(status=reply.status, headers=reply.headers,
+                                text=reply.body or f"status {reply.status}")
+        return web.json_response({
+            "id": "cmpl-1", "model": body["model"],
+            "choices": [{"index": 0, "message": {"role": "assistant",
+                                                 "content": f"echo {body['messages'][-1]['content']}"}}],
+            "usage": {"prompt_tokens": reply.prompt, "completion_tokens": reply.completion,
+                      "total_tokens": reply.prompt + reply.completion},
+        })
+
+
+@pytest.fixture
+async def model(monkeypatch: pytest.MonkeyPatch) -> AsyncIterator[FakeModel]:
+    monkeypatch.setenv("TEST_MODEL_KEY", KEY)
+    fake = FakeModel()
+    app = web.Application()
+    app.router.add_post("/v1/chat/completions", fake.handle)
+    runner = web.AppRunner(app, shutdown_timeout=0.2)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    host, port = runner.addresses[0][:2]
+    fake.url = f"http://{host}:{port}/v1"
+    yield fake
+    await runner.cleanup()
+
+
+def model_pipeline(llm: OpenAICompatible, seen: list[int], **step: Any) -> Pipeline:
+    pipeline = Pipeline("m", ingress=["in"], cost_units=["tokens", "usd"])
+
+    @pipeline.step("draft", consumes=["in"], produces=["out"], cost_units=["tokens", "usd"],
+                   **step)
+    async def draft(message: Message) -> Output:
+        seen.append(message.deliveries)
+        done = await llm.complete(message, messages=[{"role": "user", "content": str(message.data["n"])}],
+                                  temperature=0)
+        return Output("out", {"n": message.data["n"], "text": done.text, "tokens": done.tokens})
+
+    return pipeline
+
+
+def settings() -> ConsumerSettings:
+    return ConsumerSettings(block_ms=100, visibility_timeout=5.0, retry_backoff_ms=20,
+                            claim_interval=0.1)
+
+
+async def entries(client: aioredis.Redis, keys: StreamKeys, event_type: str) -> list[dict[str, str]]:
+    return [fields for _, fields in await client.xrange(keys.stream(event_type))]
+
+
+async def run_until(client: aioredis.Redis, keys: StreamKeys, pipeline: Pipeline, n: int,
+                    event_type: str = "out", timeout: float = 20.0) -> list[dict[str, str]]:
+    workers = [w for w, _ in pipeline.build_workers(client=client, keys=keys, settings=settings())]
+    async with running(*workers):
+        await publish(client, keys, "in", n)
+
+        async def written() -> list[dict[str, str]]:
+            found = await entries(client, keys, event_type)
+            return found if len(found) >= n else []
+
+        return await wait_for(written, timeout=timeout, message=f"{n} {event_type}")
+
+
+async def test_usage_is_the_steps_exact_tokens_and_usd(
+    client: aioredis.Redis, prefix: str, model: FakeModel
+) -> None:
+    keys = StreamKeys(prefix)
+    llm = OpenAICompatible(model.url, "tiny-1", api_key_env="TEST_MODEL_KEY", prices=PRICES)
+    seen: list[int] = []
+    (out,) = await run_until(client, keys, model_pipeline(llm, seen), 1)
+    assert orjson.loads(out["cost"]) == {"tokens": 42, "usd": (12 * 0.5 + 30 * 1.5) / 1000}
+    assert CODEC.decode(out, "out").data == {"n": 0, "text": "echo 0", "tokens": 42}
+    (_, body, auth), = model.requests
+    assert body == {"model": "tiny-1", "temperature": 0,
+                    "messages": [{"role": "user", "content": "0"}]}
+    assert auth == f"Bearer {KEY}"
+
+
+async def test_a_429_is_retried_after_its_retry_after(
+    client: aioredis.Redis, prefix: str, model: FakeModel
+) -> None:
+    keys = StreamKeys(prefix)
+    model.script = [Reply(status=429, headers={"Retry-After": "1"})]
+    llm = OpenAICompatible(model.url, "tiny-1", api_key_env="TEST_MODEL_KEY", prices=PRICES)
+    seen: list[int] = []
+    (out,) = await run_until(client, keys, model_pipeline(llm, seen), 1)
+    (first, _, _), (second, _, _) = model.requests
+    assert second - first >= 1.0, "asked again only once Retry-After had passed"
+    assert seen == [1], "retried within the call: no second delivery"
+    assert orjson.loads(out["cost"])["tokens"] == 42
+
+
+async def test_a_timeout_is_a_retryable_failure(
+    client: aioredis.Redis, prefix: str, model: FakeModel
+) -> None:
+    keys = StreamKeys(prefix)
+    model.script = [Reply(sleep=3.0)]
+    llm = OpenAICompatible(model.url, "tiny-1", api_key_env="TEST_MODEL_KEY", timeout=0.3)
+    seen: list[int] = []
+    (out,) = await run_until(client, keys, model_pipeline(llm, seen), 1)
+    assert seen == [1, 2], "the timed-out call failed the delivery; the next one succeeded"
+    assert orjson.loads(out["cost"]) == {"tokens": 42}
+
+
+async def test_the_key_appears_in_no_log_and_no_error(
+    client: aioredis.Redis, prefix: str, model: FakeModel
+) -> None:
+    """A server that echoes the key in its refusal (some do): the failure is logged and
+    dead-lettered with the status, never with the key."""
+    keys = StreamKeys(prefix)
+    model.default = Reply(status=401, body=f'{{"error": "Incorrect API key provided: {KEY}"}}')
+    log = io.StringIO()
+    configure_logging("debug", json=True, stream=log)
+    llm = OpenAICompatible(model.url, "tiny-1", api_key_env="TEST_MODEL_KEY")
+    seen: list[int] = []
+    pipeline = model_pipeline(llm, seen, max_deliveries=2)
+    (dead,) = await run_until(client, keys, pipeline, 1, event_type="dlq")
+    assert "401" in dead["error"] and KEY not in orjson.dumps(dead).decode()
+    text = log.getvalue()
+    assert "handler failed" in text and "401" in text
+    assert KEY not in text
+
+
+async def test_tokens_per_minute_charged_by_real_usage(
+    client: aioredis.Redis, prefix: str, model: FakeModel, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """42 tokens a call, 60 per window (shortened to 2 s for the test), one call at a
+    time: the second call starts (42 < 60), the third waits until the first call's
+    tokens leave the window."""
+    monkeypatch.setenv(WINDOW_ENV, "2")
+    keys = StreamKeys(prefix)
+    llm = OpenAICompatible(model.url, "tiny-1", api_key_env="TEST_MODEL_KEY")
+    seen: list[int] = []
+    pipeline = model_pipeline(llm, seen, limits=[
+        Limit("llm", tokens_per_minute=60, concurrency=1)])
+    workers = [w for w, _ in pipeline.build_workers(client=client, keys=keys, settings=settings())]
+    async with running(*workers) as manager:
+        await publish(client, keys, "in", 3)
+
+        async def third_waits() -> bool:
+            status = manager.get_status()["draft"]
+            return (status["state"] == WorkerState.RUNNING and len(model.requests) == 2
+                    and status["limits"]["llm"]["waiting"] == 1)
+
+        await wait_for(third_waits, timeout=10, message="the third call waiting")
+        assert float(await client.get(keys.limit("llm") + ":total")) == 84.0
+
+        async def three() -> bool:
+            return len(await entries(client, keys, "out")) == 3
+
+        await wait_for(three, timeout=10, message="3 outputs")
+    starts = [at for at, _, _ in model.requests]
+    assert starts[2] - starts[0] >= 2.0 - 0.2
