@@ -38,8 +38,10 @@ from printery.pipeline.aggregate import (
     any_pass,
     first_wins,
 )
-from printery.pipeline.dag import Pipeline, Step, to_mermaid, to_text
+from printery.pipeline.dag import Pipeline, Step
+from printery.pipeline.render import to_mermaid, to_text
 from printery.pipeline.escalation import escalate, review_output
+from printery.pipeline.loop import Loop
 from printery.pipeline.reason import Reason
 from printery.pipeline.review_kinds import ReviewCase, ReviewKind, ReviewOutcome
 from printery.redact import redact_text, redact_url
@@ -70,6 +72,7 @@ __all__ = [
     "HandlerResult",
     "InvalidInput",
     "JoinState",
+    "Loop",
     "MergePolicy",
     "Message",
     "MessageError",
