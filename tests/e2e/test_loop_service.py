@@ -98,7 +98,7 @@ def test_a_process_killed_mid_loop_loses_and_repeats_no_attempt(
         second.wait_until(lambda: r.xlen(f"{prefix}:answer") == 2, timeout=30, what="replayed")
         again = [json.loads(f["data"]) for _, f in r.xrange(f"{prefix}:draft:loop")
                  if f["correlation_id"] == new_id and f["type"] == "draft:attempt"]
-        assert [(a["attempt"], a["feedback"]) for a in again][0] == (1, [])
+        assert (again[0]["attempt"], again[0]["feedback"]) == (1, [])
         assert [a["attempt"] for a in again] == [1, 2, 3]
     finally:
         if second is not None:

@@ -14,8 +14,9 @@ from typing import Any
 import pytest
 import redis.asyncio as aioredis
 
-from printery import AppConfig, ConsumerSettings, Pipeline, StreamKeys, WorkerManager
-from printery.testing import wait_for
+from printery import AppConfig, Client, ConsumerSettings, Pipeline, StreamKeys, WorkerManager
+from printery.testing import unique_prefix, wait_for
+from printery.transport.server import ServerProcess
 
 README = Path(__file__).resolve().parents[2] / "README.md"
 BLOCKS = re.findall(r"```python\n(.*?)```", README.read_text(), re.S)
@@ -29,10 +30,11 @@ def block(marker: str) -> str:
 PIPELINE = block('pipeline = Pipeline("docflow"')
 APP_CONFIG = block("config = AppConfig(")
 LIBRARY_CALLS = block("await replay(")
+LOOP = block('answers.add(Loop(')
 
 
 def test_every_block_is_run_here() -> None:
-    assert len(BLOCKS) == 3, "a new README block: run it in this file"
+    assert len(BLOCKS) == 4, "a new README block: run it in this file"
 
 
 def run_block(source: str, namespace: dict[str, Any]) -> Any:
@@ -96,3 +98,29 @@ def test_readme_app_config_block_defines_a_loadable_app() -> None:
     run_block(APP_CONFIG, namespace)
     config = AppConfig.of(namespace["pipeline"])
     assert set(config.tables) == {"ocr"} and config.defaults == {"stream_prefix": "docs"}
+
+
+async def test_readme_loop_passes_on_attempt_two_with_the_reasons_as_feedback(
+    server: ServerProcess, client: aioredis.Redis
+) -> None:
+    namespace: dict[str, Any] = {"__name__": "readme"}
+    run_block(LOOP, namespace)
+    answers: Pipeline = namespace["answers"]
+    prefix = unique_prefix("readme-loop")
+    manager = WorkerManager(drain_timeout=2)
+    for worker, deps in answers.build_workers(client=client, keys=StreamKeys(prefix),
+                                              settings=ConsumerSettings(block_ms=100)):
+        manager.register(worker, deps)
+    await manager.start_all()
+    try:
+        async with Client(server.url, stream_prefix=prefix, app=answers) as submitter:
+            run_id = await submitter.submit({"question_id": "q-1", "text": "why?"})
+            result = await submitter.result(run_id, timeout=20)
+            trace = await submitter.entries(run_id)
+    finally:
+        await manager.stop_all(2)
+    assert result.status == "answer" and result.data == {"text": "word word word word word"}
+    verdicts = [e["data"] for e in trace if e.get("type") == "draft:verdict"]
+    assert [(v["attempt"], v["next"]) for v in verdicts] == [(1, "retry"), (2, "passed")]
+    assert verdicts[0]["reasons"] == [
+        {"code": "too_short", "field": "text", "message": "3 words, want 5"}]

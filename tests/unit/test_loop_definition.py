@@ -63,7 +63,7 @@ def test_a_step_consuming_its_own_output_is_a_cycle_too() -> None:
 def test_a_cycle_through_a_loop_but_outside_it_is_refused() -> None:
     pipeline = _pipeline(_loop(consumes="question"),
                          Step("ask", ("request", "answer"), ("question",), _noop))
-    with pytest.raises(PipelineError, match="cycle: .*draft.*ask|cycle: .*ask.*draft"):
+    with pytest.raises(PipelineError, match=r"cycle: .*draft.*ask|cycle: .*ask.*draft"):
         pipeline.validate()
 
 
