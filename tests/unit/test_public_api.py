@@ -26,6 +26,8 @@ EXPECTED = {
     # the review inbox of any pipeline (CONTRACT §12)
     "ReviewCase", "ReviewKind", "ReviewOutcome", "ReviewError", "ReviewNotFound",
     "ReviewRefused", "ReviewInvalid", "ReviewActionFailed",
+    # AI-worker patterns (CONTRACT §13)
+    "Loop",
 }
 
 
