@@ -40,9 +40,11 @@ from printery.pipeline.aggregate import (
     first_wins,
 )
 from printery.pipeline.budget import Budget
-from printery.pipeline.dag import Pipeline, Step, to_mermaid, to_text
+from printery.pipeline.dag import Pipeline, Step
 from printery.pipeline.escalation import escalate, review_output
+from printery.pipeline.loop import Loop
 from printery.pipeline.reason import Reason
+from printery.pipeline.render import to_mermaid, to_text
 from printery.pipeline.review_kinds import ReviewCase, ReviewKind, ReviewOutcome
 from printery.redact import redact_text, redact_url
 from printery.replay import ReplayError, ReplayResult, replay
@@ -74,6 +76,7 @@ __all__ = [
     "InvalidInput",
     "JoinState",
     "Limit",
+    "Loop",
     "MergePolicy",
     "Message",
     "MessageError",

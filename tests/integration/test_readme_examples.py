@@ -37,10 +37,11 @@ LIBRARY_CALLS = block("await replay(")
 ASYNC_CLIENT = block("async with Client(")
 SYNC_CLIENT = block("with SyncClient(")
 LIMITS = block("OpenAICompatible(")
+LOOP = block('answers.add(Loop(')
 
 
 def test_every_block_is_run_here() -> None:
-    assert len(BLOCKS) == 7, "a new README block: run it in this file"
+    assert len(BLOCKS) == 8, "a new README block: run it in this file"
 
 
 def run_block(source: str, namespace: dict[str, Any]) -> Any:

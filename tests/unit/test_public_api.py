@@ -28,6 +28,7 @@ EXPECTED = {
     "ReviewRefused", "ReviewInvalid", "ReviewActionFailed",
     # AI-worker patterns (CONTRACT §13)
     "Budget",
+    "Loop",
 }
 
 

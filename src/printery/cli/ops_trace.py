@@ -25,7 +25,7 @@ from printery.cli.ops_common import (
 )
 from printery.cost import budget_status, cost_summary, parse_duration
 from printery.fields import DECISION, KIND, REASON, REASON_CODE
-from printery.keys import REVIEW
+from printery.keys import DLQ, REVIEW
 from printery.replay import ReplayError
 from printery.replay import replay as replay_run
 from printery.runs import RunReader
@@ -68,9 +68,15 @@ def _short(value: object) -> str:
 
 
 def _outcome(entry: dict[str, Any]) -> str:
-    """A few words about an entry: status, reason, decision, error."""
+    """A few words about an entry: what it is when its stream does not say (a loop's
+    attempt or verdict, and what the verdict leads to), status, reason, decision, error."""
     data = entry.get("data")
     parts = []
+    kind = entry.get("type")
+    if kind and kind != entry["stream"] and entry["stream"] != DLQ:
+        parts.append(str(kind))
+        if isinstance(data, dict) and "next" in data:
+            parts.append(f"#{data.get('attempt')} {data['next']}")
     if isinstance(data, dict) and "status" in data:
         parts.append(str(data["status"]))
     for name in (KIND, DECISION, REASON_CODE, REASON, "channel"):

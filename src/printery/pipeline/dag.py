@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from dataclasses import fields as dc_fields
-from typing import Any
+from typing import Any, Protocol
 
 import redis.asyncio as aioredis
 from pydantic import BaseModel, ValidationError
@@ -65,6 +65,35 @@ def check_concurrency(what: str, concurrency: object) -> None:
         )
 
 
+@dataclass(frozen=True, slots=True)
+class LoopShape:
+    """What makes a step a declared validation loop (:class:`~printery.Loop`): the stream
+    it writes to itself (``stream_type``: its attempts and verdicts, typed
+    ``attempt_type`` and ``verdict_type``; the only cycle a pipeline accepts), where it
+    ends, and its bounds, for the graph check and its drawings."""
+
+    max_attempts: int
+    stream_type: str
+    attempt_type: str
+    verdict_type: str
+    produces: str
+    exhausted: str
+    fallback: bool = False
+    review_kind: str | None = None
+
+    @property
+    def internal(self) -> tuple[str, ...]:
+        """The types only the loop itself writes and reads."""
+        return (self.stream_type,)
+
+
+class StepSource(Protocol):
+    """Anything that builds its step (a :class:`~printery.Loop`, an
+    :class:`~printery.Aggregator`): :meth:`Pipeline.add` takes it as it takes a step."""
+
+    def step(self) -> Step: ...
+
+
 @dataclass(slots=True)
 class Step:
     """One node of a pipeline: a worker consuming ``consumes`` and producing ``produces``."""
@@ -89,6 +118,8 @@ class Step:
     budget: Budget | None = None
     #: Flow control (CONTRACT §13): every handler call waits for all of them.
     limits: Sequence[Limit] = ()
+    #: Set on the step of a declared validation loop (built by :class:`~printery.Loop`).
+    loop: LoopShape | None = None
 
     def input_reasons(self, data: Any) -> list[Reason]:
         """Why ``data`` is not valid input of this step (empty: it is)."""
@@ -180,13 +211,16 @@ class Pipeline:
     @property
     def outcomes(self) -> tuple[str, ...]:
         """The event types whose first entry of a run ends it: as declared, else the
-        types some step produces and none consumes (records such as ``review`` aside)."""
-        exceeded = (BUDGET_EXCEEDED,) if self.has_budgets else ()
+        types some step produces and none consumes (records such as ``review`` aside);
+        and in either case every loop's exhausted type and, with budgets,
+        ``budget:exceeded`` (CONTRACT §11)."""
+        exhausted = [s.loop.exhausted for s in self.steps.values() if s.loop is not None]
+        ended = [*exhausted, *((BUDGET_EXCEEDED,) if self.has_budgets else ())]
         if self._outcomes is not None:
-            return tuple(dict.fromkeys((*self._outcomes, *exceeded)))
+            return tuple(dict.fromkeys([*self._outcomes, *ended]))
         consumed = {t for step in self.steps.values() for t in step.consumes}
         return tuple(dict.fromkeys([*(t for step in self.steps.values() for t in step.produces
-                                      if t not in consumed and t not in _RECORDS), *exceeded]))
+                                      if t not in consumed and t not in _RECORDS), *ended]))
 
     @property
     def has_budgets(self) -> bool:
@@ -223,7 +257,11 @@ class Pipeline:
         step = self.ingress_step(event_type)
         return step.input_reasons(data) if step is not None else []
 
-    def add(self, step: Step) -> Step:
+    def add(self, step: Step | StepSource) -> Step:
+        """Add a step, or what builds one (a :class:`~printery.Loop`, an
+        :class:`~printery.Aggregator`); the step added."""
+        if not isinstance(step, Step):
+            step = step.step()
         if step.name in self.steps:
             raise PipelineError(f"step {step.name!r} declared twice")
         unknown = [u for u in step.cost_units if u not in self.cost_units]
@@ -296,12 +334,16 @@ class Pipeline:
 
     def dependencies(self) -> dict[str, tuple[str, ...]]:
         """Step -> the steps it depends on: declared ones plus the producers of its inputs.
-        Steps that merely exchange events in a loop would be a cycle, which is refused."""
+        Steps that merely exchange events in a loop would be a cycle, which is refused;
+        a step consuming what it produces itself depends on itself (refused too, unless
+        it is a declared :class:`~printery.Loop`, whose own types are left out)."""
         deps: dict[str, tuple[str, ...]] = {}
         for step in self.steps.values():
             found = list(step.depends_on)
+            internal = step.loop.internal if step.loop is not None else ()
             for event_type in step.consumes:
-                found += [p for p in self.producers_of(event_type) if p != step.name]
+                if event_type not in internal:
+                    found += self.producers_of(event_type)
             deps[step.name] = tuple(dict.fromkeys(found))
         return deps
 
@@ -330,7 +372,11 @@ class Pipeline:
                     )
         cycle = find_cycle(self.dependencies())
         if cycle:
-            raise PipelineError("pipeline has a cycle: " + " -> ".join(cycle))
+            raise PipelineError(
+                f"pipeline {self.name!r} has a cycle: {' -> '.join(cycle)}; a step may run "
+                "again on its own results only inside a declared Loop(...) (bounded by "
+                "max_attempts)"
+            )
         reachable_types = set(self.ingress)
         reached: set[str] = set()
         changed = True
@@ -381,6 +427,7 @@ class Pipeline:
                     "name": s.name, "consumes": list(s.consumes), "produces": list(s.produces),
                     "concurrency": effective.get(s.name, s.concurrency),
                     "depends_on": list(self.dependencies()[s.name]),
+                    **({"loop": _loop_doc(s.loop)} if s.loop is not None else {}),
                 }
                 for s in self.steps.values()
             ],
@@ -439,31 +486,9 @@ def _settings_from(base: ConsumerSettings, fields: Mapping[str, Any]) -> Consume
     return replace(base, **{k: v for k, v in fields.items() if k in allowed})
 
 
-def to_text(pipeline: Pipeline, concurrency: Mapping[str, int] | None = None) -> str:
-    """One line per step: ``name xN: consumes -> produces``, N the consumers in effect
-    (``concurrency``, as for :meth:`Pipeline.describe`)."""
-    lines = [f"pipeline {pipeline.name} (ingress: {', '.join(pipeline.ingress)})"]
-    for step in pipeline.describe(concurrency)["steps"]:
-        lines.append(
-            f"  {step['name']} x{step['concurrency']}: {', '.join(step['consumes'])} -> "
-            f"{', '.join(step['produces']) or '(nothing)'}"
-        )
-    return "\n".join(lines)
-
-
-def to_mermaid(pipeline: Pipeline) -> str:
-    def node(name: str) -> str:
-        return "".join(c if c.isalnum() else "_" for c in name)
-
-    lines = ["flowchart LR"]
-    for event_type in pipeline.ingress:
-        lines.append(f"  {node('in_' + event_type)}([{event_type}])")
-    for step in pipeline.steps.values():
-        lines.append(f"  {node(step.name)}[{step.name}]")
-        for event_type in step.consumes:
-            sources = pipeline.producers_of(event_type) or (
-                ["in_" + event_type] if event_type in pipeline.ingress else []
-            )
-            for source in sources:
-                lines.append(f"  {node(source)} -->|{event_type}| {node(step.name)}")
-    return "\n".join(lines)
+def _loop_doc(shape: LoopShape) -> dict[str, Any]:
+    return {"max_attempts": shape.max_attempts, "stream": shape.stream_type,
+            "attempt_type": shape.attempt_type, "verdict_type": shape.verdict_type,
+            "produces": shape.produces,
+            "exhausted": shape.exhausted, "fallback": shape.fallback,
+            "review_kind": shape.review_kind}

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -34,6 +34,11 @@ class Message:
     ``deliveries`` is Redis's own count (1 on the first delivery), so it survives crashes.
     Handlers report what they spend with :meth:`report_cost`; the amounts travel with the
     outputs as ``cost`` and feed the step cost metric.
+
+    Inside a validation loop (:class:`~printery.Loop`) ``attempt`` is the attempt's number
+    (1-based) and ``feedback`` every earlier attempt of the run in that loop, oldest
+    first, as ``{"attempt", "data", "reasons"}``; elsewhere 1 and empty. Both default to
+    constants, so building a message on the hot path costs nothing more.
     """
 
     envelope: Envelope
@@ -45,6 +50,8 @@ class Message:
     fields: dict[str, str]
     costs: dict[str, float] = field(default_factory=dict)
     started: float = field(default_factory=time.monotonic)
+    attempt: int = 1
+    feedback: Sequence[Mapping[str, Any]] = ()
 
     @property
     def data(self) -> Any:

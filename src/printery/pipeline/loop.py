@@ -1,0 +1,235 @@
+"""Validation loops (CONTRACT §13): a worker's output is checked, and while it does not
+pass the worker runs again, shown every earlier attempt and why it failed; bounded by
+``max_attempts``, then a fallback, then a human, then an exhausted outcome.
+
+A loop is one step that consumes its own entries, written to one stream of its own
+(``<name>:loop``, so that their ids order them exactly; each entry's ``type`` says what
+it is):
+
+- its input (``consumes``) runs attempt 1 and writes an ``<name>:attempt`` entry;
+- an ``<name>:attempt`` entry is validated and writes an ``<name>:verdict`` entry, with
+  ``produces`` when it passed, a review or the exhausted outcome when it was the last;
+- a verdict that did not pass with attempts left runs the next attempt (or the fallback).
+
+Each handler call is an ordinary entry, committed atomically with what it writes (its
+own ``duration_ms`` and ``cost``), so a crash repeats at most a call that did not commit
+and never an attempt: what an attempt sees comes from the entry it handles (every
+verdict carries the attempts so far), not from process memory. Each attempt and verdict
+has an idempotency key of its own (``<type>:<run>:<n>``), so one run's attempts are
+never taken for duplicates of each other.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import inspect
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import Any
+
+from pydantic import BaseModel, ValidationError
+
+from printery import _json
+from printery.errors import PipelineError, Reject
+from printery.keys import REVIEW
+from printery.pipeline.dag import LoopShape, Step, check_concurrency, validation_reasons
+from printery.pipeline.escalation import review_output
+from printery.pipeline.reason import Reason
+from printery.runtime.handler import HandlerResult, Message, Output
+
+__all__ = ["Check", "Loop", "Work"]
+
+#: A loop's worker (or fallback): the attempt's output data, or an awaitable of it.
+Work = Callable[[Message], Any]
+#: A loop's validator: the reasons the attempt did not pass (empty: passed), as
+#: :class:`Reason` values or ``{code, field, message}`` mappings, or an awaitable of them.
+Check = Callable[[Message], Any]
+
+#: What a verdict leads to (its ``next`` field).
+PASSED, RETRY, FALLBACK, REVIEWED, EXHAUSTED = "passed", "retry", "fallback", "review", "exhausted"
+
+
+class Loop:
+    """A validation loop over ``work``, checked by ``validate``; ``pipeline.add`` it.
+
+    ``consumes`` is the loop's input type, ``produces`` the type written with an output
+    that passed, ``exhausted`` (default ``<name>:exhausted``) the outcome of a run whose
+    attempts all failed: ``{"status": "exhausted", "attempts": [...]}``, or the rejection
+    of its review when ``review_kind`` is set (an approval writes ``produces`` with the
+    reviewer's data, default the last output). ``input_model`` checks the loop's input
+    (a bad one is dead-lettered with ``invalid_input``); ``cost_units`` declares what the
+    worker and validator may report.
+    """
+
+    def __init__(
+        self,
+        name: str,
+        *,
+        consumes: str,
+        produces: str,
+        work: Work,
+        validate: Check,
+        max_attempts: int,
+        fallback: Work | None = None,
+        review_kind: str | None = None,
+        exhausted: str | None = None,
+        concurrency: int = 1,
+        cost_units: Iterable[str] = (),
+        input_model: type[BaseModel] | None = None,
+    ) -> None:
+        what = f"loop {name!r}"
+        if isinstance(max_attempts, bool) or not isinstance(max_attempts, int) or max_attempts < 1:
+            raise PipelineError(f"{what}: max_attempts={max_attempts!r} is not a number of "
+                                "attempts; write an integer >= 1 (e.g. max_attempts=3)")
+        check_concurrency(what, concurrency)
+        for label, handler in (("work", work), ("validate", validate), ("fallback", fallback)):
+            if handler is not None and not callable(handler):
+                raise PipelineError(f"{what}: {label}={handler!r} is not callable; write a "
+                                    "function of one Message")
+        self.name = name
+        self.shape = LoopShape(
+            max_attempts=max_attempts, stream_type=f"{name}:loop", attempt_type=f"{name}:attempt",
+            verdict_type=f"{name}:verdict", produces=produces,
+            exhausted=exhausted or f"{name}:exhausted", fallback=fallback is not None,
+            review_kind=review_kind or None,
+        )
+        types = [consumes, produces, self.shape.exhausted, *self.shape.internal,
+                 self.shape.attempt_type, self.shape.verdict_type]
+        if len(set(types)) != len(types) or not all(types):
+            raise PipelineError(f"{what}: consumes, produces and exhausted must be distinct "
+                                f"event types other than {list(self.shape.internal)}; got "
+                                f"{[consumes, produces, self.shape.exhausted]}")
+        self.consumes = consumes
+        self.work, self.validate, self.fallback = work, validate, fallback
+        self.concurrency = concurrency
+        self.cost_units = tuple(cost_units)
+        self.input_model = input_model
+
+    def step(self) -> Step:
+        """The loop as a pipeline step (what :meth:`Pipeline.add <printery.Pipeline.add>`
+        adds when given the loop)."""
+        shape = self.shape
+        produces = [*shape.internal, shape.produces, shape.exhausted]
+        if shape.review_kind:
+            produces.append(REVIEW)
+        model = self.input_model
+        return Step(
+            name=self.name, consumes=(self.consumes, *shape.internal), produces=tuple(produces),
+            handler=self.handle, concurrency=self.concurrency, cost_units=self.cost_units,
+            input_check=(lambda data: _model_reasons(model, data)) if model is not None else None,
+            loop=shape,
+        )
+
+    async def handle(self, message: Message) -> HandlerResult:
+        """One turn of the loop, chosen by the type of the entry handled."""
+        shape, data = self.shape, message.data
+        if message.type == self.consumes:
+            reasons = _model_reasons(self.input_model, data)
+            if reasons:
+                raise Reject("invalid_input", _json.dumps([r.as_dict() for r in reasons]))
+            return await self._attempt(message, data, 1, [], fallback=False)
+        if message.type == shape.attempt_type:
+            return await self._judge(message, data)
+        if message.type == shape.verdict_type:
+            if data["next"] in (RETRY, FALLBACK):
+                return await self._attempt(message, data["input"], data["attempt"] + 1,
+                                           data["attempts"], fallback=data["next"] == FALLBACK)
+            return None  # decided when it was written
+        raise Reject("invalid_input", f"{message.type!r} is not an entry of loop {self.name!r}")
+
+    async def _attempt(self, message: Message, given: Any, n: int,
+                       feedback: Sequence[Mapping[str, Any]], *, fallback: bool) -> Output:
+        run = self.fallback if fallback else self.work
+        assert run is not None  # a FALLBACK verdict is only written when there is one
+        seen = _seen(message, given, self.consumes, n, feedback)
+        output = await _settled(run(seen))
+        return _entry(self.shape, self.shape.attempt_type, message.correlation_id, n,
+                      {"attempt": n, "fallback": fallback, "data": output, "input": given,
+                       "feedback": list(feedback)})
+
+    async def _judge(self, message: Message, attempt: Mapping[str, Any]) -> list[Output]:
+        shape, n, output = self.shape, attempt["attempt"], attempt["data"]
+        fallback, feedback = bool(attempt.get("fallback")), attempt["feedback"]
+        seen = _seen(message, output, shape.attempt_type, n, feedback)
+        reasons = [r.as_dict() for r in _reasons(await _settled(self.validate(seen)))]
+        record: dict[str, Any] = {"attempt": n, "data": output, "reasons": reasons}
+        if fallback:
+            record["fallback"] = True
+        attempts = [*feedback, record]
+        if not reasons:
+            then = PASSED
+        elif not fallback and n < shape.max_attempts:
+            then = RETRY
+        elif not fallback and shape.fallback:
+            then = FALLBACK
+        else:
+            then = REVIEWED if shape.review_kind else EXHAUSTED
+        cid = message.correlation_id
+        outputs = [_entry(shape, shape.verdict_type, cid, n, {
+            "attempt": n, "fallback": fallback, "passed": not reasons, "reasons": reasons,
+            "next": then, "input": attempt["input"], "attempts": attempts})]
+        if then == PASSED:
+            outputs.append(Output(shape.produces, output))
+        elif then == REVIEWED:
+            assert shape.review_kind is not None
+            outputs.append(review_output(
+                message, kind=shape.review_kind, reason=_summary(attempts), data=output,
+                on_approve=shape.produces, on_reject=shape.exhausted))
+        elif then == EXHAUSTED:
+            outputs.append(Output(shape.exhausted, {"status": "exhausted", "attempts": attempts}))
+        return outputs
+
+
+def _entry(shape: LoopShape, event_type: str, cid: str, n: int, data: Any) -> Output:
+    """An attempt or a verdict: in the loop's stream, typed, keyed by its number (the
+    run's attempts are not duplicates of each other)."""
+    return Output(shape.stream_type, data, idempotency_key=f"{event_type}:{cid}:{n}",
+                  extra={"type": event_type})
+
+
+def _seen(message: Message, data: Any, event_type: str, attempt: int,
+          feedback: Sequence[Mapping[str, Any]]) -> Message:
+    """The message a worker or validator sees: the same delivery (its cost is the
+    entry's) with ``data`` in place of the loop's bookkeeping."""
+    envelope = dataclasses.replace(message.envelope, data=data, type=event_type)
+    return dataclasses.replace(message, envelope=envelope, attempt=attempt,
+                               feedback=list(feedback))
+
+
+async def _settled(value: Any) -> Any:
+    return await value if inspect.isawaitable(value) else value
+
+
+def _reasons(found: Any) -> list[Reason]:
+    """A validator's answer as reasons; anything else is its bug, said clearly."""
+    if found is None:
+        return []
+    if isinstance(found, (str, bytes, Mapping)) or not isinstance(found, Iterable):
+        raise TypeError(f"a loop's validate must return a list of Reason, not {found!r}")
+    reasons = []
+    for item in found:
+        if isinstance(item, Reason):
+            reasons.append(item)
+        elif isinstance(item, Mapping):
+            reasons.append(Reason(str(item.get("code", "")), str(item.get("field", "")),
+                                  str(item.get("message", ""))))
+        else:
+            raise TypeError(f"a loop's validate returned {item!r}, which is not a Reason")
+    return reasons
+
+
+def _model_reasons(model: type[BaseModel] | None, data: Any) -> list[Reason]:
+    if model is None:
+        return []
+    try:
+        model.model_validate(data)
+    except ValidationError as exc:
+        return validation_reasons(exc)
+    return []
+
+
+def _summary(attempts: Sequence[Mapping[str, Any]]) -> str:
+    """The review's reason: how many attempts failed, and the last one's reasons."""
+    last = attempts[-1]["reasons"]
+    said = "; ".join(f"{r['code']}" + (f" ({r['field']})" if r["field"] else "") +
+                     (f": {r['message']}" if r["message"] else "") for r in last)
+    return f"{len(attempts)} attempts did not pass validation; the last: {said}"

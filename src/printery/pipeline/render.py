@@ -1,0 +1,75 @@
+"""A pipeline drawn for people: the text and the Mermaid flowchart that ``printery
+pipeline show`` prints. A declared loop is drawn as one step that runs again on its own
+verdicts (its internal attempt and verdict types are left out: they are its inner
+workings, not edges of the graph)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from printery.pipeline.dag import LoopShape, Pipeline
+
+
+def loop_summary(shape: LoopShape) -> str:
+    """One line saying what a loop does, in the order it does it."""
+    parts = [f"validated, up to {shape.max_attempts} attempt"
+             f"{'s' if shape.max_attempts != 1 else ''} with feedback"]
+    if shape.fallback:
+        parts.append("then the fallback")
+    if shape.review_kind:
+        parts.append(f"then review {shape.review_kind!r} (approve: {shape.produces}, "
+                     f"reject: {shape.exhausted})")
+    else:
+        parts.append(f"then {shape.exhausted}")
+    return "loop: " + "; ".join(parts)
+
+
+def to_text(pipeline: Pipeline, concurrency: Mapping[str, int] | None = None) -> str:
+    """One line per step: ``name xN: consumes -> produces``, N the consumers in effect
+    (``concurrency``, as for :meth:`Pipeline.describe`); a loop has a second line."""
+    lines = [f"pipeline {pipeline.name} (ingress: {', '.join(pipeline.ingress)})"]
+    for step in pipeline.describe(concurrency)["steps"]:
+        shape = pipeline.steps[step["name"]].loop
+        internal = shape.internal if shape is not None else ()
+        consumes = [t for t in step["consumes"] if t not in internal]
+        produces = [t for t in step["produces"] if t not in internal]
+        lines.append(
+            f"  {step['name']} x{step['concurrency']}: {', '.join(consumes)} -> "
+            f"{', '.join(produces) or '(nothing)'}"
+        )
+        if shape is not None:
+            lines.append(f"    {loop_summary(shape)}")
+    return "\n".join(lines)
+
+
+def to_mermaid(pipeline: Pipeline) -> str:
+    """A Mermaid flowchart: ingress types as terminals, steps as boxes (a loop as a
+    subroutine box with an edge back to itself), one edge per type a step consumes."""
+
+    def node(name: str) -> str:
+        return "".join(c if c.isalnum() else "_" for c in name)
+
+    lines = ["flowchart LR"]
+    for event_type in pipeline.ingress:
+        lines.append(f"  {node('in_' + event_type)}([{event_type}])")
+    for step in pipeline.steps.values():
+        shape = step.loop
+        if shape is None:
+            lines.append(f"  {node(step.name)}[{step.name}]")
+        else:
+            lines.append(f'  {node(step.name)}[["{step.name} (loop)"]]')
+            lines.append(f'  {node(step.name)} -->|"retry with feedback, at most '
+                         f'{shape.max_attempts}"| {node(step.name)}')
+            lines.append(f"  {node('out_' + shape.exhausted)}([{shape.exhausted}])")
+            via = f"review {shape.review_kind} rejected" if shape.review_kind else "exhausted"
+            lines.append(f'  {node(step.name)} -.->|"{via}"| {node("out_" + shape.exhausted)}')
+        internal = shape.internal if shape is not None else ()
+        for event_type in step.consumes:
+            if event_type in internal:
+                continue
+            sources = pipeline.producers_of(event_type) or (
+                ["in_" + event_type] if event_type in pipeline.ingress else []
+            )
+            for source in sources:
+                lines.append(f"  {node(source)} -->|{event_type}| {node(step.name)}")
+    return "\n".join(lines)
