@@ -110,6 +110,17 @@ class RunReader:
         return {"id": entry_id, "stream": self.streams.get(stream, stream),
                 **decode_fields(fields)}
 
+    def _placed(
+        self, entry_id: str, stream: str, fields: Mapping[str, str]
+    ) -> tuple[tuple[int, int, int], dict[str, Any]]:
+        """An entry with its place in the run: entry ids order entries of one stream
+        only, and entries of several streams committed together (or in one millisecond)
+        share the millisecond; within it an outcome goes last, so an entry written with
+        it or before it is never read as coming after it."""
+        ms, seq = id_order(entry_id)
+        entry = self.view(entry_id, stream, fields)
+        return (ms, 1 if self.is_outcome(entry) else 0, seq), entry
+
     def is_outcome(self, entry: Mapping[str, Any]) -> bool:
         return entry.get("stream") in self.outcomes
 
@@ -124,7 +135,7 @@ class RunReader:
         start = await self.start_of(run_id)
         if start != "-":  # another stream's entry of the same millisecond may sort lower
             start = f"{id_order(start)[0]}-0"
-        found: list[tuple[tuple[int, int], dict[str, Any]]] = []
+        found: list[tuple[tuple[int, int, int], dict[str, Any]]] = []
         last: dict[str, str] = {}
         for stream in self.streams:
             lower, last[stream] = start, "0-0" if start == "-" else _before(start)
@@ -132,7 +143,7 @@ class RunReader:
                 batch = await self.client.xrange(stream, lower, "+", count=_CHUNK)
                 for entry_id, fields in batch:
                     if self.belongs(fields, run_id):
-                        found.append((id_order(entry_id), self.view(entry_id, stream, fields)))
+                        found.append(self._placed(entry_id, stream, fields))
                 if batch:
                     last[stream] = batch[-1][0]
                 if len(batch) < _CHUNK:
@@ -167,12 +178,12 @@ class RunReader:
                 block = max(1, min(block, int(left * 1000)))
             read = functools.partial(self.client.xread, dict(last), count=_CHUNK, block=block)
             reply = await self._retrying(read, deadline)
-            batch: list[tuple[tuple[int, int], dict[str, Any]]] = []
+            batch: list[tuple[tuple[int, int, int], dict[str, Any]]] = []
             for stream, rows in reply or []:
                 for entry_id, fields in rows:
                     last[stream] = entry_id
                     if self.belongs(fields, run_id):
-                        batch.append((id_order(entry_id), self.view(entry_id, stream, fields)))
+                        batch.append(self._placed(entry_id, stream, fields))
             batch.sort(key=lambda item: item[0])
             for _, entry in batch:
                 yield entry

@@ -1,0 +1,43 @@
+"""A run's entries in order across streams: entry ids order the entries of one stream
+only, so entries of two streams written in one millisecond (one commit) must not be read
+as coming after the run's outcome."""
+
+from __future__ import annotations
+
+import redis.asyncio as aioredis
+
+from printery import Message, Output, Pipeline
+from printery.keys import StreamKeys
+from printery.runs import RunReader
+from printery.testing import unique_prefix
+
+
+def pipeline() -> Pipeline:
+    p = Pipeline("order", ingress=["asked"], correlation_field="run")
+
+    @p.step("answer", consumes=["asked"], produces=["note", "answered"])
+    async def answer(message: Message) -> list[Output]:
+        return []
+
+    @p.step("log", consumes=["note"])
+    async def log(message: Message) -> None:
+        return None
+
+    return p
+
+
+async def test_an_outcome_sorts_after_what_was_written_in_its_millisecond(
+    client: aioredis.Redis,
+) -> None:
+    keys, p = StreamKeys(unique_prefix()), pipeline()
+    assert p.outcomes == ("answered",)
+    await client.xadd(keys.stream("asked"), {"data": "{}", "run": "r1"}, id="999-0")
+    # One commit in one millisecond: the outcome's stream happens to be at sequence 0,
+    # the other stream's at 7.
+    await client.xadd(keys.stream("answered"), {"data": "{}", "run": "r1"}, id="1000-0")
+    await client.xadd(keys.stream("note"), {"data": "{}", "run": "r1"}, id="1000-7")
+    reader = RunReader(client, keys, p)
+    followed = [entry["stream"] async for entry in reader.follow("r1")]
+    assert followed == ["asked", "note", "answered"]
+    result = await reader.result("r1", timeout=5)
+    assert [e["stream"] for e in result.entries] == ["asked", "note", "answered"]
