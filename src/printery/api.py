@@ -17,10 +17,12 @@ from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+import redis.asyncio as aioredis
 from aiohttp import web
 
 from printery import _json, dead_letters, reviews
 from printery.client import Runs
+from printery.config import Settings
 from printery.errors import (
     InvalidInput,
     PayloadTooLarge,
@@ -33,11 +35,15 @@ from printery.errors import (
 )
 from printery.fields import STEP, WORKER
 from printery.history import id_order
-from printery.keys import DLQ, REVIEW
+from printery.keys import DLQ, REVIEW, StreamKeys
+from printery.logging import get_logger
+from printery.pipeline.dag import Pipeline
 from printery.pipeline.reason import Reason
 from printery.runs import run_cost, run_status
 
-__all__ = ["ApiAccess", "build_api", "is_loopback"]
+__all__ = ["ApiAccess", "build_api", "is_loopback", "service_api"]
+
+log = get_logger("printery.api")
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 _SUBMIT_KEYS = frozenset({"data", "event_type", "run_id", "idempotency_key"})
@@ -190,6 +196,26 @@ def step_summary(runs: Runs, entries: list[dict[str, Any]],
     return [{"step": name, "status": states.get(name, "pending"),
              "duration_ms": figures.get(name, {}).get("duration_ms", 0.0),
              "cost": figures.get(name, {}).get("cost", {})} for name in runs.pipeline.steps]
+
+
+def service_api(
+    client: aioredis.Redis, keys: StreamKeys, pipeline: Pipeline, settings: Settings,
+    env: Mapping[str, str],
+) -> tuple[web.Application, Runs]:
+    """The ``/v1`` application of a process serving ``--http-addr`` (a service, or the
+    parent of ``--processes``) over ``client``, and its :class:`Runs` (to close at
+    shutdown). Without a token on a non-loopback address it logs one warning: ``/v1``
+    answers 403 until the token's env var is set."""
+    bind = settings.http_bind
+    access = ApiAccess(token=env.get(settings.api_token_env) or None,
+                       public=bind is not None and not is_loopback(bind[0]),
+                       token_env=settings.api_token_env)
+    if access.token is None and access.public:
+        log.warning("the HTTP API listens beyond loopback without a token: /v1 answers "
+                    f"403 until {settings.api_token_env} is set", http_addr=settings.http_addr)
+    limit = settings.transport.payload_limit_bytes
+    runs = Runs(client, keys, pipeline, payload_limit=limit, producer="printery-api")
+    return build_api(runs, access, body_limit=limit), runs
 
 
 def build_api(runs: Runs, access: ApiAccess, *, body_limit: int) -> web.Application:

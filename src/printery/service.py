@@ -33,14 +33,13 @@ from collections.abc import Mapping
 from typing import Any
 
 import redis.asyncio as aioredis
-from aiohttp import web
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import RedisError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from printery import _json
 from printery._util import hostname, log_failure, now_rfc3339, wait_event
-from printery.api import ApiAccess, build_api, is_loopback
+from printery.api import service_api
 from printery.backoff import compute_backoff
 from printery.client import Runs
 from printery.config import Settings
@@ -245,7 +244,10 @@ class Service(ProcessLifecycle):
         the service is not ready while it waits."""
         bind = self.settings.http_bind
         if bind is not None:
-            self.http = HttpServer(self, api=self._api(bind[0]))
+            assert self.client is not None
+            api, self.runs = service_api(self.client, self.keys, self.pipeline, self.settings,
+                                         os.environ)
+            self.http = HttpServer(self, api=api)
             self.http_port = await self.http.start(*bind)
             log.info("http listening", host=bind[0], port=self.http_port)
 
@@ -260,19 +262,6 @@ class Service(ProcessLifecycle):
             task = asyncio.create_task(observer)
             task.add_done_callback(log_failure)  # an observer that fails says so at once
             self._tasks.append(task)
-
-    def _api(self, host: str) -> web.Application:
-        """The ``/v1`` API (CONTRACT §11) over this process's client."""
-        assert self.client is not None
-        s = self.settings
-        access = ApiAccess(token=os.environ.get(s.api_token_env) or None,
-                           public=not is_loopback(host), token_env=s.api_token_env)
-        if access.token is None and access.public:
-            log.warning("the HTTP API listens beyond loopback without a token: /v1 answers "
-                        f"403 until {s.api_token_env} is set", http_addr=s.http_addr)
-        self.runs = Runs(self.client, self.keys, self.pipeline,
-                         payload_limit=s.transport.payload_limit_bytes, producer="printery-api")
-        return build_api(self.runs, access, body_limit=s.transport.payload_limit_bytes)
 
     async def _wait(self) -> int:
         """Block until a stop signal, or a worker failure that should end the process."""

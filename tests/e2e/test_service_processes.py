@@ -7,6 +7,7 @@ import json
 import signal
 from pathlib import Path
 
+import httpx
 import psutil
 import redis
 from prometheus_client.parser import text_string_to_metric_families
@@ -153,3 +154,27 @@ def test_parent_polling_its_children_is_not_logged(server: ServerProcess, tmp_pa
         assert svc.stop() == 0, svc.log()
     assert "HTTP Request" not in svc.log()
     assert "/metrics" not in svc.log() and "/status" not in svc.log()
+
+
+def test_the_parent_serves_the_api(server: ServerProcess, tmp_path: Path) -> None:
+    """With --processes the parent owns --http-addr: /v1 is served there."""
+    prefix = unique_prefix()
+    svc = spawn(["--redis-url", server.url, "--stream-prefix", prefix, "--processes", "2"],
+                env={"PRINTERY_API_TOKEN": "t0ken"}, cwd=tmp_path)
+    headers = {"Authorization": "Bearer t0ken"}
+    try:
+        assert svc.http_base is not None
+        answer = httpx.post(svc.http_base + "/v1/runs", headers=headers, timeout=10, json={
+            "data": {"service": "billing-api", "version": "1.0.0", "environment": "development",
+                     "requested_by": "alice", "notify": ["log"]}})
+        assert answer.status_code == 202, answer.text
+        run_id = answer.json()["run_id"]
+
+        def finished() -> bool:
+            run = httpx.get(f"{svc.http_base}/v1/runs/{run_id}", headers=headers, timeout=5)
+            return bool(run.json().get("status") == "succeeded")
+
+        svc.wait_until(finished, timeout=40, what="the run to succeed")
+        assert httpx.get(svc.http_base + "/v1/runs/x", timeout=5).status_code == 401
+    finally:
+        assert svc.stop() == 0

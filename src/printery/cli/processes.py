@@ -47,13 +47,17 @@ from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.registry import Collector
 
 from printery._util import hostname, log_failure, now_rfc3339
+from printery.api import service_api
+from printery.client import Runs
 from printery.config import Settings
 from printery.http import HttpServer
+from printery.keys import StreamKeys
 from printery.lifecycle import EXIT_CONFIG, EXIT_OK, ProcessLifecycle
 from printery.logging import get_logger
 from printery.pipeline.dag import Pipeline
 from printery.supervisor.manager import WorkerManager
 from printery.supervisor.process import ChildProcess
+from printery.transport.connection import connect
 from printery.transport.server import free_port
 
 __all__ = ["Parent", "merge_workers"]
@@ -181,9 +185,15 @@ class Parent(ProcessLifecycle):
         self._http_client = httpx.AsyncClient(timeout=2.0)
         await self.manager.start_all()
         http: HttpServer | None = None
+        runs: Runs | None = None
+        client = connect(self.url) if self.url is not None else None
         bind = self.settings.http_bind
         if bind is not None:
-            http = HttpServer(self)
+            api = None
+            if client is not None:  # the API is served here, over a client of its own
+                api, runs = service_api(client, StreamKeys(self.settings.stream_prefix),
+                                        self.pipeline, self.settings, os.environ)
+            http = HttpServer(self, api=api)
             port = await http.start(*bind)
             log.info("http listening", host=bind[0], port=port, processes=len(self.children))
         scraper = asyncio.create_task(self._scrape_loop())
@@ -202,6 +212,10 @@ class Parent(ProcessLifecycle):
         await self.manager.stop_all(self.settings.shutdown_timeout + KILL_MARGIN)
         if http is not None:
             await http.stop()
+        if runs is not None:
+            await runs.close()
+        if client is not None:
+            await client.aclose()
         await self._http_client.aclose()
         log.info("all processes stopped", exit_code=code)
         return code
