@@ -163,12 +163,7 @@ class BudgetPlan:
 
     def over(self, values: Sequence[Any]) -> Exceeded | None:
         """The first hard limit the values of :meth:`read_fields` are at or over."""
-        for n, limit in enumerate(self.limits):
-            spent, raised = _number(values, 2 * n), _number(values, 2 * n + 1)
-            if spent >= limit.limit + raised:
-                return Exceeded(limit.field, limit.unit, limit.limit + raised, spent,
-                                limit.budget.on_exceeded, limit.step)
-        return None
+        return first_over(self.limits, values)
 
     def charged(self) -> list[tuple[str, str, float | None, str]]:
         """Per charged field: its name, its unit, its soft threshold (None: no limit) and
@@ -188,6 +183,17 @@ class BudgetPlan:
                 found.append((name, unit, limit * budget.soft,
                               _json.dumps(note)[:-1] + ', "spent": '))
         return found
+
+
+def first_over(limits: Sequence[_Limit], values: Sequence[Any]) -> Exceeded | None:
+    """The first of ``limits`` that ``values`` (each limit's spent and raise, in order:
+    :meth:`BudgetPlan.read_fields`) are at or over."""
+    for n, limit in enumerate(limits):
+        spent, raised = _number(values, 2 * n), _number(values, 2 * n + 1)
+        if spent >= limit.limit + raised:
+            return Exceeded(limit.field, limit.unit, limit.limit + raised, spent,
+                            limit.budget.on_exceeded, limit.step)
+    return None
 
 
 def _number(values: Sequence[Any], index: int) -> float:

@@ -31,6 +31,7 @@ from printery.pipeline.budget import (
     BudgetPlan,
     Exceeded,
     exceeded_data,
+    first_over,
 )
 from printery.runtime.handler import Message, Output
 from printery.transport.channel import Command
@@ -46,6 +47,9 @@ class BudgetGuard:
         self.codec = codec
         self.worker = worker
         self._read = plan.read_fields()
+        self._limits = plan.limits  # built once: checked for every entry
+        self._prefix = keys.budget_prefix
+        self._warning_stream = keys.stream(BUDGET_WARNING)
         charged = plan.charged()
         self._fields = tuple(name for name, _, _, _ in charged)
         self._units = tuple(unit for _, unit, _, _ in charged)
@@ -66,7 +70,7 @@ class BudgetGuard:
         if not self._read:
             return None
         values = replies[index]
-        return self.plan.over(values if isinstance(values, list) else [])
+        return first_over(self._limits, values if isinstance(values, list) else [])
 
     def held(self, message: Message, exceeded: Exceeded) -> Output:
         """What a held entry writes instead of running: the run's terminal
@@ -104,9 +108,9 @@ class BudgetGuard:
         if not costs or not self._fields:
             return None
         return BudgetCharge(
-            self.keys.budget_prefix, message.correlation_id, self._fields,
-            tuple(costs.get(unit, 0) for unit in self._units), self._soft, self._notes,
-            self.codec.correlation_field, self.keys.stream(BUDGET_WARNING), self._warning(),
+            self._prefix, message.correlation_id, self._fields,
+            tuple([costs.get(unit, 0) for unit in self._units]), self._soft, self._notes,
+            self.codec.correlation_field, self._warning_stream, self._warning(),
         )
 
     def _warning(self) -> dict[str, str]:
