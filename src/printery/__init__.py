@@ -40,12 +40,13 @@ from printery.pipeline.aggregate import (
     first_wins,
 )
 from printery.pipeline.budget import Budget
-from printery.pipeline.dag import Pipeline, Step
+from printery.pipeline.dag import Pipeline
 from printery.pipeline.escalation import escalate, review_output
 from printery.pipeline.loop import Loop
 from printery.pipeline.reason import Reason
 from printery.pipeline.render import to_mermaid, to_text
 from printery.pipeline.review_kinds import ReviewCase, ReviewKind, ReviewOutcome
+from printery.pipeline.step import Step
 from printery.redact import redact_text, redact_url
 from printery.replay import ReplayError, ReplayResult, replay
 from printery.runs import RunResult

@@ -48,8 +48,9 @@ from printery.fields import (
 from printery.history import get_entry
 from printery.keys import REVIEW_DECIDED, StreamKeys
 from printery.logging import get_logger
-from printery.pipeline.dag import Pipeline, validation_reasons
+from printery.pipeline.dag import Pipeline
 from printery.pipeline.review_kinds import APPROVED, REJECTED, ReviewCase, ReviewKind
+from printery.pipeline.step import validation_reasons
 from printery.runtime.payloads import PayloadStore
 from printery.transport.streams import WATCH_RETRIES
 

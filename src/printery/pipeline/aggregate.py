@@ -30,7 +30,7 @@ from printery.backoff import compute_backoff
 from printery.errors import PipelineError
 from printery.fields import dlq_fields
 from printery.keys import DLQ
-from printery.pipeline.dag import Step, check_concurrency
+from printery.pipeline.step import Step, check_concurrency
 from printery.runtime.handler import HandlerResult, Message, Output
 from printery.runtime.stream_worker import StreamWorker
 from printery.transport.streams import CONNECTION_ERRORS

@@ -1,25 +1,19 @@
-"""Explicit pipelines: steps that consume and produce event types, validated as a graph
-before anything runs, and turned into supervised stream workers.
-
-A step's input and output are pydantic models checked at every boundary: bad input is
-dead-lettered with the validation errors as reasons (``reason_code`` ``invalid_input``);
-a bad output is a handler bug and fails loudly (counted, retried, then dead-lettered).
-"""
+"""Explicit pipelines: steps (:mod:`printery.pipeline.step`) that consume and produce
+event types, validated as a graph before anything runs, and turned into supervised
+stream workers."""
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass, field, replace
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import fields as dc_fields
-from typing import Any, Protocol
+from dataclasses import replace
+from typing import Any
 
 import redis.asyncio as aioredis
-from pydantic import BaseModel, ValidationError
+from pydantic import BaseModel
 
-from printery import _json
 from printery.envelope import Codec
-from printery.errors import OutputContractError, PipelineError, Reject
-from printery.fields import REJECT_TYPE, RESUME_TYPE
+from printery.errors import PipelineError
 from printery.keys import DLQ, REVIEW, REVIEW_DECIDED, StreamKeys
 from printery.limits import Limit
 from printery.pipeline.budget import (
@@ -32,8 +26,9 @@ from printery.pipeline.budget import (
 )
 from printery.pipeline.reason import Reason
 from printery.pipeline.review_kinds import ReviewHook, ReviewKind, escalation_of
+from printery.pipeline.step import LoopShape, Step, StepSource
 from printery.runtime.consumer import ConsumerSettings
-from printery.runtime.handler import Handler, HandlerResult, Message, outputs_of
+from printery.runtime.handler import Handler
 from printery.runtime.observe import Observer
 from printery.runtime.payloads import PayloadStore
 from printery.runtime.stream_worker import StreamWorker
@@ -41,134 +36,6 @@ from printery.supervisor.graph import find_cycle
 
 #: Streams that record rather than carry a run forward: never a run's outcome.
 _RECORDS = frozenset({DLQ, REVIEW, REVIEW_DECIDED})
-
-
-def validation_reasons(error: ValidationError) -> list[Reason]:
-    """Pydantic errors as machine-actionable reasons (``field`` is a dotted/indexed path)."""
-    reasons = []
-    for item in error.errors():
-        path = ""
-        for part in item["loc"]:
-            path += f"[{part}]" if isinstance(part, int) else (f".{part}" if path else str(part))
-        code = "missing_field" if item["type"] == "missing" else "invalid_field"
-        reasons.append(Reason(code=code, field=path, message=item["msg"]))
-    return reasons
-
-
-def check_concurrency(what: str, concurrency: object) -> None:
-    """Refuse a consumer count below 1 when the pipeline is defined: a worker with no
-    consumer would start, report healthy and never read an entry."""
-    if isinstance(concurrency, bool) or not isinstance(concurrency, int) or concurrency < 1:
-        raise PipelineError(
-            f"{what}: concurrency={concurrency!r} is not a number of consumers; write an "
-            "integer >= 1 (e.g. concurrency=1), or leave it out for the default of 1"
-        )
-
-
-@dataclass(frozen=True, slots=True)
-class LoopShape:
-    """What makes a step a declared validation loop (:class:`~printery.Loop`): the stream
-    it writes to itself (``stream_type``: its attempts and verdicts, typed
-    ``attempt_type`` and ``verdict_type``; the only cycle a pipeline accepts), where it
-    ends, and its bounds, for the graph check and its drawings."""
-
-    max_attempts: int
-    stream_type: str
-    attempt_type: str
-    verdict_type: str
-    produces: str
-    exhausted: str
-    fallback: bool = False
-    review_kind: str | None = None
-
-    @property
-    def internal(self) -> tuple[str, ...]:
-        """The types only the loop itself writes and reads."""
-        return (self.stream_type,)
-
-
-class StepSource(Protocol):
-    """Anything that builds its step (a :class:`~printery.Loop`, an
-    :class:`~printery.Aggregator`): :meth:`Pipeline.add` takes it as it takes a step."""
-
-    def step(self) -> Step: ...
-
-
-@dataclass(slots=True)
-class Step:
-    """One node of a pipeline: a worker consuming ``consumes`` and producing ``produces``."""
-
-    name: str
-    consumes: tuple[str, ...]
-    produces: tuple[str, ...]
-    handler: Handler
-    concurrency: int = 1
-    depends_on: tuple[str, ...] = ()
-    input_model: type[BaseModel] | None = None
-    output_models: Mapping[str, type[BaseModel]] = field(default_factory=dict)
-    companions: Sequence[Callable[[StreamWorker], Awaitable[None]]] = ()
-    settings: Mapping[str, Any] = field(default_factory=dict)
-    cost_units: tuple[str, ...] = ()
-    #: Why ``data`` is not valid input of this step, for a check before anything is
-    #: written (:meth:`~printery.Client.submit`); unset, ``input_model`` decides. Unlike
-    #: ``input_model`` it does not guard the handler, which decides what invalid input
-    #: becomes (the deployment validator turns it into ``deployment:rejected``).
-    input_check: Callable[[Any], Sequence[Reason]] | None = None
-    #: The step's own share of one run's spending (CONTRACT §13).
-    budget: Budget | None = None
-    #: Flow control (CONTRACT §13): every handler call waits for all of them.
-    limits: Sequence[Limit] = ()
-    #: Set on the step of a declared validation loop (built by :class:`~printery.Loop`).
-    loop: LoopShape | None = None
-
-    def input_reasons(self, data: Any) -> list[Reason]:
-        """Why ``data`` is not valid input of this step (empty: it is)."""
-        if self.input_check is not None:
-            return list(self.input_check(data))
-        if self.input_model is not None:
-            try:
-                self.input_model.model_validate(data)
-            except ValidationError as exc:
-                return validation_reasons(exc)
-        return []
-
-    def __post_init__(self) -> None:
-        check_concurrency(f"step {self.name!r}", self.concurrency)
-        self.limits = tuple(self.limits)
-        for limit in self.limits:
-            if not isinstance(limit, Limit):
-                raise PipelineError(f"step {self.name!r}: limits holds {limit!r}, not a Limit")
-
-    def guarded_handler(self) -> Handler:
-        """The handler wrapped in its input and output contracts."""
-        inner, input_model, output_models = self.handler, self.input_model, self.output_models
-        produces = set(self.produces)
-
-        async def handle(message: Message) -> HandlerResult:
-            if input_model is not None:
-                try:
-                    input_model.model_validate(message.data)
-                except ValidationError as exc:
-                    reasons = [r.as_dict() for r in validation_reasons(exc)]
-                    raise Reject("invalid_input", _json.dumps(reasons)) from None
-            outputs = outputs_of(await inner(message))
-            for out in outputs:
-                if out.type not in produces:
-                    raise OutputContractError(f"{self.name} emitted undeclared type {out.type!r}")
-                if out.type == REVIEW:
-                    _check_review_types(self.name, out.extra, produces)
-                model = output_models.get(out.type)
-                if model is not None:
-                    try:
-                        model.model_validate(out.data)
-                    except ValidationError as exc:
-                        raise OutputContractError(f"{self.name} output {out.type}: {exc}") from exc
-            for unit in message.costs:
-                if unit not in self.cost_units:
-                    raise OutputContractError(f"{self.name} reported undeclared cost unit {unit!r}")
-            return outputs
-
-        return handle
 
 
 class Pipeline:
@@ -468,17 +335,6 @@ class Pipeline:
             )
             built.append((worker, tuple(d for d in deps[step.name] if d in chosen)))
         return built
-
-
-def _check_review_types(step: str, extra: Mapping[str, str], produces: set[str]) -> None:
-    """A review's decisions write its resume/reject types on the step's behalf: the step
-    must declare them, so the graph knows who produces what a decision writes."""
-    for name in (RESUME_TYPE, REJECT_TYPE):
-        event_type = extra.get(name)
-        if event_type and event_type not in produces:
-            raise OutputContractError(
-                f"{step} escalated with {name} {event_type!r}, which it does not produce"
-            )
 
 
 def _settings_from(base: ConsumerSettings, fields: Mapping[str, Any]) -> ConsumerSettings:

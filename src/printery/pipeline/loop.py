@@ -31,9 +31,9 @@ from pydantic import BaseModel, ValidationError
 from printery import _json
 from printery.errors import PipelineError, Reject
 from printery.keys import REVIEW
-from printery.pipeline.dag import LoopShape, Step, check_concurrency, validation_reasons
 from printery.pipeline.escalation import review_output
 from printery.pipeline.reason import Reason
+from printery.pipeline.step import LoopShape, Step, check_concurrency, validation_reasons
 from printery.runtime.handler import HandlerResult, Message, Output
 
 __all__ = ["Check", "Loop", "Work"]

@@ -7,7 +7,8 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from printery.pipeline.dag import LoopShape, Pipeline
+from printery.pipeline.dag import Pipeline
+from printery.pipeline.step import LoopShape
 
 
 def loop_summary(shape: LoopShape) -> str:
