@@ -34,7 +34,6 @@ from typing import Any
 
 import structlog
 
-from printery import _json
 from printery._util import log_failure
 from printery.backoff import compute_backoff
 from printery.envelope import Codec
@@ -47,7 +46,7 @@ from printery.errors import (
     bounded_traceback,
     describe,
 )
-from printery.fields import REPLAY_FOR, dlq_fields
+from printery.fields import REPLAY_FOR
 from printery.keys import StreamKeys
 from printery.runtime.budgets import BudgetGuard
 from printery.runtime.connectivity import Connectivity
@@ -56,6 +55,7 @@ from printery.runtime.handler import Handler, Message, Output, outputs_of
 from printery.runtime.limit_gate import LimitGate, Ticket
 from printery.runtime.observe import Observer
 from printery.runtime.payloads import PayloadStore
+from printery.runtime.writes import Writes
 from printery.transport.commit import DUPLICATE, FENCED, Append, Committer, EntryCommit
 from printery.transport.records import RecordLookup
 from printery.transport.streams import Leases, public_api
@@ -116,6 +116,7 @@ class EntryPipeline:
         self.codec = codec
         self.keys = keys
         self.payloads = payloads
+        self.writes = Writes(worker, codec=codec, keys=keys, payloads=payloads)
         self.records = records
         self.committer = committer
         self.leases = leases
@@ -248,7 +249,7 @@ class EntryPipeline:
                                      message.envelope.idempotency_key, ())
                 decided.append(Decided(delivery, commit, "duplicate"))
             elif budget is not None and (exceeded := budget.over(budgets, n)) is not None:
-                appends = self._appends([budget.held(message, exceeded)], message, 0.0)
+                appends = self.writes.appends([budget.held(message, exceeded)], message, 0.0)
                 commit = EntryCommit(delivery.stream, delivery.consumer.name, delivery.entry_id,
                                      message.envelope.idempotency_key, appends)
                 decided.append(Decided(delivery, commit, "budget_exceeded", message))
@@ -317,9 +318,9 @@ class EntryPipeline:
                 raise
             except BaseException as exc:
                 raise WorkerCrashed(f"handler raised {describe(exc)}") from exc
-            appends = self._appends(outputs, message, time.perf_counter() - begun)
-            if self._has_large(appends):
-                appends = await self._store_large(appends)
+            appends = self.writes.appends(outputs, message, time.perf_counter() - begun)
+            if self.writes.has_large(appends):
+                appends = await self.writes.store_large(appends)
             return self._handled(delivery, message, appends)
 
     def _failed(self, message: Message, exc: Exception) -> None:
@@ -362,61 +363,18 @@ class EntryPipeline:
                              message.envelope.idempotency_key, appends, charge)
         return Decided(delivery, commit, "ok", message)
 
-    def _appends(
-        self, outputs: Sequence[Output], message: Message | None, seconds: float,
-        correlation_id: str = "",
-    ) -> list[Append]:
-        """The entries to write for ``outputs`` of a handler call (``message`` None: of
-        no entry), each carrying the call's duration, cost and ``replay_of``. A ``data``
-        over the inline limit still needs :meth:`_store_large` before the commit."""
-        extra = {"duration_ms": f"{seconds * 1000:.3f}"}
-        if message is not None:
-            correlation_id = message.correlation_id
-            if message.costs:
-                extra["cost"] = _json.dumps(message.costs)
-            replay_of = message.envelope.extra.get("replay_of")
-            if replay_of:
-                extra["replay_of"] = replay_of
-        appends = []
-        for out in outputs:
-            fields = self.codec.new_fields(
-                out.type, out.data, correlation_id=out.correlation_id or correlation_id,
-                producer=self.worker, idempotency_key=out.idempotency_key, extra=extra,
-                more=out.extra,
-            )
-            once = self.keys.once(out.once) if out.once else ""
-            appends.append(Append(self.keys.stream(out.type), fields, once))
-        return appends
-
-    def _has_large(self, appends: list[Append]) -> bool:
-        limit = self.payloads.inline_limit
-        return any(len(append.fields["data"]) > limit for append in appends)
-
-    async def _store_large(self, appends: list[Append]) -> list[Append]:
-        """``appends`` with every ``data`` over the inline limit moved to a blob (CONTRACT
-        §10) and replaced by its reference."""
-        stored = []
-        for append in appends:
-            data = append.fields["data"]
-            if len(data) > self.payloads.inline_limit:
-                append = append._replace(fields={**append.fields, "data": await self.payloads.store(data)})
-            stored.append(append)
-        return stored
-
     def _dead_letter(
         self, delivery: Delivery, fields: dict[str, str], reason_code: str, error: str, *,
         deliveries: int | None = None, traceback: str = "",
     ) -> Decided:
         """The commit that moves an entry to ``dlq`` with its original fields and why,
         and acks it (no record: a fixed producer may send the same key again)."""
-        count = delivery.deliveries if deliveries is None else deliveries
-        entry = {**fields, **dlq_fields(
-            error=error, reason_code=reason_code, worker=self.worker, deliveries=count,
-            source_stream=delivery.stream, source_id=delivery.entry_id, traceback=traceback,
-        )}
-        entry.setdefault("type", self.keys.event_type(delivery.stream))
+        letter = self.writes.dead_letter(
+            delivery.stream, delivery.entry_id, fields, reason_code=reason_code, error=error,
+            deliveries=delivery.deliveries if deliveries is None else deliveries,
+            traceback=traceback)
         commit = EntryCommit(delivery.stream, delivery.consumer.name, delivery.entry_id, "",
-                             (Append(self.keys.dlq, entry),))
+                             (letter,))
         return Decided(delivery, commit, "dead_lettered", reason_code=reason_code,
                        error=error, traceback=traceback)
 
@@ -473,7 +431,7 @@ class EntryPipeline:
         """Write outputs no entry caused (timers, sweepers) as one atomic commit with their
         ``once`` guards; how many were written. Raises :class:`TransportError` when the
         server cannot be reached."""
-        appends = await self._store_large(self._appends(outputs, None, 0.0, correlation_id))
+        appends = await self.writes.store_large(self.writes.appends(outputs, None, 0.0, correlation_id))
         (result,) = await self.committer.commit([EntryCommit("", "", "", "", appends)])
         if isinstance(result, Exception):
             raise result

@@ -1,0 +1,79 @@
+"""What a step writes: the entries for a handler call's outputs (in the one wire format,
+:meth:`~printery.envelope.Codec.new_fields`), large ``data`` moved to blobs, and the
+``dlq`` entry of an entry that cannot be handled. The entry pipeline
+(:mod:`printery.runtime.consume`) decides when; this module says what."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+
+from printery import _json
+from printery.envelope import Codec
+from printery.fields import dlq_fields
+from printery.keys import StreamKeys
+from printery.runtime.handler import Message, Output
+from printery.runtime.payloads import PayloadStore
+from printery.transport.commit import Append
+
+
+class Writes:
+    """The entries one step (``worker``) writes."""
+
+    def __init__(self, worker: str, *, codec: Codec, keys: StreamKeys, payloads: PayloadStore) -> None:
+        self.worker = worker
+        self.codec = codec
+        self.keys = keys
+        self.payloads = payloads
+
+    def appends(
+        self, outputs: Sequence[Output], message: Message | None, seconds: float,
+        correlation_id: str = "",
+    ) -> list[Append]:
+        """The entries to write for ``outputs`` of a handler call (``message`` None: of
+        no entry), each carrying the call's duration, cost and ``replay_of``. A ``data``
+        over the inline limit still needs :meth:`store_large` before the commit."""
+        extra = {"duration_ms": f"{seconds * 1000:.3f}"}
+        if message is not None:
+            correlation_id = message.correlation_id
+            if message.costs:
+                extra["cost"] = _json.dumps(message.costs)
+            replay_of = message.envelope.extra.get("replay_of")
+            if replay_of:
+                extra["replay_of"] = replay_of
+        appends = []
+        for out in outputs:
+            fields = self.codec.new_fields(
+                out.type, out.data, correlation_id=out.correlation_id or correlation_id,
+                producer=self.worker, idempotency_key=out.idempotency_key, extra=extra,
+                more=out.extra,
+            )
+            once = self.keys.once(out.once) if out.once else ""
+            appends.append(Append(self.keys.stream(out.type), fields, once))
+        return appends
+
+    def has_large(self, appends: list[Append]) -> bool:
+        limit = self.payloads.inline_limit
+        return any(len(append.fields["data"]) > limit for append in appends)
+
+    async def store_large(self, appends: list[Append]) -> list[Append]:
+        """``appends`` with every ``data`` over the inline limit moved to a blob (CONTRACT
+        §10) and replaced by its reference."""
+        stored = []
+        for append in appends:
+            data = append.fields["data"]
+            if len(data) > self.payloads.inline_limit:
+                append = append._replace(fields={**append.fields, "data": await self.payloads.store(data)})
+            stored.append(append)
+        return stored
+
+    def dead_letter(
+        self, stream: str, entry_id: str, fields: Mapping[str, str], *, reason_code: str,
+        error: str, deliveries: int, traceback: str = "",
+    ) -> Append:
+        """The ``dlq`` entry of an entry of ``stream``: its original fields and why."""
+        entry = {**fields, **dlq_fields(
+            error=error, reason_code=reason_code, worker=self.worker, deliveries=deliveries,
+            source_stream=stream, source_id=entry_id, traceback=traceback,
+        )}
+        entry.setdefault("type", self.keys.event_type(stream))
+        return Append(self.keys.dlq, entry)
