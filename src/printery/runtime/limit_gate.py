@@ -175,6 +175,7 @@ class LimitGate:
             self.release(ticket, {})
         if self._flusher is not None:
             await asyncio.wait([self._flusher], timeout=2.0)
+        await self.store.close()
 
     # -- internals -----------------------------------------------------------------------
 
