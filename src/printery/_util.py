@@ -8,6 +8,7 @@ import os
 import random
 import socket
 import time
+from collections.abc import Iterable
 from datetime import UTC, datetime
 from typing import Any
 
@@ -76,6 +77,18 @@ async def wait_event(event: asyncio.Event, timeout: float) -> bool:
         async with asyncio.timeout(timeout):
             await event.wait()
     return event.is_set()
+
+
+def fail_waiters(
+    futures: Iterable[asyncio.Future[Any]], exc: BaseException, what: str
+) -> None:
+    """A batch's round trip failed with ``exc``: every caller still waiting on it learns
+    so through its future (a cancellation of the one that sent it becomes a
+    ``ConnectionError``: ``what`` interrupted, for the others)."""
+    failure = exc if isinstance(exc, Exception) else ConnectionError(f"{what} interrupted")
+    for future in futures:
+        if not future.done():
+            future.set_exception(failure)
 
 
 def log_failure(task: asyncio.Future[Any]) -> None:

@@ -11,7 +11,6 @@ processes submit it at once.
 from __future__ import annotations
 
 import asyncio
-import hashlib
 import os
 import threading
 import time
@@ -21,9 +20,8 @@ from types import TracebackType
 from typing import Any, TypeVar
 
 import redis.asyncio as aioredis
-from redis.exceptions import NoScriptError
 
-from printery._util import new_id
+from printery._util import fail_waiters, new_id
 from printery.apps import load_app
 from printery.envelope import Codec
 from printery.errors import ConfigError, InvalidInput, PayloadTooLarge, UnknownRun
@@ -31,7 +29,7 @@ from printery.keys import StreamKeys
 from printery.pipeline.dag import Pipeline
 from printery.pipeline.reason import Reason
 from printery.runs import RunReader, RunResult
-from printery.transport.channel import Command, DirectChannel
+from printery.transport.channel import DirectChannel
 from printery.transport.connection import connect
 from printery.transport.embedded import find_running
 from printery.transport.streams import public_api
@@ -128,10 +126,8 @@ class _SubmitBatcher:
     takes its reply."""
 
     def __init__(self, redis: aioredis.Redis) -> None:
-        self._redis = redis
         self._channel = DirectChannel(redis)
-        self._sha = hashlib.sha1(SUBMIT_LUA.encode()).hexdigest()
-        self._queue: list[tuple[Command, asyncio.Future[Any]]] = []
+        self._queue: list[tuple[tuple[list[str], list[Any]], asyncio.Future[Any]]] = []
         self._lock = asyncio.Lock()
 
     async def close(self) -> None:
@@ -139,28 +135,19 @@ class _SubmitBatcher:
 
     async def call(self, keys: list[str], args: list[Any]) -> Any:
         future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
-        self._queue.append((("EVALSHA", self._sha, len(keys), *keys, *args), future))
+        self._queue.append(((keys, args), future))
         async with self._lock:
             if not future.done():
                 batch, self._queue = self._queue, []
                 await self._flush(batch)
         return future.result()
 
-    async def _flush(self, batch: list[tuple[Command, asyncio.Future[Any]]]) -> None:
+    async def _flush(self, batch: list[tuple[tuple[list[str], list[Any]], asyncio.Future[Any]]]) -> None:
         try:
-            replies = await self._channel.commands([command for command, _ in batch])
-            if any(_unknown_script(reply) for reply in replies):
-                # A server that restarted forgot the script: load it, send again (a
-                # command refused with NOSCRIPT did not run).
-                await self._redis.script_load(SUBMIT_LUA)
-                replies = await self._channel.commands([command for command, _ in batch])
+            replies = await self._channel.scripts(SUBMIT_LUA, [call for call, _ in batch])
         except BaseException as exc:
-            # Every caller of the batch learns of it through its future (this one's
-            # too); a flush cancelled mid-reply fails the others' submits.
-            failure = exc if isinstance(exc, Exception) else ConnectionError("submit interrupted")
-            for _, future in batch:
-                if not future.done():
-                    future.set_exception(failure)
+            # Every caller of the batch learns of it through its future (this one's too).
+            fail_waiters((future for _, future in batch), exc, "submit")
             if not isinstance(exc, Exception):
                 raise
             return
@@ -169,10 +156,6 @@ class _SubmitBatcher:
                 future.set_exception(reply)
             else:
                 future.set_result(reply)
-
-
-def _unknown_script(reply: Any) -> bool:
-    return isinstance(reply, NoScriptError)
 
 
 class Client:

@@ -268,3 +268,16 @@ async def test_emit_for_any_pipeline(server: ServerProcess, tmp_path: Path) -> N
     assert done["doc_id"] == "inv-9" and done["status"] == "doc:published", err
     assert done["finished"]["data"]["label"] == "invoice"
     assert code == 1  # CONTRACT §1: exit 0 only for the status `succeeded`
+
+
+async def test_submit_after_the_server_forgot_its_scripts(
+    server: ServerProcess, client: aioredis.Redis
+) -> None:
+    prefix = unique_prefix()
+    async with Client(server.url, stream_prefix=prefix) as pc:
+        first = await pc.submit(request("dep-script-1"))
+        await client.script_flush()  # as a restarted server without its script cache
+        second = await pc.submit(request("dep-script-2"))
+        again = await pc.submit(request("dep-script-2"))
+    assert (first, second, again) == ("dep-script-1", "dep-script-2", "dep-script-2")
+    assert await client.xlen(f"{prefix}:deployment:started") == 2

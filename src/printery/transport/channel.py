@@ -17,12 +17,14 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
+import hashlib
 from collections.abc import Callable, Sequence
 from typing import Any, cast
 
 import redis.asyncio as aioredis
 from redis.asyncio.connection import AbstractConnection
-from redis.exceptions import ResponseError
+from redis.exceptions import NoScriptError, ResponseError
 
 try:
     from redis._parsers.hiredis import NOT_ENOUGH_DATA as _NOT_ENOUGH_DATA
@@ -40,6 +42,11 @@ except ImportError:  # pragma: no cover - hiredis is a dependency; this keeps a 
 
 #: One command: its name and arguments.
 Command = tuple[Any, ...]
+
+
+@functools.cache
+def _sha(source: str) -> str:
+    return hashlib.sha1(source.encode()).hexdigest()
 
 
 class DirectChannel:
@@ -102,6 +109,19 @@ class DirectChannel:
         except BaseException:
             await self.close()  # the unread replies would be read as the next call's
             raise
+
+    async def scripts(self, source: str, calls: Sequence[tuple[Sequence[str], Sequence[Any]]]) -> list[Any]:
+        """Run the Lua ``source`` once per ``(keys, args)`` of ``calls``, by its SHA, in one
+        write; each run's reply or error. A server that does not know the script (a
+        restart) gets it loaded and the calls again: a call refused with NOSCRIPT did not
+        run, so sending it again is safe."""
+        sha = _sha(source)
+        commands = [("EVALSHA", sha, len(keys), *keys, *args) for keys, args in calls]
+        replies = await self.commands(commands)
+        if any(isinstance(reply, NoScriptError) for reply in replies):
+            await self.client.script_load(source)
+            replies = await self.commands(commands)
+        return replies
 
     async def close(self) -> None:
         """Close the connection (made with the pool's settings but never in the pool: a

@@ -24,6 +24,7 @@ from typing import Any, NamedTuple, cast
 import redis.asyncio as aioredis
 from redis.exceptions import ResponseError
 
+from printery._util import fail_waiters
 from printery.transport.channel import Command, DirectChannel
 
 Fields = Mapping[str, str]
@@ -284,10 +285,7 @@ class Committer:
             replies = await self._channel.transactions([commit_commands(run) for run in runs])
         except BaseException as exc:
             # Connection trouble, or the flushing task was cancelled mid-reply.
-            failure = exc if isinstance(exc, Exception) else ConnectionError("commit interrupted")
-            for _, future in batch:
-                if not future.done():
-                    future.set_exception(failure)
+            fail_waiters((future for _, future in batch), exc, "commit")
             if not isinstance(exc, Exception):
                 raise
             return

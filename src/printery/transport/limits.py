@@ -4,15 +4,13 @@ of many limit keys atomically (see the script for the key layout and the replies
 from __future__ import annotations
 
 import asyncio
-import hashlib
 from collections.abc import Sequence
 from importlib import resources
 from typing import Any, NamedTuple
 
 import redis.asyncio as aioredis
-from redis.exceptions import NoScriptError
 
-from printery.transport.channel import Command, DirectChannel
+from printery.transport.channel import DirectChannel
 
 LIMIT_LUA = resources.files("printery.transport").joinpath("limit.lua").read_text()
 
@@ -56,27 +54,19 @@ class LimitStore:
     """Sends limit operations; every reply's decision was taken by the server alone."""
 
     def __init__(self, client: aioredis.Redis, *, window_ms: int, lease_ms: int) -> None:
-        self.client = client
         self.window_ms = window_ms
         self.lease_ms = lease_ms
         # A call carries a few arguments per holder: packed in C on a channel of its own
         # (through redis-py's packer they cost about a microsecond each).
         self._channel = DirectChannel(client)
-        self._sha = hashlib.sha1(LIMIT_LUA.encode()).hexdigest()
         self._lock = asyncio.Lock()
 
     async def close(self) -> None:
         await self._channel.close()
 
     async def _run(self, keys: list[str], args: list[Any]) -> Any:
-        """``limit.lua`` by its SHA; loaded first when the server does not know it (a
-        command refused with NOSCRIPT did not run, so sending it again is safe)."""
-        command: Command = ("EVALSHA", self._sha, len(keys), *keys, *args)
         async with self._lock:  # the channel serves one call at a time
-            (reply,) = await self._channel.commands([command])
-            if isinstance(reply, NoScriptError):
-                await self.client.script_load(LIMIT_LUA)
-                (reply,) = await self._channel.commands([command])
+            (reply,) = await self._channel.scripts(LIMIT_LUA, [(keys, args)])
         if isinstance(reply, Exception):
             raise reply
         return reply
