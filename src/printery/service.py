@@ -46,7 +46,6 @@ from printery.config import Settings
 from printery.errors import ConfigError, describe
 from printery.housekeeping import Housekeeping, remove_consumers
 from printery.http import HttpServer
-from printery.keys import StreamKeys
 from printery.lifecycle import (
     EXIT_CONFIG,
     EXIT_FAILED,
@@ -113,7 +112,7 @@ class Service(ProcessLifecycle):
         super().__init__(settings)
         self.pipeline = pipeline
         self.workers = settings.selected_workers(list(pipeline.steps))
-        self.keys = StreamKeys(settings.stream_prefix)
+        self.keys = settings.keys
         self.prom = Metrics()
         self.started_at = now_rfc3339()
         self.pid = os.getpid()
