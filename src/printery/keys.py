@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import re
 import zlib
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 DLQ = "dlq"
@@ -41,6 +41,16 @@ def partition_of(correlation_id: str, partitions: int) -> int:
     if partitions <= 1:
         return 0
     return zlib.crc32(correlation_id.encode("utf-8")) % partitions
+
+
+def new_id_in(partition: int, partitions: int, make: Callable[[], str]) -> str:
+    """A fresh id (from ``make``) whose partition is ``partition``: for a run that names
+    no id of its own but must live in a given partition (the one its entry is in, or its
+    submit record's). About ``partitions`` draws on average."""
+    while True:
+        made = make()
+        if partition_of(made, partitions) == partition:
+            return made
 
 
 class PartitionError(LookupError):

@@ -173,7 +173,8 @@ class Service(ProcessLifecycle):
             try:
                 for event_type, groups in self.pipeline.groups().items():
                     for group in groups:
-                        await ensure_group(client, self.keys.stream(event_type), group)
+                        for part in self.keys.each():
+                            await ensure_group(client, part.stream(event_type), group)
                 await client.set(self.keys.pipeline, _json.dumps(self.pipeline.describe()))
                 self._waiting_for = None
                 return
