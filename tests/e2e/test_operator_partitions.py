@@ -61,7 +61,7 @@ def test_runs_streams_trace_cost_and_replay_across_partitions(
         done = cli(server, prefix, "emit", "--data", request(cid), "--wait", "--json",
                    "--timeout", "30")
         assert done["status"] == "succeeded", done
-    for k, cid in enumerate(runs):
+    for k in range(N):
         assert r.xlen(keys.at(k).stream("deployment:finished")) == 1
         assert r.xlen(keys.at(k).stream(STARTED)) == 1
     assert r.exists(f"{prefix}:{STARTED}") == 0, "no unpartitioned stream is written"
@@ -73,7 +73,7 @@ def test_runs_streams_trace_cost_and_replay_across_partitions(
     assert f"{STARTED}@p2" in cli(server, prefix, "streams")
 
     trace = cli(server, prefix, "trace", runs[1], "--json")
-    assert [row["stream"] for row in trace][0] == STARTED
+    assert trace[0]["stream"] == STARTED
     assert trace[-1]["stream"] == "notification:sent"
     cost = cli(server, prefix, "cost", runs[1], "--json")
     assert set(cost["steps"]) >= {"validator", "aggregator", "notifier"}
