@@ -28,6 +28,7 @@ from printery.errors import ConfigError, InvalidInput, PayloadTooLarge, UnknownR
 from printery.keys import StreamKeys
 from printery.pipeline.dag import Pipeline
 from printery.pipeline.reason import Reason
+from printery.run_index import RUNNING
 from printery.runs import RunReader, RunResult
 from printery.transport.channel import DirectChannel
 from printery.transport.connection import connect
@@ -100,7 +101,8 @@ class Runs:
         for name, value in fields.items():
             args += (name, value)
         reply = await self._submits.call(
-            [self.keys.submitted(key), self.keys.stream(event_type), self.keys.run_start(run)],
+            [self.keys.submitted(key), self.keys.stream(event_type), self.keys.run_start(run),
+             self.keys.run_index(), self.keys.run_index(RUNNING), self.keys.run_info(run)],
             args)
         run, _, entry_id = str(reply[1]).partition("\n")
         return run, entry_id

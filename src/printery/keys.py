@@ -84,10 +84,31 @@ class StreamKeys:
         return f"{self.prefix}:process:{process_id}"
 
     @property
-    def process_pattern(self) -> str:
-        return f"{self.prefix}:process:*"
-
-    @property
     def pipeline(self) -> str:
         """Where a running service publishes its pipeline's description."""
         return f"{self.prefix}:pipeline"
+
+    @property
+    def processes(self) -> str:
+        """Sorted set: process id -> its last heartbeat (ms); lists the registry without
+        a SCAN of the keyspace."""
+        return f"{self.prefix}:processes"
+
+    def run_index(self, status: str = "") -> str:
+        """Sorted set of run ids (the run index, :mod:`printery.run_index`): every run by
+        its start (ms); with ``status``, the runs of that status by when they got it."""
+        return f"{self.prefix}:runs:{status}" if status else f"{self.prefix}:runs"
+
+    @property
+    def run_statuses(self) -> str:
+        """Set of the run statuses the run index has seen."""
+        return f"{self.prefix}:run-statuses"
+
+    def run_info(self, run_id: str) -> str:
+        """Hash of one run in the run index: ``started``, ``status``, ``ended``."""
+        return f"{self.prefix}:run-info:{run_id}"
+
+    def cost_minute(self, minute: int) -> str:
+        """Hash unit -> amount: what the steps reported spending in one minute (unix
+        minute); the console's "cost in the last hour" reads 60 of them."""
+        return f"{self.prefix}:cost-minute:{minute}"

@@ -1,0 +1,178 @@
+"""The run index: which runs exist, newest first, and each one's status, read without
+touching the streams (the console's overview and runs pages, CONTRACT §14, answer from
+it; nothing on a request path may SCAN the keyspace or read every stream).
+
+Keys, every one from :class:`~printery.keys.StreamKeys`:
+
+- ``run_index()``: sorted set, run id -> when it started (ms);
+- ``run_index(status)``: the runs of one status (``running``, then the outcome's status)
+  -> when they got it, so a status filter reads one set;
+- ``run_statuses``: the set of status names seen (the filter's choices);
+- ``run_info(run)``: hash ``started``, ``status``, ``ended``;
+- ``cost_minute(m)``: hash unit -> amount the steps reported in unix minute ``m`` (TTL
+  two hours): the overview's "cost in the last hour" is 60 ``HGETALL``.
+
+Who writes: ``submit.lua`` indexes a submitted run atomically with its ingress entry. The
+commit of an entry of an ingress type indexes its run too (``NX``: a submitted run keeps
+its start), so a run an external producer started with a plain ``XADD`` is indexed when
+its first entry is handled. The commit of an outcome entry sets the status. The writes
+are commands of the commit's own transaction (:attr:`EntryCommit.index`), so they land
+with the outputs, atomically; they do not depend on the script's verdict, so they are
+idempotent (``NX``, the same status again), except the cost minutes: a duplicate
+delivery's cost counts twice there (an overview figure; ``printery cost`` is exact).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import redis.asyncio as aioredis
+
+from printery import _json
+from printery.keys import StreamKeys
+from printery.transport.channel import Command
+
+__all__ = ["COST_MINUTE_TTL", "RUNNING", "RunIndex", "now_ms", "outcome_status", "run_status"]
+
+#: A run's status before its outcome entry.
+RUNNING = "running"
+#: Seconds a cost minute is kept: the last hour is always there.
+COST_MINUTE_TTL = 7200
+
+
+def run_status(outcome: Mapping[str, Any] | None) -> str:
+    """A run's status (§11): its outcome entry's ``data.status`` when that is a string,
+    else the outcome's event type; :data:`RUNNING` without an outcome."""
+    if outcome is None:
+        return RUNNING
+    data = outcome.get("data")
+    if isinstance(data, dict) and isinstance(data.get("status"), str):
+        return str(data["status"])
+    return str(outcome.get("stream", ""))
+
+
+def now_ms() -> int:
+    return int(time.time() * 1000)
+
+
+class RunIndex:
+    """Writes (as commands for a commit) and reads of the run index under ``keys``."""
+
+    def __init__(self, keys: StreamKeys, *, ingress: Sequence[str] = (),
+                 outcomes: Sequence[str] = ()) -> None:
+        self.keys = keys
+        self.ingress = frozenset(ingress)
+        self.outcomes = frozenset(outcomes)
+
+    # -- writes ---------------------------------------------------------------------------
+
+    def started(self, run_id: str, at_ms: int) -> list[Command]:
+        """A run begins (kept as it was when it is indexed already)."""
+        info = self.keys.run_info(run_id)
+        return [("ZADD", self.keys.run_index(), "NX", at_ms, run_id),
+                ("ZADD", self.keys.run_index(RUNNING), "NX", at_ms, run_id),
+                ("HSETNX", info, "started", at_ms), ("HSETNX", info, "status", RUNNING)]
+
+    def ended(self, run_id: str, status: str, at_ms: int) -> list[Command]:
+        """A run's outcome entry was written with ``status``."""
+        return [("ZADD", self.keys.run_index(), "NX", at_ms, run_id),
+                ("ZREM", self.keys.run_index(RUNNING), run_id),
+                ("ZADD", self.keys.run_index(status), at_ms, run_id),
+                ("SADD", self.keys.run_statuses, status),
+                ("HSET", self.keys.run_info(run_id), "status", status, "ended", at_ms)]
+
+    def spent(self, costs: Mapping[str, float], at_ms: int) -> list[Command]:
+        if not costs:
+            return []
+        key = self.keys.cost_minute(at_ms // 60_000)
+        commands: list[Command] = [("HINCRBYFLOAT", key, unit, repr(float(amount)))
+                                   for unit, amount in costs.items()]
+        commands.append(("EXPIRE", key, COST_MINUTE_TTL))
+        return commands
+
+    def commit_writes(self, event_type: str, run_id: str, costs: Mapping[str, float],
+                      outputs: Sequence[tuple[str, Mapping[str, str]]]) -> tuple[Command, ...]:
+        """What the commit of one handled entry (of ``event_type``, run ``run_id``) adds
+        to the index, given its ``outputs`` as (event type, fields)."""
+        at = now_ms()
+        commands = self.spent(costs, at)
+        if not run_id:
+            return tuple(commands)
+        if event_type in self.ingress:
+            commands += self.started(run_id, at)
+        for out_type, fields in outputs:
+            if out_type in self.outcomes:
+                commands += self.ended(run_id, outcome_status(out_type, fields), at)
+                break
+        return tuple(commands)
+
+    # -- reads ----------------------------------------------------------------------------
+
+    async def page(self, client: aioredis.Redis, *, status: str = "", offset: int = 0,
+                   count: int = 50) -> tuple[list[dict[str, Any]], int]:
+        """Runs newest first (``status``: of that status only) from ``offset``, and how
+        many there are: two round trips whatever the size of the index."""
+        key = self.keys.run_index(status)
+        async with client.pipeline(transaction=False) as pipe:
+            pipe.zrevrange(key, offset, offset + count - 1, withscores=True)
+            pipe.zcard(key)
+            members, total = await pipe.execute()
+        return await self.rows(client, [_text(m) for m, _ in members]), int(total)
+
+    async def rows(self, client: aioredis.Redis, run_ids: Sequence[str]) -> list[dict[str, Any]]:
+        """Each run's ``run_id``, ``status``, ``started`` and ``ended`` (ms, 0: not yet)."""
+        if not run_ids:
+            return []
+        async with client.pipeline(transaction=False) as pipe:
+            for run_id in run_ids:
+                pipe.hmget(self.keys.run_info(run_id), "status", "started", "ended")
+            infos = await pipe.execute()
+        return [{"run_id": run_id, "status": _text(status) if status else RUNNING,
+                 "started": int(started or 0), "ended": int(ended or 0)}
+                for run_id, (status, started, ended) in zip(run_ids, infos, strict=True)]
+
+    async def find(self, client: aioredis.Redis, run_id: str) -> list[dict[str, Any]]:
+        """The run of exactly this id, when it is indexed (search by id)."""
+        score = await client.zscore(self.keys.run_index(), run_id)
+        return [] if score is None else await self.rows(client, [run_id])
+
+    async def summary(self, client: aioredis.Redis) -> dict[str, Any]:
+        """``runs`` (all indexed), ``running``, and the status names seen."""
+        async with client.pipeline(transaction=False) as pipe:
+            pipe.zcard(self.keys.run_index())
+            pipe.zcard(self.keys.run_index(RUNNING))
+            pipe.smembers(self.keys.run_statuses)
+            runs, running, statuses = await pipe.execute()
+        return {"runs": int(runs), "running": int(running),
+                "statuses": sorted({RUNNING, *(_text(s) for s in statuses)})}
+
+    async def cost_last_hour(self, client: aioredis.Redis, at_ms: int | None = None) -> (
+        dict[str, float]
+    ):
+        """What the steps reported spending in the last 60 minutes, per unit."""
+        minute = (now_ms() if at_ms is None else at_ms) // 60_000
+        async with client.pipeline(transaction=False) as pipe:
+            for m in range(minute - 59, minute + 1):
+                pipe.hgetall(self.keys.cost_minute(m))
+            buckets = await pipe.execute()
+        total: dict[str, float] = {}
+        for bucket in buckets:
+            for unit, amount in bucket.items():
+                total[_text(unit)] = total.get(_text(unit), 0.0) + float(amount)
+        return total
+
+
+def outcome_status(event_type: str, fields: Mapping[str, str]) -> str:
+    """The status of a run ending with this entry (CONTRACT §11): ``data.status`` when a
+    string, else the event type."""
+    try:
+        data = _json.loads(fields.get("data", "null"))
+    except (_json.JSONDecodeError, ValueError):
+        data = None
+    return run_status({"stream": event_type, "data": data})
+
+
+def _text(value: object) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
