@@ -41,7 +41,7 @@ from printery.pipeline.dag import Pipeline
 from printery.pipeline.reason import Reason
 from printery.runs import run_cost, run_status
 
-__all__ = ["ApiAccess", "build_api", "is_loopback", "service_api"]
+__all__ = ["ApiAccess", "api_access", "build_api", "is_loopback", "service_api"]
 
 log = get_logger("printery.api")
 
@@ -198,6 +198,14 @@ def step_summary(runs: Runs, entries: list[dict[str, Any]],
              "cost": figures.get(name, {}).get("cost", {})} for name in runs.pipeline.steps]
 
 
+def api_access(settings: Settings, env: Mapping[str, str]) -> ApiAccess:
+    """Who may call ``/v1`` and the console of a process serving ``--http-addr``."""
+    bind = settings.http_bind
+    return ApiAccess(token=env.get(settings.api_token_env) or None,
+                     public=bind is not None and not is_loopback(bind[0]),
+                     token_env=settings.api_token_env)
+
+
 def service_api(
     client: aioredis.Redis, keys: StreamKeys, pipeline: Pipeline, settings: Settings,
     env: Mapping[str, str],
@@ -206,10 +214,7 @@ def service_api(
     parent of ``--processes``) over ``client``, and its :class:`Runs` (to close at
     shutdown). Without a token on a non-loopback address it logs one warning: ``/v1``
     answers 403 until the token's env var is set."""
-    bind = settings.http_bind
-    access = ApiAccess(token=env.get(settings.api_token_env) or None,
-                       public=bind is not None and not is_loopback(bind[0]),
-                       token_env=settings.api_token_env)
+    access = api_access(settings, env)
     if access.token is None and access.public:
         log.warning("the HTTP API listens beyond loopback without a token: /v1 answers "
                     f"403 until {settings.api_token_env} is set", http_addr=settings.http_addr)

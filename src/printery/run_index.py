@@ -16,7 +16,7 @@ Who writes: ``submit.lua`` indexes a submitted run atomically with its ingress e
 commit of an entry of an ingress type indexes its run too (``NX``: a submitted run keeps
 its start), so a run an external producer started with a plain ``XADD`` is indexed when
 its first entry is handled. The commit of an outcome entry sets the status. The writes
-are commands of the commit's own transaction (:attr:`EntryCommit.index`), so they land
+are commands of the commit's own transaction (``EntryCommit.run_index``), so they land
 with the outputs, atomically; they do not depend on the script's verdict, so they are
 idempotent (``NX``, the same status again), except the cost minutes: a duplicate
 delivery's cost counts twice there (an overview figure; ``printery cost`` is exact).
@@ -127,7 +127,7 @@ class RunIndex:
             return []
         async with client.pipeline(transaction=False) as pipe:
             for run_id in run_ids:
-                pipe.hmget(self.keys.run_info(run_id), "status", "started", "ended")
+                pipe.hmget(self.keys.run_info(run_id), ["status", "started", "ended"])
             infos = await pipe.execute()
         return [{"run_id": run_id, "status": _text(status) if status else RUNNING,
                  "started": int(started or 0), "ended": int(ended or 0)}

@@ -25,9 +25,9 @@ from printery.pipeline.budget import (
     budget_review_kind,
 )
 from printery.pipeline.reason import Reason
-from printery.run_index import RunIndex
 from printery.pipeline.review_kinds import ReviewHook, ReviewKind, escalation_of
 from printery.pipeline.step import LoopShape, Step, StepSource
+from printery.run_index import RunIndex
 from printery.runtime.consumer import ConsumerSettings
 from printery.runtime.handler import Handler
 from printery.runtime.observe import Observer

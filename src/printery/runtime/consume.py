@@ -255,7 +255,7 @@ class EntryPipeline:
                 appends = self.writes.appends([budget.held(message, exceeded)], message, 0.0)
                 commit = EntryCommit(delivery.stream, delivery.consumer.name, delivery.entry_id,
                                      message.envelope.idempotency_key, appends,
-                                     index=self._index(message, appends))
+                                     run_index=self._index(message, appends))
                 decided.append(Decided(delivery, commit, "budget_exceeded", message))
             else:
                 to_run.append((delivery, message))

@@ -4,9 +4,9 @@ Each running service keeps one key, ``<prefix>:process:<process_id>``, holding i
 status JSON with a TTL, and rewrites it every ``interval`` seconds (half a second); the
 same beat puts its id in the sorted set ``<prefix>:processes`` (score: the beat's time),
 so listing the processes reads that set and never SCANs the keyspace (the console lists
-them on every page load). ``printery status`` lists the processes. There is no deregistration protocol to get wrong: a process that dies
-stops beating and its key expires ``ttl`` seconds later; a graceful shutdown deletes it
-at once.
+them on every page load). ``printery status`` lists the processes. There is no
+deregistration protocol to get wrong: a process that dies stops beating and its key
+expires ``ttl`` seconds later; a graceful shutdown deletes it at once.
 """
 
 from __future__ import annotations

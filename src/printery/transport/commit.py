@@ -81,8 +81,8 @@ class BudgetCharge(NamedTuple):
 class EntryCommit(NamedTuple):
     """One entry's part of a commit. ``entry_id`` "" means outputs caused by no entry
     (no ack, no fence); ``record`` "" means no idempotency record (dead letters);
-    ``budget`` what its commit adds to its run's budget (None: nothing); ``index`` the
-    run index's writes (:mod:`printery.run_index`): idempotent commands sent in the same
+    ``budget`` what its commit adds to its run's budget (None: nothing); ``run_index``
+    the run index's writes (:mod:`printery.run_index`): idempotent commands sent in the same
     transaction, before the script, whatever its verdict."""
 
     source: str
@@ -91,7 +91,7 @@ class EntryCommit(NamedTuple):
     record: str
     appends: Sequence[Append]
     budget: BudgetCharge | None = None
-    index: Sequence[Command] = ()
+    run_index: Sequence[Command] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -134,7 +134,7 @@ def commit_run(
         segment.append(entry)
         counts.append(len(entry.appends))
         appends += [(out.stream, out.fields) for out in entry.appends]
-        index += entry.index
+        index += entry.run_index
     if segment:
         _add_segment(keys, args, segment, shape)
     return CommitRun(keys, args, appends, counts, index)
