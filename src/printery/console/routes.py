@@ -77,10 +77,11 @@ class Console:
 
     def html(self, request: web.Request, template: str, http_status: int = 200,
              **context: Any) -> web.Response:
-        body = self.env.get_template(template).render(
-            csrf=self.auth.csrf(request), path=request.path, login=self.auth.needs_login,
-            pipeline=self.views.pipeline.name, ok=request.query.get("ok", ""),
-            problem=request.query.get("error", ""), **context)
+        page = {"csrf": self.auth.csrf(request), "path": request.path,
+                "login": self.auth.needs_login, "pipeline": self.views.pipeline.name,
+                "ok": request.query.get("ok", ""), "problem": request.query.get("error", ""),
+                **context}
+        body = self.env.get_template(template).render(page)
         return web.Response(text=body, status=http_status, content_type="text/html",
                             headers=_HEADERS)
 
