@@ -88,6 +88,11 @@ class Console:
     def fragment(self, template: str, request: web.Request, **context: Any) -> str:
         return self.env.get_template(template).render(csrf=self.auth.csrf(request), **context)
 
+    def forbidden(self, request: web.Request) -> web.Response:
+        return self.html(request, "error.html", 403, title="Forbidden",
+                         detail="The console listens beyond loopback without a token: set "
+                                f"{self.auth.access.token_env} for the service.")
+
     def failure(self, request: web.Request, exc: BaseException) -> web.Response:
         """The error page: the kind of failure, never its text (see the module doc)."""
         if isinstance(exc, RedisError | OSError | TimeoutError):
@@ -108,9 +113,7 @@ def add_console(app: web.Application, views: Views, auth: ConsoleAuth, *,
     def page(handler: Handler, *, live: bool = False) -> Handler:
         async def guarded(request: web.Request) -> web.StreamResponse:
             if auth.forbidden():
-                return console.html(request, "error.html", 403, title="Forbidden",
-                                    detail="The console listens beyond loopback without a "
-                                           f"token: set {auth.access.token_env} for the service.")
+                return console.forbidden(request)
             if not auth.signed_in(request):
                 if live or request.method == "POST":
                     raise web.HTTPUnauthorized(headers=_HEADERS)
@@ -163,7 +166,12 @@ def _login_routes(app: web.Application, console: Console) -> None:
     auth = console.auth
 
     async def login_form(request: web.Request) -> web.Response:
-        return console.html(request, "login.html", next=_next(request.query.get("next", "/")))
+        target = _next(request.query.get("next", "/"))
+        if auth.forbidden():
+            return console.forbidden(request)
+        if not auth.needs_login:
+            raise web.HTTPSeeOther(target)
+        return console.html(request, "login.html", next=target)
 
     async def login(request: web.Request) -> web.Response:
         form = await _form(request, 4096)
