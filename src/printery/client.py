@@ -102,7 +102,7 @@ class Runs:
             args += (name, value)
         reply = await self._submits.call(
             [self.keys.submitted(key), self.keys.stream(event_type), self.keys.run_start(run),
-             self.keys.run_index(), self.keys.run_index(RUNNING), self.keys.run_info(run)],
+             self.keys.run_index(), self.keys.run_index(RUNNING)],
             args)
         run, _, entry_id = str(reply[1]).partition("\n")
         return run, entry_id

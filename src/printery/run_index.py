@@ -8,7 +8,8 @@ Keys, every one from :class:`~printery.keys.StreamKeys`:
 - ``run_index(status)``: the runs of one status (``running``, then the outcome's status)
   -> when they got it, so a status filter reads one set;
 - ``run_statuses``: the set of status names seen (the filter's choices);
-- ``run_info(run)``: hash ``started``, ``status``, ``ended``;
+- ``run_info(run)``: hash ``status``, ``ended`` (written at the outcome: a run without
+  it is running; its start is its score in ``run_index()``);
 - ``cost_minute(m)``: hash unit -> amount the steps reported in unix minute ``m`` (TTL
   two hours): the overview's "cost in the last hour" is 60 ``HGETALL``.
 
@@ -69,11 +70,10 @@ class RunIndex:
     # -- writes ---------------------------------------------------------------------------
 
     def started(self, run_id: str, at_ms: int) -> list[Command]:
-        """A run begins (kept as it was when it is indexed already)."""
-        info = self.keys.run_info(run_id)
+        """A run begins (kept as it was when it is indexed already). Two commands: this
+        is on the hot path of every ingress step (see docs/console.md)."""
         return [("ZADD", self.keys.run_index(), "NX", at_ms, run_id),
-                ("ZADD", self.keys.run_index(RUNNING), "NX", at_ms, run_id),
-                ("HSETNX", info, "started", at_ms), ("HSETNX", info, "status", RUNNING)]
+                ("ZADD", self.keys.run_index(RUNNING), "NX", at_ms, run_id)]
 
     def ended(self, run_id: str, status: str, at_ms: int) -> list[Command]:
         """A run's outcome entry was written with ``status``."""
@@ -122,16 +122,21 @@ class RunIndex:
         return await self.rows(client, [_text(m) for m, _ in members]), int(total)
 
     async def rows(self, client: aioredis.Redis, run_ids: Sequence[str]) -> list[dict[str, Any]]:
-        """Each run's ``run_id``, ``status``, ``started`` and ``ended`` (ms, 0: not yet)."""
+        """Each run's ``run_id``, ``status``, ``started`` and ``ended`` (ms, 0: not yet):
+        one round trip for the lot."""
         if not run_ids:
             return []
         async with client.pipeline(transaction=False) as pipe:
             for run_id in run_ids:
-                pipe.hmget(self.keys.run_info(run_id), ["status", "started", "ended"])
-            infos = await pipe.execute()
-        return [{"run_id": run_id, "status": _text(status) if status else RUNNING,
-                 "started": int(started or 0), "ended": int(ended or 0)}
-                for run_id, (status, started, ended) in zip(run_ids, infos, strict=True)]
+                pipe.zscore(self.keys.run_index(), run_id)
+                pipe.hmget(self.keys.run_info(run_id), ["status", "ended"])
+            replies = await pipe.execute()
+        rows = []
+        for n, run_id in enumerate(run_ids):
+            started, (status, ended) = replies[2 * n], replies[2 * n + 1]
+            rows.append({"run_id": run_id, "status": _text(status) if status else RUNNING,
+                         "started": int(started or 0), "ended": int(ended or 0)})
+        return rows
 
     async def find(self, client: aioredis.Redis, run_id: str) -> list[dict[str, Any]]:
         """The run of exactly this id, when it is indexed (search by id)."""
