@@ -46,11 +46,12 @@ from printery.fields import (
     STEP,
 )
 from printery.history import get_entry
-from printery.keys import REVIEW_DECIDED, StreamKeys
+from printery.keys import REVIEW, REVIEW_DECIDED, StreamKeys
 from printery.logging import get_logger
 from printery.pipeline.dag import Pipeline
 from printery.pipeline.review_kinds import APPROVED, REJECTED, ReviewCase, ReviewKind
 from printery.pipeline.step import validation_reasons
+from printery.run_index import RunIndex
 from printery.runtime.payloads import PayloadStore
 from printery.transport.streams import WATCH_RETRIES
 
@@ -204,7 +205,10 @@ async def decide(
         extra={REVIEW_ID: review_id, DECISION: decision, BY: by, NOTE: note,
                DECIDED_AT: decided_at},
     )
-    await _commit(client, keys, review_id, decided, outputs, outcome.commands)
+    # An output may be the run's outcome (a rejection's type often is): index it too.
+    written = [(out.type, f) for out, (_, f) in zip(outcome.outputs, outputs, strict=True)]
+    indexed = RunIndex(keys, outcomes=pipeline.outcomes).commit_writes(REVIEW, cid, {}, written)
+    await _commit(client, keys, review_id, decided, outputs, (*outcome.commands, *indexed))
     return {**record, **outcome.result, "detail": outcome.detail}
 
 

@@ -132,16 +132,16 @@ def test_2_open_a_run(service: tuple[ServiceHandle, str], browser: Any) -> None:
     search.send_keys(run_id)
     search.submit()
     wait_for(browser, lambda d: f"q={run_id}" in d.current_url, "the search")
-    links = css(browser, f"a[href='/runs/{run_id}']")
-    assert len(links) == 1 and len(css(browser, "table.runs tbody tr")) == 1
-    links[0].click()
+    wait_for(browser, lambda d: len(css(d, f"a[href='/runs/{run_id}']")) == 1
+             and len(css(d, "table.runs tbody tr")) == 1, "only the run searched for")
+    click(browser, f"a[href='/runs/{run_id}']")
     wait_for(browser, lambda d: css(d, "#run-status")[0].text == "succeeded", "the outcome")
     states = {n.get_attribute("data-step"): n.get_attribute("data-state")
               for n in css(browser, "svg.graph g.node")}
     assert states["validator"] == "done" and states["notifier"] == "done"
     types = [li.get_attribute("data-type") for li in css(browser, "#timeline li")]
     assert types[0] == "deployment:started" and "deployment:finished" in types
-    css(browser, "#timeline li details")[-1].click()  # an entry's data
+    click(browser, "#timeline li:last-child details summary")  # an entry's data
     shot(browser, "run")
 
 

@@ -162,3 +162,26 @@ def test_forbidden_beyond_loopback_without_a_token(server: ServerProcess, tmp_pa
             assert answer.status_code == 403 and "PRINTERY_API_TOKEN" in answer.text, path
     finally:
         handle.stop()
+
+
+def test_a_rejection_that_ends_the_run_is_indexed_with_its_status(
+    secured: tuple[ServiceHandle, ServerProcess, str],
+) -> None:
+    handle, _, _ = secured
+    client = logged_in(handle)
+    bearer = {"Authorization": f"Bearer {TOKEN}"}
+    run_id = client.post("/v1/runs", json={"data": deployment("production")},
+                         headers=bearer).json()["run_id"]
+
+    def review() -> str:
+        return next((r["id"] for r in client.get("/v1/reviews", headers=bearer).json()
+                     if r.get("deployment_id") == run_id), "")
+
+    review_id = handle.wait_until(review, what="the approval review")
+    page = client.get("/reviews").text
+    answer = client.post(f"/reviews/{review_id}/reject",
+                         data={"csrf": csrf_of(page), "by": "carol", "note": "not today"})
+    assert answer.status_code == 303 and answer.headers["location"].startswith(f"/runs/{run_id}")
+    handle.wait_until(lambda: run_id in client.get("/runs?status=rejected").text,
+                      what="the run listed as rejected")
+    assert run_id not in client.get("/runs?status=running").text

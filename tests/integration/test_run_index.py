@@ -8,8 +8,8 @@ from __future__ import annotations
 import redis.asyncio as aioredis
 
 from printery._json import dumps
-from printery.client import Runs
 from printery.apps import load_app
+from printery.client import Runs
 from printery.history import id_order
 from printery.keys import StreamKeys
 from printery.run_index import RUNNING, RunIndex, now_ms

@@ -6,7 +6,8 @@ submit path, which indexes each run), ends nine in ten of them as the commit of 
 outcome would (the run index's own writes), registers a process with its workers, then
 serves the console on a loopback port of this process and times sequential GETs of the
 overview, the runs list, a status filter and one run's page from a client thread (one
-kept-alive connection; the server's loop keeps running meanwhile). Reports the median and p95 per page, in milliseconds.
+kept-alive connection; the server's loop keeps running meanwhile). Reports the median
+and p95 per page, in milliseconds.
 """
 
 from __future__ import annotations
