@@ -181,18 +181,23 @@ def decision_arguments(body: Any, decision: str) -> dict[str, Any]:
 
 def step_summary(runs: Runs, entries: list[dict[str, Any]],
                  figures: Mapping[str, Any]) -> list[dict[str, Any]]:
-    """Each step of the pipeline for one run: ``done`` when it wrote an entry of the run,
+    """Each step of the pipeline for one run: ``done`` when it wrote an entry of the run
+    (or a review decision wrote one of its output types for it),
     ``failed`` when it dead-lettered one, ``review`` when it escalated one, else
     ``pending``; with its handler time and cost (``figures``: :func:`run_cost`'s steps)."""
     states: dict[str, str] = {}
+    steps = runs.pipeline.steps
     for entry in entries:
         stream, producer = entry.get("stream"), str(entry.get("producer", ""))
         if stream == DLQ:
             states[str(entry.get(WORKER, ""))] = "failed"
         elif stream == REVIEW:
             states[str(entry.get(STEP) or producer)] = "review"
-        elif producer in runs.pipeline.steps:
+        elif producer in steps:
             states.setdefault(producer, "done")
+        else:  # written for a step (a review's approval resumes with its output type)
+            for step in runs.pipeline.producers_of(str(stream)):
+                states.setdefault(step, "done")
     return [{"step": name, "status": states.get(name, "pending"),
              "duration_ms": figures.get(name, {}).get("duration_ms", 0.0),
              "cost": figures.get(name, {}).get("cost", {})} for name in runs.pipeline.steps]

@@ -2,7 +2,7 @@
 real ``printery-workers`` and Valkey: log in, see the workers, open a run, approve a
 production deployment and watch it finish (live, no reload), replay a dead letter. Every
 page is saved as a screenshot to ``docs/console/`` (laptop size, and the phone size for
-two pages): the README shows two of them.
+the overview and a run): the README shows two of them.
 """
 
 from __future__ import annotations
@@ -200,7 +200,10 @@ def test_5_pipeline_and_phone_size(service: tuple[ServiceHandle, str], browser: 
         shot(phone, "phone-overview")
         width = phone.execute_script("return document.documentElement.scrollWidth")
         assert width <= PHONE[0], f"the overview scrolls sideways on a phone ({width}px)"
-        open_page(phone, handle, "/reviews")
-        shot(phone, "phone-reviews")
+        open_page(phone, handle, "/runs")
+        first = css(phone, "table.runs tbody a")[0].get_attribute("href")
+        open_page(phone, handle, first.removeprefix(str(handle.http_base)))
+        wait_for(phone, lambda d: css(d, "#run-status"), "a run on a phone")
+        shot(phone, "phone-run")
     finally:
         phone.quit()

@@ -56,4 +56,7 @@ def chrome(size: tuple[int, int] = LAPTOP):  # type: ignore[no-untyped-def]
             "deviceMetrics": {"width": size[0], "height": size[1], "pixelRatio": 1}})
     driver = webdriver.Chrome(service=Service(executable_path=str(CHROMEDRIVER)), options=options)
     driver.set_page_load_timeout(30)
+    if size[0] >= 500:  # the page's viewport is exactly the size (the window has a frame)
+        driver.execute_cdp_cmd("Emulation.setDeviceMetricsOverride", {
+            "width": size[0], "height": size[1], "deviceScaleFactor": 1, "mobile": False})
     return driver
