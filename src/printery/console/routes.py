@@ -156,10 +156,13 @@ def add_console(app: web.Application, views: Views, auth: ConsoleAuth, *,
 async def _form(request: web.Request, limit: int) -> dict[str, str]:
     if request.content_length is not None and request.content_length > limit:
         raise web.HTTPRequestEntityTooLarge(max_size=limit, actual_size=request.content_length)
-    body = await request.content.read(limit + 1)
-    if len(body) > limit:
-        raise web.HTTPRequestEntityTooLarge(max_size=limit, actual_size=len(body))
-    return dict(parse_qsl(body.decode(errors="replace"), keep_blank_values=True))
+    chunks, size = [], 0
+    while chunk := await request.content.readany():  # never read past the limit
+        size += len(chunk)
+        if size > limit:
+            raise web.HTTPRequestEntityTooLarge(max_size=limit, actual_size=size)
+        chunks.append(chunk)
+    return dict(parse_qsl(b"".join(chunks).decode(errors="replace"), keep_blank_values=True))
 
 
 def _login_routes(app: web.Application, console: Console) -> None:
