@@ -8,7 +8,9 @@ Without the browser the tests are skipped (``make test`` says so in one line); u
 
 from __future__ import annotations
 
+import atexit
 import os
+import shutil
 import tempfile
 from pathlib import Path
 
@@ -48,7 +50,9 @@ def chrome(size: tuple[int, int] = LAPTOP):  # type: ignore[no-untyped-def]
 
     options = Options()
     options.binary_location = str(CHROMIUM)
-    for flag in (*FLAGS, f"--user-data-dir={tempfile.mkdtemp(prefix='printery-chrome-')}",
+    profile = tempfile.mkdtemp(prefix="printery-chrome-")
+    atexit.register(shutil.rmtree, profile, ignore_errors=True)  # after the browser quit
+    for flag in (*FLAGS, f"--user-data-dir={profile}",
                  f"--window-size={size[0]},{size[1]}"):
         options.add_argument(flag)
     if size[0] < 500:  # narrower than a desktop window can be: emulate the phone
