@@ -17,6 +17,7 @@ run: $(STAMP)
 	$(BIN)/printery-workers
 
 test: $(STAMP)
+	@test -x /usr/bin/chromium -a -x /usr/bin/chromedriver || echo "browser tests skipped: no /usr/bin/chromium and chromedriver (apt-get install -y chromium chromium-driver)"
 	$(BIN)/pytest -q
 
 lint: $(STAMP)

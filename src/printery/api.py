@@ -41,7 +41,7 @@ from printery.pipeline.dag import Pipeline
 from printery.pipeline.reason import Reason
 from printery.runs import run_cost, run_status
 
-__all__ = ["ApiAccess", "build_api", "is_loopback", "service_api"]
+__all__ = ["ApiAccess", "api_access", "build_api", "is_loopback", "service_api"]
 
 log = get_logger("printery.api")
 
@@ -181,21 +181,34 @@ def decision_arguments(body: Any, decision: str) -> dict[str, Any]:
 
 def step_summary(runs: Runs, entries: list[dict[str, Any]],
                  figures: Mapping[str, Any]) -> list[dict[str, Any]]:
-    """Each step of the pipeline for one run: ``done`` when it wrote an entry of the run,
+    """Each step of the pipeline for one run: ``done`` when it wrote an entry of the run
+    (or a review decision wrote one of its output types for it),
     ``failed`` when it dead-lettered one, ``review`` when it escalated one, else
     ``pending``; with its handler time and cost (``figures``: :func:`run_cost`'s steps)."""
     states: dict[str, str] = {}
+    steps = runs.pipeline.steps
     for entry in entries:
         stream, producer = entry.get("stream"), str(entry.get("producer", ""))
         if stream == DLQ:
             states[str(entry.get(WORKER, ""))] = "failed"
         elif stream == REVIEW:
             states[str(entry.get(STEP) or producer)] = "review"
-        elif producer in runs.pipeline.steps:
+        elif producer in steps:
             states.setdefault(producer, "done")
+        else:  # written for a step (a review's approval resumes with its output type)
+            for step in runs.pipeline.producers_of(str(stream)):
+                states.setdefault(step, "done")
     return [{"step": name, "status": states.get(name, "pending"),
              "duration_ms": figures.get(name, {}).get("duration_ms", 0.0),
              "cost": figures.get(name, {}).get("cost", {})} for name in runs.pipeline.steps]
+
+
+def api_access(settings: Settings, env: Mapping[str, str]) -> ApiAccess:
+    """Who may call ``/v1`` and the console of a process serving ``--http-addr``."""
+    bind = settings.http_bind
+    return ApiAccess(token=env.get(settings.api_token_env) or None,
+                     public=bind is not None and not is_loopback(bind[0]),
+                     token_env=settings.api_token_env)
 
 
 def service_api(
@@ -206,10 +219,7 @@ def service_api(
     parent of ``--processes``) over ``client``, and its :class:`Runs` (to close at
     shutdown). Without a token on a non-loopback address it logs one warning: ``/v1``
     answers 403 until the token's env var is set."""
-    bind = settings.http_bind
-    access = ApiAccess(token=env.get(settings.api_token_env) or None,
-                       public=bind is not None and not is_loopback(bind[0]),
-                       token_env=settings.api_token_env)
+    access = api_access(settings, env)
     if access.token is None and access.public:
         log.warning("the HTTP API listens beyond loopback without a token: /v1 answers "
                     f"403 until {settings.api_token_env} is set", http_addr=settings.http_addr)

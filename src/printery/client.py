@@ -28,6 +28,7 @@ from printery.errors import ConfigError, InvalidInput, PayloadTooLarge, UnknownR
 from printery.keys import StreamKeys, new_id_in, partition_of
 from printery.pipeline.dag import Pipeline
 from printery.pipeline.reason import Reason
+from printery.run_index import RUNNING
 from printery.runs import RunReader, RunResult
 from printery.transport.channel import DirectChannel
 from printery.transport.connection import connect
@@ -106,7 +107,9 @@ class Runs:
             args += (name, value)
         keys = self.keys.of(run)  # one slot: the run's partition
         reply = await self._submits.call(
-            [keys.submitted(key), keys.stream(event_type), keys.run_start(run)], args)
+            [keys.submitted(key), keys.stream(event_type), keys.run_start(run),
+             keys.run_index(), keys.run_index(RUNNING)],
+            args)
         run, _, entry_id = str(reply[1]).partition("\n")
         return run, entry_id
 

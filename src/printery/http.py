@@ -28,6 +28,8 @@ _log = get_logger(__name__)
 _NO_STORE = {"Cache-Control": "no-store"}
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+#: Adds routes to the application (the console's, on ``/``).
+Routes = Callable[[web.Application], None]
 
 
 class StatusProvider(Protocol):
@@ -76,10 +78,12 @@ async def _json_errors(request: web.Request, handler: Handler) -> web.StreamResp
 
 
 def build_app(
-    provider: StatusProvider, *, probe_timeout: float = 5.0, api: web.Application | None = None
+    provider: StatusProvider, *, probe_timeout: float = 5.0, api: web.Application | None = None,
+    console: Routes | None = None,
 ) -> web.Application:
-    """The aiohttp application: ``/healthz``, ``/readyz``, ``/status``, ``/metrics``, and
-    ``api`` (the ``/v1`` application of :mod:`printery.api`) mounted under ``/v1``.
+    """The aiohttp application: ``/healthz``, ``/readyz``, ``/status``, ``/metrics``,
+    ``api`` (the ``/v1`` application of :mod:`printery.api`) mounted under ``/v1``, and
+    what ``console`` adds (the web console's routes, :mod:`printery.console`).
 
     ``probe_timeout`` bounds each provider call: a Redis that hangs must turn into a 503
     from ``/readyz`` (so orchestrators stop routing to us), never into a hung probe.
@@ -120,6 +124,8 @@ def build_app(
     app.router.add_get("/metrics", metrics)
     if api is not None:
         app.add_subapp("/v1", api)
+    if console is not None:
+        console(app)
     return app
 
 
@@ -132,9 +138,9 @@ class HttpServer:
 
     def __init__(
         self, provider: StatusProvider, *, probe_timeout: float = 5.0,
-        api: web.Application | None = None,
+        api: web.Application | None = None, console: Routes | None = None,
     ) -> None:
-        self.app = build_app(provider, probe_timeout=probe_timeout, api=api)
+        self.app = build_app(provider, probe_timeout=probe_timeout, api=api, console=console)
         self._runner: web.AppRunner | None = None
         self.host: str | None = None
         self.port: int | None = None

@@ -17,7 +17,7 @@ from __future__ import annotations
 import re
 import zlib
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 DLQ = "dlq"
 REVIEW = "review"
@@ -72,12 +72,18 @@ class StreamKeys:
     prefix: str
     partitions: int = 1
     partition: int | None = None
+    #: :attr:`scope`, made once: every key of the hot path starts with it.
+    _scope: str | None = field(default=None, init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         if not 1 <= self.partitions <= MAX_PARTITIONS:
             raise ValueError(f"partitions must be 1..{MAX_PARTITIONS}, not {self.partitions}")
         if self.partition is not None and not 0 <= self.partition < self.partitions:
             raise ValueError(f"partition {self.partition} outside 0..{self.partitions - 1}")
+        if self.partitions == 1:
+            object.__setattr__(self, "_scope", self.prefix)
+        elif self.partition is not None:
+            object.__setattr__(self, "_scope", f"{self.prefix}:{{p{self.partition}}}")
 
     # -- partitions --------------------------------------------------------------------
 
@@ -109,13 +115,11 @@ class StreamKeys:
     def scope(self) -> str:
         """The prefix of this partition's keys (``<prefix>:{p<k>}``; ``<prefix>`` when
         there is one partition)."""
-        if not self.partitioned:
-            return self.prefix
-        if self.partition is None:
+        if self._scope is None:
             raise PartitionError(
                 f"keyspace {self.prefix!r} has {self.partitions} partitions: name one "
                 "(StreamKeys.at / StreamKeys.of)")
-        return f"{self.prefix}:{{p{self.partition}}}"
+        return self._scope
 
     def locate(self, stream_key: str) -> tuple[int, str]:
         """``(partition, event type)`` of a stream key of this keyspace (any partition)."""
@@ -200,6 +204,25 @@ class StreamKeys:
     def blob(self, digest: str) -> str:
         return f"{self.scope}:blob:{digest}"
 
+    def run_index(self, status: str = "") -> str:
+        """Sorted set of run ids (the run index, :mod:`printery.run_index`): every run by
+        its start (ms); with ``status``, the runs of that status by when they got it."""
+        return f"{self.scope}:runs:{status}" if status else f"{self.scope}:runs"
+
+    @property
+    def run_statuses(self) -> str:
+        """Set of the run statuses the run index has seen."""
+        return f"{self.scope}:run-statuses"
+
+    def run_info(self, run_id: str) -> str:
+        """Hash of one run in the run index: ``started``, ``status``, ``ended``."""
+        return f"{self.scope}:run-info:{run_id}"
+
+    def cost_minute(self, minute: int) -> str:
+        """Hash unit -> amount: what the steps reported spending in one minute (unix
+        minute); the console's "cost in the last hour" reads 60 of them."""
+        return f"{self.scope}:cost-minute:{minute}"
+
     # -- keys of the whole keyspace ----------------------------------------------------
 
     def limit(self, key: str) -> str:
@@ -211,10 +234,12 @@ class StreamKeys:
         return f"{self.prefix}:process:{process_id}"
 
     @property
-    def process_pattern(self) -> str:
-        return f"{self.prefix}:process:*"
-
-    @property
     def pipeline(self) -> str:
         """Where a running service publishes its pipeline's description."""
         return f"{self.prefix}:pipeline"
+
+    @property
+    def processes(self) -> str:
+        """Sorted set: process id -> its last heartbeat (ms); lists the registry without
+        a SCAN of the keyspace."""
+        return f"{self.prefix}:processes"

@@ -51,6 +51,7 @@ from printery.logging import get_logger
 from printery.pipeline.dag import Pipeline
 from printery.pipeline.review_kinds import APPROVED, REJECTED, ReviewCase, ReviewKind
 from printery.pipeline.step import validation_reasons
+from printery.run_index import RunIndex
 from printery.runtime.payloads import PayloadStore
 from printery.transport.streams import WATCH_RETRIES
 
@@ -219,7 +220,9 @@ async def decide(
         extra={REVIEW_ID: review_id, DECISION: decision, BY: by, NOTE: note,
                DECIDED_AT: decided_at},
     )
-    await _commit(client, keys, entry_id, decided, outputs, outcome.commands)
+    # An output may be the run's outcome (a rejection's type often is): index it too.
+    indexed = RunIndex(keys, outcomes=pipeline.outcomes).commit_writes(keys.review, cid, {}, outputs)
+    await _commit(client, keys, entry_id, decided, outputs, (*outcome.commands, *indexed))
     return {**record, **outcome.result, "detail": outcome.detail}
 
 

@@ -31,27 +31,15 @@ from printery.envelope import correlation_of
 from printery.history import decode_fields, id_order
 from printery.keys import DLQ, REVIEW, REVIEW_DECIDED, StreamKeys
 from printery.pipeline.dag import Pipeline
+from printery.run_index import RUNNING, run_status
 from printery.transport.streams import CONNECTION_ERRORS
 
 __all__ = ["RUNNING", "RunReader", "RunResult", "run_cost", "run_status"]
 
 log = structlog.get_logger("printery.runs")
 
-#: A run's status before its outcome entry.
-RUNNING = "running"
 _CHUNK = 1000
 _FOLLOW_BLOCK_MS = 1000
-
-
-def run_status(outcome: Mapping[str, Any] | None) -> str:
-    """A run's status (§11): its outcome entry's ``data.status`` when that is a string,
-    else the outcome's event type; :data:`RUNNING` without an outcome."""
-    if outcome is None:
-        return RUNNING
-    data = outcome.get("data")
-    if isinstance(data, dict) and isinstance(data.get("status"), str):
-        return str(data["status"])
-    return str(outcome.get("stream", ""))
 
 
 @dataclass(frozen=True, slots=True)

@@ -43,6 +43,7 @@ from printery.api import service_api
 from printery.backoff import compute_backoff
 from printery.client import Runs
 from printery.config import Settings
+from printery.console import service_console
 from printery.errors import ConfigError, describe
 from printery.housekeeping import Housekeeping, remove_consumers
 from printery.http import HttpServer
@@ -247,7 +248,8 @@ class Service(ProcessLifecycle):
             assert self.client is not None
             api, self.runs = service_api(self.client, self.keys, self.pipeline, self.settings,
                                          os.environ)
-            self.http = HttpServer(self, api=api)
+            console = service_console(self.runs, self.settings, os.environ)
+            self.http = HttpServer(self, api=api, console=console)
             self.http_port = await self.http.start(*bind)
             log.info("http listening", host=bind[0], port=self.http_port)
 

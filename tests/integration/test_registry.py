@@ -101,6 +101,7 @@ async def test_list_skips_garbage_and_reads_every_key(
     await client.set(keys.process("a-list"), b"[1, 2]")
     await cast("Awaitable[int]", client.hset(keys.process("a-hash"), "k", "v"))
     await client.set(keys.stream("unrelated"), b"{}")
+    await client.zadd(keys.processes, {"not-json": 1, "a-list": 1, "a-hash": 1, "gone": 1})
 
     found = await list_processes(client, keys)
 

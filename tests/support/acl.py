@@ -10,7 +10,8 @@ ACL_COMMANDS = (
     " +xinfo|consumers +xgroup|delconsumer +xrange +xrevrange +xread +xdel +xlen +xtrim +time +type"
     " +eval +evalsha +script|load +exists +get +set +mget +del"
     " +hset +hsetnx +hgetall +hmget +sadd +smismember +expire +pexpire"
-    " +zadd +zrangebyscore +zrem +scan"
+    " +zadd +zrangebyscore +zrem +zrange +zrevrange +zremrangebyscore +zcard +zscore"
+    " +hincrbyfloat +smembers"
     " +multi +exec +discard +watch +unwatch"
 )
 

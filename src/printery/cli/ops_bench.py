@@ -44,15 +44,22 @@ from printery.errors import ConfigError
 @click.option("--with-budget", "with_budget", is_flag=True,
               help="run printery again with a Budget on the run and every stage (never "
                    "reached) and report what it costs (with --with-limit: both)")
+@click.option("--console", "console_mode", is_flag=True,
+              help="measure the web console instead: seed --runs runs, then time GET of "
+                   "the overview, the runs list and a run's page (median, p95)")
+@click.option("--runs", "console_runs", type=click.IntRange(min=1), default=10_000,
+              show_default=True, help="runs seeded for --console")
 @click.option("--json", "as_json", is_flag=True, help="one JSON document on stdout")
 @click.pass_context
 def bench(
     ctx: click.Context, events: int, stages: int, processes: int, payload_bytes: int,
     bench_url: str | None, rate: float | None, duration: float | None, prefetch: int | None,
-    ceiling: str, submit_mode: bool, with_limit: bool, with_budget: bool, as_json: bool,
+    ceiling: str, submit_mode: bool, with_limit: bool, with_budget: bool, console_mode: bool,
+    console_runs: int, as_json: bool,
 ) -> None:
     """Throughput benchmark: hand-written relay ceilings vs printery's pipeline (with the
-    library's default settings unless --prefetch is given); with --submit, the client."""
+    library's default settings unless --prefetch is given); with --submit, the client;
+    with --console, the web console (--events: GETs per page, default 200)."""
     if rate is None and duration is not None:
         raise click.UsageError("--duration needs --rate: a backlog run is sized by --events")
     if rate is not None and _given(ctx, "events"):
@@ -64,6 +71,14 @@ def bench(
         fail(f"bench is not available in this build ({exc})")
     parent = ctx.parent.params if ctx.parent is not None else {}
     url = bench_url or parent.get("redis_url") or os.environ.get("REDIS_URL") or None
+    if console_mode:
+        from printery.bench.console import format_console, run_console_bench
+
+        requests = events if _given(ctx, "events") else 200
+        measured = asyncio.run(run_console_bench(runs=console_runs, requests=requests,
+                                                 redis_url=url))
+        print_json(measured) if as_json else click.echo(format_console(measured))
+        return
     if submit_mode:
         if rate is not None:
             raise click.UsageError("--submit measures a backlog of --events, not a --rate")

@@ -50,6 +50,7 @@ from printery._util import hostname, log_failure, now_rfc3339
 from printery.api import service_api
 from printery.client import Runs
 from printery.config import Settings
+from printery.console import service_console
 from printery.http import HttpServer
 from printery.lifecycle import EXIT_CONFIG, EXIT_OK, ProcessLifecycle
 from printery.logging import get_logger
@@ -188,11 +189,12 @@ class Parent(ProcessLifecycle):
         client = connect(self.url) if self.url is not None else None
         bind = self.settings.http_bind
         if bind is not None:
-            api = None
-            if client is not None:  # the API is served here, over a client of its own
+            api, console = None, None
+            if client is not None:  # the API and console are served here, over a client of its own
                 api, runs = service_api(client, self.settings.keys,
                                         self.pipeline, self.settings, os.environ)
-            http = HttpServer(self, api=api)
+                console = service_console(runs, self.settings, os.environ)
+            http = HttpServer(self, api=api, console=console)
             port = await http.start(*bind)
             log.info("http listening", host=bind[0], port=port, processes=len(self.children))
         scraper = asyncio.create_task(self._scrape_loop())

@@ -27,6 +27,7 @@ from printery.pipeline.budget import (
 from printery.pipeline.reason import Reason
 from printery.pipeline.review_kinds import ReviewHook, ReviewKind, escalation_of
 from printery.pipeline.step import LoopShape, Step, StepSource
+from printery.run_index import RunIndex
 from printery.runtime.consumer import ConsumerSettings
 from printery.runtime.handler import Handler
 from printery.runtime.observe import Observer
@@ -321,6 +322,7 @@ class Pipeline:
         chosen = set(only) if only is not None else set(self.steps)
         deps = self.dependencies()
         codec = self.codec(payloads.limit if payloads else 1_048_576)
+        index = RunIndex(keys, ingress=self.ingress, outcomes=self.outcomes)
         built = []
         for step in self.steps.values():
             if step.name not in chosen:
@@ -332,6 +334,7 @@ class Pipeline:
                 handler=step.guarded_handler(), codec=codec,
                 settings=_settings_from(base, fields), observer=observer, payloads=payloads,
                 companions=step.companions, budget=self.budget_plan(step), limits=step.limits,
+                index=index,
             )
             built.append((worker, tuple(d for d in deps[step.name] if d in chosen)))
         return built

@@ -48,6 +48,7 @@ from printery.errors import (
 )
 from printery.fields import REPLAY_FOR
 from printery.keys import StreamKeys
+from printery.run_index import RunIndex
 from printery.runtime.budgets import BudgetGuard
 from printery.runtime.connectivity import Connectivity
 from printery.runtime.consumer import ConsumerSettings, Delivery
@@ -113,6 +114,7 @@ class EntryPipeline:
         budget: BudgetGuard | None = None,
         gate: LimitGate | None = None,
         router: Router | None = None,
+        index: RunIndex | None = None,
     ) -> None:
         self.worker = worker
         self.handler = handler
@@ -131,6 +133,7 @@ class EntryPipeline:
         self.gate = gate
         #: Only with several partitions: places entries in their run's partition.
         self.router = router
+        self.index = index
 
     async def process(self, batch: Sequence[Delivery]) -> None:
         """Take a batch through the pipeline. Raises :class:`WorkerCrashed` when a handler
@@ -260,7 +263,8 @@ class EntryPipeline:
             elif budget is not None and (exceeded := budget.over(budgets, n)) is not None:
                 appends = self.writes.appends([budget.held(message, exceeded)], message, 0.0)
                 commit = EntryCommit(delivery.stream, delivery.consumer.name, delivery.entry_id,
-                                     message.envelope.idempotency_key, appends)
+                                     message.envelope.idempotency_key, appends,
+                                     run_index=self._index(message, appends))
                 decided.append(Decided(delivery, commit, "budget_exceeded", message))
             else:
                 to_run.append((delivery, message))
@@ -369,8 +373,15 @@ class EntryPipeline:
     ) -> Decided:
         charge = self.budget.charge(message) if self.budget is not None else None
         commit = EntryCommit(delivery.stream, delivery.consumer.name, delivery.entry_id,
-                             message.envelope.idempotency_key, appends, charge)
+                             message.envelope.idempotency_key, appends, charge,
+                             self._index(message, appends))
         return Decided(delivery, commit, "ok", message)
+
+    def _index(self, message: Message, appends: list[Append]) -> tuple[Any, ...]:
+        """The run index's writes of this commit, if the index is kept."""
+        index = self.index
+        return () if index is None else index.commit_writes(
+            message.stream, message.correlation_id, message.costs, appends)
 
     def _dead_letter(
         self, delivery: Delivery, fields: dict[str, str], reason_code: str, error: str, *,

@@ -1,16 +1,19 @@
 """The process registry: which service processes run, on which hosts, doing what.
 
 Each running service keeps one key, ``<prefix>:process:<process_id>``, holding its
-status JSON with a TTL, and rewrites it every ``interval`` seconds (half a second). ``printery status``
-lists the keys. There is no deregistration protocol to get wrong: a process that dies
-stops beating and its key expires ``ttl`` seconds later; a graceful shutdown deletes it
-at once.
+status JSON with a TTL, and rewrites it every ``interval`` seconds (half a second); the
+same beat puts its id in the sorted set ``<prefix>:processes`` (score: the beat's time),
+so listing the processes reads that set and never SCANs the keyspace (the console lists
+them on every page load). ``printery status`` lists the processes. There is no
+deregistration protocol to get wrong: a process that dies stops beating and its key
+expires ``ttl`` seconds later; a graceful shutdown deletes it at once.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -23,8 +26,10 @@ from printery.keys import StreamKeys
 
 log = logging.getLogger(__name__)
 
-#: Keys fetched per SCAN step and per MGET: bounded work per round trip.
-_SCAN_COUNT = 200
+#: Keys fetched per MGET: bounded work per round trip.
+_BATCH = 200
+#: A process that has not beaten for this long leaves the index (its key expired long ago).
+_FORGET_MS = 86_400_000
 
 
 class ProcessRegistry:
@@ -61,10 +66,16 @@ class ProcessRegistry:
     async def beat(self, status: dict[str, Any]) -> None:
         """Write ``status`` (any JSON-able dict) under this process's key, with the TTL.
 
-        One SET with PX: the value and its expiry change together. Raises the client's
-        errors; :meth:`run` is the caller that tolerates them.
+        One transaction: SET with PX (the value and its expiry change together), the id
+        in the process index, and the index's members that stopped beating a day ago
+        dropped. Raises the client's errors; :meth:`run` is the caller that tolerates them.
         """
-        await self.redis.set(self.key, _json.dumpb(status), px=max(1, int(self.ttl * 1000)))
+        now = time.time() * 1000
+        async with self.redis.pipeline(transaction=True) as pipe:
+            pipe.set(self.key, _json.dumpb(status), px=max(1, int(self.ttl * 1000)))
+            pipe.zadd(self.keys.processes, {self.process_id: now})
+            pipe.zremrangebyscore(self.keys.processes, "-inf", now - _FORGET_MS)
+            await pipe.execute()
 
     async def run(self, get_status: Callable[[], Awaitable[dict[str, Any]]]) -> None:
         """Beat every ``interval`` seconds until cancelled; never raises anything else.
@@ -99,7 +110,10 @@ class ProcessRegistry:
         Tolerates a lost connection: then the key simply expires after ``ttl``.
         """
         try:
-            await self.redis.delete(self.key)
+            async with self.redis.pipeline(transaction=True) as pipe:
+                pipe.delete(self.key)
+                pipe.zrem(self.keys.processes, self.process_id)
+                await pipe.execute()
         except (RedisError, OSError) as exc:
             log.warning(
                 "process registry: could not remove %s (it expires in %ss): %s",
@@ -112,24 +126,20 @@ class ProcessRegistry:
 async def list_processes(redis: aioredis.Redis, keys: StreamKeys) -> list[dict[str, Any]]:
     """Every registered process's status, sorted by process id.
 
-    Uses SCAN, never KEYS, so a large keyspace does not block the server. A key that
-    expires between SCAN and GET is skipped, as is a value that is not a JSON object
-    (someone else's key under our prefix). Each status gains ``process_id`` (from its
-    key) when it lacks one.
+    Reads the process index (no SCAN: the keyspace may be large), then the keys, a
+    batch at a time. A process whose key expired (it stopped beating) is skipped, as is
+    a value that is not a JSON object. Each status gains ``process_id`` when it lacks one.
     """
-    prefix_len = len(keys.process(""))
-    found: list[str] = []
-    async for key in redis.scan_iter(match=keys.process_pattern, count=_SCAN_COUNT):
-        found.append(key.decode() if isinstance(key, bytes) else str(key))
-    found = sorted(set(found))  # SCAN may return a key more than once
+    members = await redis.zrange(keys.processes, 0, -1)
+    found = sorted({m.decode() if isinstance(m, bytes) else str(m) for m in members})
     processes: list[dict[str, Any]] = []
-    for start in range(0, len(found), _SCAN_COUNT):
-        batch = found[start : start + _SCAN_COUNT]
-        values = await redis.mget(batch)
-        for key, raw in zip(batch, values, strict=True):
+    for start in range(0, len(found), _BATCH):
+        batch = found[start : start + _BATCH]
+        values = await redis.mget([keys.process(process_id) for process_id in batch])
+        for process_id, raw in zip(batch, values, strict=True):
             status = _decode(raw)
             if status is not None:
-                status.setdefault("process_id", key[prefix_len:])
+                status.setdefault("process_id", process_id)
                 processes.append(status)
     return processes
 

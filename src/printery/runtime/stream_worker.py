@@ -32,6 +32,7 @@ from printery.envelope import Codec
 from printery.keys import StreamKeys
 from printery.limits import Limit
 from printery.pipeline.budget import BudgetPlan
+from printery.run_index import RunIndex
 from printery.runtime.budgets import BudgetGuard
 from printery.runtime.connectivity import Connectivity
 from printery.runtime.consume import EntryPipeline
@@ -68,7 +69,8 @@ class StreamWorker:
     :class:`~printery.Reject` means "dead-letter now". ``companions`` run beside the
     consumers for as long as the worker runs (an aggregator's deadline sweeper);
     ``budget`` what the step checks and charges of its runs' budgets (CONTRACT §13).
-    ``limits`` are the step's flow-control limits (:class:`~printery.Limit`).
+    ``limits`` are the step's flow-control limits (:class:`~printery.Limit`); ``index``
+    the run index its commits keep (:mod:`printery.run_index`; None: none).
     """
 
     def __init__(
@@ -86,6 +88,7 @@ class StreamWorker:
         companions: Sequence[Companion] = (),
         budget: BudgetPlan | None = None,
         limits: Sequence[Limit] = (),
+        index: RunIndex | None = None,
     ) -> None:
         self._name = name
         self.client = client
@@ -100,6 +103,7 @@ class StreamWorker:
         self.companions = list(companions)
         self.budget = budget
         self.limits = tuple(limits)
+        self.index = index
         self._gate: LimitGate | None = None
         self._stats = WorkerStats(consumers=self.settings.concurrency)
         self._consumers: list[Consumer] = []
@@ -222,7 +226,7 @@ class StreamWorker:
             stats=self._stats, connectivity=connectivity,
             budget=None if self.budget is None else BudgetGuard(
                 self.budget, keys=keys, codec=self.codec, worker=self.name),
-            gate=self._gate,
+            gate=self._gate, index=None if self.index is None else self.index.within(keys),
             router=Router(self.client, keys, self.codec, connectivity) if keys.partitioned else None,
         )
         streams = [stream for stream in self.streams if keys.partitions == 1

@@ -87,7 +87,9 @@ class BudgetCharge(NamedTuple):
 class EntryCommit(NamedTuple):
     """One entry's part of a commit. ``entry_id`` "" means outputs caused by no entry
     (no ack, no fence); ``record`` "" means no idempotency record (dead letters);
-    ``budget`` what its commit adds to its run's budget (None: nothing)."""
+    ``budget`` what its commit adds to its run's budget (None: nothing); ``run_index``
+    the run index's writes (:mod:`printery.run_index`): idempotent commands sent in the same
+    transaction, before the script, whatever its verdict."""
 
     source: str
     consumer: str
@@ -95,6 +97,7 @@ class EntryCommit(NamedTuple):
     record: str
     appends: Sequence[Append]
     budget: BudgetCharge | None = None
+    run_index: Sequence[Command] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -106,6 +109,7 @@ class CommitRun:
     args: list[Any]
     appends: list[tuple[str, Fields]]
     output_counts: list[int]
+    index: list[Command]
 
 
 def commit_run(
@@ -120,6 +124,7 @@ def commit_run(
     keys: list[str] = [index_key]
     args: list[Any] = [group, ttl_ms]
     appends: list[tuple[str, Fields]] = []
+    index: list[Command] = []
     counts: list[int] = []
     segment: list[EntryCommit] = []
     shape: tuple[Any, ...] = ()
@@ -135,9 +140,10 @@ def commit_run(
         segment.append(entry)
         counts.append(len(entry.appends))
         appends += [(out.stream, out.fields) for out in entry.appends]
+        index += entry.run_index
     if segment:
         _add_segment(keys, args, segment, shape)
-    return CommitRun(keys, args, appends, counts)
+    return CommitRun(keys, args, appends, counts, index)
 
 
 def _add_segment(
@@ -191,6 +197,7 @@ def commit_commands(run: CommitRun) -> list[Command]:
     commands: list[Command] = [("MULTI",)]
     for stream, fields in run.appends:
         commands.append(("XADD", stream, "*", *chain.from_iterable(fields.items())))
+    commands += run.index  # before the script: its reply stays the transaction's last
     commands.append(("EVAL", COMMIT_LUA_WIRE, len(run.keys), *run.keys, *run.args))
     commands.append(("EXEC",))
     return commands

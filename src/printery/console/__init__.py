@@ -1,0 +1,31 @@
+"""The web console (CONTRACT §14): server-rendered pages at ``/`` of ``--http-addr``,
+live over server-sent events, every asset shipped in this package (no CDN).
+
+:func:`service_console` builds it for a service: it shares ``/v1``'s access rule
+(:func:`~printery.api.api_access`) and its :class:`~printery.client.Runs`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+
+from aiohttp import web
+
+from printery.api import api_access
+from printery.client import Runs
+from printery.config import Settings
+from printery.console.auth import ConsoleAuth
+from printery.console.routes import add_console
+from printery.console.views import Views
+
+__all__ = ["service_console"]
+
+
+def service_console(runs: Runs, settings: Settings, env: Mapping[str, str]) -> (
+    Callable[[web.Application], None]
+):
+    """What adds the console's routes to the HTTP application of a process serving
+    ``--http-addr`` (a service, or the parent of ``--processes``)."""
+    views, auth = Views(runs), ConsoleAuth(api_access(settings, env))
+    limit = settings.transport.payload_limit_bytes
+    return lambda app: add_console(app, views, auth, body_limit=limit)

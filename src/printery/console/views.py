@@ -1,0 +1,147 @@
+"""What each console page shows, read from Redis: plain dicts for the templates.
+
+Every read is bounded whatever the history holds: the overview and the runs list come
+from the run index (:mod:`printery.run_index`) and the process index, the streams'
+figures from ``XLEN`` and ``XINFO GROUPS`` of the pipeline's own streams; only the page
+of one run reads its entries (from its start record on, as ``/v1/runs/{id}`` does).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from printery import _json, dead_letters, reviews
+from printery.api import step_summary
+from printery.client import Runs
+from printery.console.graph import Layout, layout
+from printery.errors import UnknownRun
+from printery.history import id_order
+from printery.keys import DLQ, REVIEW
+from printery.pipeline.render import loop_summary, to_text
+from printery.run_index import RUNNING, RunIndex, run_status
+from printery.runs import run_cost
+from printery.runtime.registry import list_processes
+
+__all__ = ["Views", "pretty"]
+
+#: Runs on one page of the runs list; dead letters shown at most.
+PAGE = 50
+DLQ_SHOWN = 200
+
+
+def pretty(value: Any) -> str:
+    """JSON as people read it (the data of an entry, a review, a dead letter)."""
+    try:
+        return _json.dumps_indented(value)
+    except TypeError:
+        return str(value)
+
+
+class Views:
+    """The pages' data over one :class:`~printery.client.Runs` (its client, keys and
+    pipeline)."""
+
+    def __init__(self, runs: Runs) -> None:
+        self.runs = runs
+        self.client = runs.redis
+        self.keys = runs.keys
+        self.pipeline = runs.pipeline
+        self.index = RunIndex(runs.keys, ingress=runs.pipeline.ingress,
+                              outcomes=runs.pipeline.outcomes)
+
+    async def overview(self) -> dict[str, Any]:
+        processes = await list_processes(self.client, self.keys)
+        workers = [{"process": f"{p.get('host', '?')}:{p.get('pid', '?')}", "name": name,
+                    **(w if isinstance(w, dict) else {})}
+                   for p in processes for name, w in sorted((p.get("workers") or {}).items())]
+        streams = await self.streams()
+        counts = {s["type"]: s["length"] for s in streams}
+        recent, _ = await self.index.page(self.client, count=10)
+        return {"processes": processes, "workers": workers, "streams": streams,
+                "dlq": counts.get(DLQ, 0), "reviews": counts.get(REVIEW, 0),
+                "summary": await self.index.summary(self.client),
+                "cost": await self.index.cost_last_hour(self.client), "recent": recent}
+
+    async def streams(self) -> list[dict[str, Any]]:
+        """Each stream of the pipeline (and ``dlq``, ``review``): length, and per group
+        its pending entries and lag."""
+        types = [*self.pipeline.event_types(), DLQ, REVIEW]
+        async with self.client.pipeline(transaction=False) as pipe:
+            for event_type in types:
+                pipe.xlen(self.keys.stream(event_type))
+                pipe.xinfo_groups(self.keys.stream(event_type))
+            replies = await pipe.execute(raise_on_error=False)
+        rows = []
+        for n, event_type in enumerate(types):
+            length, groups = replies[2 * n], replies[2 * n + 1]
+            groups = groups if isinstance(groups, list) else []  # no stream yet
+            rows.append({
+                "type": event_type, "length": length if isinstance(length, int) else 0,
+                "groups": [{"name": g.get("name"), "pending": g.get("pending", 0),
+                            "lag": g.get("lag")} for g in groups],
+                "lag": sum(int(g.get("lag") or 0) for g in groups),
+                "pending": sum(int(g.get("pending") or 0) for g in groups),
+            })
+        return rows
+
+    async def run_list(self, *, query: str = "", status: str = "", offset: int = 0) -> (
+        dict[str, Any]
+    ):
+        if query:
+            rows = await self.index.find(self.client, query)
+            total = len(rows)
+        else:
+            rows, total = await self.index.page(self.client, status=status, offset=offset,
+                                                count=PAGE)
+        summary = await self.index.summary(self.client)
+        return {"runs": rows, "total": total, "query": query, "status": status,
+                "offset": offset, "page": PAGE, "statuses": summary["statuses"]}
+
+    async def run(self, run_id: str) -> dict[str, Any] | None:
+        """One run's page, or None when no entry of it exists."""
+        try:
+            entries = await self.runs.entries(run_id)
+        except UnknownRun:
+            return None
+        return self.run_view(run_id, entries)
+
+    def run_view(self, run_id: str, entries: list[dict[str, Any]]) -> dict[str, Any]:
+        outcome = next((e for e in entries if self.runs.reader.is_outcome(e)), None)
+        spent = run_cost(self.pipeline, entries)
+        steps = step_summary(self.runs, entries, spent["steps"])
+        start = id_order(entries[0]["id"])[0] if entries else 0
+        timeline = [{
+            "id": e["id"], "type": e.get("stream", ""), "producer": e.get("producer", ""),
+            "at": id_order(e["id"])[0], "offset_ms": id_order(e["id"])[0] - start,
+            "duration_ms": e.get("duration_ms"), "cost": e.get("cost") or {},
+            "data": pretty(e.get("data")), "outcome": e is outcome,
+        } for e in entries]
+        status = run_status(outcome)
+        states = {s["step"]: s["status"] for s in steps}
+        return {"run_id": run_id, "status": status, "ended": status != RUNNING,
+                "steps": steps, "timeline": timeline, "cost": spent["total"]["cost"],
+                "graph": self.graph(states)}
+
+    def graph(self, states: Mapping[str, str] | None = None) -> Layout:
+        return layout(self.pipeline, states)
+
+    async def review_list(self) -> dict[str, Any]:
+        found = await reviews.list_reviews(self.client, self.keys, self.pipeline)
+        field = self.pipeline.correlation_field
+        return {"reviews": [{**r, "run_id": r.get(field, ""), "pretty": pretty(r.get("data"))}
+                            for r in found]}
+
+    async def dlq_list(self) -> dict[str, Any]:
+        field = self.pipeline.correlation_field
+        letters = await dead_letters.dead_letters(self.client, self.keys, field,
+                                                  count=DLQ_SHOWN)
+        total = await self.client.xlen(self.keys.dlq)
+        return {"letters": [{**d, "run_id": d.get(field, ""), "pretty": pretty(d.get("data"))}
+                            for d in letters], "total": total}
+
+    def pipeline_view(self) -> dict[str, Any]:
+        loops = {name: loop_summary(step.loop) for name, step in self.pipeline.steps.items()
+                 if step.loop is not None}
+        return {"description": self.pipeline.describe(), "text": to_text(self.pipeline),
+                "graph": self.graph(), "loops": loops}

@@ -1,0 +1,224 @@
+"""The run index: which runs exist, newest first, and each one's status, read without
+touching the streams (the console's overview and runs pages, CONTRACT §14, answer from
+it; nothing on a request path may SCAN the keyspace or read every stream).
+
+Keys, every one from :class:`~printery.keys.StreamKeys`:
+
+- ``run_index()``: sorted set, run id -> when it started (ms);
+- ``run_index(status)``: the runs of one status (``running``, then the outcome's status)
+  -> when they got it, so a status filter reads one set;
+- ``run_statuses``: the set of status names seen (the filter's choices);
+- ``run_info(run)``: hash ``status``, ``ended`` (written at the outcome: a run without
+  it is running; its start is its score in ``run_index()``);
+- ``cost_minute(m)``: hash unit -> amount the steps reported in unix minute ``m`` (TTL
+  two hours): the overview's "cost in the last hour" is 60 ``HGETALL``.
+
+Who writes: ``submit.lua`` indexes a submitted run atomically with its ingress entry. The
+commit of an entry of an ingress type indexes its run too (``NX``: a submitted run keeps
+its start), so a run an external producer started with a plain ``XADD`` is indexed when
+its first entry is handled. The commit of an outcome entry sets the status. The writes
+are commands of the commit's own transaction (``EntryCommit.run_index``), so they land
+with the outputs, atomically; they do not depend on the script's verdict, so they are
+idempotent (``NX``, the same status again), except the cost minutes: a duplicate
+delivery's cost counts twice there (an overview figure; ``printery cost`` is exact).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
+
+import redis.asyncio as aioredis
+
+from printery import _json
+from printery.keys import StreamKeys
+from printery.transport.channel import Command
+
+__all__ = ["COST_MINUTE_TTL", "RUNNING", "RunIndex", "now_ms", "outcome_status", "run_status"]
+
+#: A run's status before its outcome entry.
+RUNNING = "running"
+#: Seconds a cost minute is kept: the last hour is always there.
+COST_MINUTE_TTL = 7200
+
+
+def run_status(outcome: Mapping[str, Any] | None) -> str:
+    """A run's status (§11): its outcome entry's ``data.status`` when that is a string,
+    else the outcome's event type; :data:`RUNNING` without an outcome."""
+    if outcome is None:
+        return RUNNING
+    data = outcome.get("data")
+    if isinstance(data, dict) and isinstance(data.get("status"), str):
+        return str(data["status"])
+    return str(outcome.get("stream", ""))
+
+
+def now_ms() -> int:
+    return int(time.time() * 1000)
+
+
+class RunIndex:
+    """Writes (as commands for a commit) and reads of the run index under ``keys``.
+
+    With several partitions (CONTRACT §15) each partition keeps the index of its own runs,
+    so a commit's index writes stay in its slot: writes need one partition's keys
+    (:meth:`within`), reads merge every partition."""
+
+    def __init__(self, keys: StreamKeys, *, ingress: Iterable[str] = (),
+                 outcomes: Iterable[str] = ()) -> None:
+        self.keys = keys
+        self.ingress = frozenset(ingress)
+        self.outcomes = frozenset(outcomes)
+        #: The ingress and the outcome streams under ``keys`` (made at the first commit).
+        self._streams: tuple[frozenset[str], dict[str, str]] | None = None
+        self._expire_sent = -1
+
+    def within(self, keys: StreamKeys) -> RunIndex:
+        """The same index written under one partition's ``keys``."""
+        return RunIndex(keys, ingress=self.ingress, outcomes=self.outcomes)
+
+    # -- writes ---------------------------------------------------------------------------
+
+    def started(self, run_id: str, at_ms: int) -> list[Command]:
+        """A run begins (kept as it was when it is indexed already). Two commands: this
+        is on the hot path of every ingress step (see docs/console.md)."""
+        return [("ZADD", self.keys.run_index(), "NX", at_ms, run_id),
+                ("ZADD", self.keys.run_index(RUNNING), "NX", at_ms, run_id)]
+
+    def ended(self, run_id: str, status: str, at_ms: int) -> list[Command]:
+        """A run's outcome entry was written with ``status``."""
+        return [("ZADD", self.keys.run_index(), "NX", at_ms, run_id),
+                ("ZREM", self.keys.run_index(RUNNING), run_id),
+                ("ZADD", self.keys.run_index(status), at_ms, run_id),
+                ("SADD", self.keys.run_statuses, status),
+                ("HSET", self.keys.run_info(run_id), "status", status, "ended", at_ms)]
+
+    def spent(self, costs: Mapping[str, float], at_ms: int) -> list[Command]:
+        """Add ``costs`` to their minute. The minute's TTL is set again at most once a
+        second (a commit that failed leaves it to the next second's), not per entry."""
+        if not costs:
+            return []
+        key = self.keys.cost_minute(at_ms // 60_000)
+        commands: list[Command] = [("HINCRBYFLOAT", key, unit, repr(float(amount)))
+                                   for unit, amount in costs.items()]
+        if at_ms // 1000 != self._expire_sent:
+            self._expire_sent = at_ms // 1000
+            commands.append(("EXPIRE", key, COST_MINUTE_TTL))
+        return commands
+
+    def commit_writes(self, source: str, run_id: str, costs: Mapping[str, float],
+                      outputs: Iterable[Sequence[Any]]) -> tuple[Command, ...]:
+        """What the commit of one handled entry (of the stream ``source``, run ``run_id``)
+        adds to the index, given its ``outputs`` as (stream key, fields, ...). Most
+        commits add nothing: only an ingress entry, an outcome and a cost are indexed, and
+        this is on the hot path of every step (two set lookups when nothing is)."""
+        streams = self._streams
+        if streams is None:
+            streams = self._streams = (
+                frozenset(self.keys.stream(t) for t in self.ingress),
+                {self.keys.stream(t): t for t in self.outcomes})
+        ingress, outcomes = streams
+        ended = None
+        starts = False
+        if run_id:
+            starts = source in ingress
+            for out in outputs:
+                if out[0] in outcomes:
+                    ended = out
+                    break
+        if not costs and not starts and ended is None:
+            return ()
+        at = now_ms()
+        commands = self.spent(costs, at)
+        if starts:
+            commands += self.started(run_id, at)
+        if ended is not None:
+            commands += self.ended(run_id, outcome_status(outcomes[ended[0]], ended[1]), at)
+        return tuple(commands)
+
+    # -- reads ----------------------------------------------------------------------------
+
+    async def page(self, client: aioredis.Redis, *, status: str = "", offset: int = 0,
+                   count: int = 50) -> tuple[list[dict[str, Any]], int]:
+        """Runs newest first (``status``: of that status only) from ``offset``, and how
+        many there are: two round trips whatever the size of the index (each partition
+        gives its newest ``offset + count``, merged here)."""
+        parts = list(self.keys.whole.each())
+        async with client.pipeline(transaction=False) as pipe:
+            for keys in parts:
+                pipe.zrevrange(keys.run_index(status), 0, offset + count - 1, withscores=True)
+                pipe.zcard(keys.run_index(status))
+            replies = await pipe.execute()
+        members = sorted((member for n in range(len(parts)) for member in replies[2 * n]),
+                         key=lambda member: -float(member[1]))[offset : offset + count]
+        total = sum(int(replies[2 * n + 1]) for n in range(len(parts)))
+        return await self.rows(client, [_text(m) for m, _ in members]), total
+
+    async def rows(self, client: aioredis.Redis, run_ids: Sequence[str]) -> list[dict[str, Any]]:
+        """Each run's ``run_id``, ``status``, ``started`` and ``ended`` (ms, 0: not yet):
+        one round trip for the lot."""
+        if not run_ids:
+            return []
+        whole = self.keys.whole
+        async with client.pipeline(transaction=False) as pipe:
+            for run_id in run_ids:
+                keys = whole.of(run_id)
+                pipe.zscore(keys.run_index(), run_id)
+                pipe.hmget(keys.run_info(run_id), ["status", "ended"])
+            replies = await pipe.execute()
+        rows = []
+        for n, run_id in enumerate(run_ids):
+            started, (status, ended) = replies[2 * n], replies[2 * n + 1]
+            rows.append({"run_id": run_id, "status": _text(status) if status else RUNNING,
+                         "started": int(started or 0), "ended": int(ended or 0)})
+        return rows
+
+    async def find(self, client: aioredis.Redis, run_id: str) -> list[dict[str, Any]]:
+        """The run of exactly this id, when it is indexed (search by id)."""
+        score = await client.zscore(self.keys.whole.of(run_id).run_index(), run_id)
+        return [] if score is None else await self.rows(client, [run_id])
+
+    async def summary(self, client: aioredis.Redis) -> dict[str, Any]:
+        """``runs`` (all indexed), ``running``, and the status names seen."""
+        parts = list(self.keys.whole.each())
+        async with client.pipeline(transaction=False) as pipe:
+            for keys in parts:
+                pipe.zcard(keys.run_index())
+                pipe.zcard(keys.run_index(RUNNING))
+                pipe.smembers(keys.run_statuses)
+            replies = await pipe.execute()
+        statuses = {_text(s) for n in range(len(parts)) for s in replies[3 * n + 2]}
+        return {"runs": sum(int(replies[3 * n]) for n in range(len(parts))),
+                "running": sum(int(replies[3 * n + 1]) for n in range(len(parts))),
+                "statuses": sorted({RUNNING, *statuses})}
+
+    async def cost_last_hour(self, client: aioredis.Redis, at_ms: int | None = None) -> (
+        dict[str, float]
+    ):
+        """What the steps reported spending in the last 60 minutes, per unit."""
+        minute = (now_ms() if at_ms is None else at_ms) // 60_000
+        async with client.pipeline(transaction=False) as pipe:
+            for keys in self.keys.whole.each():
+                for m in range(minute - 59, minute + 1):
+                    pipe.hgetall(keys.cost_minute(m))
+            buckets = await pipe.execute()
+        total: dict[str, float] = {}
+        for bucket in buckets:
+            for unit, amount in bucket.items():
+                total[_text(unit)] = total.get(_text(unit), 0.0) + float(amount)
+        return total
+
+
+def outcome_status(event_type: str, fields: Mapping[str, str]) -> str:
+    """The status of a run ending with this entry (CONTRACT §11): ``data.status`` when a
+    string, else the event type."""
+    try:
+        data = _json.loads(fields.get("data", "null"))
+    except (_json.JSONDecodeError, ValueError):
+        data = None
+    return run_status({"stream": event_type, "data": data})
+
+
+def _text(value: object) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)

@@ -1,0 +1,187 @@
+"""The web console's rules over plain HTTP against a real ``printery-workers`` (CONTRACT
+§11, §14): login and its cookie, CSRF on every form POST, 403 beyond loopback without a
+token, pages answered from the run index without a SCAN of the keyspace, and no secret
+(Redis password, API token, webhook secret) in any page, an error page included."""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+import redis
+
+from printery.testing import unique_prefix
+from printery.transport.server import ServerProcess, free_port
+from support.service import ServiceHandle, spawn
+
+TOKEN = "console-api-token-7f3a9c"
+REDIS_PASSWORD = "redis-pw-5d1e8b"
+WEBHOOK_SECRET = "webhook-secret-b42c6e"
+SECRETS = (TOKEN, REDIS_PASSWORD, WEBHOOK_SECRET)
+PAGES = ("/", "/runs", "/runs?status=succeeded", "/reviews", "/dlq", "/pipeline")
+
+
+def deployment(environment: str = "development") -> dict[str, Any]:
+    return {"service": "billing-api", "version": "1.2.3", "environment": environment,
+            "requested_by": "alice", "notify": ["log"]}
+
+
+@pytest.fixture
+def secured(tmp_path: Path) -> Iterator[tuple[ServiceHandle, ServerProcess, str]]:
+    """A server with a password and a service with a token and a webhook secret."""
+    server = ServerProcess(tmp_path / "server", password=REDIS_PASSWORD)
+    server.start()
+    prefix = unique_prefix()
+    handle = spawn(["--redis-url", server.url, "--stream-prefix", prefix],
+                   env={"PRINTERY_API_TOKEN": TOKEN, "PRINTERY_WEBHOOK_SECRET": WEBHOOK_SECRET},
+                   cwd=tmp_path)
+    try:
+        yield handle, server, prefix
+    finally:
+        handle.stop()
+        server.stop()
+
+
+def logged_in(handle: ServiceHandle) -> httpx.Client:
+    """A client that logged in through the form, holding the session cookie."""
+    client = httpx.Client(base_url=str(handle.http_base), timeout=10)
+    form = client.get("/login")
+    answer = client.post("/login", data={"csrf": csrf_of(form.text), "token": TOKEN,
+                                         "next": "/runs"})
+    assert answer.status_code == 303 and answer.headers["location"] == "/runs"
+    cookie = answer.headers["set-cookie"]
+    assert "HttpOnly" in cookie and "SameSite=Strict" in cookie and TOKEN not in cookie
+    return client
+
+
+def csrf_of(html: str) -> str:
+    found = re.search(r'name="csrf" value="([0-9a-f]{64})"', html)
+    assert found, "a form without a CSRF token"
+    return found.group(1)
+
+
+def finished(handle: ServiceHandle, client: httpx.Client, run_id: str) -> bool:
+    return "succeeded" in client.get(f"/runs/{run_id}").text
+
+
+def test_login_csrf_and_refusals(secured: tuple[ServiceHandle, ServerProcess, str]) -> None:
+    handle, server, prefix = secured
+    anonymous = httpx.Client(base_url=str(handle.http_base), timeout=10)
+    assert anonymous.get("/").status_code == 303  # to the login form
+    assert anonymous.get("/live/overview").status_code == 401
+    assert anonymous.post("/dlq/1-0/replay", data={"csrf": "x"}).status_code == 401
+    form = anonymous.get("/login").text
+    wrong = anonymous.post("/login", data={"csrf": csrf_of(form), "token": "guess"})
+    assert wrong.status_code == 401 and "set-cookie" not in wrong.headers
+    assert anonymous.post("/login", data={"token": TOKEN}).status_code == 403  # no CSRF
+
+    client = logged_in(handle)
+    conn = redis.Redis.from_url(server.url, decode_responses=True)
+    conn.xadd(f"{prefix}:deployment:started", {"data": "{not json"})
+    handle.wait_until(lambda: conn.xlen(f"{prefix}:dlq") == 1, what="a dead letter")
+    [(letter, _)] = conn.xrange(f"{prefix}:dlq")
+    page = client.get("/dlq").text
+    assert letter in page
+    for data in ({}, {"csrf": ""}, {"csrf": "0" * 64}):
+        refused = client.post(f"/dlq/{letter}/replay", data=data)
+        assert refused.status_code == 403 and "CSRF" in refused.text
+    assert conn.xlen(f"{prefix}:dlq") == 1  # nothing happened
+    done = client.post(f"/dlq/{letter}/purge", data={"csrf": csrf_of(page)})
+    assert done.status_code == 303 and conn.xlen(f"{prefix}:dlq") == 0
+    # The bearer header still opens /v1 (and the console), the cookie alone not /v1.
+    assert client.get("/v1/dlq").status_code == 401
+    assert anonymous.get("/", headers={"Authorization": f"Bearer {TOKEN}"}).status_code == 200
+    conn.close()
+
+
+def test_no_secret_in_any_page_even_an_error_page(
+    secured: tuple[ServiceHandle, ServerProcess, str],
+) -> None:
+    handle, server, _ = secured
+    client = logged_in(handle)
+    run_id = client.post("/v1/runs", json={"data": deployment()},
+                         headers={"Authorization": f"Bearer {TOKEN}"}).json()["run_id"]
+    client.post("/v1/runs", json={"data": deployment("production")},
+                headers={"Authorization": f"Bearer {TOKEN}"})
+    handle.wait_until(lambda: finished(handle, client, run_id), what="the run")
+    handle.wait_until(lambda: "approval" in client.get("/reviews").text, what="the review")
+    pages = {path: client.get(path) for path in (*PAGES, f"/runs/{run_id}", "/login",
+                                                  "/runs/no-such-run")}
+    server.stop()  # every page now fails: the error page
+    pages["error"] = client.get("/")
+    pages["error run"] = client.get(f"/runs/{run_id}")
+    assert pages["error"].status_code == 503 and "Redis is not answering" in pages["error"].text
+    assert pages["/runs/no-such-run"].status_code == 404
+    for path, answer in pages.items():
+        assert "<html" in answer.text, path
+        for secret in SECRETS:
+            assert secret not in answer.text, f"{path} shows a secret"
+            assert secret not in str(answer.headers), f"{path} sends a secret"
+
+
+def test_pages_never_scan_the_keyspace(
+    secured: tuple[ServiceHandle, ServerProcess, str],
+) -> None:
+    handle, server, prefix = secured
+    client = logged_in(handle)
+    conn = redis.Redis.from_url(server.url, decode_responses=True)
+    # A run an external producer starts with a plain XADD is indexed when handled.
+    raw = "dep-raw-producer-1"
+    conn.xadd(f"{prefix}:deployment:started",
+              {"data": json.dumps({**deployment(), "deployment_id": raw})})
+    handle.wait_until(lambda: raw in client.get("/runs?status=succeeded").text,
+                      what="the raw run indexed with its status")
+    assert raw in client.get(f"/runs?q={raw}").text
+
+    def scans() -> int:
+        stats = conn.info("commandstats")
+        return sum(int(stats.get(f"cmdstat_{name}", {}).get("calls", 0))
+                   for name in ("scan", "keys"))
+
+    before = scans()
+    for path in (*PAGES, f"/runs/{raw}"):
+        assert client.get(path).status_code == 200, path
+    assert scans() == before
+    conn.close()
+
+
+def test_forbidden_beyond_loopback_without_a_token(server: ServerProcess, tmp_path: Path) -> (
+    None
+):
+    port = free_port("0.0.0.0")
+    handle = spawn(["--redis-url", server.url, "--stream-prefix", unique_prefix(),
+                    "--http-addr", f"0.0.0.0:{port}"], cwd=tmp_path)
+    try:
+        for path in ("/", "/runs", "/login", "/live/overview"):
+            answer = httpx.get(f"http://127.0.0.1:{port}{path}", timeout=10)
+            assert answer.status_code == 403 and "PRINTERY_API_TOKEN" in answer.text, path
+    finally:
+        handle.stop()
+
+
+def test_a_rejection_that_ends_the_run_is_indexed_with_its_status(
+    secured: tuple[ServiceHandle, ServerProcess, str],
+) -> None:
+    handle, _, _ = secured
+    client = logged_in(handle)
+    bearer = {"Authorization": f"Bearer {TOKEN}"}
+    run_id = client.post("/v1/runs", json={"data": deployment("production")},
+                         headers=bearer).json()["run_id"]
+
+    def review() -> str:
+        return next((r["id"] for r in client.get("/v1/reviews", headers=bearer).json()
+                     if r.get("deployment_id") == run_id), "")
+
+    review_id = handle.wait_until(review, what="the approval review")
+    page = client.get("/reviews").text
+    answer = client.post(f"/reviews/{review_id}/reject",
+                         data={"csrf": csrf_of(page), "by": "carol", "note": "not today"})
+    assert answer.status_code == 303 and answer.headers["location"].startswith(f"/runs/{run_id}")
+    handle.wait_until(lambda: run_id in client.get("/runs?status=rejected").text,
+                      what="the run listed as rejected")
+    assert run_id not in client.get("/runs?status=running").text

@@ -1,0 +1,111 @@
+"""The run index (printery/run_index.py) on a real server: a submit indexes its run
+with its entry, a commit of an outcome moves it to its status, a commit of an ingress
+entry indexes a run no submit did (a producer's plain XADD), and the cost minutes sum
+the last hour only. Pages read the index in bounded round trips whatever its size."""
+
+from __future__ import annotations
+
+import redis.asyncio as aioredis
+
+from printery._json import dumps
+from printery.apps import load_app
+from printery.client import Runs
+from printery.history import id_order
+from printery.keys import StreamKeys
+from printery.run_index import RUNNING, RunIndex, now_ms
+from printery.transport.commit import Append, Committer, EntryCommit
+
+REQUEST = {"service": "billing-api", "version": "1.0.0", "environment": "development",
+           "requested_by": "alice", "notify": ["log"]}
+
+
+async def test_submit_outcome_and_raw_runs_are_indexed(client: aioredis.Redis, prefix: str) -> (
+    None
+):
+    keys = StreamKeys(prefix)
+    _, pipeline = load_app(None, {}, {})
+    index = RunIndex(keys, ingress=pipeline.ingress, outcomes=pipeline.outcomes)
+    runs = Runs(client, keys, pipeline, payload_limit=65536)
+    first, entry = await runs.submit(REQUEST)
+    second, _ = await runs.submit(REQUEST)
+    [again, _] = await runs.submit(REQUEST, run_id=first)  # the same run: indexed once
+    assert again == first
+    rows, total = await index.page(client)
+    assert total == 2 and [r["run_id"] for r in rows] == [second, first]  # newest first
+    assert rows[1] == {"run_id": first, "status": RUNNING, "started": id_order(entry)[0],
+                       "ended": 0}
+    assert (await index.summary(client))["running"] == 2
+
+    # The outcome's commit (as the aggregator's): the run moves to its status.
+    finished = dumps({"deployment_id": first, "status": "failed", "reasons": []})
+    commit = EntryCommit("", "", "", "", [Append(keys.stream("deployment:finished"),
+                                                 {"data": finished, "deployment_id": first})],
+                         run_index=index.commit_writes(keys.stream("health:checked"), first, {"usd": 0.5},
+                                                       [(keys.stream("deployment:finished"),
+                                                         {"data": finished})]))
+    # A raw XADD's run, indexed by the commit of its ingress entry (no submit record).
+    raw = index.commit_writes(keys.stream("deployment:started"), "dep-raw", {"usd": 0.25}, [])
+    committer = Committer(client, index_key=keys.idempotency_index("w"), group="w",
+                          ttl_ms=60_000)
+    assert [r for r in await committer.commit(
+        [commit, EntryCommit("", "", "", "", [], run_index=raw)])] == [2, 1]
+    await committer.close()
+    failed, total = await index.page(client, status="failed")
+    assert total == 1 and failed[0]["run_id"] == first and failed[0]["ended"] > 0
+    running, _ = await index.page(client, status=RUNNING)
+    assert {r["run_id"] for r in running} == {second, "dep-raw"}
+    assert (await index.summary(client))["statuses"] == ["failed", RUNNING]
+    assert [r["run_id"] for r in await index.find(client, "dep-raw")] == ["dep-raw"]
+    assert await index.find(client, "dep-nope") == []
+    assert await index.cost_last_hour(client) == {"usd": 0.75}
+    await runs.close()
+
+
+async def test_cost_last_hour_counts_sixty_minutes(client: aioredis.Redis, prefix: str) -> None:
+    index = RunIndex(StreamKeys(prefix))
+    now = now_ms()
+    for minutes_ago, amount in ((0, 1.0), (59, 2.0), (60, 4.0), (90, 8.0)):
+        for command in index.spent({"tokens": amount}, now - minutes_ago * 60_000):
+            await client.execute_command(*command)
+    assert await index.cost_last_hour(client, now) == {"tokens": 3.0}
+    assert 0 < await client.ttl(StreamKeys(prefix).cost_minute(now // 60_000)) <= 7200
+
+
+async def test_with_partitions_each_run_is_indexed_in_its_partition_and_read_merged(
+    client: aioredis.Redis, prefix: str
+) -> None:
+    """CONTRACT §15: the index writes of a commit stay in the run's partition (one slot),
+    and the pages merge every partition newest first."""
+    keys = StreamKeys(prefix, partitions=3)
+    _, pipeline = load_app(None, {}, {})
+    index = RunIndex(keys, ingress=pipeline.ingress, outcomes=pipeline.outcomes)
+    runs = Runs(client, keys, pipeline, payload_limit=65536)
+    submitted = [(await runs.submit(REQUEST))[0] for _ in range(9)]
+    assert len({keys.locate(keys.of(run).stream("x"))[0] for run in submitted}) > 1
+    head, total = await index.page(client, count=4)
+    tail, _ = await index.page(client, offset=4, count=10)
+    rows = head + tail
+    assert total == 9 and sorted(r["run_id"] for r in rows) == sorted(submitted)
+    starts = [r["started"] for r in rows]  # newest first across partitions (ms: ties)
+    assert starts == sorted(starts, reverse=True) and len(head) == 4
+
+    first = submitted[0]
+    part = keys.of(first)
+    finished = dumps({"deployment_id": first, "status": "failed", "reasons": []})
+    writes = index.within(part).commit_writes(
+        part.stream("health:checked"), first, {"usd": 0.5},
+        [(part.stream("deployment:finished"), {"data": finished})])
+    scope = part.scope + ":"
+    assert all(command[1].startswith(scope) for command in writes), writes
+    committer = Committer(client, index_key=part.idempotency_index("w"), group="w",
+                          ttl_ms=60_000)
+    assert await committer.commit([EntryCommit("", "", "", "", [], run_index=writes)]) == [1]
+    await committer.close()
+    failed, total = await index.page(client, status="failed")
+    assert total == 1 and failed[0]["run_id"] == first
+    summary = await index.summary(client)
+    assert (summary["runs"], summary["running"], summary["statuses"]) == (
+        9, 8, ["failed", RUNNING])
+    assert [r["run_id"] for r in await index.find(client, first)] == [first]
+    assert await index.cost_last_hour(client) == {"usd": 0.5}
+    await runs.close()
