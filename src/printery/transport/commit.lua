@@ -16,7 +16,8 @@
 -- KEYS[1]  the group's idempotency index (a hash: current generation and when it began);
 --          the records are members of sets named KEYS[1] .. ':r' .. generation
 -- KEYS[2…] the source streams of the segments (each once)
--- ARGV[1]  group; ARGV[2] idempotency record ttl in ms; then each segment:
+-- ARGV[1]  group; ARGV[2] idempotency record ttl in ms; ARGV[3] x: how many of the last
+--          arguments are the run index's writes (see below); then each segment:
 --            source (position of its stream in KEYS, '0' = outputs alone: no source, no
 --            ack, no fence), consumer, entry count n, '1' if its entries carry records
 --            (else '0'), outputs per entry m, budget fields per entry nb, then per output:
@@ -41,6 +42,13 @@
 -- another type): outputs withdrawn, no record, not acked. A failure of the script itself
 -- withdraws every output of the run and returns the error.
 --
+-- The run index's writes (printery/run_index.py), the last x arguments: per command its
+-- argument count, then the command. They are idempotent and made whatever the verdict (a
+-- duplicate's were made by the commit it duplicates), after the outputs' decision; an
+-- error in one (a key of another type) is left to the index, never to the commit. Here
+-- rather than as commands of the transaction: a command there costs the client a packing
+-- and a reply each, an argument here nearly nothing.
+--
 -- Records: one set per generation instead of a key with a TTL each. A generation is
 -- current for ttl (it rotates at the first commit after that), then previous (still
 -- checked), and expires ttl after the rotation; so a record is kept at least ttl and at
@@ -48,11 +56,12 @@
 
 local group, ttl = ARGV[1], tonumber(ARGV[2])
 local unpack = unpack
+local indexed = #ARGV - tonumber(ARGV[3])
 
 -- Segments (parsed once each; nothing here is per entry).
 local segs, nsegs, total = {}, 0, 0
 local outkeys, any_once, any_budget = {}, false, false
-local a, last = 3, #ARGV
+local a, last = 4, indexed
 while a <= last do
   local src, n, m = tonumber(ARGV[a]), tonumber(ARGV[a + 2]), tonumber(ARGV[a + 4])
   local nb = tonumber(ARGV[a + 5])
@@ -410,6 +419,12 @@ local function decide()
 end
 
 local ok, results = pcall(decide)
+local i = indexed + 1
+while i <= #ARGV do
+  local n = tonumber(ARGV[i])
+  redis.pcall(unpack(ARGV, i + 1, i + n))
+  i = i + n + 1
+end
 if not ok then
   -- Keep nothing of a run that could not be decided.
   for e = 1, total do withdrawn[e] = true end

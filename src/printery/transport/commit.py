@@ -88,8 +88,8 @@ class EntryCommit(NamedTuple):
     """One entry's part of a commit. ``entry_id`` "" means outputs caused by no entry
     (no ack, no fence); ``record`` "" means no idempotency record (dead letters);
     ``budget`` what its commit adds to its run's budget (None: nothing); ``run_index``
-    the run index's writes (:mod:`printery.run_index`): idempotent commands sent in the same
-    transaction, before the script, whatever its verdict."""
+    the run index's writes (:mod:`printery.run_index`): idempotent commands the commit
+    script makes whatever its verdict."""
 
     source: str
     consumer: str
@@ -109,7 +109,6 @@ class CommitRun:
     args: list[Any]
     appends: list[tuple[str, Fields]]
     output_counts: list[int]
-    index: list[Command]
 
 
 def commit_run(
@@ -122,9 +121,9 @@ def commit_run(
     segment whose per-entry values go as columns: the script hands them to its commands
     whole (see commit.lua for the layout)."""
     keys: list[str] = [index_key]
-    args: list[Any] = [group, ttl_ms]
+    args: list[Any] = [group, ttl_ms, 0]
     appends: list[tuple[str, Fields]] = []
-    index: list[Command] = []
+    index: list[Any] = []  # the run index's writes: per command its length, then it
     counts: list[int] = []
     segment: list[EntryCommit] = []
     shape: tuple[Any, ...] = ()
@@ -140,10 +139,13 @@ def commit_run(
         segment.append(entry)
         counts.append(len(entry.appends))
         appends += [(out.stream, out.fields) for out in entry.appends]
-        index += entry.run_index
+        for command in entry.run_index:
+            index += (len(command), *command)
     if segment:
         _add_segment(keys, args, segment, shape)
-    return CommitRun(keys, args, appends, counts, index)
+    args[2] = len(index)
+    args += index
+    return CommitRun(keys, args, appends, counts)
 
 
 def _add_segment(
@@ -197,7 +199,6 @@ def commit_commands(run: CommitRun) -> list[Command]:
     commands: list[Command] = [("MULTI",)]
     for stream, fields in run.appends:
         commands.append(("XADD", stream, "*", *chain.from_iterable(fields.items())))
-    commands += run.index  # before the script: its reply stays the transaction's last
     commands.append(("EVAL", COMMIT_LUA_WIRE, len(run.keys), *run.keys, *run.args))
     commands.append(("EXEC",))
     return commands
