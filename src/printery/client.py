@@ -29,6 +29,7 @@ from printery.keys import StreamKeys
 from printery.pipeline.dag import Pipeline
 from printery.pipeline.reason import Reason
 from printery.runs import RunReader, RunResult
+from printery.telemetry import TRACEPARENT, valid_traceparent
 from printery.transport.channel import DirectChannel
 from printery.transport.connection import connect
 from printery.transport.embedded import find_running
@@ -63,10 +64,15 @@ class Runs:
 
     def prepare(
         self, data: Any, *, event_type: str | None = None, run_id: str | None = None,
-        idempotency_key: str | None = None,
+        idempotency_key: str | None = None, traceparent: str | None = None,
     ) -> tuple[str, str, str, dict[str, str]]:
         """Check ``data`` and build its entry: ``(event type, run id, idempotency key,
-        fields)``. Raises :class:`InvalidInput` or :class:`PayloadTooLarge`."""
+        fields)``. Raises :class:`InvalidInput` or :class:`PayloadTooLarge`. A producer's
+        ``traceparent`` (W3C) goes on the entry, so the run joins the producer's trace."""
+        if traceparent is not None and not valid_traceparent(traceparent):
+            raise InvalidInput([Reason(
+                code="invalid_traceparent", field="traceparent",
+                message="a W3C traceparent: 00-<32 hex trace id>-<16 hex span id>-<2 hex flags>")])
         if event_type is None:
             if len(self.pipeline.ingress) != 1:
                 raise InvalidInput([Reason(
@@ -81,8 +87,9 @@ class Runs:
         if run_id is None and isinstance(data, dict) and isinstance(data.get(field), str):
             run_id = data[field] or None
         run_id = run_id or new_id(self.codec.id_prefix)
-        fields = self.codec.new_fields(event_type, data, correlation_id=run_id,
-                                       producer=self.producer, idempotency_key=idempotency_key)
+        fields = self.codec.new_fields(
+            event_type, data, correlation_id=run_id, producer=self.producer,
+            idempotency_key=idempotency_key, more={TRACEPARENT: traceparent} if traceparent else None)
         if len(fields["data"]) > self.codec.payload_limit:
             raise PayloadTooLarge(
                 f"data is {len(fields['data'])} bytes, limit {self.codec.payload_limit}")
@@ -90,12 +97,13 @@ class Runs:
 
     async def submit(
         self, data: Any, *, event_type: str | None = None, run_id: str | None = None,
-        idempotency_key: str | None = None,
+        idempotency_key: str | None = None, traceparent: str | None = None,
     ) -> tuple[str, str]:
         """Publish one ingress entry at most once per idempotency key: ``(run id, entry
         id)``, those of the first submit of the key."""
         event_type, run, key, fields = self.prepare(
-            data, event_type=event_type, run_id=run_id, idempotency_key=idempotency_key)
+            data, event_type=event_type, run_id=run_id, idempotency_key=idempotency_key,
+            traceparent=traceparent)
         args: list[Any] = [run, SUBMIT_RECORD_TTL]
         for name, value in fields.items():
             args += (name, value)
@@ -226,13 +234,16 @@ class Client:
     @public_api
     async def submit(
         self, data: Any, *, event_type: str | None = None, run_id: str | None = None,
-        idempotency_key: str | None = None,
+        idempotency_key: str | None = None, traceparent: str | None = None,
     ) -> str:
         """Publish one ingress entry and return its run id. The same ``idempotency_key``
         (default ``<event type>:<run id>``) gives the same run id and one run. Raises
-        :class:`InvalidInput` (nothing written) when the ingress step refuses ``data``."""
+        :class:`InvalidInput` (nothing written) when the ingress step refuses ``data``.
+        ``traceparent``: the producer's W3C trace context; the run's spans join its
+        trace (CONTRACT §14)."""
         run, _ = await (await self._runs()).submit(
-            data, event_type=event_type, run_id=run_id, idempotency_key=idempotency_key)
+            data, event_type=event_type, run_id=run_id, idempotency_key=idempotency_key,
+            traceparent=traceparent)
         return run
 
     @public_api
@@ -288,10 +299,11 @@ class SyncClient:
 
     def submit(
         self, data: Any, *, event_type: str | None = None, run_id: str | None = None,
-        idempotency_key: str | None = None,
+        idempotency_key: str | None = None, traceparent: str | None = None,
     ) -> str:
         return self._call(self._client.submit(data, event_type=event_type, run_id=run_id,
-                                              idempotency_key=idempotency_key))
+                                              idempotency_key=idempotency_key,
+                                              traceparent=traceparent))
 
     def result(self, run_id: str, *, timeout: float | None = None) -> RunResult:
         return self._call(self._client.result(run_id, timeout=timeout))

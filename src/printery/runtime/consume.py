@@ -55,7 +55,9 @@ from printery.runtime.handler import Handler, Message, Output, outputs_of
 from printery.runtime.limit_gate import LimitGate, Ticket
 from printery.runtime.observe import Observer
 from printery.runtime.payloads import PayloadStore
+from printery.runtime.spans import EntrySpans, HandleEntry
 from printery.runtime.writes import Writes
+from printery.telemetry import TRACEPARENT, step_tracer
 from printery.transport.commit import DUPLICATE, FENCED, Append, Committer, EntryCommit
 from printery.transport.records import RecordLookup
 from printery.transport.streams import Leases, public_api
@@ -88,6 +90,7 @@ class Decided:
     reason_code: str = ""
     error: str = ""
     traceback: str = ""
+    span: Any = None  # its span while tracing is on (runtime.spans), ended once committed
 
 
 class EntryPipeline:
@@ -126,6 +129,10 @@ class EntryPipeline:
         self.connectivity = connectivity
         self.budget = budget
         self.gate = gate
+        tracer = step_tracer(worker)  # asked once: while off, no entry does any work for it
+        self.spans = EntrySpans(tracer) if tracer is not None else None
+        self._handle: HandleEntry[Decided] = (
+            self._run if self.spans is None else functools.partial(self.spans.run, self._run))
 
     async def process(self, batch: Sequence[Delivery]) -> None:
         """Take a batch through the pipeline. Raises :class:`WorkerCrashed` when a handler
@@ -249,7 +256,8 @@ class EntryPipeline:
                                      message.envelope.idempotency_key, ())
                 decided.append(Decided(delivery, commit, "duplicate"))
             elif budget is not None and (exceeded := budget.over(budgets, n)) is not None:
-                appends = self.writes.appends([budget.held(message, exceeded)], message, 0.0)
+                appends = self.writes.appends([budget.held(message, exceeded)], message, 0.0,
+                                              message.envelope.extra.get(TRACEPARENT, ""))
                 commit = EntryCommit(delivery.stream, delivery.consumer.name, delivery.entry_id,
                                      message.envelope.idempotency_key, appends)
                 decided.append(Decided(delivery, commit, "budget_exceeded", message))
@@ -278,14 +286,14 @@ class EntryPipeline:
         await self.connectivity.retrying(lambda: gate.try_admit(tickets))
         return tickets
 
-    async def _handle(
-        self, delivery: Delivery, message: Message, ticket: Ticket | None = None
+    async def _run(
+        self, delivery: Delivery, message: Message, ticket: Ticket | None = None, traceparent: str = "",
     ) -> Decided | None:
         """Run the handler until it succeeds, is rejected, or runs out of deliveries; the
         entry's commit, or None when the entry was lost to another consumer meanwhile.
         ``ticket``: the step's limits, waited for before each call (before the entry takes
         a slot, so a waiting entry has not started: the drain hands it back at once).
-        The slot taken here is given back once the entry is committed."""
+        The slot taken here is given back once the entry is committed. Outputs carry ``traceparent``."""
         gate = self.gate
         while True:
             if ticket is not None and not ticket.admitted:
@@ -318,7 +326,7 @@ class EntryPipeline:
                 raise
             except BaseException as exc:
                 raise WorkerCrashed(f"handler raised {describe(exc)}") from exc
-            appends = self.writes.appends(outputs, message, time.perf_counter() - begun)
+            appends = self.writes.appends(outputs, message, time.perf_counter() - begun, traceparent)
             if self.writes.has_large(appends):
                 appends = await self.writes.store_large(appends)
             return self._handled(delivery, message, appends)
@@ -393,6 +401,8 @@ class EntryPipeline:
 
     def _account(self, item: Decided, result: Any, seconds: float) -> None:
         entry_id = item.delivery.entry_id
+        if item.span is not None and self.spans is not None:
+            self.spans.end(item, result)
         if isinstance(result, Exception):  # this entry cannot commit: it stays pending
             self.stats.errors += 1
             self.stats.last_error = describe(result)
@@ -431,7 +441,8 @@ class EntryPipeline:
         """Write outputs no entry caused (timers, sweepers) as one atomic commit with their
         ``once`` guards; how many were written. Raises :class:`TransportError` when the
         server cannot be reached."""
-        appends = await self.writes.store_large(self.writes.appends(outputs, None, 0.0, correlation_id))
+        appends = self.writes.appends(outputs, None, 0.0, correlation_id=correlation_id)
+        appends = await self.writes.store_large(appends)
         (result,) = await self.committer.commit([EntryCommit("", "", "", "", appends)])
         if isinstance(result, Exception):
             raise result

@@ -13,6 +13,7 @@ from printery.fields import dlq_fields
 from printery.keys import StreamKeys
 from printery.runtime.handler import Message, Output
 from printery.runtime.payloads import PayloadStore
+from printery.telemetry import TRACEPARENT
 from printery.transport.commit import Append
 
 
@@ -27,12 +28,15 @@ class Writes:
 
     def appends(
         self, outputs: Sequence[Output], message: Message | None, seconds: float,
-        correlation_id: str = "",
+        traceparent: str = "", *, correlation_id: str = "",
     ) -> list[Append]:
         """The entries to write for ``outputs`` of a handler call (``message`` None: of
-        no entry), each carrying the call's duration, cost and ``replay_of``. A ``data``
-        over the inline limit still needs :meth:`store_large` before the commit."""
+        no entry), each carrying the call's duration, cost and ``replay_of``, and
+        ``traceparent`` when given (the span of the call, :mod:`printery.telemetry`). A
+        ``data`` over the inline limit still needs :meth:`store_large` before the commit."""
         extra = {"duration_ms": f"{seconds * 1000:.3f}"}
+        if traceparent:
+            extra[TRACEPARENT] = traceparent
         if message is not None:
             correlation_id = message.correlation_id
             if message.costs:
