@@ -116,8 +116,9 @@ async def test_a_deployment_is_one_trace_across_two_processes(
     async with Client(server.url, stream_prefix=prefix) as client:
         first = await client.submit(request(), traceparent=by_client)
         assert front.http_base is not None
-        answer = httpx.post(front.http_base + "/v1/runs", json={"data": request()},
-                            headers={"traceparent": by_http}, timeout=10)
+        async with httpx.AsyncClient(timeout=10) as http:
+            answer = await http.post(front.http_base + "/v1/runs", json={"data": request()},
+                                     headers={"traceparent": by_http})
         assert answer.status_code == 202, answer.text
         second = answer.json()["run_id"]
         assert (await client.result(first, timeout=30)).status == "succeeded"
@@ -158,7 +159,7 @@ async def test_tracing_off_writes_no_traceparent_and_exports_nothing(
     prefix = unique_prefix()
     handle = spawn(["--redis-url", server.url, "--stream-prefix", prefix], cwd=tmp_path)
     try:
-        given, trace_id, _ = producer_context()
+        given, _, _ = producer_context()
         async with Client(server.url, stream_prefix=prefix) as client:
             plain = await client.submit(request())
             traced = await client.submit(request(), traceparent=given)
