@@ -76,7 +76,7 @@ class Housekeeping:
         self, manager: Callable[[], WorkerManager | None]
     ) -> list[Coroutine[Any, Any, None]]:
         """The loops this process runs (retention and review deadlines only when set)."""
-        loops = [self.update_gauges(manager), self.update_lag(), self.sweep_departed()]
+        loops = [self.update_gauges(manager), self.update_backlog(), self.sweep_departed()]
         if self.settings.transport.retention > 0:
             loops.append(self.retain())
         if self.settings.review_timeouts():
@@ -94,13 +94,24 @@ class Housekeeping:
                     )
             await asyncio.sleep(GAUGE_INTERVAL)
 
-    async def update_lag(self) -> None:
+    async def update_backlog(self) -> None:
         """Every :data:`LAG_INTERVAL`, the lag in seconds of each group this process runs
-        (``printery_queue_lag_seconds{stream,group}``, the stream by its event type)."""
+        (``printery_queue_lag_seconds{stream,group}``, the stream by its event type), and
+        how many reviews and dead letters wait (two ``XLEN``)."""
         mine = set(self.settings.selected_workers(list(self.pipeline.steps)))
         readers = {event_type: [group for group in groups if group in mine]
                    for event_type, groups in self.pipeline.groups().items()}
         while True:
+            try:
+                async with self.client.pipeline(transaction=False) as pipe:
+                    pipe.xlen(self.keys.review)
+                    pipe.xlen(self.keys.dlq)
+                    reviews, dead = await pipe.execute()
+            except (RedisError, OSError) as exc:
+                log.warning("backlog sweep failed: retrying next interval", error=describe(exc))
+            else:
+                self.metrics.reviews_open.set(reviews)
+                self.metrics.dlq_entries.set(dead)
             for event_type, groups in readers.items():
                 if not groups:
                     continue
