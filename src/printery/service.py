@@ -140,8 +140,9 @@ class Service(ProcessLifecycle):
         s = self.settings
         self.client = connect(self.url)
         try:
-            if telemetry.start(s, os.environ):  # before any worker asks for its tracer
-                log.info("tracing on", otlp_endpoint=redact_url(telemetry.endpoint(s, os.environ) or ""))
+            traced = s.telemetry.otlp_endpoint
+            if telemetry.start(traced, os.environ):  # before any worker asks for its tracer
+                log.info("tracing on", otlp_endpoint=redact_url(telemetry.endpoint(traced, os.environ) or ""))
             await self._start_http()
             await self._prepare_streams(self.client)
             self.manager = self._build_manager(self.client)

@@ -19,7 +19,6 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
-from printery.config import Settings
 from printery.errors import ConfigError
 from printery.fields import TRACEPARENT
 
@@ -48,13 +47,14 @@ def valid_traceparent(value: str) -> bool:
             and match[3] != "0" * 16)
 
 
-def endpoint(settings: Settings, env: Mapping[str, str]) -> str | None:
-    """The OTLP/HTTP endpoint traces go to, or None (tracing off). ``OTEL_SDK_DISABLED``
+def endpoint(configured: str | None, env: Mapping[str, str]) -> str | None:
+    """The OTLP/HTTP endpoint traces go to: ``configured`` (``[telemetry]
+    otlp_endpoint``), else the standard env vars; None: tracing off. ``OTEL_SDK_DISABLED``
     turns tracing off whatever is set, as the OpenTelemetry SDKs do."""
     if env.get("OTEL_SDK_DISABLED", "").strip().lower() == "true":
         return None
-    if settings.telemetry.otlp_endpoint:
-        return settings.telemetry.otlp_endpoint
+    if configured:
+        return configured
     return next((env[name].strip() for name in _ENDPOINT_ENVS if env.get(name, "").strip()), None)
 
 
@@ -65,11 +65,12 @@ def traces_url(base: str) -> str:
     return base if base.endswith("/v1/traces") else base + "/v1/traces"
 
 
-def start(settings: Settings, env: Mapping[str, str]) -> bool:
-    """Turn tracing on for this process when an endpoint is set; whether it is on.
-    Raises :class:`ConfigError` when it is set but the ``otel`` extra is not installed."""
+def start(configured: str | None, env: Mapping[str, str]) -> bool:
+    """Turn tracing on for this process when an endpoint is set (see :func:`endpoint`);
+    whether it is on. Raises :class:`ConfigError` when it is set but the ``otel`` extra
+    is not installed."""
     global _active
-    url = endpoint(settings, env)
+    url = endpoint(configured, env)
     if url is None or _active is not None:
         return _active is not None
     try:

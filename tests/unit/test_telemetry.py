@@ -27,7 +27,7 @@ def test_with_tracing_off_nothing_of_opentelemetry_is_imported() -> None:
         from printery import telemetry
         from printery.config import Settings
         from printery.runtime.consume import EntryPipeline
-        assert telemetry.start(Settings(), dict(os.environ)) is False
+        assert telemetry.start(Settings().telemetry.otlp_endpoint, dict(os.environ)) is False
         assert telemetry.step_tracer("validator") is None
         pipeline = EntryPipeline.__new__(EntryPipeline)
         EntryPipeline.__init__(pipeline, "validator", handler=None, codec=None, keys=None,
@@ -45,13 +45,13 @@ def test_with_tracing_off_nothing_of_opentelemetry_is_imported() -> None:
 
 
 def test_endpoint_sources_and_precedence() -> None:
-    table = Settings(telemetry=TelemetrySettings(otlp_endpoint="http://table:4318"))
+    table = Settings(telemetry=TelemetrySettings(otlp_endpoint="http://table:4318")).telemetry.otlp_endpoint
     generic = {"OTEL_EXPORTER_OTLP_ENDPOINT": "http://generic:4318"}
     traces = {**generic, "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT": "http://traces:4318/v1/traces"}
-    assert telemetry.endpoint(Settings(), {}) is None
-    assert telemetry.endpoint(Settings(), {"OTEL_EXPORTER_OTLP_ENDPOINT": " "}) is None
-    assert telemetry.endpoint(Settings(), generic) == "http://generic:4318"
-    assert telemetry.endpoint(Settings(), traces) == "http://traces:4318/v1/traces"
+    assert telemetry.endpoint(None, {}) is None
+    assert telemetry.endpoint(None, {"OTEL_EXPORTER_OTLP_ENDPOINT": " "}) is None
+    assert telemetry.endpoint(None, generic) == "http://generic:4318"
+    assert telemetry.endpoint(None, traces) == "http://traces:4318/v1/traces"
     assert telemetry.endpoint(table, traces) == "http://table:4318"
     assert telemetry.endpoint(table, {"OTEL_SDK_DISABLED": "true"}) is None
 
@@ -85,7 +85,7 @@ def test_an_endpoint_without_the_otel_extra_is_a_config_error(
 ) -> None:
     monkeypatch.setitem(sys.modules, "opentelemetry.exporter.otlp.proto.http.trace_exporter", None)
     with pytest.raises(ConfigError) as refused:
-        telemetry.start(Settings(), {"OTEL_EXPORTER_OTLP_ENDPOINT": "http://127.0.0.1:9"})
+        telemetry.start(None, {"OTEL_EXPORTER_OTLP_ENDPOINT": "http://127.0.0.1:9"})
     assert "printery[otel]" in str(refused.value)
     assert telemetry.step_tracer("validator") is None
 
@@ -95,7 +95,7 @@ def test_spans_parent_to_the_traceparent_they_are_given() -> None:
     traceparent continues the same trace; an invalid one begins a new trace. Both are
     exported when tracing shuts down."""
     with otlp_receiver() as receiver:
-        assert telemetry.start(Settings(), {"OTEL_EXPORTER_OTLP_ENDPOINT": receiver.url})
+        assert telemetry.start(None, {"OTEL_EXPORTER_OTLP_ENDPOINT": receiver.url})
         try:
             check_spans()
         finally:
