@@ -33,14 +33,13 @@ from printery.errors import (
     ReviewRefused,
     UnknownRun,
 )
-from printery.fields import STEP, WORKER
+from printery.fields import STEP, TRACEPARENT, WORKER
 from printery.history import id_order
 from printery.keys import DLQ, REVIEW, StreamKeys
 from printery.logging import get_logger
 from printery.pipeline.dag import Pipeline
 from printery.pipeline.reason import Reason
 from printery.runs import run_cost, run_status
-from printery.telemetry import TRACEPARENT
 
 __all__ = ["ApiAccess", "build_api", "is_loopback", "service_api"]
 

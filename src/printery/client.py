@@ -25,11 +25,12 @@ from printery._util import fail_waiters, new_id
 from printery.apps import load_app
 from printery.envelope import Codec
 from printery.errors import ConfigError, InvalidInput, PayloadTooLarge, UnknownRun
+from printery.fields import TRACEPARENT
 from printery.keys import StreamKeys
 from printery.pipeline.dag import Pipeline
 from printery.pipeline.reason import Reason
 from printery.runs import RunReader, RunResult
-from printery.telemetry import TRACEPARENT, valid_traceparent
+from printery.telemetry import valid_traceparent
 from printery.transport.channel import DirectChannel
 from printery.transport.connection import connect
 from printery.transport.embedded import find_running

@@ -301,7 +301,8 @@ class Service(ProcessLifecycle):
             await self.http.stop()
         if self.runs is not None:
             await self.runs.close()
-        await asyncio.to_thread(telemetry.shutdown)  # the spans still buffered go out
+        if telemetry.is_on():
+            await asyncio.to_thread(telemetry.shutdown)  # the spans still buffered go out
         if self.client is not None:
             with contextlib.suppress(Exception):
                 await self.client.aclose()

@@ -26,6 +26,7 @@ __all__ = [
     "TRACEPARENT",
     "StepTracer",
     "endpoint",
+    "is_on",
     "shutdown",
     "start",
     "step_tracer",
@@ -81,6 +82,11 @@ def start(configured: str | None, env: Mapping[str, str]) -> bool:
             f"the OpenTelemetry packages: pip install 'printery[otel]' ({exc.name} is missing)",
         ) from None
     return True
+
+
+def is_on() -> bool:
+    """Whether :func:`start` turned tracing on in this process."""
+    return _active is not None
 
 
 def shutdown() -> None:

@@ -102,7 +102,8 @@ async def _serve_printery(
         await manager.stop_all(10.0)
     finally:
         await client.aclose()
-        await asyncio.to_thread(telemetry.shutdown)
+        if telemetry.is_on():
+            await asyncio.to_thread(telemetry.shutdown)
 
 
 async def _serve(args: argparse.Namespace, layout: BenchLayout, rss: _PeakRss) -> None:

@@ -46,7 +46,7 @@ from printery.errors import (
     bounded_traceback,
     describe,
 )
-from printery.fields import REPLAY_FOR
+from printery.fields import REPLAY_FOR, TRACEPARENT
 from printery.keys import StreamKeys
 from printery.runtime.budgets import BudgetGuard
 from printery.runtime.connectivity import Connectivity
@@ -57,7 +57,7 @@ from printery.runtime.observe import Observer
 from printery.runtime.payloads import PayloadStore
 from printery.runtime.spans import EntrySpans, HandleEntry
 from printery.runtime.writes import Writes
-from printery.telemetry import TRACEPARENT, step_tracer
+from printery.telemetry import step_tracer
 from printery.transport.commit import DUPLICATE, FENCED, Append, Committer, EntryCommit
 from printery.transport.records import RecordLookup
 from printery.transport.streams import Leases, public_api

@@ -11,10 +11,11 @@ from collections.abc import Callable, Coroutine
 from typing import Any, Protocol, TypeVar
 
 from printery.errors import WorkerCrashed, describe
+from printery.fields import TRACEPARENT
 from printery.runtime.consumer import Delivery
 from printery.runtime.handler import Message
 from printery.runtime.limit_gate import Ticket
-from printery.telemetry import TRACEPARENT, StepTracer
+from printery.telemetry import StepTracer
 from printery.transport.commit import DUPLICATE, FENCED
 
 __all__ = ["EntrySpans", "HandleEntry", "Spanned"]

@@ -9,11 +9,10 @@ from collections.abc import Mapping, Sequence
 
 from printery import _json
 from printery.envelope import Codec
-from printery.fields import dlq_fields
+from printery.fields import TRACEPARENT, dlq_fields
 from printery.keys import StreamKeys
 from printery.runtime.handler import Message, Output
 from printery.runtime.payloads import PayloadStore
-from printery.telemetry import TRACEPARENT
 from printery.transport.commit import Append
 
 
