@@ -15,7 +15,7 @@ from redis.exceptions import RedisError
 from printery.config import Settings
 from printery.errors import describe
 from printery.keys import StreamKeys
-from printery.lag import stream_lags
+from printery.lag import event_type_lags
 from printery.logging import get_logger
 from printery.metrics import Metrics
 from printery.pipeline.dag import Pipeline
@@ -45,7 +45,7 @@ async def remove_consumers(
 ) -> None:
     """Remove the consumers, of every group of the pipeline, whose owner is ``gone``;
     never one that still owns entries (see :mod:`printery.runtime.departed`)."""
-    readers = [(keys.stream(event_type), group)
+    readers = [(part.stream(event_type), group) for part in keys.each()
                for event_type, groups in pipeline.groups().items() for group in groups]
     try:
         removed = await remove_departed(client, readers, gone, min_idle=min_idle)
@@ -97,26 +97,27 @@ class Housekeeping:
     async def update_backlog(self) -> None:
         """Every :data:`LAG_INTERVAL`, the lag in seconds of each group this process runs
         (``printery_queue_lag_seconds{stream,group}``, the stream by its event type), and
-        how many reviews and dead letters wait (two ``XLEN``)."""
+        how many reviews and dead letters wait (two ``XLEN`` per partition)."""
         mine = set(self.settings.selected_workers(list(self.pipeline.steps)))
         readers = {event_type: [group for group in groups if group in mine]
                    for event_type, groups in self.pipeline.groups().items()}
         while True:
             try:
                 async with self.client.pipeline(transaction=False) as pipe:
-                    pipe.xlen(self.keys.review)
-                    pipe.xlen(self.keys.dlq)
-                    reviews, dead = await pipe.execute()
+                    for part in self.keys.each():
+                        pipe.xlen(part.review)
+                        pipe.xlen(part.dlq)
+                    counts = await pipe.execute()
             except (RedisError, OSError) as exc:
                 log.warning("backlog sweep failed: retrying next interval", error=describe(exc))
             else:
-                self.metrics.reviews_open.set(reviews)
-                self.metrics.dlq_entries.set(dead)
+                self.metrics.reviews_open.set(sum(counts[0::2]))
+                self.metrics.dlq_entries.set(sum(counts[1::2]))
             for event_type, groups in readers.items():
                 if not groups:
                     continue
                 try:
-                    lags = await stream_lags(self.client, self.keys.stream(event_type), groups)
+                    lags = await event_type_lags(self.client, self.keys, event_type, groups)
                 except (RedisError, OSError) as exc:
                     log.warning("lag sweep failed: retrying next interval", error=describe(exc))
                     break

@@ -20,8 +20,9 @@ import redis.asyncio as aioredis
 from redis.exceptions import ResponseError
 
 from printery._util import stream_id_ms
+from printery.keys import StreamKeys
 
-__all__ = ["queue_lag_seconds", "stream_lags"]
+__all__ = ["event_type_lags", "queue_lag_seconds", "stream_lags"]
 
 
 def _text(value: Any) -> str:
@@ -67,6 +68,18 @@ async def stream_lags(
         if first:
             oldest[name] = min(oldest[name], stream_id_ms(_text(first)))
     return {name: max(0.0, (now_ms - ms) / 1000) for name, ms in oldest.items()}
+
+
+async def event_type_lags(
+    client: aioredis.Redis, keys: StreamKeys, event_type: str, groups: Collection[str] | None = None
+) -> dict[str, float]:
+    """:func:`stream_lags` of ``event_type`` over every partition of ``keys`` (CONTRACT
+    §15): each group's worst, the oldest entry it owes in any partition."""
+    worst: dict[str, float] = {}
+    for part in keys.each():
+        for group, seconds in (await stream_lags(client, part.stream(event_type), groups)).items():
+            worst[group] = max(worst.get(group, 0.0), seconds)
+    return worst
 
 
 async def queue_lag_seconds(client: aioredis.Redis, stream: str, group: str) -> float:

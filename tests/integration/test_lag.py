@@ -7,7 +7,8 @@ from __future__ import annotations
 
 import redis.asyncio as aioredis
 
-from printery.lag import queue_lag_seconds, stream_lags
+from printery.keys import StreamKeys
+from printery.lag import event_type_lags, queue_lag_seconds, stream_lags
 from printery.transport.streams import ensure_group
 
 
@@ -62,3 +63,17 @@ async def test_lag_after_a_deleted_entry_and_unknown_names(client: aioredis.Redi
     assert 5.0 <= await queue_lag_seconds(client, stream, "reader") < 15.0
     assert await queue_lag_seconds(client, stream, "no-such-group") == 0.0
     assert await stream_lags(client, f"{prefix}:never-written") == {}
+
+
+async def test_lag_of_an_event_type_is_its_worst_partition(client: aioredis.Redis, prefix: str) -> None:
+    """With partitions (CONTRACT §15) a group reads one stream per partition: its lag is
+    the oldest entry it owes in any of them."""
+    keys = StreamKeys(prefix, partitions=3)
+    for part in keys.each():
+        await ensure_group(client, part.stream("work"), "reader")
+    now = await server_ms(client)
+    await add_at(client, keys.at(1).stream("work"), now - 5_000)
+    await add_at(client, keys.at(2).stream("work"), now - 25_000)
+    lags = await event_type_lags(client, keys, "work")
+    assert list(lags) == ["reader"] and 25.0 <= lags["reader"] < 35.0
+    assert await event_type_lags(client, keys, "never-written") == {}

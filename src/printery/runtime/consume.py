@@ -9,14 +9,13 @@
    hard limit writes what its budget says instead of running (:mod:`.budgets`);
 3. **handle**: a step with flow-control limits first waits for them (the batch is
    admitted in one request; see :mod:`printery.runtime.limit_gate`); each entry's handler
-   runs in a task of its own once it has a slot; a
-   handler that raises is retried after a backoff (each retry a counted delivery) until
-   it succeeds or goes to the dead-letter stream with its traceback; :class:`Reject`
-   dead-letters at once; a ``BaseException`` that is not an ``Exception`` crashes the
-   worker (CONTRACT §4, §5);
+   runs in a task of its own once it has a slot; a handler that raises is retried after
+   a backoff (each retry a counted delivery) until it succeeds or goes to the dead-letter
+   stream with its traceback; :class:`Reject` dead-letters at once; a ``BaseException``
+   that is not an ``Exception`` crashes the worker (CONTRACT §4, §5);
 4. **commit**: the entries that are decided by the same turn of the event loop commit
    together (one group commit), each atomically: its outputs, ack and idempotency record;
-5. **account**: metrics, counters and log lines, once the commit says what happened.
+5. **account**: metrics, counters, log lines (and a span, tracing on), once the commit says what happened.
 
 A read batch and a single entry take the same path: one entry is a batch of one. The
 entries of a batch whose handlers are still running after the first turn commit as they
@@ -46,7 +45,7 @@ from printery.errors import (
     bounded_traceback,
     describe,
 )
-from printery.fields import REPLAY_FOR, TRACEPARENT
+from printery.fields import REPLAY_FOR
 from printery.keys import StreamKeys
 from printery.runtime.budgets import BudgetGuard
 from printery.runtime.connectivity import Connectivity
@@ -55,9 +54,9 @@ from printery.runtime.handler import Handler, Message, Output, outputs_of
 from printery.runtime.limit_gate import LimitGate, Ticket
 from printery.runtime.observe import Observer
 from printery.runtime.payloads import PayloadStore
-from printery.runtime.spans import EntrySpans, HandleEntry
+from printery.runtime.route import Router
+from printery.runtime.spans import bind_spans
 from printery.runtime.writes import Writes
-from printery.telemetry import step_tracer
 from printery.transport.commit import DUPLICATE, FENCED, Append, Committer, EntryCommit
 from printery.transport.records import RecordLookup
 from printery.transport.streams import Leases, public_api
@@ -83,7 +82,8 @@ class Decided:
 
     delivery: Delivery
     commit: EntryCommit
-    # ok, duplicate, dead_lettered, skipped (a replay's copy for other steps),
+    # ok, duplicate, dead_lettered, skipped (a replay's copy for other steps), routed (to
+    # its run's partition, CONTRACT §15),
     # budget_exceeded (held: its run is at a hard limit)
     outcome: str
     message: Message | None = None
@@ -113,6 +113,7 @@ class EntryPipeline:
         connectivity: Connectivity,
         budget: BudgetGuard | None = None,
         gate: LimitGate | None = None,
+        router: Router | None = None,
     ) -> None:
         self.worker = worker
         self.handler = handler
@@ -129,10 +130,9 @@ class EntryPipeline:
         self.connectivity = connectivity
         self.budget = budget
         self.gate = gate
-        tracer = step_tracer(worker)  # asked once: while off, no entry does any work for it
-        self.spans = EntrySpans(tracer) if tracer is not None else None
-        self._handle: HandleEntry[Decided] = (
-            self._run if self.spans is None else functools.partial(self.spans.run, self._run))
+        #: Only with several partitions: places entries in their run's partition.
+        self.router = router
+        self.spans, self._handle, self._settle = bind_spans(worker, self._run, self._account)
 
     async def process(self, batch: Sequence[Delivery]) -> None:
         """Take a batch through the pipeline. Raises :class:`WorkerCrashed` when a handler
@@ -219,16 +219,20 @@ class EntryPipeline:
             try:
                 if PayloadStore.reference_of(fields.get("data", "")) is not None:
                     fields = await self.payloads.resolve_fields(fields)
+                if self.router is not None:
+                    fields = dict(self.router.named(fields))
                 envelope = self.codec.decode(fields, self.keys.event_type(delivery.stream))
             except MessageError as exc:
                 decided.append(self._dead_letter(delivery, fields, exc.reason_code, str(exc)))
                 continue
             targets = envelope.extra.get(REPLAY_FOR)
-            if targets is not None and self.worker not in targets.split(","):
-                # A replay's copy meant for other steps of this stream: acked, not run.
+            routed = self.router is not None and await self.router.placed(delivery, fields, envelope)
+            if routed or (targets is not None and self.worker not in targets.split(",")):
+                # Moved to its run's partition, or a replay's copy meant for other steps of
+                # this stream: acked here, not run.
                 commit = EntryCommit(delivery.stream, delivery.consumer.name,
                                      delivery.entry_id, "", ())
-                decided.append(Decided(delivery, commit, "skipped"))
+                decided.append(Decided(delivery, commit, "routed" if routed else "skipped"))
                 continue
             if delivery.deliveries > limit:
                 decided.append(self._dead_letter(
@@ -256,8 +260,7 @@ class EntryPipeline:
                                      message.envelope.idempotency_key, ())
                 decided.append(Decided(delivery, commit, "duplicate"))
             elif budget is not None and (exceeded := budget.over(budgets, n)) is not None:
-                appends = self.writes.appends([budget.held(message, exceeded)], message, 0.0,
-                                              message.envelope.extra.get(TRACEPARENT, ""))
+                appends = self.writes.appends([budget.held(message, exceeded)], message, 0.0)
                 commit = EntryCommit(delivery.stream, delivery.consumer.name, delivery.entry_id,
                                      message.envelope.idempotency_key, appends)
                 decided.append(Decided(delivery, commit, "budget_exceeded", message))
@@ -287,13 +290,13 @@ class EntryPipeline:
         return tickets
 
     async def _run(
-        self, delivery: Delivery, message: Message, ticket: Ticket | None = None, traceparent: str = "",
+        self, delivery: Delivery, message: Message, ticket: Ticket | None = None, tp: str = "",
     ) -> Decided | None:
         """Run the handler until it succeeds, is rejected, or runs out of deliveries; the
         entry's commit, or None when the entry was lost to another consumer meanwhile.
         ``ticket``: the step's limits, waited for before each call (before the entry takes
         a slot, so a waiting entry has not started: the drain hands it back at once).
-        The slot taken here is given back once the entry is committed. Outputs carry ``traceparent``."""
+        The slot taken here is given back once the entry is committed. Outputs carry traceparent ``tp``."""
         gate = self.gate
         while True:
             if ticket is not None and not ticket.admitted:
@@ -326,7 +329,7 @@ class EntryPipeline:
                 raise
             except BaseException as exc:
                 raise WorkerCrashed(f"handler raised {describe(exc)}") from exc
-            appends = self.writes.appends(outputs, message, time.perf_counter() - begun, traceparent)
+            appends = self.writes.appends(outputs, message, time.perf_counter() - begun, traceparent=tp)
             if self.writes.has_large(appends):
                 appends = await self.writes.store_large(appends)
             return self._handled(delivery, message, appends)
@@ -395,14 +398,12 @@ class EntryPipeline:
         results = await self.connectivity.retrying(lambda: self.committer.commit(commits))
         for item, result in zip(decided, results, strict=True):
             try:
-                self._account(item, result, time.perf_counter() - begun)
+                self._settle(item, result, time.perf_counter() - begun)
             finally:
                 item.delivery.release()
 
     def _account(self, item: Decided, result: Any, seconds: float) -> None:
         entry_id = item.delivery.entry_id
-        if item.span is not None and self.spans is not None:
-            self.spans.end(item, result)
         if isinstance(result, Exception):  # this entry cannot commit: it stays pending
             self.stats.errors += 1
             self.stats.last_error = describe(result)
@@ -418,8 +419,8 @@ class EntryPipeline:
             log.error("entry dead-lettered", worker=self.worker, entry_id=entry_id,
                       reason_code=item.reason_code, error=item.error[:500],
                       traceback=item.traceback or None)
-        elif item.outcome == "skipped":
-            self.observer.processed(self.worker, "skipped", seconds)
+        elif item.outcome in ("skipped", "routed"):
+            self.observer.processed(self.worker, item.outcome, seconds)
         elif item.outcome == "duplicate" or result == DUPLICATE:
             self.observer.processed(self.worker, "duplicate", seconds)
         elif item.outcome == "budget_exceeded":
@@ -441,8 +442,7 @@ class EntryPipeline:
         """Write outputs no entry caused (timers, sweepers) as one atomic commit with their
         ``once`` guards; how many were written. Raises :class:`TransportError` when the
         server cannot be reached."""
-        appends = self.writes.appends(outputs, None, 0.0, correlation_id=correlation_id)
-        appends = await self.writes.store_large(appends)
+        appends = await self.writes.store_large(self.writes.appends(outputs, None, 0.0, correlation_id))
         (result,) = await self.committer.commit([EntryCommit("", "", "", "", appends)])
         if isinstance(result, Exception):
             raise result

@@ -1,24 +1,25 @@
 """The entry pipeline's spans while tracing is on (CONTRACT §14): one span per handled
 entry, named after its step, current while its handler runs, and ended once the commit
-says what happened. :class:`~printery.runtime.consume.EntryPipeline` builds an
-:class:`EntrySpans` only when :func:`printery.telemetry.step_tracer` gives a tracer, and
-then takes its entries through :meth:`EntrySpans.run`; while tracing is off this module
-is never used."""
+says what happened. :class:`~printery.runtime.consume.EntryPipeline` asks
+:func:`bind_spans` once, as it is built: while tracing is off it gets its own methods
+back and no entry does any work for tracing; while on, the same methods wrapped by an
+:class:`EntrySpans`."""
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Coroutine
-from typing import Any, Protocol, TypeVar
+from typing import Any, Protocol, TypeVar, cast
 
 from printery.errors import WorkerCrashed, describe
 from printery.fields import TRACEPARENT
 from printery.runtime.consumer import Delivery
 from printery.runtime.handler import Message
 from printery.runtime.limit_gate import Ticket
-from printery.telemetry import StepTracer
+from printery.telemetry import StepTracer, step_tracer
 from printery.transport.commit import DUPLICATE, FENCED
 
-__all__ = ["EntrySpans", "HandleEntry", "Spanned"]
+__all__ = ["EntrySpans", "HandleEntry", "Spanned", "bind_spans"]
 
 
 class Spanned(Protocol):
@@ -35,6 +36,21 @@ D = TypeVar("D", bound=Spanned)
 HandleEntry = Callable[[Delivery, Message, Ticket | None], Coroutine[Any, Any, D | None]]
 #: The same, given the ``traceparent`` its outputs carry.
 RunEntry = Callable[[Delivery, Message, Ticket | None, str], Coroutine[Any, Any, D | None]]
+#: Accounts for an entry once its commit's ``result`` is known, ``seconds`` after its batch began.
+Account = Callable[[D, Any, float], None]
+
+
+def bind_spans(
+    step: str, run: RunEntry[D], account: Account[D]
+) -> tuple[EntrySpans | None, HandleEntry[D], Account[D]]:
+    """``(spans, handle, account)`` for ``step``'s pipeline: ``run`` and ``account``
+    themselves while tracing is off (``run`` then called with three arguments, its
+    ``traceparent`` left at its default), else wrapped so each entry is a span."""
+    tracer = step_tracer(step)
+    if tracer is None:
+        return None, cast(HandleEntry[D], run), account
+    spans = EntrySpans(tracer)
+    return spans, functools.partial(spans.run, run), functools.partial(spans.account, account)
 
 
 class EntrySpans:
@@ -66,6 +82,12 @@ class EntrySpans:
         if decided.message is None:  # a dead letter: its handler's costs still count
             decided.message = message
         return decided
+
+    def account(self, account: Account[D], item: D, result: Any, seconds: float) -> None:
+        """``account`` for ``item``, after ending its span (when it has one)."""
+        if item.span is not None:
+            self.end(item, result)
+        account(item, result, seconds)
 
     def end(self, item: Spanned, result: Any) -> None:
         """End ``item``'s span with what its commit gave (``result``): its outcome, or

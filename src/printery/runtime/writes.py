@@ -27,13 +27,17 @@ class Writes:
 
     def appends(
         self, outputs: Sequence[Output], message: Message | None, seconds: float,
-        traceparent: str = "", *, correlation_id: str = "",
+        correlation_id: str = "", *, traceparent: str | None = None,
     ) -> list[Append]:
         """The entries to write for ``outputs`` of a handler call (``message`` None: of
-        no entry), each carrying the call's duration, cost and ``replay_of``, and
-        ``traceparent`` when given (the span of the call, :mod:`printery.telemetry`). A
-        ``data`` over the inline limit still needs :meth:`store_large` before the commit."""
+        no entry), each carrying the call's duration, cost and ``replay_of``, and a
+        ``traceparent``: the one given (the call's span, :mod:`printery.runtime.spans`;
+        "" for none), else the input's, so what an entry writes without a handler call
+        (a budget's hold) stays in its run's trace. A ``data`` over the inline limit still
+        needs :meth:`store_large` before the commit."""
         extra = {"duration_ms": f"{seconds * 1000:.3f}"}
+        if traceparent is None and message is not None:
+            traceparent = message.envelope.extra.get(TRACEPARENT)
         if traceparent:
             extra[TRACEPARENT] = traceparent
         if message is not None:
