@@ -33,7 +33,7 @@ from printery.errors import (
     ReviewRefused,
     UnknownRun,
 )
-from printery.fields import STEP, WORKER
+from printery.fields import STEP, TRACEPARENT, WORKER
 from printery.history import id_order
 from printery.keys import DLQ, REVIEW, StreamKeys
 from printery.logging import get_logger
@@ -251,8 +251,9 @@ def build_api(runs: Runs, access: ApiAccess, *, body_limit: int) -> web.Applicat
 def _run_routes(api: web.Application, runs: Runs, body_limit: int) -> None:
     async def submit(request: web.Request) -> web.Response:
         arguments = submit_arguments(await read_json(request, body_limit))
-        try:
-            run_id, entry_id = await runs.submit(**arguments)
+        try:  # a producer's trace context, as W3C Trace Context sends it: a header
+            run_id, entry_id = await runs.submit(
+                **arguments, traceparent=request.headers.get(TRACEPARENT))
         except InvalidInput as exc:
             return error(400, "invalid_input", str(exc),
                          reasons=[reason.as_dict() for reason in exc.reasons])

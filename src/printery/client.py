@@ -25,11 +25,13 @@ from printery._util import fail_waiters, new_id
 from printery.apps import load_app
 from printery.envelope import Codec
 from printery.errors import ConfigError, InvalidInput, PayloadTooLarge, UnknownRun
+from printery.fields import TRACEPARENT
 from printery.keys import StreamKeys, new_id_in, partition_of
 from printery.pipeline.dag import Pipeline
 from printery.pipeline.reason import Reason
 from printery.run_index import RUNNING
 from printery.runs import RunReader, RunResult
+from printery.telemetry import valid_traceparent
 from printery.transport.channel import DirectChannel
 from printery.transport.connection import connect
 from printery.transport.embedded import find_running
@@ -64,10 +66,15 @@ class Runs:
 
     def prepare(
         self, data: Any, *, event_type: str | None = None, run_id: str | None = None,
-        idempotency_key: str | None = None,
+        idempotency_key: str | None = None, traceparent: str | None = None,
     ) -> tuple[str, str, str, dict[str, str]]:
         """Check ``data`` and build its entry: ``(event type, run id, idempotency key,
-        fields)``. Raises :class:`InvalidInput` or :class:`PayloadTooLarge`."""
+        fields)``. Raises :class:`InvalidInput` or :class:`PayloadTooLarge`. A producer's
+        ``traceparent`` (W3C) goes on the entry, so the run joins the producer's trace."""
+        if traceparent is not None and not valid_traceparent(traceparent):
+            raise InvalidInput([Reason(
+                code="invalid_traceparent", field="traceparent",
+                message="a W3C traceparent: 00-<32 hex trace id>-<16 hex span id>-<2 hex flags>")])
         if event_type is None:
             if len(self.pipeline.ingress) != 1:
                 raise InvalidInput([Reason(
@@ -87,8 +94,9 @@ class Runs:
             run_id = new_id_in(partition_of(idempotency_key, self.keys.partitions),
                                self.keys.partitions, lambda: new_id(self.codec.id_prefix))
         run_id = run_id or new_id(self.codec.id_prefix)
-        fields = self.codec.new_fields(event_type, data, correlation_id=run_id,
-                                       producer=self.producer, idempotency_key=idempotency_key)
+        fields = self.codec.new_fields(
+            event_type, data, correlation_id=run_id, producer=self.producer,
+            idempotency_key=idempotency_key, more={TRACEPARENT: traceparent} if traceparent else None)
         if len(fields["data"]) > self.codec.payload_limit:
             raise PayloadTooLarge(
                 f"data is {len(fields['data'])} bytes, limit {self.codec.payload_limit}")
@@ -96,12 +104,13 @@ class Runs:
 
     async def submit(
         self, data: Any, *, event_type: str | None = None, run_id: str | None = None,
-        idempotency_key: str | None = None,
+        idempotency_key: str | None = None, traceparent: str | None = None,
     ) -> tuple[str, str]:
         """Publish one ingress entry at most once per idempotency key: ``(run id, entry
         id)``, those of the first submit of the key."""
         event_type, run, key, fields = self.prepare(
-            data, event_type=event_type, run_id=run_id, idempotency_key=idempotency_key)
+            data, event_type=event_type, run_id=run_id, idempotency_key=idempotency_key,
+            traceparent=traceparent)
         args: list[Any] = [run, SUBMIT_RECORD_TTL]
         for name, value in fields.items():
             args += (name, value)
@@ -234,13 +243,16 @@ class Client:
     @public_api
     async def submit(
         self, data: Any, *, event_type: str | None = None, run_id: str | None = None,
-        idempotency_key: str | None = None,
+        idempotency_key: str | None = None, traceparent: str | None = None,
     ) -> str:
         """Publish one ingress entry and return its run id. The same ``idempotency_key``
         (default ``<event type>:<run id>``) gives the same run id and one run. Raises
-        :class:`InvalidInput` (nothing written) when the ingress step refuses ``data``."""
+        :class:`InvalidInput` (nothing written) when the ingress step refuses ``data``.
+        ``traceparent``: the producer's W3C trace context; the run's spans join its
+        trace (CONTRACT §14)."""
         run, _ = await (await self._runs()).submit(
-            data, event_type=event_type, run_id=run_id, idempotency_key=idempotency_key)
+            data, event_type=event_type, run_id=run_id, idempotency_key=idempotency_key,
+            traceparent=traceparent)
         return run
 
     @public_api
@@ -296,10 +308,11 @@ class SyncClient:
 
     def submit(
         self, data: Any, *, event_type: str | None = None, run_id: str | None = None,
-        idempotency_key: str | None = None,
+        idempotency_key: str | None = None, traceparent: str | None = None,
     ) -> str:
         return self._call(self._client.submit(data, event_type=event_type, run_id=run_id,
-                                              idempotency_key=idempotency_key))
+                                              idempotency_key=idempotency_key,
+                                              traceparent=traceparent))
 
     def result(self, run_id: str, *, timeout: float | None = None) -> RunResult:
         return self._call(self._client.result(run_id, timeout=timeout))

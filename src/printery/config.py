@@ -53,6 +53,7 @@ __all__ = [
     "SettingDoc",
     "Settings",
     "SettingsTable",
+    "TelemetrySettings",
     "TransportSettings",
     "WorkerSettings",
     "parse_http_addr",
@@ -186,6 +187,25 @@ class ReviewSettings(SettingsTable):
     timeout: float | None = Field(default=None, gt=0)
 
 
+class TelemetrySettings(SettingsTable):
+    """``[telemetry]``: OpenTelemetry traces (CONTRACT §14, :mod:`printery.telemetry`)."""
+
+    #: Base URL of an OTLP/HTTP collector (``/v1/traces`` is added, as for
+    #: ``OTEL_EXPORTER_OTLP_ENDPOINT``); unset: that env var decides, and without it
+    #: tracing is off.
+    otlp_endpoint: str | None = None
+
+    @field_validator("otlp_endpoint")
+    @classmethod
+    def _otlp_endpoint(cls, value: str | None) -> str | None:
+        if value is None:
+            return None
+        parts = urlsplit(value.strip())
+        if parts.scheme not in ("http", "https") or not parts.netloc:
+            raise _fail("an http:// or https:// URL of an OTLP/HTTP collector, or unset")
+        return value.strip()
+
+
 _APP = re.compile(r"^[A-Za-z_]\w*(\.[A-Za-z_]\w*)*:[A-Za-z_]\w*(\.[A-Za-z_]\w*)*$")
 _REDIS_SCHEMES = ("redis", "rediss", "unix")
 # Where an AppConfig is attached to its target (a factory or a Pipeline).
@@ -285,6 +305,7 @@ class Settings(SettingsTable):
     transport: TransportSettings = TransportSettings()
     workers: dict[str, WorkerSettings] = Field(default_factory=dict)
     review: dict[str, ReviewSettings] = Field(default_factory=dict)
+    telemetry: TelemetrySettings = TelemetrySettings()
 
     _app_config: AppConfig | None = PrivateAttr(default=None)
 

@@ -35,6 +35,7 @@ __all__ = [
     "SOURCE_STREAM",
     "STEP",
     "TRACEBACK",
+    "TRACEPARENT",
     "WORKER",
     "dlq_fields",
     "review_fields",
@@ -61,6 +62,10 @@ REPLAYED_FROM = "replayed_from"
 #: too: the steps (comma-separated) that re-run on it. Every other group acknowledges it
 #: without calling its handler, so a sibling of STEP does not run again.
 REPLAY_FOR = "replay_for"
+
+#: On every entry while tracing is on (CONTRACT §14): the W3C trace context of the span
+#: that wrote it (or of a producer's span, given to a submit).
+TRACEPARENT = "traceparent"
 
 # `review`: what escalated, in which step, and why; what a decision writes (§12).
 KIND = "kind"

@@ -15,6 +15,7 @@ from redis.exceptions import RedisError
 from printery.config import Settings
 from printery.errors import describe
 from printery.keys import StreamKeys
+from printery.lag import event_type_lags
 from printery.logging import get_logger
 from printery.metrics import Metrics
 from printery.pipeline.dag import Pipeline
@@ -24,12 +25,15 @@ from printery.runtime.registry import ProcessRegistry, list_processes
 from printery.runtime.retention import trim_pipeline_streams
 from printery.supervisor.manager import WorkerManager
 
-__all__ = ["DEPARTED_INTERVAL", "GAUGE_INTERVAL", "Housekeeping", "remove_consumers"]
+__all__ = ["DEPARTED_INTERVAL", "GAUGE_INTERVAL", "LAG_INTERVAL", "Housekeeping", "remove_consumers"]
 
 log = get_logger("printery.service")
 
 #: Seconds between refreshes of the per-worker gauges (up, uptime, pending).
 GAUGE_INTERVAL = 1.0
+#: Seconds between refreshes of the queue lag gauge (a bounded read per stream, see
+#: :mod:`printery.lag`).
+LAG_INTERVAL = 2.0
 #: Seconds between sweeps for consumers of processes that died (their own graceful stop
 #: removes them at once).
 DEPARTED_INTERVAL = 60.0
@@ -72,7 +76,7 @@ class Housekeeping:
         self, manager: Callable[[], WorkerManager | None]
     ) -> list[Coroutine[Any, Any, None]]:
         """The loops this process runs (retention and review deadlines only when set)."""
-        loops = [self.update_gauges(manager), self.sweep_departed()]
+        loops = [self.update_gauges(manager), self.update_backlog(), self.sweep_departed()]
         if self.settings.transport.retention > 0:
             loops.append(self.retain())
         if self.settings.review_timeouts():
@@ -89,6 +93,37 @@ class Housekeeping:
                         pending=int(st["pending"]),
                     )
             await asyncio.sleep(GAUGE_INTERVAL)
+
+    async def update_backlog(self) -> None:
+        """Every :data:`LAG_INTERVAL`, the lag in seconds of each group this process runs
+        (``printery_queue_lag_seconds{stream,group}``, the stream by its event type), and
+        how many reviews and dead letters wait (two ``XLEN`` per partition)."""
+        mine = set(self.settings.selected_workers(list(self.pipeline.steps)))
+        readers = {event_type: [group for group in groups if group in mine]
+                   for event_type, groups in self.pipeline.groups().items()}
+        while True:
+            try:
+                async with self.client.pipeline(transaction=False) as pipe:
+                    for part in self.keys.each():
+                        pipe.xlen(part.review)
+                        pipe.xlen(part.dlq)
+                    counts = await pipe.execute()
+            except (RedisError, OSError) as exc:
+                log.warning("backlog sweep failed: retrying next interval", error=describe(exc))
+            else:
+                self.metrics.reviews_open.set(sum(counts[0::2]))
+                self.metrics.dlq_entries.set(sum(counts[1::2]))
+            for event_type, groups in readers.items():
+                if not groups:
+                    continue
+                try:
+                    lags = await event_type_lags(self.client, self.keys, event_type, groups)
+                except (RedisError, OSError) as exc:
+                    log.warning("lag sweep failed: retrying next interval", error=describe(exc))
+                    break
+                for group, seconds in lags.items():
+                    self.metrics.queue_lag.labels(event_type, group).set(seconds)
+            await asyncio.sleep(LAG_INTERVAL)
 
     async def sweep_departed(self) -> None:
         """Every :data:`DEPARTED_INTERVAL`, remove the consumers of processes that died

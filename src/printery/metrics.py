@@ -71,6 +71,19 @@ class Metrics:
             "Entries delivered to the worker's consumer group and not yet acknowledged.",
             ["worker"], registry=r,
         )
+        self.queue_lag = Gauge(
+            "printery_queue_lag_seconds",
+            "Age of the oldest entry the consumer group has not acknowledged (pending or "
+            "not yet delivered), seconds; 0 when it owes nothing.",
+            ["stream", "group"], registry=r,
+        )
+        self.reviews_open = Gauge(
+            "printery_reviews_open", "Reviews waiting for a decision (entries of `review`).",
+            registry=r,
+        )
+        self.dlq_entries = Gauge(
+            "printery_dlq_entries", "Entries held in `dlq` (not replayed or purged).", registry=r,
+        )
         self.dlq = Counter(
             "printery_dlq_total", "Entries dead-lettered, by worker and reason code.",
             ["worker", "reason_code"], registry=r,

@@ -20,7 +20,7 @@ import redis.asyncio as aioredis
 from printery import _json
 from printery.envelope import correlation_of
 from printery.errors import ReplayError
-from printery.fields import REPLAY_FOR
+from printery.fields import REPLAY_FOR, TRACEPARENT
 from printery.history import find_entries, id_order, scan_stream
 from printery.keys import StreamKeys
 from printery.pipeline.dag import Pipeline
@@ -132,6 +132,8 @@ async def replay(
         if isinstance(data, dict) and field in data:
             data = {**data, field: new_id}
         extra = {"replay_of": correlation_id}
+        if fields.get(TRACEPARENT):  # the copy's spans join the original's trace
+            extra[TRACEPARENT] = fields[TRACEPARENT]
         readers = inputs.get(event_type)
         if readers is not None and set(groups[event_type]) != set(readers):
             extra[REPLAY_FOR] = ",".join(readers)

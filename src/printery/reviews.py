@@ -44,6 +44,7 @@ from printery.fields import (
     SOURCE_ID,
     SOURCE_STREAM,
     STEP,
+    TRACEPARENT,
 )
 from printery.history import get_entry, id_order
 from printery.keys import REVIEW_DECIDED, StreamKeys
@@ -203,7 +204,8 @@ async def decide(
     )
     outcome = await kind.hook(decision)(case)
     codec = pipeline.codec()
-    carried = {k: fields[k] for k in ("replay_of",) if fields.get(k)}
+    # What resumes keeps the run's replay mark and its trace (the escalating step's span).
+    carried = {k: fields[k] for k in ("replay_of", TRACEPARENT) if fields.get(k)}
     outputs = [
         (keys.stream(out.type), codec.new_fields(
             out.type, out.data, correlation_id=out.correlation_id or cid, producer=producer,

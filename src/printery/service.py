@@ -37,7 +37,7 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import RedisError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
-from printery import _json
+from printery import _json, telemetry
 from printery._util import hostname, log_failure, now_rfc3339, wait_event
 from printery.api import service_api
 from printery.backoff import compute_backoff
@@ -57,6 +57,7 @@ from printery.lifecycle import (
 from printery.logging import get_logger
 from printery.metrics import OUTCOMES, Metrics
 from printery.pipeline.dag import Pipeline
+from printery.redact import redact_url
 from printery.runtime.consumer import ConsumerSettings
 from printery.runtime.payloads import PayloadStore
 from printery.runtime.registry import ProcessRegistry
@@ -139,6 +140,9 @@ class Service(ProcessLifecycle):
         s = self.settings
         self.client = connect(self.url)
         try:
+            traced = s.telemetry.otlp_endpoint
+            if telemetry.start(traced, os.environ):  # before any worker asks for its tracer
+                log.info("tracing on", otlp_endpoint=redact_url(telemetry.endpoint(traced, os.environ) or ""))
             await self._start_http()
             await self._prepare_streams(self.client)
             self.manager = self._build_manager(self.client)
@@ -299,6 +303,8 @@ class Service(ProcessLifecycle):
             await self.http.stop()
         if self.runs is not None:
             await self.runs.close()
+        if telemetry.is_on():
+            await asyncio.to_thread(telemetry.shutdown)  # the spans still buffered go out
         if self.client is not None:
             with contextlib.suppress(Exception):
                 await self.client.aclose()

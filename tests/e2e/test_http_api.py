@@ -118,6 +118,29 @@ def test_invalid_data_is_400_with_reasons_and_nothing_written(
     conn.close()
 
 
+def test_a_traceparent_header_travels_on_the_ingress_entry(
+    api: tuple[ServiceHandle, str], server: ServerProcess
+) -> None:
+    """A producer's W3C ``traceparent`` header (CONTRACT §14) is written on the entry,
+    tracing on or off; an invalid one is a 400 naming it, and nothing is written."""
+    handle, prefix = api
+    conn = redis.Redis.from_url(server.url, decode_responses=True)
+    stream = f"{prefix}:deployment:started"
+    given = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
+    answer = call(handle, "POST", "/v1/runs", json={"data": request()},
+                  headers={"traceparent": given})
+    assert answer.status_code == 202
+    (_, fields), = conn.xrange(stream, min=answer.json()["entry_id"], count=1)
+    assert fields["traceparent"] == given
+    before = conn.xlen(stream)
+    bad = call(handle, "POST", "/v1/runs", json={"data": request()},
+               headers={"traceparent": "00-xyz-00f067aa0ba902b7-01"})
+    assert bad.status_code == 400
+    assert [r["field"] for r in bad.json()["reasons"]] == ["traceparent"]
+    assert conn.xlen(stream) == before
+    conn.close()
+
+
 def test_client_errors_are_4xx(api: tuple[ServiceHandle, str]) -> None:
     handle, _ = api
     assert call(handle, "POST", "/v1/runs", content=b"{not json").status_code == 400

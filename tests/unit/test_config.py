@@ -212,6 +212,7 @@ def test_unknown_flag_key_is_a_programming_error() -> None:
         ("[workers.validator]\nthreads = 2\n", "workers.validator.threads"),
         ("[health_monitor]\nfrequency = 2\n", "health_monitor.frequency"),
         ("[review.approval]\ndeadline = 2\n", "review.approval.deadline"),
+        ('[telemetry]\nendpoint = "http://collector:4318"\n', "telemetry.endpoint"),
     ],
 )
 def test_unknown_config_keys_are_rejected(tmp_path: Path, text: str, setting: str) -> None:
@@ -235,6 +236,9 @@ def test_unknown_config_keys_are_rejected(tmp_path: Path, text: str, setting: st
         ('[review.approval]\ntimeout = "soon"\n', "review.approval.timeout"),
         ("[review.approval]\ntimeout = true\n", "review.approval.timeout"),
         ("review = 3\n", "review"),
+        ('[telemetry]\notlp_endpoint = "collector:4318"\n', "telemetry.otlp_endpoint"),
+        ('[telemetry]\notlp_endpoint = "grpc://collector:4317"\n', "telemetry.otlp_endpoint"),
+        ("[telemetry]\notlp_endpoint = 4318\n", "telemetry.otlp_endpoint"),
     ],
 )
 def test_bad_config_file_values(tmp_path: Path, text: str, expected: str) -> None:
@@ -262,6 +266,13 @@ def test_config_file_tables_and_aliases(tmp_path: Path) -> None:
     assert settings.table("notifier", NotifierSettings).allow_hosts == ("hooks.example",)
     assert settings.transport.claim_interval == 5
     assert settings.transport.retention == 100_000
+
+
+def test_telemetry_table(tmp_path: Path) -> None:
+    """``[telemetry] otlp_endpoint`` (CONTRACT §14): unset by default (tracing off)."""
+    assert load().telemetry.otlp_endpoint is None
+    path = write_config(tmp_path, '[telemetry]\notlp_endpoint = " http://collector:4318 "\n')
+    assert load(env={"PRINTERY_CONFIG": path}).telemetry.otlp_endpoint == "http://collector:4318"
 
 
 def test_missing_and_unparsable_config_files(tmp_path: Path) -> None:

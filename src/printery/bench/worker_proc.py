@@ -17,12 +17,13 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import os
 import sys
 
 import psutil
 import structlog
 
-from printery import _json
+from printery import _json, telemetry
 from printery.bench.ceiling import CeilingRelay
 from printery.bench.layout import PROTOCOL_PREFIX, BenchLayout
 from printery.bench.stages import FEATURES, bench_manager, bench_settings
@@ -85,6 +86,7 @@ async def _serve_printery(
 ) -> None:
     settings = bench_settings(prefetch)
     client = connect(url, block_ms=settings.block_ms)
+    telemetry.start(None, os.environ)  # traced like the service when OTEL_* asks for it
     try:
         manager = bench_manager(client, layout, settings, features)
         for worker in manager.workers.values():
@@ -100,6 +102,8 @@ async def _serve_printery(
         await manager.stop_all(10.0)
     finally:
         await client.aclose()
+        if telemetry.is_on():
+            await asyncio.to_thread(telemetry.shutdown)
 
 
 async def _serve(args: argparse.Namespace, layout: BenchLayout, rss: _PeakRss) -> None:

@@ -9,14 +9,13 @@
    hard limit writes what its budget says instead of running (:mod:`.budgets`);
 3. **handle**: a step with flow-control limits first waits for them (the batch is
    admitted in one request; see :mod:`printery.runtime.limit_gate`); each entry's handler
-   runs in a task of its own once it has a slot; a
-   handler that raises is retried after a backoff (each retry a counted delivery) until
-   it succeeds or goes to the dead-letter stream with its traceback; :class:`Reject`
-   dead-letters at once; a ``BaseException`` that is not an ``Exception`` crashes the
-   worker (CONTRACT §4, §5);
+   runs in a task of its own once it has a slot; a handler that raises is retried after
+   a backoff (each retry a counted delivery) until it succeeds or goes to the dead-letter
+   stream with its traceback; :class:`Reject` dead-letters at once; a ``BaseException``
+   that is not an ``Exception`` crashes the worker (CONTRACT §4, §5);
 4. **commit**: the entries that are decided by the same turn of the event loop commit
    together (one group commit), each atomically: its outputs, ack and idempotency record;
-5. **account**: metrics, counters and log lines, once the commit says what happened.
+5. **account**: metrics, counters, log lines (and a span, tracing on), once the commit says what happened.
 
 A read batch and a single entry take the same path: one entry is a batch of one. The
 entries of a batch whose handlers are still running after the first turn commit as they
@@ -29,7 +28,6 @@ import asyncio
 import functools
 import time
 from collections.abc import Coroutine, Sequence
-from dataclasses import dataclass
 from typing import Any
 
 import structlog
@@ -49,6 +47,7 @@ from printery.errors import (
 from printery.fields import REPLAY_FOR
 from printery.keys import StreamKeys
 from printery.run_index import RunIndex
+from printery.runtime.accounting import Accounting, Decided
 from printery.runtime.budgets import BudgetGuard
 from printery.runtime.connectivity import Connectivity
 from printery.runtime.consumer import ConsumerSettings, Delivery
@@ -57,8 +56,9 @@ from printery.runtime.limit_gate import LimitGate, Ticket
 from printery.runtime.observe import Observer
 from printery.runtime.payloads import PayloadStore
 from printery.runtime.route import Router
+from printery.runtime.spans import bind_spans
 from printery.runtime.writes import Writes
-from printery.transport.commit import DUPLICATE, FENCED, Append, Committer, EntryCommit
+from printery.transport.commit import Append, Committer, EntryCommit
 from printery.transport.records import RecordLookup
 from printery.transport.streams import Leases, public_api
 from printery.worker import WorkerStats
@@ -75,22 +75,6 @@ def _start(coro: Coroutine[Any, Any, Decided | None]) -> asyncio.Task[Decided | 
     if _eager is not None:
         return _eager(loop, coro)  # type: ignore[no-any-return]
     return loop.create_task(coro)
-
-
-@dataclass(slots=True)
-class Decided:
-    """An entry's commit, and what to account for once it is done."""
-
-    delivery: Delivery
-    commit: EntryCommit
-    # ok, duplicate, dead_lettered, skipped (a replay's copy for other steps), routed (to
-    # its run's partition, CONTRACT §15),
-    # budget_exceeded (held: its run is at a hard limit)
-    outcome: str
-    message: Message | None = None
-    reason_code: str = ""
-    error: str = ""
-    traceback: str = ""
 
 
 class EntryPipeline:
@@ -134,6 +118,8 @@ class EntryPipeline:
         #: Only with several partitions: places entries in their run's partition.
         self.router = router
         self.index = index
+        account = Accounting(worker, observer, stats).account
+        self.spans, self._handle, self._settle = bind_spans(worker, self._run, account)
 
     async def process(self, batch: Sequence[Delivery]) -> None:
         """Take a batch through the pipeline. Raises :class:`WorkerCrashed` when a handler
@@ -291,14 +277,14 @@ class EntryPipeline:
         await self.connectivity.retrying(lambda: gate.try_admit(tickets))
         return tickets
 
-    async def _handle(
-        self, delivery: Delivery, message: Message, ticket: Ticket | None = None
+    async def _run(
+        self, delivery: Delivery, message: Message, ticket: Ticket | None = None, tp: str = "",
     ) -> Decided | None:
         """Run the handler until it succeeds, is rejected, or runs out of deliveries; the
         entry's commit, or None when the entry was lost to another consumer meanwhile.
         ``ticket``: the step's limits, waited for before each call (before the entry takes
         a slot, so a waiting entry has not started: the drain hands it back at once).
-        The slot taken here is given back once the entry is committed."""
+        The slot taken here is given back once the entry is committed. Outputs carry traceparent ``tp``."""
         gate = self.gate
         while True:
             if ticket is not None and not ticket.admitted:
@@ -331,7 +317,7 @@ class EntryPipeline:
                 raise
             except BaseException as exc:
                 raise WorkerCrashed(f"handler raised {describe(exc)}") from exc
-            appends = self.writes.appends(outputs, message, time.perf_counter() - begun)
+            appends = self.writes.appends(outputs, message, time.perf_counter() - begun, traceparent=tp)
             if self.writes.has_large(appends):
                 appends = await self.writes.store_large(appends)
             return self._handled(delivery, message, appends)
@@ -407,44 +393,9 @@ class EntryPipeline:
         results = await self.connectivity.retrying(lambda: self.committer.commit(commits))
         for item, result in zip(decided, results, strict=True):
             try:
-                self._account(item, result, time.perf_counter() - begun)
+                self._settle(item, result, time.perf_counter() - begun)
             finally:
                 item.delivery.release()
-
-    def _account(self, item: Decided, result: Any, seconds: float) -> None:
-        entry_id = item.delivery.entry_id
-        if isinstance(result, Exception):  # this entry cannot commit: it stays pending
-            self.stats.errors += 1
-            self.stats.last_error = describe(result)
-            log.error("commit failed", worker=self.worker, entry_id=entry_id, error=describe(result))
-            return
-        if result == FENCED:
-            log.warning("entry was reclaimed by another consumer; not committing",
-                        worker=self.worker, entry_id=entry_id)
-            self.observer.processed(self.worker, "fenced", seconds)
-        elif item.outcome == "dead_lettered":
-            self.observer.dead_lettered(self.worker, item.reason_code)
-            self.observer.processed(self.worker, "dead_lettered", seconds)
-            log.error("entry dead-lettered", worker=self.worker, entry_id=entry_id,
-                      reason_code=item.reason_code, error=item.error[:500],
-                      traceback=item.traceback or None)
-        elif item.outcome in ("skipped", "routed"):
-            self.observer.processed(self.worker, item.outcome, seconds)
-        elif item.outcome == "duplicate" or result == DUPLICATE:
-            self.observer.processed(self.worker, "duplicate", seconds)
-        elif item.outcome == "budget_exceeded":
-            self.observer.processed(self.worker, "budget_exceeded", seconds)
-            if result > 1:  # its output was written (a stop's is written once per run)
-                self.observer.budget_event(self.worker, "exceeded")
-        else:
-            self.stats.processed += 1
-            self.observer.processed(self.worker, "ok", seconds)
-            assert item.message is not None
-            for unit, amount in item.message.costs.items():
-                self.observer.cost(self.worker, unit, amount)
-            if item.commit.budget is not None:
-                for _ in range(result - 1 - len(item.commit.appends)):  # warnings written
-                    self.observer.budget_event(self.worker, "warning")
 
     @public_api
     async def emit(self, outputs: Sequence[Output], *, correlation_id: str) -> int:

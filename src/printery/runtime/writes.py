@@ -9,7 +9,7 @@ from collections.abc import Mapping, Sequence
 
 from printery import _json
 from printery.envelope import Codec
-from printery.fields import dlq_fields
+from printery.fields import TRACEPARENT, dlq_fields
 from printery.keys import StreamKeys
 from printery.runtime.handler import Message, Output
 from printery.runtime.payloads import PayloadStore
@@ -27,12 +27,19 @@ class Writes:
 
     def appends(
         self, outputs: Sequence[Output], message: Message | None, seconds: float,
-        correlation_id: str = "",
+        correlation_id: str = "", *, traceparent: str | None = None,
     ) -> list[Append]:
         """The entries to write for ``outputs`` of a handler call (``message`` None: of
-        no entry), each carrying the call's duration, cost and ``replay_of``. A ``data``
-        over the inline limit still needs :meth:`store_large` before the commit."""
+        no entry), each carrying the call's duration, cost and ``replay_of``, and a
+        ``traceparent``: the one given (the call's span, :mod:`printery.runtime.spans`;
+        "" for none), else the input's, so what an entry writes without a handler call
+        (a budget's hold) stays in its run's trace. A ``data`` over the inline limit still
+        needs :meth:`store_large` before the commit."""
         extra = {"duration_ms": f"{seconds * 1000:.3f}"}
+        if traceparent is None and message is not None:
+            traceparent = message.envelope.extra.get(TRACEPARENT)
+        if traceparent:
+            extra[TRACEPARENT] = traceparent
         if message is not None:
             correlation_id = message.correlation_id
             if message.costs:
