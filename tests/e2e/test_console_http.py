@@ -185,3 +185,27 @@ def test_a_rejection_that_ends_the_run_is_indexed_with_its_status(
     handle.wait_until(lambda: run_id in client.get("/runs?status=rejected").text,
                       what="the run listed as rejected")
     assert run_id not in client.get("/runs?status=running").text
+
+
+def test_every_page_over_three_partitions(server: ServerProcess, tmp_path: Path) -> None:
+    """CONTRACT §15 with the console: runs of several partitions are listed, counted and
+    shown, and the streams' lengths and groups add up over the partitions."""
+    handle = spawn(["--redis-url", server.url, "--stream-prefix", unique_prefix(),
+                    "--partitions", "3"], env={"PRINTERY_API_TOKEN": TOKEN}, cwd=tmp_path)
+    try:
+        client = logged_in(handle)
+        bearer = {"Authorization": f"Bearer {TOKEN}"}
+        runs = [client.post("/v1/runs", json={"data": deployment()}, headers=bearer
+                            ).json()["run_id"] for _ in range(6)]
+        for run_id in runs:
+            handle.wait_until(lambda run_id=run_id: finished(handle, client, run_id),
+                              what=f"run {run_id} succeeded")
+        listed = client.get("/runs?status=succeeded").text
+        assert all(run_id in listed for run_id in runs)
+        for path in PAGES:
+            assert client.get(path).status_code == 200, path
+        overview = client.get("/").text
+        started = re.search(r"<td>deployment:started</td><td class=\"num\">(\d+)</td>", overview)
+        assert started is not None and started.group(1) == "6", overview[:2000]
+    finally:
+        handle.stop()

@@ -18,6 +18,7 @@ from printery.console.graph import Layout, layout
 from printery.errors import UnknownRun
 from printery.history import id_order
 from printery.keys import DLQ, REVIEW
+from printery.lag import lags_of_groups
 from printery.pipeline.render import loop_summary, to_text
 from printery.run_index import RUNNING, RunIndex, run_status
 from printery.runs import run_cost
@@ -64,26 +65,36 @@ class Views:
                 "cost": await self.index.cost_last_hour(self.client), "recent": recent}
 
     async def streams(self) -> list[dict[str, Any]]:
-        """Each stream of the pipeline (and ``dlq``, ``review``): length, and per group
-        its pending entries and lag."""
+        """Each stream of the pipeline (and ``dlq``, ``review``), over every partition:
+        length, and per group its pending entries and lag (seconds its oldest owed entry
+        has waited: :mod:`printery.lag`). Two round trips whatever the partitions."""
         types = [*self.pipeline.event_types(), DLQ, REVIEW]
+        streams = [(event_type, part.stream(event_type))
+                   for event_type in types for part in self.keys.each()]
         async with self.client.pipeline(transaction=False) as pipe:
-            for event_type in types:
-                pipe.xlen(self.keys.stream(event_type))
-                pipe.xinfo_groups(self.keys.stream(event_type))
+            for _, stream in streams:
+                pipe.xlen(stream)
+                pipe.xinfo_groups(stream)
             replies = await pipe.execute(raise_on_error=False)
-        rows = []
-        for n, event_type in enumerate(types):
-            length, groups = replies[2 * n], replies[2 * n + 1]
-            groups = groups if isinstance(groups, list) else []  # no stream yet
-            rows.append({
-                "type": event_type, "length": length if isinstance(length, int) else 0,
-                "groups": [{"name": g.get("name"), "pending": g.get("pending", 0),
-                            "lag": g.get("lag")} for g in groups],
-                "lag": sum(int(g.get("lag") or 0) for g in groups),
-                "pending": sum(int(g.get("pending") or 0) for g in groups),
-            })
-        return rows
+        infos = {stream: groups if isinstance(groups, list) else []  # no stream yet
+                 for (_, stream), groups in zip(streams, replies[1::2], strict=True)}
+        lags = await lags_of_groups(self.client, infos)
+        rows: dict[str, dict[str, Any]] = {}
+        for (event_type, stream), length in zip(streams, replies[0::2], strict=True):
+            row = rows.setdefault(event_type, {"type": event_type, "length": 0, "groups": {}})
+            row["length"] += length if isinstance(length, int) else 0
+            for info in infos[stream]:
+                name = str(info.get("name"))
+                group = row["groups"].setdefault(name, {"name": name, "pending": 0, "lag": 0.0})
+                group["pending"] += int(info.get("pending") or 0)
+                group["lag"] = max(group["lag"], lags[stream].get(name, 0.0))
+        result = []
+        for row in rows.values():
+            groups = list(row["groups"].values())
+            result.append({**row, "groups": groups,
+                           "lag": max((g["lag"] for g in groups), default=0.0),
+                           "pending": sum(g["pending"] for g in groups)})
+        return result
 
     async def run_list(self, *, query: str = "", status: str = "", offset: int = 0) -> (
         dict[str, Any]
@@ -136,7 +147,7 @@ class Views:
         field = self.pipeline.correlation_field
         letters = await dead_letters.dead_letters(self.client, self.keys, field,
                                                   count=DLQ_SHOWN)
-        total = await self.client.xlen(self.keys.dlq)
+        total = sum([await self.client.xlen(part.dlq) for part in self.keys.each()])
         return {"letters": [{**d, "run_id": d.get(field, ""), "pretty": pretty(d.get("data"))}
                             for d in letters], "total": total}
 
