@@ -12,6 +12,7 @@ import redis.asyncio as aioredis
 
 from printery.testing import unique_prefix
 from printery.transport.server import ServerProcess
+from support.cluster import ValkeyCluster
 
 # An exception no one observed in an event loop (a task's, never retrieved; a callback's)
 # fails the test it happened in: see support/loop_guard.py.
@@ -34,6 +35,21 @@ def own_server(tmp_path: Path) -> Iterator[ServerProcess]:
     proc.start()
     yield proc
     proc.stop()
+
+
+@pytest.fixture(scope="session")
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ValkeyCluster]:
+    """One Valkey Cluster (3 masters, 3 replicas) for the session; tests that kill a node
+    take :func:`own_cluster` instead."""
+    with ValkeyCluster(tmp_path_factory.mktemp("cluster")) as formed:
+        yield formed
+
+
+@pytest.fixture
+def own_cluster(tmp_path: Path) -> Iterator[ValkeyCluster]:
+    """A cluster of the test's own, for tests that kill its nodes."""
+    with ValkeyCluster(tmp_path / "cluster") as formed:
+        yield formed
 
 
 @pytest.fixture
