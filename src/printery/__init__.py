@@ -29,7 +29,7 @@ from printery.errors import (
     WorkerFailed,
 )
 from printery.fields import review_fields
-from printery.keys import DLQ, REVIEW, REVIEW_DECIDED, StreamKeys
+from printery.keys import DLQ, REVIEW, REVIEW_DECIDED, PartitionError, StreamKeys, partition_of
 from printery.limits import Limit
 from printery.pipeline.aggregate import (
     Aggregator,
@@ -82,6 +82,7 @@ __all__ = [
     "Message",
     "MessageError",
     "Output",
+    "PartitionError",
     "PayloadTooLarge",
     "Pipeline",
     "PipelineError",
@@ -121,6 +122,7 @@ __all__ = [
     "cost_summary",
     "escalate",
     "first_wins",
+    "partition_of",
     "redact_text",
     "redact_url",
     "replay",

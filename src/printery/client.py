@@ -181,7 +181,7 @@ class Client:
             app, {"redis_url": redis_url, "stream_prefix": stream_prefix, "data_dir": data_dir},
             os.environ,
         )
-        self.keys = StreamKeys(self.settings.stream_prefix)
+        self.keys = self.settings.keys
         self.producer = producer
         self._client: aioredis.Redis | None = None
         self._run_ops: Runs | None = None

@@ -43,6 +43,7 @@ from pydantic import (
 from pydantic_core import PydanticCustomError
 
 from printery.errors import ConfigError
+from printery.keys import MAX_PARTITIONS, StreamKeys
 from printery.redact import redact_url
 
 __all__ = [
@@ -163,6 +164,10 @@ class TransportSettings(SettingsTable):
     #: visibility timeout (at least 50 ms, at most 5 s), so an orphan waits at most about
     #: 1.25 timeouts.
     claim_interval: float | None = Field(default=None, gt=0)
+    #: Partitions of every stream (CONTRACT §15): ``<prefix>:{p<k>}:<event type>``, a
+    #: run in partition ``crc32(correlation id) % partitions``; 1 keeps the keys of §2.
+    #: Every process, producer and command of one deployment must use the same number.
+    partitions: int = Field(default=1, ge=1, le=MAX_PARTITIONS)
 
 
 class WorkerSettings(SettingsTable):
@@ -432,6 +437,11 @@ class Settings(SettingsTable):
                 if table.timeout is not None}
 
     @property
+    def keys(self) -> StreamKeys:
+        """Every key name of this deployment: the stream prefix in its partitions."""
+        return StreamKeys(self.stream_prefix, self.transport.partitions)
+
+    @property
     def http_bind(self) -> tuple[str, int] | None:
         """``(host, port)`` to serve HTTP on, or None when ``http_addr`` is ``off``."""
         return parse_http_addr(self.http_addr)
@@ -526,6 +536,8 @@ SETTINGS_DOC: Mapping[str, SettingDoc] = {
              "worker processes to run"),
         _doc("api_token_env", "--api-token-env", "PRINTERY_API_TOKEN_ENV", "NAME",
              "name of the env var holding the bearer token of the HTTP API (/v1)"),
+        SettingDoc("transport.partitions", "--partitions", "PRINTERY_PARTITIONS", "1",
+                   "partitions of every stream (CONTRACT §15); the same everywhere", "N"),
         SettingDoc("config", "--config", "PRINTERY_CONFIG", "none", "TOML config file", "FILE"),
     )
 }

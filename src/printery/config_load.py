@@ -11,7 +11,7 @@ from collections.abc import Collection, Mapping, Sequence
 from pathlib import Path
 from typing import Annotated, Any, Literal, Union, get_args, get_origin
 
-from annotated_types import Ge, Gt, MinLen
+from annotated_types import Ge, Gt, Le, MinLen
 from pydantic import BaseModel, Field, ValidationError, create_model
 from pydantic.fields import FieldInfo
 from pydantic_core import ErrorDetails
@@ -62,6 +62,8 @@ def _describe_field(info: FieldInfo, item: bool = False) -> str:
             text += f" >= {meta.ge}"
         elif isinstance(meta, Gt):
             text += f" > {meta.gt}"
+        elif isinstance(meta, Le):
+            text += f" <= {meta.le}"
         elif isinstance(meta, MinLen) and meta.min_length == 1:
             text = "a non-empty " + text.removeprefix("a ")
     return text + (", or unset" if type(None) in get_args(info.annotation) else "")
@@ -135,6 +137,19 @@ def _settings_model(tables: tuple[tuple[str, type[BaseModel]], ...]) -> type[Set
     return model
 
 
+def _put(data: dict[str, Any], sources: dict[str, str], name: str, value: object,
+         source: str) -> None:
+    """Set one setting given by env var or flag; a dotted name (``transport.partitions``)
+    is a key of a table, merged into what the config file gave that table."""
+    table, dot, key = name.partition(".")
+    if dot:
+        found = data.get(table)
+        data[table] = {**(found if isinstance(found, dict) else {}), key: value}
+    else:
+        data[name] = value
+    sources[name] = source
+
+
 def load_settings(
     flags: Mapping[str, object | None],
     env: Mapping[str, str],
@@ -182,9 +197,9 @@ def load_settings(
         sources.update(dict.fromkeys(from_file, f"config file {path}"))
     for name, doc in SETTINGS_DOC.items():
         if name != "config" and env.get(doc.env, "") != "":
-            data[name], sources[name] = env[doc.env], doc.env
+            _put(data, sources, name, env[doc.env], doc.env)
     for name, value in given.items():
-        data[name], sources[name] = value, SETTINGS_DOC[name].flag
+        _put(data, sources, name, value, SETTINGS_DOC[name].flag)
 
     model = _settings_model(tuple(config.tables.items()))
     context = {"worker_names": list(worker_names), "worker_aliases": config.worker_aliases}
@@ -192,7 +207,7 @@ def load_settings(
         settings: Settings = model.model_validate(data, context=context)
     except ValidationError as exc:
         setting, value, allowed = _describe_error(model, exc.errors()[0])
-        source = sources.get(setting.split(".", 1)[0].split("[", 1)[0])
+        source = sources.get(setting) or sources.get(setting.split(".", 1)[0].split("[", 1)[0])
         label = f"{setting} ({source})" if source else setting
         raise ConfigError(label, value, allowed) from None
     return settings.for_app(config)

@@ -41,7 +41,7 @@ async def remove_consumers(
 ) -> None:
     """Remove the consumers, of every group of the pipeline, whose owner is ``gone``;
     never one that still owns entries (see :mod:`printery.runtime.departed`)."""
-    readers = [(keys.stream(event_type), group)
+    readers = [(part.stream(event_type), group) for part in keys.each()
                for event_type, groups in pipeline.groups().items() for group in groups]
     try:
         removed = await remove_departed(client, readers, gone, min_idle=min_idle)

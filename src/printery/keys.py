@@ -1,7 +1,22 @@
-"""Every Redis key name printery uses, derived from one stream prefix."""
+"""Every Redis key name printery uses, derived from one stream prefix.
+
+With ``[transport] partitions = N`` > 1 (CONTRACT §15) every key a commit or a submit
+touches lives in a partition: ``<prefix>:{p<k>}:<rest>``, k = 0..N-1. The ``{p<k>}`` hash
+tag puts all of partition k in one cluster slot, so one commit (the source stream, its
+output streams, ``dlq``/``review``, idempotency records, join state, budget, blobs of the
+run) stays one transaction on one node. A run's partition is :func:`partition_of` its
+correlation id. With ``partitions = 1`` the keys are exactly those of CONTRACT §2.
+
+Keys that no commit touches stay unpartitioned: the process registry, the published
+pipeline and flow-control limits (limits are shared by every run, so they cannot follow a
+run's partition; the limit script touches only keys of one limit).
+"""
 
 from __future__ import annotations
 
+import re
+import zlib
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 DLQ = "dlq"
@@ -10,20 +25,117 @@ REVIEW_DECIDED = "review:decided"
 #: The commands' and the client's stream prefix for an app that declares none (CONTRACT
 #: §1); the framework's own :class:`~printery.Settings` default is ``printery``.
 COMMAND_STREAM_PREFIX = "materi:events:deployment"
+#: Most partitions a keyspace may have (a cluster has 16384 slots).
+MAX_PARTITIONS = 1024
+
+_TAG = re.compile(r"^\{p(\d+)\}:")
+
+
+def partition_of(correlation_id: str, partitions: int) -> int:
+    """The partition of a run: CRC-32 (IEEE, as zlib/binascii/Go's hash/crc32 compute it)
+    of the UTF-8 correlation id, modulo ``partitions``.
+
+    Stable across processes, languages and versions (documented in the README so a
+    producer writing raw ``XADD`` s can compute it); 0 when there is one partition.
+    """
+    if partitions <= 1:
+        return 0
+    return zlib.crc32(correlation_id.encode("utf-8")) % partitions
+
+
+def new_id_in(partition: int, partitions: int, make: Callable[[], str]) -> str:
+    """A fresh id (from ``make``) whose partition is ``partition``: for a run that names
+    no id of its own but must live in a given partition (the one its entry is in, or its
+    submit record's). About ``partitions`` draws on average."""
+    while True:
+        made = make()
+        if partition_of(made, partitions) == partition:
+            return made
+
+
+class PartitionError(LookupError):
+    """A partitioned key was asked of the whole keyspace of several partitions: the
+    caller must name the partition (:meth:`StreamKeys.at`, :meth:`StreamKeys.of`)."""
 
 
 @dataclass(frozen=True, slots=True)
 class StreamKeys:
-    """Key layout under a prefix: streams are ``<prefix>:<event type>`` (CONTRACT §2)."""
+    """Key layout under a prefix: streams are ``<prefix>:<event type>`` (CONTRACT §2), or
+    ``<prefix>:{p<k>}:<event type>`` in partition k of ``partitions`` (CONTRACT §15).
+
+    An instance is either the whole keyspace (``partition`` None) or one partition's view
+    of it (:meth:`at`). With one partition the two are the same keys. The whole keyspace
+    of several partitions answers only unpartitioned keys (registry, pipeline, limits);
+    partitioned ones raise :class:`PartitionError` rather than guess a partition.
+    """
 
     prefix: str
+    partitions: int = 1
+    partition: int | None = None
+
+    def __post_init__(self) -> None:
+        if not 1 <= self.partitions <= MAX_PARTITIONS:
+            raise ValueError(f"partitions must be 1..{MAX_PARTITIONS}, not {self.partitions}")
+        if self.partition is not None and not 0 <= self.partition < self.partitions:
+            raise ValueError(f"partition {self.partition} outside 0..{self.partitions - 1}")
+
+    # -- partitions --------------------------------------------------------------------
+
+    @property
+    def partitioned(self) -> bool:
+        return self.partitions > 1
+
+    def at(self, partition: int) -> StreamKeys:
+        """The keys of one partition (with one partition: these keys)."""
+        if not self.partitioned:
+            return self if self.partition is None else StreamKeys(self.prefix)
+        return StreamKeys(self.prefix, self.partitions, partition)
+
+    def of(self, correlation_id: str) -> StreamKeys:
+        """The keys of the partition of the run ``correlation_id``."""
+        return self.at(partition_of(correlation_id, self.partitions))
+
+    def each(self) -> Iterator[StreamKeys]:
+        """Every partition's keys, in partition order (operator commands read them all)."""
+        for k in range(self.partitions):
+            yield self.at(k)
+
+    @property
+    def whole(self) -> StreamKeys:
+        """The whole keyspace these (partition) keys belong to."""
+        return StreamKeys(self.prefix, self.partitions)
+
+    @property
+    def scope(self) -> str:
+        """The prefix of this partition's keys (``<prefix>:{p<k>}``; ``<prefix>`` when
+        there is one partition)."""
+        if not self.partitioned:
+            return self.prefix
+        if self.partition is None:
+            raise PartitionError(
+                f"keyspace {self.prefix!r} has {self.partitions} partitions: name one "
+                "(StreamKeys.at / StreamKeys.of)")
+        return f"{self.prefix}:{{p{self.partition}}}"
+
+    def locate(self, stream_key: str) -> tuple[int, str]:
+        """``(partition, event type)`` of a stream key of this keyspace (any partition)."""
+        rest = stream_key[len(self.prefix) + 1 :]
+        if not self.partitioned:
+            return 0, rest
+        tag = _TAG.match(rest)
+        if tag is None or int(tag.group(1)) >= self.partitions:
+            raise PartitionError(f"{stream_key!r} is not a stream of a partition of "
+                                 f"{self.prefix!r}")
+        return int(tag.group(1)), rest[tag.end() :]
+
+    # -- keys of a partition -----------------------------------------------------------
 
     def stream(self, event_type: str) -> str:
-        return f"{self.prefix}:{event_type}"
+        return f"{self.scope}:{event_type}"
 
     def event_type(self, stream_key: str) -> str:
-        """Inverse of :meth:`stream`."""
-        return stream_key[len(self.prefix) + 1 :]
+        """Inverse of :meth:`stream` (of any partition's stream)."""
+        return self.locate(stream_key)[1]
 
     @property
     def dlq(self) -> str:
@@ -40,28 +152,28 @@ class StreamKeys:
     def idempotency_index(self, worker: str) -> str:
         """Where ``worker`` records the idempotency keys it committed: this hash names the
         current generation; the records are members of ``<index>:r<generation>`` sets."""
-        return f"{self.prefix}:idem:{worker}"
+        return f"{self.scope}:idem:{worker}"
 
     def once(self, key: str) -> str:
         """Guard that makes an output unique (written at most once, ever)."""
-        return f"{self.prefix}:once:{key}"
+        return f"{self.scope}:once:{key}"
 
     def join(self, worker: str, correlation_id: str) -> str:
         """Hash of an aggregator's partial results for one correlation id."""
-        return f"{self.prefix}:join:{worker}:{correlation_id}"
+        return f"{self.scope}:join:{worker}:{correlation_id}"
 
     def join_deadlines(self, worker: str) -> str:
         """Sorted set: correlation id -> branch deadline (ms), for an aggregator's sweeper."""
-        return f"{self.prefix}:join-deadlines:{worker}"
+        return f"{self.scope}:join-deadlines:{worker}"
 
     def submitted(self, idempotency_key: str) -> str:
         """Which run a submit of ``idempotency_key`` started (``<run id>\n<entry id>``)."""
-        return f"{self.prefix}:submit:{idempotency_key}"
+        return f"{self.scope}:submit:{idempotency_key}"
 
     def run_start(self, run_id: str) -> str:
         """The id of a run's first entry, when it was submitted through the client:
         reading the run starts there instead of at the beginning of every stream."""
-        return f"{self.prefix}:run:{run_id}"
+        return f"{self.scope}:run:{run_id}"
 
     def budget(self, run_id: str) -> str:
         """Hash of what a run has spent, per unit (and per step with a budget of its
@@ -70,14 +182,16 @@ class StreamKeys:
 
     @property
     def budget_prefix(self) -> str:
-        return f"{self.prefix}:budget:"
+        return f"{self.scope}:budget:"
+
+    def blob(self, digest: str) -> str:
+        return f"{self.scope}:blob:{digest}"
+
+    # -- keys of the whole keyspace ----------------------------------------------------
 
     def limit(self, key: str) -> str:
         """Where a flow-control limit keeps its state (``<this>:slots``, ``:starts``...)."""
         return f"{self.prefix}:limit:{key}"
-
-    def blob(self, digest: str) -> str:
-        return f"{self.prefix}:blob:{digest}"
 
     def process(self, process_id: str) -> str:
         """Heartbeat key of one running service process (the process registry)."""

@@ -46,7 +46,6 @@ from printery.config import Settings
 from printery.errors import ConfigError, describe
 from printery.housekeeping import Housekeeping, remove_consumers
 from printery.http import HttpServer
-from printery.keys import StreamKeys
 from printery.lifecycle import (
     EXIT_CONFIG,
     EXIT_FAILED,
@@ -113,7 +112,7 @@ class Service(ProcessLifecycle):
         super().__init__(settings)
         self.pipeline = pipeline
         self.workers = settings.selected_workers(list(pipeline.steps))
-        self.keys = StreamKeys(settings.stream_prefix)
+        self.keys = settings.keys
         self.prom = Metrics()
         self.started_at = now_rfc3339()
         self.pid = os.getpid()
@@ -174,7 +173,8 @@ class Service(ProcessLifecycle):
             try:
                 for event_type, groups in self.pipeline.groups().items():
                     for group in groups:
-                        await ensure_group(client, self.keys.stream(event_type), group)
+                        for part in self.keys.each():
+                            await ensure_group(client, part.stream(event_type), group)
                 await client.set(self.keys.pipeline, _json.dumps(self.pipeline.describe()))
                 self._waiting_for = None
                 return

@@ -309,7 +309,7 @@ def test_settings_doc_covers_every_command_line_setting() -> None:
         "redis_url", "log_level", "environment", "worker", "supervised", "max_restarts",
         "backoff_ms", "health_check_interval", "shutdown_timeout", "exit_on_failure",
         "http_addr", "stream_prefix", "data_dir", "app", "processes", "config",
-        "api_token_env",
+        "api_token_env", "transport.partitions",
     }
     doc = SETTINGS_DOC["max_restarts"]
     assert (doc.flag, doc.env, doc.default) == ("--max-restarts", "MAX_RESTART_ATTEMPTS", "3")

@@ -29,6 +29,8 @@ EXPECTED = {
     # AI-worker patterns (CONTRACT §13)
     "Budget",
     "Loop",
+    # partitioned streams (CONTRACT §15)
+    "PartitionError", "partition_of",
 }
 
 

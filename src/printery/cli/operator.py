@@ -55,6 +55,9 @@ class _OperatorGroup(click.Group):
               help="TOML config file [env: PRINTERY_CONFIG]")
 @click.option("--app", metavar="MODULE:ATTR", default=None,
               help="the pipeline [env: PRINTERY_APP; default: the deployment pipeline]")
+@click.option("--partitions", metavar="N", default=None,
+              help="partitions of every stream, as the workers use [env: "
+                   "PRINTERY_PARTITIONS; default: 1]")
 @version_option
 @click.pass_context
 def printery(
@@ -64,6 +67,7 @@ def printery(
     data_dir: str | None,
     config: str | None,
     app: str | None,
+    partitions: str | None,
 ) -> None:
     """Operate printery: publish, inspect streams, dead letters and reviews, trace, replay.
 
@@ -74,6 +78,7 @@ def printery(
     ctx.obj = OpsContext(flags={
         "redis_url": redis_url or None, "stream_prefix": stream_prefix,
         "data_dir": data_dir, "config": config, "app": app,
+        "partitions": partitions,
     })
 
 

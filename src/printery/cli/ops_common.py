@@ -72,7 +72,7 @@ class OpsContext:
 
     @property
     def keys(self) -> StreamKeys:
-        return StreamKeys(self.settings.stream_prefix)
+        return self.settings.keys
 
     @property
     def pipeline(self) -> Pipeline:

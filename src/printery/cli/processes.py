@@ -51,7 +51,6 @@ from printery.api import service_api
 from printery.client import Runs
 from printery.config import Settings
 from printery.http import HttpServer
-from printery.keys import StreamKeys
 from printery.lifecycle import EXIT_CONFIG, EXIT_OK, ProcessLifecycle
 from printery.logging import get_logger
 from printery.pipeline.dag import Pipeline
@@ -191,7 +190,7 @@ class Parent(ProcessLifecycle):
         if bind is not None:
             api = None
             if client is not None:  # the API is served here, over a client of its own
-                api, runs = service_api(client, StreamKeys(self.settings.stream_prefix),
+                api, runs = service_api(client, self.settings.keys,
                                         self.pipeline, self.settings, os.environ)
             http = HttpServer(self, api=api)
             port = await http.start(*bind)

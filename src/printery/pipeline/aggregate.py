@@ -29,7 +29,7 @@ from printery._util import parse_rfc3339
 from printery.backoff import compute_backoff
 from printery.errors import PipelineError
 from printery.fields import dlq_fields
-from printery.keys import DLQ
+from printery.keys import DLQ, StreamKeys
 from printery.pipeline.step import Step, check_concurrency
 from printery.runtime.handler import HandlerResult, Message, Output
 from printery.runtime.stream_worker import StreamWorker
@@ -222,7 +222,8 @@ class Aggregator:
 
     async def handle(self, message: Message) -> HandlerResult:
         worker = self._require_worker()
-        keys, cid, kind = worker.keys, message.correlation_id, message.type
+        cid, kind = message.correlation_id, message.type
+        keys = worker.keys.of(cid)  # a run's join state lives in its partition
         join_key = keys.join(self.name, cid)
         once_key = keys.once(self._once(cid))
         slot = self.opens_as if kind == self.opens else self.branches.get(kind) or self.closes[kind]
@@ -261,8 +262,15 @@ class Aggregator:
                 await self.sweep_once(worker)
 
     async def sweep_once(self, worker: StreamWorker) -> int:
-        """Finish (or fail) due joins; the results written. A connection error ends it."""
-        keys, client = worker.keys, worker.client
+        """Finish (or fail) due joins of every partition; the results written. A
+        connection error ends it."""
+        finished = 0
+        for keys in worker.keys.each():
+            finished += await self._sweep_partition(worker, keys)
+        return finished
+
+    async def _sweep_partition(self, worker: StreamWorker, keys: StreamKeys) -> int:
+        client = worker.client
         deadlines, now_ms = keys.join_deadlines(self.name), int(time.time() * 1000)
         due = await cast(Awaitable[list[str]], client.eval(
             TAKE_DUE, 1, deadlines, str(now_ms), str(now_ms + SWEEP_LEASE_MS), str(SWEEP_BATCH)))
@@ -302,7 +310,8 @@ class Aggregator:
         ``max_deliveries`` attempts dead-letter it."""
         if isinstance(exc, JoinFailed) and isinstance(exc.__cause__, Exception):
             exc = exc.__cause__
-        keys, settings, error = worker.keys, worker.settings, f"{type(exc).__name__}: {exc}"
+        keys, settings = worker.keys.of(cid), worker.settings
+        error = f"{type(exc).__name__}: {exc}"
         async with worker.client.pipeline(transaction=True) as pipe:
             pipe.hincrby(keys.join(self.name, cid), ATTEMPTS, 1)
             pipe.expire(keys.join(self.name, cid), self.ttl_s)

@@ -55,6 +55,7 @@ from printery.runtime.handler import Handler, Message, Output, outputs_of
 from printery.runtime.limit_gate import LimitGate, Ticket
 from printery.runtime.observe import Observer
 from printery.runtime.payloads import PayloadStore
+from printery.runtime.route import Router
 from printery.runtime.writes import Writes
 from printery.transport.commit import DUPLICATE, FENCED, Append, Committer, EntryCommit
 from printery.transport.records import RecordLookup
@@ -81,7 +82,8 @@ class Decided:
 
     delivery: Delivery
     commit: EntryCommit
-    # ok, duplicate, dead_lettered, skipped (a replay's copy for other steps),
+    # ok, duplicate, dead_lettered, skipped (a replay's copy for other steps), routed (to
+    # its run's partition, CONTRACT §15),
     # budget_exceeded (held: its run is at a hard limit)
     outcome: str
     message: Message | None = None
@@ -110,6 +112,7 @@ class EntryPipeline:
         connectivity: Connectivity,
         budget: BudgetGuard | None = None,
         gate: LimitGate | None = None,
+        router: Router | None = None,
     ) -> None:
         self.worker = worker
         self.handler = handler
@@ -126,6 +129,8 @@ class EntryPipeline:
         self.connectivity = connectivity
         self.budget = budget
         self.gate = gate
+        #: Only with several partitions: places entries in their run's partition.
+        self.router = router
 
     async def process(self, batch: Sequence[Delivery]) -> None:
         """Take a batch through the pipeline. Raises :class:`WorkerCrashed` when a handler
@@ -212,16 +217,20 @@ class EntryPipeline:
             try:
                 if PayloadStore.reference_of(fields.get("data", "")) is not None:
                     fields = await self.payloads.resolve_fields(fields)
+                if self.router is not None:
+                    fields = dict(self.router.named(fields))
                 envelope = self.codec.decode(fields, self.keys.event_type(delivery.stream))
             except MessageError as exc:
                 decided.append(self._dead_letter(delivery, fields, exc.reason_code, str(exc)))
                 continue
             targets = envelope.extra.get(REPLAY_FOR)
-            if targets is not None and self.worker not in targets.split(","):
-                # A replay's copy meant for other steps of this stream: acked, not run.
+            routed = self.router is not None and await self.router.placed(delivery, fields, envelope)
+            if routed or (targets is not None and self.worker not in targets.split(",")):
+                # Moved to its run's partition, or a replay's copy meant for other steps of
+                # this stream: acked here, not run.
                 commit = EntryCommit(delivery.stream, delivery.consumer.name,
                                      delivery.entry_id, "", ())
-                decided.append(Decided(delivery, commit, "skipped"))
+                decided.append(Decided(delivery, commit, "routed" if routed else "skipped"))
                 continue
             if delivery.deliveries > limit:
                 decided.append(self._dead_letter(
@@ -408,8 +417,8 @@ class EntryPipeline:
             log.error("entry dead-lettered", worker=self.worker, entry_id=entry_id,
                       reason_code=item.reason_code, error=item.error[:500],
                       traceback=item.traceback or None)
-        elif item.outcome == "skipped":
-            self.observer.processed(self.worker, "skipped", seconds)
+        elif item.outcome in ("skipped", "routed"):
+            self.observer.processed(self.worker, item.outcome, seconds)
         elif item.outcome == "duplicate" or result == DUPLICATE:
             self.observer.processed(self.worker, "duplicate", seconds)
         elif item.outcome == "budget_exceeded":

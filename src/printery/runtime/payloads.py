@@ -33,6 +33,14 @@ class PayloadStore:
         self.inline_limit = inline_limit
         self.ttl_ms = int(ttl * 1000)
 
+    def within(self, keys: StreamKeys) -> PayloadStore:
+        """This store with blobs under ``keys`` (a partition's: a run's blobs live in its
+        partition, so a commit and the blob it references share a slot)."""
+        if keys == self.keys:
+            return self
+        return PayloadStore(self.client, keys, limit=self.limit,
+                            inline_limit=self.inline_limit, ttl=self.ttl_ms / 1000)
+
     @staticmethod
     def reference_of(data_json: str) -> tuple[str, int] | None:
         """``(digest, size)`` if ``data_json`` is a ``$ref`` payload, else None (cheap)."""

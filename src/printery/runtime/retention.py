@@ -127,18 +127,19 @@ async def trim_pipeline_streams(
 ) -> dict[str, int]:
     """Trim each event type's stream with :func:`trim_stream`; ``dlq``, ``review`` and
     ``review:decided`` are skipped whatever ``event_types`` says. Returns entries trimmed
-    per event type."""
+    per event type (summed over the partitions)."""
     scripts = Scripts(client)
     trimmed: dict[str, int] = {}
     for event_type in event_types:
         if event_type in NEVER_TRIMMED:
             continue
-        result = await trim_stream(
-            client, keys.stream(event_type), retention=retention_s,
-            approximate=approximate, trim_without_groups=trim_without_groups,
-            scripts=scripts,
-        )
-        trimmed[event_type] = result.trimmed
+        for part in keys.each():
+            result = await trim_stream(
+                client, part.stream(event_type), retention=retention_s,
+                approximate=approximate, trim_without_groups=trim_without_groups,
+                scripts=scripts,
+            )
+            trimmed[event_type] = trimmed.get(event_type, 0) + result.trimmed
     return trimmed
 
 

@@ -37,14 +37,22 @@ from printery.runtime.connectivity import Connectivity
 from printery.runtime.consume import EntryPipeline
 from printery.runtime.consumer import Consumer, ConsumerSettings
 from printery.runtime.handler import Handler, Output
+from printery.runtime.lanes import Lane, Lanes
 from printery.runtime.limit_gate import LimitGate, window_seconds
 from printery.runtime.observe import NullObserver, Observer
 from printery.runtime.payloads import PayloadStore
+from printery.runtime.route import Router
 from printery.transport.channel import DirectChannel
 from printery.transport.commit import Committer
 from printery.transport.limits import LimitStore
 from printery.transport.records import RecordLookup
-from printery.transport.streams import CONNECTION_ERRORS, Leases, delivery_counts, ensure_group
+from printery.transport.streams import (
+    CONNECTION_ERRORS,
+    Leases,
+    delivery_counts,
+    ensure_group,
+    one_slot,
+)
 from printery.worker import RunContext, WorkerStats
 
 log = structlog.get_logger("printery.worker")
@@ -82,7 +90,8 @@ class StreamWorker:
         self._name = name
         self.client = client
         self.keys = keys
-        self.streams = [keys.stream(t) for t in consumes]
+        #: Every stream this worker reads: each consumed type in every partition.
+        self.streams = [part.stream(t) for part in keys.each() for t in consumes]
         self.handler = handler
         self.codec = codec or Codec()
         self.settings = settings or ConsumerSettings()
@@ -96,7 +105,7 @@ class StreamWorker:
         self._consumers: list[Consumer] = []
         self._batches: set[asyncio.Task[None]] = set()
         self._ctx: RunContext | None = None
-        self._pipeline: EntryPipeline | None = None
+        self._lanes: Lanes | None = None
         self._leases = Leases(client, name)
         self._connectivity: Connectivity | None = None
 
@@ -136,29 +145,20 @@ class StreamWorker:
         connectivity = self._connectivity = Connectivity(self.name, ctx.stopping)
         self._consumers = [Consumer(consumer_name(self.name, i), self.settings)
                            for i in range(self.settings.concurrency)]
-        committer = Committer(self.client, index_key=self.keys.idempotency_index(self.name),
-                              group=self.name, ttl_ms=int(self.settings.record_ttl * 1000))
-        records = RecordLookup(DirectChannel(self.client), self.keys.idempotency_index(self.name))
         if self.limits:
             store = LimitStore(self.client, window_ms=int(window_seconds() * 1000),
                                lease_ms=int(self.settings.visibility_timeout * 1000))
             self._gate = LimitGate(store, self.keys, self.limits, worker=self.name,
                                    observer=self.observer)
-        self._pipeline = EntryPipeline(
-            self.name, handler=self.handler, codec=self.codec, keys=self.keys,
-            payloads=self.payloads, records=records, committer=committer, leases=self._leases,
-            settings=self.settings, observer=self.observer, stats=self._stats,
-            connectivity=connectivity,
-            budget=None if self.budget is None else BudgetGuard(
-                self.budget, keys=self.keys, codec=self.codec, worker=self.name),
-            gate=self._gate,
-        )
+        lanes = self._lanes = Lanes(self.keys, lambda keys: self._lane(keys, connectivity))
         self._crash: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         await connectivity.retrying(self.prepare)
-        readers = [asyncio.create_task(self._read_loop(c, connectivity), name=f"{c.name}:read")
-                   for c in self._consumers]
+        readers = [asyncio.create_task(self._read_loop(c, streams, connectivity),
+                                       name=f"{c.name}:read")
+                   for c in self._consumers for streams in lanes.read_sets(one_slot(self.client))]
         loops = [
-            asyncio.create_task(committer.run(), name=f"{self.name}:commit"),
+            *(asyncio.create_task(lane.committer.run(), name=f"{self.name}:commit")
+              for lane in lanes),
             asyncio.create_task(self._lease_loop(), name=f"{self.name}:lease"),
             asyncio.create_task(self._claim_loop(), name=f"{self.name}:claim"),
             *(asyncio.ensure_future(companion(self)) for companion in self.companions),
@@ -197,19 +197,43 @@ class StreamWorker:
                     delivery.release()
             if self._gate is not None:
                 await self._gate.close()
-            await records.close()
+            for lane in lanes:
+                await lane.records.close()
 
     async def emit(self, outputs: Sequence[Output], *, correlation_id: str) -> int:
         """Write outputs that no input entry caused (timers, sweepers), atomically and with
         their ``once`` guards; returns how many were written. Only while the worker runs;
         raises :class:`~printery.TransportError` when the server cannot be reached."""
-        if self._pipeline is None:
+        if self._lanes is None:
             raise RuntimeError(f"worker {self.name} emits only while it runs")
-        return await self._pipeline.emit(outputs, correlation_id=correlation_id)
+        return await self._lanes.of_run(correlation_id).pipeline.emit(
+            outputs, correlation_id=correlation_id)
+
+    def _lane(self, keys: StreamKeys, connectivity: Connectivity) -> Lane:
+        """The commit path of one partition (``keys``), for :class:`Lanes`."""
+        index = keys.idempotency_index(self.name)
+        committer = Committer(self.client, index_key=index, group=self.name,
+                              ttl_ms=int(self.settings.record_ttl * 1000))
+        records = RecordLookup(DirectChannel(self.client), index)
+        pipeline = EntryPipeline(
+            self.name, handler=self.handler, codec=self.codec, keys=keys,
+            payloads=self.payloads.within(keys), records=records, committer=committer,
+            leases=self._leases, settings=self.settings, observer=self.observer,
+            stats=self._stats, connectivity=connectivity,
+            budget=None if self.budget is None else BudgetGuard(
+                self.budget, keys=keys, codec=self.codec, worker=self.name),
+            gate=self._gate,
+            router=Router(self.client, keys, self.codec, connectivity) if keys.partitioned else None,
+        )
+        streams = [stream for stream in self.streams if keys.partitions == 1
+                   or keys.locate(stream)[0] == keys.partition]
+        return Lane(keys, streams, committer, records, pipeline)
 
     # -- reading and claiming --------------------------------------------------------------
 
-    async def _read_loop(self, consumer: Consumer, connectivity: Connectivity) -> None:
+    async def _read_loop(
+        self, consumer: Consumer, streams: Sequence[str], connectivity: Connectivity
+    ) -> None:
         assert self._ctx is not None
         ctx, failures = self._ctx, 0
         while not (ctx.stopping.is_set() or self._closing.is_set()):
@@ -220,7 +244,7 @@ class StreamWorker:
                 continue
             try:
                 reply = await self.client.xreadgroup(
-                    self.name, consumer.name, dict.fromkeys(self.streams, ">"),
+                    self.name, consumer.name, dict.fromkeys(streams, ">"),
                     count=consumer.read_count,
                     block=self.settings.block_ms,
                 )
@@ -243,12 +267,12 @@ class StreamWorker:
         self, consumer: Consumer, stream: str, entries: list[tuple[str, dict[str, str] | None, int]]
     ) -> None:
         """Hold a read (or claimed) batch and start it through the pipeline."""
-        assert self._pipeline is not None and self._ctx is not None
+        assert self._lanes is not None and self._ctx is not None
         batch = [consumer.hold(stream, eid, fields or {}, deliveries)
                  for eid, fields, deliveries in entries]
         if self._ctx.stopping.is_set():
             return  # read after the stop signal: never started, handed back by the drain
-        task = asyncio.create_task(self._pipeline.process(batch))
+        task = asyncio.create_task(self._lanes.of_stream(stream).pipeline.process(batch))
         self._batches.add(task)
         task.add_done_callback(self._batch_done)
 

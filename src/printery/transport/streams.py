@@ -12,6 +12,7 @@ from importlib import resources
 from typing import Any, ParamSpec, TypeVar, cast
 
 import redis.asyncio as aioredis
+from redis.asyncio.cluster import RedisCluster
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import NoScriptError, ResponseError
 from redis.exceptions import TimeoutError as RedisTimeoutError
@@ -53,6 +54,12 @@ def _script(name: str) -> str:
 
 LEASE_LUA = _script("lease.lua")
 REDELIVER_LUA = _script("redeliver.lua")
+
+
+def one_slot(client: object) -> bool:
+    """Whether every command of ``client`` must touch keys of one slot (a cluster client):
+    then one ``XREADGROUP`` may name only one partition's streams (CONTRACT §15)."""
+    return isinstance(client, RedisCluster)
 
 
 async def ensure_group(client: aioredis.Redis, stream: str, group: str) -> None:

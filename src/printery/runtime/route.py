@@ -1,0 +1,67 @@
+"""Entries found in another partition than their run's (CONTRACT §15).
+
+A producer writing raw ``XADD`` s may put an entry in the wrong partition's stream (or
+in a stream it computed with another partition count). Such an entry is not lost and
+not refused: it is routed, i.e. appended with the same fields to the same event type's
+stream of its run's partition, then acknowledged where it was found. The two steps touch
+two slots, so they cannot be one transaction: a crash between them leaves the entry
+pending, it is routed again, and the second copy is a duplicate that the idempotency
+record of its ``idempotency_key`` (set on the copy, so both copies carry the same one)
+turns away at commit. An entry that names no run at all gets a fresh correlation id in
+the partition it was found in (:func:`~printery.keys.new_id_in`), so it is handled
+where it is.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+import redis.asyncio as aioredis
+import structlog
+
+from printery._util import new_id
+from printery.envelope import Codec, Envelope, correlation_of
+from printery.keys import StreamKeys, new_id_in, partition_of
+from printery.runtime.connectivity import Connectivity
+from printery.runtime.consumer import Delivery
+
+log = structlog.get_logger("printery.worker")
+
+
+class Router:
+    """Places entries of one partition's streams (``keys``, a partition's view)."""
+
+    def __init__(self, client: aioredis.Redis, keys: StreamKeys, codec: Codec,
+                 connectivity: Connectivity) -> None:
+        assert keys.partition is not None
+        self.client = client
+        self.connectivity = connectivity
+        self.keys = keys
+        self.codec = codec
+
+    def named(self, fields: Mapping[str, str]) -> Mapping[str, str]:
+        """``fields`` naming a run: as given, or with a fresh id of this partition."""
+        cf = self.codec.correlation_field
+        if correlation_of(fields, cf) is not None:
+            return fields
+        assert self.keys.partition is not None
+        run = new_id_in(self.keys.partition, self.keys.partitions,
+                        lambda: new_id(self.codec.id_prefix))
+        return {**fields, cf: run}
+
+    async def placed(self, delivery: Delivery, fields: Mapping[str, str],
+                     envelope: Envelope) -> bool:
+        """False when the entry is in its run's partition (handle it here); else append
+        ``fields`` to the same event type's stream of that partition and return True (the
+        caller acks it here). Retried while the server cannot be reached."""
+        if partition_of(envelope.correlation_id, self.keys.partitions) == self.keys.partition:
+            return False
+        target = self.keys.whole.of(envelope.correlation_id).stream(
+            self.keys.event_type(delivery.stream))
+        copy = {**fields, self.codec.correlation_field: envelope.correlation_id,
+                "idempotency_key": envelope.idempotency_key}
+        await self.connectivity.retrying(lambda: self.client.xadd(target, copy))  # type: ignore[arg-type]
+        log.warning("entry routed to its run's partition", stream=delivery.stream,
+                    entry_id=delivery.entry_id, to=target,
+                    correlation_id=envelope.correlation_id)
+        return True
