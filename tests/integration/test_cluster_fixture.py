@@ -5,8 +5,9 @@ spread over three masters; a kill -9 of a master gets its replica promoted; a wr
 from __future__ import annotations
 
 import pytest
-from redis.exceptions import MovedError
 from redis.cluster import RedisCluster
+from redis.exceptions import MovedError
+
 from support.cluster import ValkeyCluster
 
 
@@ -60,7 +61,6 @@ def test_a_plain_client_on_the_wrong_node_is_told_moved(cluster: ValkeyCluster) 
     key = "fixture:{moved}"
     owner = cluster.master_of(key)
     other = next(node for node in cluster.masters() if node is not owner)
-    with other.client() as conn:
-        with pytest.raises(MovedError) as refused:
-            conn.set(key, "x")
+    with other.client() as conn, pytest.raises(MovedError) as refused:
+        conn.set(key, "x")
     assert str(refused.value).endswith(owner.address)

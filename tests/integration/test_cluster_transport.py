@@ -1,0 +1,103 @@
+"""printery's transport on a real cluster (CONTRACT §15): ``redis+cluster://`` gives the
+cluster client; the wire channel sends each transaction and script to the master of its
+slot, follows a failover (MOVED after a manual one, a dead node after a kill -9), and a
+SCAN sees the keys of every master."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+from redis.exceptions import ConnectionError as RedisConnectionError
+from support.cluster import ValkeyCluster
+
+from printery.transport.channel import DirectChannel
+from printery.transport.connection import connect
+from printery.transport.streams import one_slot
+
+INCR_LUA = "return redis.call('INCRBY', KEYS[1], ARGV[1])"
+
+
+def _keys(n: int) -> list[str]:
+    return [f"ct:{{p{i}}}:counter" for i in range(n)]
+
+
+def _increments(keys: list[str]) -> list[list[tuple[object, ...]]]:
+    return [[("MULTI",), ("INCR", key), ("SET", key.replace("counter", "seen"), "1"), ("EXEC",)]
+            for key in keys]
+
+
+async def test_cluster_url_gives_a_cluster_client_with_every_master_scanned(cluster: ValkeyCluster) -> None:
+    client = connect(cluster.url)
+    try:
+        assert one_slot(client)
+        keys = _keys(30)
+        assert len({cluster.master_of(key).port for key in keys}) == 3
+        for key in keys:
+            await client.set(key, 0)
+        found = {key async for key in client.scan_iter(match="ct:*", count=100)}
+        assert set(keys) <= found
+    finally:
+        await client.aclose()
+
+
+async def test_channel_routes_each_transaction_and_script_to_its_master(cluster: ValkeyCluster) -> None:
+    client = connect(cluster.url)
+    channel = DirectChannel(client)
+    keys = [f"route:{{p{i}}}:counter" for i in range(12)]
+    try:
+        replies = await channel.transactions(_increments(keys))
+        assert replies == [[1, "OK"]] * len(keys)
+        scripted = await channel.scripts(INCR_LUA, [([key], [10]) for key in keys])
+        assert scripted == [11] * len(keys)
+        for key in keys:  # each landed on its own master, read there directly
+            with cluster.master_of(key).client() as node:
+                assert node.get(key) == "11"
+        assert await channel.commands([("GET", key) for key in keys]) == ["11"] * len(keys)
+    finally:
+        await channel.close()
+        await client.aclose()
+
+
+async def test_channel_follows_a_manual_failover_without_an_error(own_cluster: ValkeyCluster) -> None:
+    """After CLUSTER FAILOVER the old master is a replica answering MOVED: the channel
+    reads the slot map again and sends there; nothing ran twice."""
+    client = connect(own_cluster.url)
+    channel = DirectChannel(client)
+    keys = _keys(12)
+    try:
+        assert await channel.transactions(_increments(keys)) == [[1, "OK"]] * len(keys)
+        old = own_cluster.master_of(keys[0])
+        replica = own_cluster.replica_of(old)
+        replica.call("CLUSTER", "FAILOVER")
+        await asyncio.to_thread(own_cluster.wait_healthy)
+        assert own_cluster.master_of(keys[0]) is replica
+        assert await channel.transactions(_increments(keys)) == [[2, "OK"]] * len(keys)
+        assert await channel.commands([("GET", key) for key in keys]) == ["2"] * len(keys)
+    finally:
+        await channel.close()
+        await client.aclose()
+
+
+async def test_channel_after_a_master_is_killed(own_cluster: ValkeyCluster) -> None:
+    """A kill -9 of a master fails the round trip on it as a connection error (callers
+    retry: it may or may not have run); the retry reaches the promoted replica."""
+    client = connect(own_cluster.url)
+    channel = DirectChannel(client)
+    keys = _keys(12)
+    try:
+        assert await channel.transactions(_increments(keys)) == [[1, "OK"]] * len(keys)
+        victim = own_cluster.master_of(keys[0])
+        with victim.client() as node:
+            assert node.execute_command("WAIT", 1, 5000) == 1
+        await asyncio.to_thread(own_cluster.kill_master, victim)
+        with pytest.raises(RedisConnectionError):
+            await channel.transactions(_increments(keys))
+        replies = await channel.transactions(_increments(keys))
+        assert all(reply[0] in (2, 3) for reply in replies), replies
+        # The pooled cluster client gets there too (its own retries absorb the dead node).
+        values = [await client.get(key) for key in keys]
+        assert [int(v) for v in values] == [reply[0] for reply in replies]
+    finally:
+        await channel.close()
+        await client.aclose()
