@@ -25,7 +25,7 @@ from printery._util import fail_waiters, new_id
 from printery.apps import load_app
 from printery.envelope import Codec
 from printery.errors import ConfigError, InvalidInput, PayloadTooLarge, UnknownRun
-from printery.keys import StreamKeys
+from printery.keys import StreamKeys, new_id_in, partition_of
 from printery.pipeline.dag import Pipeline
 from printery.pipeline.reason import Reason
 from printery.runs import RunReader, RunResult
@@ -80,6 +80,11 @@ class Runs:
         field = self.pipeline.correlation_field
         if run_id is None and isinstance(data, dict) and isinstance(data.get(field), str):
             run_id = data[field] or None
+        if run_id is None and idempotency_key is not None and self.keys.partitioned:
+            # A new run's submit record must be found by the next submit of the key: the
+            # run is put in the partition of the key (CONTRACT §15).
+            run_id = new_id_in(partition_of(idempotency_key, self.keys.partitions),
+                               self.keys.partitions, lambda: new_id(self.codec.id_prefix))
         run_id = run_id or new_id(self.codec.id_prefix)
         fields = self.codec.new_fields(event_type, data, correlation_id=run_id,
                                        producer=self.producer, idempotency_key=idempotency_key)
@@ -99,9 +104,9 @@ class Runs:
         args: list[Any] = [run, SUBMIT_RECORD_TTL]
         for name, value in fields.items():
             args += (name, value)
+        keys = self.keys.of(run)  # one slot: the run's partition
         reply = await self._submits.call(
-            [self.keys.submitted(key), self.keys.stream(event_type), self.keys.run_start(run)],
-            args)
+            [keys.submitted(key), keys.stream(event_type), keys.run_start(run)], args)
         run, _, entry_id = str(reply[1]).partition("\n")
         return run, entry_id
 

@@ -56,9 +56,12 @@ async def cost_summary(
     if since_seconds is not None:
         start = str(int((time.time() - since_seconds) * 1000))
     tally = CallTally(pipeline, correlation_id)
+    # One run's entries are in its partition; every run's in every partition (§15).
+    parts = [keys.of(correlation_id)] if correlation_id is not None else list(keys.each())
     for event_type in dict.fromkeys([*pipeline.event_types(), REVIEW, DLQ]):
-        async for _id, fields in scan_stream(client, keys.stream(event_type), start):
-            tally.add(fields)
+        for part in parts:
+            async for _id, fields in scan_stream(client, part.stream(event_type), start):
+                tally.add(fields)
     return {pipeline.correlation_field: correlation_id, "since_seconds": since_seconds,
             **tally.summary()}
 
@@ -74,7 +77,7 @@ async def budget_status(
     None for a pipeline without budgets."""
     if not pipeline.has_budgets:
         return None
-    held: dict[str, str] = await client.hgetall(keys.budget(run_id))  # type: ignore[misc]
+    held: dict[str, str] = await client.hgetall(keys.of(run_id).budget(run_id))  # type: ignore[misc]
     rows = []
     scopes = [("", pipeline.budget, "")] + [
         (name, step.budget, f"step:{name}:") for name, step in pipeline.steps.items()]

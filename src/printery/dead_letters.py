@@ -17,17 +17,18 @@ from redis.exceptions import RedisError, WatchError
 from printery.envelope import correlation_of
 from printery.errors import TransportError
 from printery.fields import DLQ_FIELDS, REPLAYED_FROM, SOURCE_STREAM
-from printery.history import decode_fields, get_entry
+from printery.history import decode_fields, get_entry, id_order
 from printery.keys import StreamKeys
 from printery.transport.streams import CONNECTION_ERRORS, WATCH_RETRIES, public_api
 
-__all__ = ["dead_letter", "dead_letters", "purge", "replay_dead_letter"]
+__all__ = ["dead_letter", "dead_letter_ids", "dead_letters", "purge", "replay_dead_letter"]
 
 
 
 def view(entry_id: str, fields: dict[str, str], correlation_field: str) -> dict[str, Any]:
     """A dead letter as a reader sees it: every field decoded, and the run's id under the
-    pipeline's correlation field even when the producer put it only in ``data``."""
+    pipeline's correlation field even when the producer put it only in ``data``.
+    ``entry_id`` is as commands name it (``<id>@p<k>`` with several partitions)."""
     row = {"id": entry_id, **decode_fields(fields)}
     row[correlation_field] = correlation_of(fields, correlation_field) or ""
     return row
@@ -37,9 +38,25 @@ def view(entry_id: str, fields: dict[str, str], correlation_field: str) -> dict[
 async def dead_letters(
     client: aioredis.Redis, keys: StreamKeys, correlation_field: str, *, count: int = 1000
 ) -> list[dict[str, Any]]:
-    """The oldest ``count`` dead letters, each with every field."""
-    entries = await client.xrange(keys.dlq, count=count)
-    return [view(entry_id, fields, correlation_field) for entry_id, fields in entries]
+    """The oldest ``count`` dead letters of every partition, each with every field."""
+    found = []
+    for part in keys.each():
+        for entry_id, fields in await client.xrange(part.dlq, count=count):
+            found.append((id_order(entry_id), part.entry_ref(entry_id), fields))
+    found.sort(key=lambda row: row[0])
+    return [view(ref, fields, correlation_field) for _, ref, fields in found[:count]]
+
+
+async def _find(
+    client: aioredis.Redis, keys: StreamKeys, ref: str
+) -> tuple[StreamKeys, str, dict[str, str]] | None:
+    """The partition, stream id and fields of the dead letter named ``ref``."""
+    parts, entry_id = keys.resolve_ref(ref)
+    for part in parts:
+        fields = await get_entry(client, part.dlq, entry_id)
+        if fields is not None:
+            return part, entry_id, fields
+    return None
 
 
 @public_api
@@ -47,15 +64,20 @@ async def dead_letter(
     client: aioredis.Redis, keys: StreamKeys, correlation_field: str, entry_id: str
 ) -> dict[str, Any] | None:
     """One dead letter, or None when there is no such entry."""
-    fields = await get_entry(client, keys.dlq, entry_id)
-    return None if fields is None else view(entry_id, fields, correlation_field)
+    found = await _find(client, keys, entry_id)
+    return None if found is None else view(found[0].entry_ref(found[1]), found[2], correlation_field)
 
 
 @public_api
 async def replay_dead_letter(client: aioredis.Redis, keys: StreamKeys, entry_id: str) -> dict[str, Any]:
     """Move one dead letter back to its source stream (``attempt`` + 1, ``replayed_from``);
-    a result: ``replayed`` true with ``new_id``, or false with an ``error``."""
-    dlq_key = keys.dlq
+    a result: ``replayed`` true with ``new_id``, or false with an ``error``. The source
+    stream is of the dead letter's partition: one transaction, one slot."""
+    ref, found = entry_id, await _find(client, keys, entry_id)
+    if found is None:
+        return {"id": ref, "replayed": False, "error": "no such dlq entry"}
+    part, entry_id = found[0], found[1]
+    dlq_key = part.dlq
     for _ in range(WATCH_RETRIES):
         async with client.pipeline(transaction=True) as pipe:
             try:
@@ -63,11 +85,11 @@ async def replay_dead_letter(client: aioredis.Redis, keys: StreamKeys, entry_id:
                 fields = await get_entry(pipe, dlq_key, entry_id)
                 if fields is None:
                     await pipe.unwatch()  # type: ignore[no-untyped-call]
-                    return {"id": entry_id, "replayed": False, "error": "no such dlq entry"}
+                    return {"id": ref, "replayed": False, "error": "no such dlq entry"}
                 source = fields.get(SOURCE_STREAM, "")
                 if not source:
                     await pipe.unwatch()  # type: ignore[no-untyped-call]
-                    return {"id": entry_id, "replayed": False,
+                    return {"id": ref, "replayed": False,
                             "error": "entry has no source_stream"}
                 # Everything but what dead-lettering added is the original entry.
                 original = {k: v for k, v in fields.items() if k not in DLQ_FIELDS}
@@ -83,18 +105,31 @@ async def replay_dead_letter(client: aioredis.Redis, keys: StreamKeys, entry_id:
                 new_id, _deleted = await pipe.execute()
             except WatchError:
                 continue
-        return {"id": entry_id, "replayed": True, "source_stream": source, "new_id": new_id}
+        return {"id": ref, "replayed": True, "source_stream": source,
+                "new_id": part.entry_ref(str(new_id))}
     raise TransportError(f"dlq entry {entry_id}: too much concurrent change, try again")
 
 
 @public_api
 async def purge(client: aioredis.Redis, keys: StreamKeys, entry_id: str) -> dict[str, Any]:
     """Delete one dead letter for good: ``purged`` true, or false with an ``error``."""
-    try:
-        deleted = await client.xdel(keys.dlq, entry_id)
-    except RedisError as exc:
-        if isinstance(exc, CONNECTION_ERRORS):
-            raise
-        deleted = 0  # a malformed id is an unknown id
+    parts, stream_id = keys.resolve_ref(entry_id)
+    deleted = 0
+    for part in parts:
+        try:
+            deleted = await client.xdel(part.dlq, stream_id)
+        except RedisError as exc:
+            if isinstance(exc, CONNECTION_ERRORS):
+                raise
+            deleted = 0  # a malformed id is an unknown id
+        if deleted:
+            break
     return {"id": entry_id, "purged": bool(deleted),
             "error": "" if deleted else "no such dlq entry"}
+
+
+@public_api
+async def dead_letter_ids(client: aioredis.Redis, keys: StreamKeys) -> list[str]:
+    """Every dead letter's id as commands name it, of every partition."""
+    return [part.entry_ref(str(entry_id)) for part in keys.each()
+            for entry_id, _ in await client.xrange(part.dlq)]

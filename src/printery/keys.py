@@ -128,6 +128,19 @@ class StreamKeys:
                                  f"{self.prefix!r}")
         return int(tag.group(1)), rest[tag.end() :]
 
+    def entry_ref(self, entry_id: str) -> str:
+        """How commands name an entry of this partition's streams: ``<id>@p<k>`` (ids of
+        two partitions' streams may be equal); the bare id with one partition."""
+        return entry_id if not self.partitioned else f"{entry_id}@p{self.partition}"
+
+    def resolve_ref(self, ref: str) -> tuple[list[StreamKeys], str]:
+        """The partitions an entry named ``ref`` (:meth:`entry_ref`) may be in, and its
+        stream entry id: the named one, or every partition for a bare id."""
+        entry_id, at, part = ref.rpartition("@p")
+        if at and self.partitioned and part.isdigit() and int(part) < self.partitions:
+            return [self.at(int(part))], entry_id
+        return list(self.each()), ref
+
     # -- keys of a partition -----------------------------------------------------------
 
     def stream(self, event_type: str) -> str:

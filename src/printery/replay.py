@@ -111,8 +111,9 @@ async def replay(
     steps = list(pipeline.steps) if from_step is None else rerun_steps(pipeline, from_step)
     inputs = _inputs(pipeline, steps) if from_step is not None else {}
     originals: list[tuple[str, str, dict[str, str]]] = []
+    source = keys.of(correlation_id)  # a run's entries are in its partition (§15)
     for event_type in pipeline.ingress if from_step is None else inputs:
-        found = await find_entries(client, keys.stream(event_type), field, correlation_id)
+        found = await find_entries(client, source.stream(event_type), field, correlation_id)
         if found:
             originals.append((event_type, *found[0]))
             if from_step is None:
@@ -122,11 +123,12 @@ async def replay(
         where = f"step {from_step!r}" if from_step else "the ingress"
         raise ReplayError(f"no entry of {field} {correlation_id!r} consumed by {where}")
     new_id = await _new_id(client, keys, pipeline, correlation_id, new_id)
+    target = keys.of(new_id)  # the copies: one transaction in the new run's partition
     codec = pipeline.codec()
     groups = pipeline.groups()
     encoded: list[tuple[str, dict[str, str]]] = []
     for event_type, _entry_id, fields in sorted(originals, key=lambda o: id_order(o[1])):
-        data = await _data(client, keys, fields.get("data", "null"))
+        data = await _data(client, source, fields.get("data", "null"))
         if isinstance(data, dict) and field in data:
             data = {**data, field: new_id}
         extra = {"replay_of": correlation_id}
@@ -134,7 +136,7 @@ async def replay(
         if readers is not None and set(groups[event_type]) != set(readers):
             extra[REPLAY_FOR] = ",".join(readers)
         envelope = codec.new(event_type, data, correlation_id=new_id, producer=producer, extra=extra)
-        encoded.append((keys.stream(event_type), codec.encode(envelope)))
+        encoded.append((target.stream(event_type), codec.encode(envelope)))
     async with client.pipeline(transaction=True) as pipe:
         for stream, entry in encoded:
             pipe.xadd(stream, entry)  # type: ignore[arg-type]
@@ -147,15 +149,17 @@ async def _new_id(
     client: aioredis.Redis, keys: StreamKeys, pipeline: Pipeline, original: str,
     wanted: str | None,
 ) -> str:
-    """``wanted`` if no entry uses it, else (when not given) the first free ``-r<n>``."""
+    """``wanted`` if no entry uses it, else (when not given) the first free ``-r<n>``
+    (looked for in every partition: each candidate may hash to another)."""
     field = pipeline.correlation_field
     used: set[str] = set()
     stem = wanted if wanted is not None else f"{original}-r"
     for event_type in pipeline.event_types():
-        async for _i, fields in scan_stream(client, keys.stream(event_type)):
-            value = correlation_of(fields, field) or ""
-            if value.startswith(stem):
-                used.add(value)
+        for part in keys.each():
+            async for _i, fields in scan_stream(client, part.stream(event_type)):
+                value = correlation_of(fields, field) or ""
+                if value.startswith(stem):
+                    used.add(value)
     if wanted is not None:
         if wanted in used:
             raise ReplayError(f"{field} {wanted!r} is already used; choose another --as")

@@ -45,7 +45,7 @@ from printery.fields import (
     SOURCE_STREAM,
     STEP,
 )
-from printery.history import get_entry
+from printery.history import get_entry, id_order
 from printery.keys import REVIEW_DECIDED, StreamKeys
 from printery.logging import get_logger
 from printery.pipeline.dag import Pipeline
@@ -81,9 +81,26 @@ _CHUNK = 200
 async def list_reviews(
     client: aioredis.Redis, keys: StreamKeys, pipeline: Pipeline
 ) -> list[dict[str, Any]]:
-    """Every open review, oldest first, as :func:`get_review` shows it."""
-    entries = await client.xrange(keys.review)
-    return [await _view(client, keys, pipeline, entry_id, fields) for entry_id, fields in entries]
+    """Every open review of every partition, oldest first, as :func:`get_review` shows
+    it (ids ``<id>@p<k>`` with several partitions)."""
+    found = [(id_order(entry_id), part, entry_id, fields) for part in keys.each()
+             for entry_id, fields in await client.xrange(part.review)]
+    found.sort(key=lambda row: row[0])
+    return [await _view(client, part, pipeline, part.entry_ref(entry_id), fields)
+            for _, part, entry_id, fields in found]
+
+
+async def _locate(
+    client: aioredis.Redis, keys: StreamKeys, review_id: str
+) -> tuple[StreamKeys, str, dict[str, str]]:
+    """The partition of the open review ``review_id`` (as listed), its stream entry id
+    and fields; raises :class:`ReviewNotFound`."""
+    parts, entry_id = keys.resolve_ref(review_id)
+    for part in parts:
+        fields = await get_entry(client, part.review, entry_id)
+        if fields is not None:
+            return part, entry_id, fields
+    raise ReviewNotFound(review_id)
 
 
 async def get_review(
@@ -92,10 +109,8 @@ async def get_review(
     """One open review: ``id``, ``kind``, ``step``, the correlation field, ``reason``,
     ``resume_type``, ``reject_type``, ``source_stream``, ``source_id``, ``produced_at``,
     ``accepts_data`` and the escalated ``data``. Raises :class:`ReviewNotFound`."""
-    fields = await get_entry(client, keys.review, review_id)
-    if fields is None:
-        raise ReviewNotFound(review_id)
-    return await _view(client, keys, pipeline, review_id, fields)
+    part, entry_id, fields = await _locate(client, keys, review_id)
+    return await _view(client, part, pipeline, part.entry_ref(entry_id), fields)
 
 
 async def _view(
@@ -171,9 +186,9 @@ async def decide(
         raise ValueError(f"decision must be {APPROVED!r} or {REJECTED!r}, not {decision!r}")
     if not by.strip():
         raise ReviewInvalid("a decision needs a reviewer (`by`)")
-    fields = await get_entry(client, keys.review, review_id)
-    if fields is None:
-        raise ReviewNotFound(review_id)
+    # The review's partition is its run's: the decision's writes stay in it (one slot).
+    keys, entry_id, fields = await _locate(client, keys, review_id)
+    review_id = keys.entry_ref(entry_id)
     kind = pipeline.kind_of_review(fields.get(KIND, ""))
     field = pipeline.correlation_field
     cid = correlation_of(fields, field) or ""
@@ -204,7 +219,7 @@ async def decide(
         extra={REVIEW_ID: review_id, DECISION: decision, BY: by, NOTE: note,
                DECIDED_AT: decided_at},
     )
-    await _commit(client, keys, review_id, decided, outputs, outcome.commands)
+    await _commit(client, keys, entry_id, decided, outputs, outcome.commands)
     return {**record, **outcome.result, "detail": outcome.detail}
 
 
@@ -270,6 +285,17 @@ async def expire_reviews(
     now_ms = int(seconds) * 1000 + int(micros) // 1000
     newest = now_ms - int(min(timeouts.values()) * 1000)
     made: list[dict[str, Any]] = []
+    for part in keys.each():
+        made += await _expire_partition(client, part, pipeline, timeouts, now_ms, newest,
+                                        producer)
+    return made
+
+
+async def _expire_partition(
+    client: aioredis.Redis, keys: StreamKeys, pipeline: Pipeline, timeouts: Mapping[str, float],
+    now_ms: int, newest: int, producer: str,
+) -> list[dict[str, Any]]:
+    made: list[dict[str, Any]] = []
     start = "-"
     while True:
         chunk = await client.xrange(keys.review, start, str(max(newest, 0)), count=_CHUNK)
@@ -279,7 +305,8 @@ async def expire_reviews(
                 continue
             note = f"undecided after {timeout:g} s"
             try:
-                made.append(await reject(client, keys, pipeline, entry_id, by=TIMEOUT_BY,
+                made.append(await reject(client, keys, pipeline, keys.entry_ref(entry_id),
+                                         by=TIMEOUT_BY,
                                          note=note, producer=producer))
             except ReviewNotFound:
                 continue

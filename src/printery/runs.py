@@ -93,8 +93,15 @@ class RunReader:
         self.pipeline = pipeline
         self.field = pipeline.correlation_field
         self.outcomes = frozenset(pipeline.outcomes)
-        event_types = dict.fromkeys([*pipeline.event_types(), DLQ, REVIEW, REVIEW_DECIDED])
-        self.streams = {keys.stream(t): t for t in event_types}
+        self.event_types = list(dict.fromkeys(
+            [*pipeline.event_types(), DLQ, REVIEW, REVIEW_DECIDED]))
+        #: Stream key -> event type, of every partition (a run's are in one of them).
+        self.streams = {part.stream(t): t for part in keys.each() for t in self.event_types}
+
+    def streams_of(self, run_id: str) -> list[str]:
+        """The streams a run's entries are in: those of its partition (CONTRACT §15)."""
+        keys = self.keys.of(run_id)
+        return [keys.stream(t) for t in self.event_types]
 
     def belongs(self, fields: Mapping[str, str], run_id: str) -> bool:
         """Whether an entry is of ``run_id``: by its correlation field, or (only ``data``
@@ -126,7 +133,7 @@ class RunReader:
 
     async def start_of(self, run_id: str) -> str:
         """Where the run's entries begin: its start record, else the beginning."""
-        start = await self.client.get(self.keys.run_start(run_id))
+        start = await self.client.get(self.keys.of(run_id).run_start(run_id))
         return str(start) if start else "-"
 
     async def history(self, run_id: str) -> tuple[list[dict[str, Any]], dict[str, str]]:
@@ -137,7 +144,7 @@ class RunReader:
             start = f"{id_order(start)[0]}-0"
         found: list[tuple[tuple[int, int, int], dict[str, Any]]] = []
         last: dict[str, str] = {}
-        for stream in self.streams:
+        for stream in self.streams_of(run_id):
             lower, last[stream] = start, "0-0" if start == "-" else _before(start)
             while True:
                 batch = await self.client.xrange(stream, lower, "+", count=_CHUNK)

@@ -16,7 +16,13 @@ from printery.cli.ops_common import (
     show_entry,
     table,
 )
-from printery.dead_letters import dead_letter, dead_letters, purge, replay_dead_letter
+from printery.dead_letters import (
+    dead_letter,
+    dead_letter_ids,
+    dead_letters,
+    purge,
+    replay_dead_letter,
+)
 from printery.fields import (
     DELIVERIES,
     ERROR,
@@ -80,7 +86,7 @@ def dlq_replay(entry_ids: tuple[str, ...], replay_all: bool, as_json: bool) -> N
     ops = get_ctx()
 
     async def body(client: aioredis.Redis) -> list[dict[str, Any]]:
-        ids = list(entry_ids) or [e for e, _ in await client.xrange(ops.keys.dlq)]
+        ids = list(entry_ids) or await dead_letter_ids(client, ops.keys)
         return [await replay_dead_letter(client, ops.keys, entry_id) for entry_id in ids]
 
     results = ops.run(body)
@@ -103,7 +109,7 @@ def dlq_purge(entry_ids: tuple[str, ...], purge_all: bool, yes: bool, as_json: b
     async def body(client: aioredis.Redis) -> list[dict[str, Any]]:
         ids = list(entry_ids)
         if purge_all:
-            ids = [e for e, _ in await client.xrange(ops.keys.dlq)]
+            ids = await dead_letter_ids(client, ops.keys)
         return [await purge(client, ops.keys, entry_id) for entry_id in ids]
 
     results = ops.run(body)

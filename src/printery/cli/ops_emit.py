@@ -159,7 +159,7 @@ def emit(
             return cid, entry_id, None
         if not as_json:
             click.echo(cid)
-        ingress = ops.keys.stream(event_type or pipeline.ingress[0])
+        ingress = ops.keys.of(cid).stream(event_type or pipeline.ingress[0])
         return cid, entry_id, await _follow(runs, cid, entry_id, ingress, timeout, reviews)
 
     cid, entry_id, ending = ops.run(body)

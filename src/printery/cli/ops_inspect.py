@@ -9,7 +9,7 @@ import redis.asyncio as aioredis
 from redis.exceptions import ResponseError
 
 from printery.cli.ops_common import get_ctx, json_option, print_json, table
-from printery.keys import DLQ, REVIEW, REVIEW_DECIDED
+from printery.keys import DLQ, REVIEW, REVIEW_DECIDED, StreamKeys
 from printery.pipeline.render import to_mermaid, to_text
 from printery.redact import redact_text
 from printery.runtime.registry import list_processes
@@ -50,25 +50,17 @@ def status(as_json: bool) -> None:
 @click.command()
 @json_option
 def streams(as_json: bool) -> None:
-    """Each stream of the pipeline plus dlq and review: length, groups, pending, lag."""
+    """Each stream of the pipeline plus dlq and review: length, groups, pending, lag; with
+    several partitions, each partition's stream (CONTRACT §15)."""
     ops = get_ctx()
     pipeline, keys = ops.pipeline, ops.keys
 
     async def body(client: aioredis.Redis) -> list[dict[str, Any]]:
         found = []
-        for event_type in dict.fromkeys([*pipeline.event_types(), DLQ, REVIEW, REVIEW_DECIDED]):
-            key = keys.stream(event_type)
-            try:
-                info = await client.xinfo_stream(key)
-                groups = await client.xinfo_groups(key)
-            except ResponseError:  # the stream does not exist yet
-                info, groups = {"length": 0}, []
-            found.append({
-                "stream": key, "type": event_type, "length": int(info.get("length", 0)),
-                "groups": [{"name": g["name"], "consumers": g.get("consumers"),
-                            "pending": g.get("pending"), "lag": g.get("lag"),
-                            "last_delivered_id": g.get("last-delivered-id")} for g in groups],
-            })
+        event_types = dict.fromkeys([*pipeline.event_types(), DLQ, REVIEW, REVIEW_DECIDED])
+        for event_type in event_types:
+            for part in keys.each():
+                found.append(await _stream_row(client, part, event_type))
         return found
 
     rows = ops.run(body)
@@ -77,12 +69,31 @@ def streams(as_json: bool) -> None:
         return
     lines = []
     for r in rows:
+        name = r["type"] if "partition" not in r else f"{r['type']}@p{r['partition']}"
         if not r["groups"]:
-            lines.append((r["type"], r["length"], "-", "", "", ""))
+            lines.append((name, r["length"], "-", "", "", ""))
         for g in r["groups"]:
-            lines.append((r["type"], r["length"], g["name"], g["consumers"], g["pending"],
+            lines.append((name, r["length"], g["name"], g["consumers"], g["pending"],
                           "?" if g["lag"] is None else g["lag"]))
     click.echo(table(lines, ["stream", "length", "group", "consumers", "pending", "lag"]))
+
+
+async def _stream_row(client: aioredis.Redis, keys: StreamKeys, event_type: str) -> dict[str, Any]:
+    """One stream (of one partition) as ``streams`` shows it; ``partition`` only when
+    there are several."""
+    key = keys.stream(event_type)
+    try:
+        info = await client.xinfo_stream(key)
+        groups = await client.xinfo_groups(key)
+    except ResponseError:  # the stream does not exist yet
+        info, groups = {"length": 0}, []
+    row: dict[str, Any] = {"stream": key, "type": event_type}
+    if keys.partitioned:
+        row["partition"] = keys.partition
+    return {**row, "length": int(info.get("length", 0)),
+            "groups": [{"name": g["name"], "consumers": g.get("consumers"),
+                        "pending": g.get("pending"), "lag": g.get("lag"),
+                        "last_delivered_id": g.get("last-delivered-id")} for g in groups]}
 
 
 @click.group("pipeline")

@@ -3,18 +3,20 @@
 A producer writing raw ``XADD`` s may put an entry in the wrong partition's stream (or
 in a stream it computed with another partition count). Such an entry is not lost and
 not refused: it is routed, i.e. appended with the same fields to the same event type's
-stream of its run's partition, then acknowledged where it was found. The two steps touch
-two slots, so they cannot be one transaction: a crash between them leaves the entry
-pending, it is routed again, and the second copy is a duplicate that the idempotency
-record of its ``idempotency_key`` (set on the copy, so both copies carry the same one)
-turns away at commit. An entry that names no run at all gets a fresh correlation id in
-the partition it was found in (:func:`~printery.keys.new_id_in`), so it is handled
-where it is.
+stream of its run's partition, then acknowledged where it was found. The append is
+guarded by a once key of the target partition named after the found entry (one script,
+one slot), so however many groups read the stream, and however often a lost reply is
+retried, one copy is appended. The append and the ack touch two slots and cannot be
+one transaction: a crash between them leaves the entry pending, it is routed again (the
+guard appends nothing) and acked. An entry that names no run at all gets a fresh
+correlation id in the partition it was found in (:func:`~printery.keys.new_id_in`), so
+it is handled where it is.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
+from itertools import chain
 
 import redis.asyncio as aioredis
 import structlog
@@ -24,8 +26,13 @@ from printery.envelope import Codec, Envelope, correlation_of
 from printery.keys import StreamKeys, new_id_in, partition_of
 from printery.runtime.connectivity import Connectivity
 from printery.runtime.consumer import Delivery
+from printery.transport.streams import ROUTE_LUA, Scripts
 
 log = structlog.get_logger("printery.worker")
+
+#: How long a routed entry's guard is kept: the idempotency records' default (7 days),
+#: longer than any entry stays pending.
+ROUTE_GUARD_TTL_MS = 7 * 86_400_000
 
 
 class Router:
@@ -38,6 +45,7 @@ class Router:
         self.connectivity = connectivity
         self.keys = keys
         self.codec = codec
+        self.scripts = Scripts(client)
 
     def named(self, fields: Mapping[str, str]) -> Mapping[str, str]:
         """``fields`` naming a run: as given, or with a fresh id of this partition."""
@@ -60,7 +68,11 @@ class Router:
             self.keys.event_type(delivery.stream))
         copy = {**fields, self.codec.correlation_field: envelope.correlation_id,
                 "idempotency_key": envelope.idempotency_key}
-        await self.connectivity.retrying(lambda: self.client.xadd(target, copy))  # type: ignore[arg-type]
+        guard = self.keys.whole.of(envelope.correlation_id).once(
+            f"routed:{delivery.stream}:{delivery.entry_id}")
+        args = [ROUTE_GUARD_TTL_MS, *chain.from_iterable(copy.items())]
+        await self.connectivity.retrying(
+            lambda: self.scripts.call(ROUTE_LUA, [guard, target], args))
         log.warning("entry routed to its run's partition", stream=delivery.stream,
                     entry_id=delivery.entry_id, to=target,
                     correlation_id=envelope.correlation_id)

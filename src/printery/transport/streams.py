@@ -54,6 +54,7 @@ def _script(name: str) -> str:
 
 LEASE_LUA = _script("lease.lua")
 REDELIVER_LUA = _script("redeliver.lua")
+ROUTE_LUA = _script("route.lua")
 
 
 def one_slot(client: object) -> bool:
