@@ -69,6 +69,22 @@ def prefix() -> str:
     return unique_prefix()
 
 
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption("--long", action="store_true",
+                     help="also run the tests marked long (make chaos does)")
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Tests marked ``long`` are skipped unless ``--long`` is given: `make test` stays
+    minutes long, `make chaos` runs them."""
+    if config.getoption("--long"):
+        return
+    skip = pytest.mark.skip(reason="long: run by `make chaos` (pytest --long)")
+    for item in items:
+        if "long" in item.keywords:
+            item.add_marker(skip)
+
+
 _FIGURES = pytest.StashKey[list[str]]()
 
 

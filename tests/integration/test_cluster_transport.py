@@ -101,3 +101,16 @@ async def test_channel_after_a_master_is_killed(own_cluster: ValkeyCluster) -> N
     finally:
         await channel.close()
         await client.aclose()
+
+
+async def test_a_transaction_reading_a_hash_on_the_cluster_client(cluster: ValkeyCluster) -> None:
+    """redis-py 6.4's cluster transaction passes ``keys=`` to HGETALL's reply callback
+    (a TypeError after EXEC); the client connect() makes parses it."""
+    client = connect(cluster.url)
+    try:
+        async with client.pipeline(transaction=True) as pipe:
+            pipe.hset("tx:{p1}:join", mapping={"a": "1"})
+            pipe.hgetall("tx:{p1}:join")
+            assert await pipe.execute() == [1, {"a": "1"}]
+    finally:
+        await client.aclose()

@@ -10,6 +10,7 @@ wire channel, SCAN per master) ask :func:`printery.transport.streams.one_slot`.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any, cast
 from urllib.parse import urlsplit
 
@@ -95,5 +96,20 @@ def _connect_cluster(url: str, options: dict[str, Any]) -> aioredis.Redis:
         retry=Retry(ExponentialBackoff(cap=0.5, base=0.05), _CLUSTER_RETRIES),
         **{**settings, **options},
     )
+    for command, callback in list(client.response_callbacks.items()):
+        client.set_response_callback(command, _without_keys(callback))
     # Same command methods as the plain client (see the module's docstring).
     return cast(aioredis.Redis, client)
+
+
+def _without_keys(callback: Callable[..., Any]) -> Callable[..., Any]:
+    """``callback`` minus the ``keys`` option: redis-py 6.4's cluster client hands the
+    ``keys=`` of a read command (``HGETALL``...) to its reply callback inside a
+    transaction, which the callback does not take (a ``TypeError`` after ``EXEC``; its
+    plain client drops the option, as this does; redis-py issue 3401)."""
+
+    def parse(response: Any, **options: Any) -> Any:
+        options.pop("keys", None)
+        return callback(response, **options)
+
+    return parse
