@@ -18,13 +18,6 @@ import time
 from pathlib import Path
 from typing import Any
 
-from printery.deploy.delivery import IDEMPOTENCY_HEADER
-from printery.deploy.sandbox import Sandbox
-from printery.envelope import Codec
-from printery.keys import StreamKeys
-from printery.transport.connection import connect
-from printery.transport.streams import CONNECTION_ERRORS
-from tests.support.cluster import ValkeyCluster
 from tests.chaos.driver import (
     CONFIG,
     FINISHED,
@@ -37,6 +30,14 @@ from tests.chaos.driver import (
     pending_entries,
     status_of,
 )
+from tests.support.cluster import ValkeyCluster
+
+from printery.deploy.delivery import IDEMPOTENCY_HEADER
+from printery.deploy.sandbox import Sandbox
+from printery.envelope import Codec
+from printery.keys import StreamKeys
+from printery.transport.connection import connect
+from printery.transport.streams import CONNECTION_ERRORS
 
 
 async def _publish(url: str, keys: StreamKeys, sandbox: Sandbox, n: int, over: float) -> None:
@@ -76,6 +77,36 @@ async def _count_all(client: Any, keys: StreamKeys, event_type: str, field: str,
 
 async def _length(client: Any, keys: StreamKeys, event_type: str) -> int:
     return sum([int(await client.xlen(part.stream(event_type))) for part in keys.each()])
+
+
+async def _settle(client: Any, keys: StreamKeys, deployments: int, prefix: str, timeout: float) -> None:
+    """Wait (bounded) until everything finished and was notified and nothing is pending."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        with contextlib.suppress(*CONNECTION_ERRORS):
+            if (await _length(client, keys, FINISHED) >= deployments
+                    and await _length(client, keys, SENT) >= deployments
+                    and await pending_entries(client, prefix) == 0):
+                return
+        await asyncio.sleep(0.25)
+
+
+async def _tally(figures: Figures, client: Any, keys: StreamKeys, sandbox: Sandbox) -> None:
+    """The counts of the single-server run, over every partition."""
+    ids = [f"dep-chaos-{i:06d}" for i in range(figures.deployments)]
+    finished_by = await _count_all(client, keys, FINISHED, "deployment_id")
+    figures.statuses = await _count_all(client, keys, FINISHED, "data", key=status_of)
+    sent_by = await _count_all(client, keys, SENT, "deployment_id")
+    figures.finished = sum(1 for d in ids if finished_by.get(d))
+    figures.duplicates_finished = sum(c - 1 for c in finished_by.values() if c > 1)
+    figures.sent_duplicates = sum(c - 1 for c in sent_by.values() if c > 1)
+    figures.lost = sum(1 for d in ids if not finished_by.get(d))
+    received = {r.headers.get(IDEMPOTENCY_HEADER, "") for r in sandbox.received}
+    figures.webhook_posts = len(sandbox.received)
+    figures.webhook_keys = len(received - {""})
+    figures.missing_webhooks = max(0, figures.deployments - figures.webhook_keys)
+    figures.dlq = sum([int(await client.xlen(part.dlq)) for part in keys.each()])
+    figures.pending = await pending_entries(client, keys.prefix)
 
 
 async def run_cluster_chaos(
@@ -140,30 +171,9 @@ async def run_cluster_chaos(
             figures.master_failovers += 1
         log(f"chaos over after {time.monotonic() - begun:.1f}s")
 
-        settle_deadline = time.monotonic() + max(60.0, duration)
-        while time.monotonic() < settle_deadline:
-            with contextlib.suppress(*CONNECTION_ERRORS):
-                if (await _length(client, keys, FINISHED) >= deployments
-                        and await _length(client, keys, SENT) >= deployments
-                        and await pending_entries(client, prefix) == 0):
-                    break
-            await asyncio.sleep(0.25)
+        await _settle(client, keys, deployments, prefix, max(60.0, duration))
         figures.seconds = time.monotonic() - begun
-
-        ids = [f"dep-chaos-{i:06d}" for i in range(deployments)]
-        finished_by = await _count_all(client, keys, FINISHED, "deployment_id")
-        figures.statuses = await _count_all(client, keys, FINISHED, "data", key=status_of)
-        sent_by = await _count_all(client, keys, SENT, "deployment_id")
-        figures.finished = sum(1 for d in ids if finished_by.get(d))
-        figures.duplicates_finished = sum(c - 1 for c in finished_by.values() if c > 1)
-        figures.sent_duplicates = sum(c - 1 for c in sent_by.values() if c > 1)
-        figures.lost = sum(1 for d in ids if not finished_by.get(d))
-        received = {r.headers.get(IDEMPOTENCY_HEADER, "") for r in sandbox.received}
-        figures.webhook_posts = len(sandbox.received)
-        figures.webhook_keys = len(received - {""})
-        figures.missing_webhooks = max(0, deployments - figures.webhook_keys)
-        figures.dlq = sum([int(await client.xlen(part.dlq)) for part in keys.each()])
-        figures.pending = await pending_entries(client, prefix)
+        await _tally(figures, client, keys, sandbox)
         return figures
     finally:
         for task in (publisher, failover):

@@ -9,11 +9,11 @@ import asyncio
 
 import pytest
 from redis.exceptions import ConnectionError as RedisConnectionError
-from support.cluster import ValkeyCluster
 
 from printery.transport.channel import DirectChannel
 from printery.transport.connection import connect
 from printery.transport.streams import one_slot
+from support.cluster import ValkeyCluster
 
 INCR_LUA = "return redis.call('INCRBY', KEYS[1], ARGV[1])"
 
