@@ -10,8 +10,10 @@ import asyncio
 import pytest
 from redis.exceptions import ConnectionError as RedisConnectionError
 
+from printery.keys import StreamKeys
 from printery.transport.channel import DirectChannel
 from printery.transport.connection import connect
+from printery.transport.limits import WAIT_FOR_SLOT, Admission, Bound, LimitStore, Release
 from printery.transport.streams import one_slot
 from support.cluster import ValkeyCluster
 
@@ -113,4 +115,22 @@ async def test_a_transaction_reading_a_hash_on_the_cluster_client(cluster: Valke
             pipe.hgetall("tx:{p1}:join")
             assert await pipe.execute() == [1, {"a": "1"}]
     finally:
+        await client.aclose()
+
+
+async def test_limits_of_several_keys_admit_in_one_script_on_the_cluster(cluster: ValkeyCluster) -> None:
+    """Every limit shares the ``{limit}`` hash tag: one admission checking two limits is
+    one script on one master (without it: CROSSSLOT)."""
+    keys = StreamKeys("ctlimits")
+    client = connect(cluster.url)
+    store = LimitStore(client, window_ms=60_000, lease_ms=30_000)
+    bounds = [Bound(keys.limit("model"), 1, 0, 0), Bound(keys.limit("tenant"), 2, 0, 0)]
+    try:
+        first = await store.apply([], [], [Admission("h1", bounds), Admission("h2", bounds)])
+        assert first == [0, WAIT_FOR_SLOT]  # model allows one holder at a time
+        released = await store.apply([], [Release(keys.limit("model"), "h1", True, 0.0)],
+                                     [Admission("h2", bounds)])
+        assert released == [0]
+    finally:
+        await store.close()
         await client.aclose()
