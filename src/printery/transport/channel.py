@@ -1,4 +1,5 @@
-"""The wire channel: the only code that touches redis-py's internals.
+"""The wire channel: with :mod:`printery.transport.cluster`, the only code that touches
+redis-py's internals.
 
 Why a channel of our own: redis-py's asyncio client packs every argument in Python
 (about a microsecond each), takes a pooled connection, checks its health and polls its

@@ -2,7 +2,8 @@
 streams (blocking reads need their own connections; timeouts exceed the block time).
 
 A ``redis+cluster://`` or ``rediss+cluster://`` URL (CONTRACT §15) gives redis-py's
-cluster client instead: it follows MOVED/ASK and refreshes its slot map after a failover.
+cluster client instead (:mod:`printery.transport.cluster`): it follows MOVED/ASK and
+refreshes its slot map after a failover.
 It has the command methods of the plain client, so the rest of printery takes either as
 :class:`redis.asyncio.Redis`; the few places that must know (one slot per command, the
 wire channel, SCAN per master) ask :func:`printery.transport.streams.one_slot`.
@@ -10,27 +11,16 @@ wire channel, SCAN per master) ask :func:`printery.transport.streams.one_slot`.
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import Any, cast
 from urllib.parse import urlsplit
 
 import redis.asyncio as aioredis
-from redis.asyncio.cluster import ClusterNode, RedisCluster
 from redis.asyncio.connection import SSLConnection, parse_url
-from redis.asyncio.retry import Retry
-from redis.backoff import ExponentialBackoff
+
+from printery.transport.cluster import cluster_client
 
 #: Cluster scheme -> the scheme of one node.
 CLUSTER_SCHEMES = {"redis+cluster": "redis", "rediss+cluster": "rediss"}
-
-#: Attempts of a command the cluster client refused or lost its node for, with a backoff
-#: capped at half a second: enough to ride out a master failover (node timeout plus
-#: election, a few seconds) without the caller seeing it.
-_CLUSTER_RETRIES = 12
-
-
-def is_cluster_url(url: str) -> bool:
-    return urlsplit(url).scheme in CLUSTER_SCHEMES
 
 
 def cluster_nodes(url: str) -> tuple[list[tuple[str, int]], str]:
@@ -82,7 +72,7 @@ def connect(url: str, *, max_connections: int = 256, block_ms: int = 1000) -> ai
 
 
 def _connect_cluster(url: str, options: dict[str, Any]) -> aioredis.Redis:
-    """redis-py's cluster client over the URL's nodes, with the URL's credentials and TLS
+    """The cluster client over the URL's nodes, with the URL's credentials and TLS
     options applied to every node (``max_connections`` is per node)."""
     nodes, first = cluster_nodes(url)
     settings: dict[str, Any] = dict(parse_url(first))
@@ -90,26 +80,6 @@ def _connect_cluster(url: str, options: dict[str, Any]) -> aioredis.Redis:
         settings.pop(name, None)
     if settings.pop("connection_class", None) is SSLConnection:
         settings["ssl"] = True
-    client = RedisCluster(
-        startup_nodes=[ClusterNode(host, port) for host, port in nodes],
-        socket_keepalive=True,
-        retry=Retry(ExponentialBackoff(cap=0.5, base=0.05), _CLUSTER_RETRIES),
-        **{**settings, **options},
-    )
-    for command, callback in list(client.response_callbacks.items()):
-        client.set_response_callback(command, _without_keys(callback))
+    client = cluster_client(nodes, socket_keepalive=True, **{**settings, **options})
     # Same command methods as the plain client (see the module's docstring).
     return cast(aioredis.Redis, client)
-
-
-def _without_keys(callback: Callable[..., Any]) -> Callable[..., Any]:
-    """``callback`` minus the ``keys`` option: redis-py 6.4's cluster client hands the
-    ``keys=`` of a read command (``HGETALL``...) to its reply callback inside a
-    transaction, which the callback does not take (a ``TypeError`` after ``EXEC``; its
-    plain client drops the option, as this does; redis-py issue 3401)."""
-
-    def parse(response: Any, **options: Any) -> Any:
-        options.pop("keys", None)
-        return callback(response, **options)
-
-    return parse
