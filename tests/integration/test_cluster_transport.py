@@ -162,3 +162,26 @@ async def test_limits_of_several_keys_admit_in_one_script_on_the_cluster(cluster
     finally:
         await store.close()
         await client.aclose()
+
+
+async def test_stream_reads_are_routed_without_asking_the_server_for_their_keys(
+    cluster: ValkeyCluster,
+) -> None:
+    """XREADGROUP is routed from its own arguments: no COMMAND GETKEYS round trip per
+    read (redis-py's default for commands with movable keys)."""
+    client = connect(cluster.url)
+    stream = "reads:{p4}:s"
+
+    def getkeys_calls() -> int:
+        return sum(int(node.info("commandstats").get("cmdstat_command|getkeys", {}).get("calls", 0))
+                   for node in cluster.masters())
+
+    try:
+        await client.xgroup_create(stream, "g", id="0", mkstream=True)
+        await client.xadd(stream, {"a": "1"})
+        before = await asyncio.to_thread(getkeys_calls)
+        for _ in range(5):
+            await client.xreadgroup("g", "c", {stream: ">"}, count=10, block=10)
+        assert await asyncio.to_thread(getkeys_calls) == before
+    finally:
+        await client.aclose()

@@ -41,6 +41,9 @@ def test_stream_read_keys_from_the_arguments() -> None:
     args = ("GROUP", "g", "c", "COUNT", 10, "BLOCK", 1000, "STREAMS", "a", "b", ">", ">")
     assert stream_read_keys("XREADGROUP", args) == ["a", "b"]
     assert stream_read_keys("XREAD", ("COUNT", 5, "STREAMS", "k", "0-0")) == ["k"]
+    # as redis-py's xreadgroup() writes them: option words in bytes
+    as_sent = (b"GROUP", "g", "c", b"COUNT", "10", b"BLOCK", "5", b"STREAMS", "s", ">")
+    assert stream_read_keys("XREADGROUP", as_sent) == ["s"]
     assert stream_read_keys("XREADGROUP", ("GROUP", "g", "c", "NOACK", "STREAMS", "k", ">")) == ["k"]
     assert stream_read_keys("XREAD", ("STREAMS", "a", "b", "0")) is None  # odd: ask the server
     assert stream_read_keys("XREAD", ("WHATEVER", "STREAMS", "a", "0")) is None

@@ -62,11 +62,11 @@ def stream_read_keys(command: str, args: Sequence[Any]) -> list[Any] | None:
     or None when they are not where the syntax puts them (redis-py then asks the server)."""
     i = 0
     if command.upper() == "XREADGROUP":
-        if not args or str(args[0]).upper() != "GROUP":
+        if not args or _word(args[0]) != "GROUP":
             return None
         i = 3
     while i < len(args):
-        word = str(args[i]).upper()
+        word = _word(args[i])
         if word in ("COUNT", "BLOCK"):
             i += 2
         elif word == "NOACK":
@@ -77,6 +77,11 @@ def stream_read_keys(command: str, args: Sequence[Any]) -> list[Any] | None:
         else:
             return None
     return None
+
+
+def _word(arg: Any) -> str:
+    """An option word as text (redis-py writes its own option words as bytes)."""
+    return (arg.decode(errors="replace") if isinstance(arg, bytes) else str(arg)).upper()
 
 
 def cluster_client(nodes: Sequence[tuple[str, int]], **settings: Any) -> RedisCluster:
