@@ -25,6 +25,7 @@ from printery import (
 )
 from printery.client import Runs
 from printery.keys import StreamKeys, partition_of
+from printery.runtime.payloads import PayloadStore
 from printery.testing import wait_for
 
 PARTITIONS = 3
@@ -158,3 +159,32 @@ async def test_a_submit_key_without_a_run_id_makes_one_run(
     assert again == first
     assert partition_of(first[0], PARTITIONS) == partition_of("order-42", PARTITIONS)
     assert (await running.reader.result(first[0], timeout=15)).status == "succeeded"
+
+
+async def test_a_runs_large_output_is_a_blob_of_its_partition(
+    client: aioredis.Redis, keys: StreamKeys
+) -> None:
+    p = Pipeline("big", ingress=["in"])
+
+    @p.step("grow", consumes=["in"], produces=["out"])
+    async def grow(message: Message) -> Output:
+        return Output("out", {"text": "x" * 500})
+
+    payloads = PayloadStore(client, keys, inline_limit=100)
+    manager = WorkerManager()
+    for worker, deps in p.build_workers(client=client, keys=keys, payloads=payloads,
+                                        settings=ConsumerSettings(block_ms=100)):
+        manager.register(worker, deps)
+    await manager.start_all()
+    try:
+        run = runs_in_each_partition()[2]
+        part = keys.of(run)
+        await client.xadd(part.stream("in"), {"data": json.dumps({"correlation_id": run})})
+        await wait_for(lambda: client.xlen(part.stream("out")), timeout=15)
+        ((_, fields),) = await client.xrange(part.stream("out"))
+        ref = PayloadStore.reference_of(fields["data"])
+        assert ref is not None, fields
+        assert await client.exists(part.blob(ref[0])) == 1
+        assert await client.exists(keys.at(0).blob(ref[0])) == 0
+    finally:
+        await manager.stop_all(2)

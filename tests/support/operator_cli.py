@@ -11,7 +11,7 @@ import sys
 async def cli(url: str, prefix: str, *args: str) -> tuple[int, str, str]:
     """Run the operator CLI against ``url``/``prefix`` (given as flags, with REDIS_URL and
     STREAM_PREFIX removed from its environment); return its exit code, stdout and stderr."""
-    env = {k: v for k, v in os.environ.items() if k not in ("REDIS_URL", "STREAM_PREFIX")}
+    env = {k: v for k, v in os.environ.items() if k not in ("REDIS_URL", "STREAM_PREFIX", "PRINTERY_PARTITIONS")}
     proc = await asyncio.create_subprocess_exec(
         sys.executable, "-m", "printery.cli.operator", "--redis-url", url,
         "--stream-prefix", prefix, *args, env=env,
@@ -28,7 +28,7 @@ def cli_sync(url: str | None, prefix: str, *args: str, stdin: str | None = None,
     base = [sys.executable, "-m", "printery.cli.operator"]
     if url is not None:
         base += ["--redis-url", url]
-    full_env = {k: v for k, v in os.environ.items() if k not in ("REDIS_URL", "STREAM_PREFIX")}
+    full_env = {k: v for k, v in os.environ.items() if k not in ("REDIS_URL", "STREAM_PREFIX", "PRINTERY_PARTITIONS")}
     full_env.update(env or {})
     return subprocess.run([*base, "--stream-prefix", prefix, *args], input=stdin,
                           capture_output=True, text=True, timeout=60, env=full_env, cwd=cwd)

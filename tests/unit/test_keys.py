@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import binascii
 import zlib
+from types import SimpleNamespace
+from typing import Any
 
 import pytest
 
@@ -83,3 +85,18 @@ def test_env_partitions_merge_with_the_config_files_transport_table(tmp_path) ->
     settings = load_settings({"config": str(path)}, {"PRINTERY_PARTITIONS": "4"})
     assert (settings.transport.max_deliveries, settings.transport.partitions) == (9, 4)
     assert load_settings({"config": str(path)}, {}).transport.partitions == 2
+
+
+def test_one_read_names_every_partition_on_a_server_and_one_slot_on_a_cluster() -> None:
+    from printery.runtime.lanes import Lanes
+
+    def lane(keys: StreamKeys) -> Any:
+        return SimpleNamespace(streams=[keys.stream("a"), keys.stream("b")])
+
+    lanes = Lanes(StreamKeys("pfx", 3), lane)
+    assert lanes.read_sets(False) == [[f"pfx:{{p{k}}}:{t}" for k in range(3) for t in "ab"]]
+    assert lanes.read_sets(True) == [[f"pfx:{{p{k}}}:a", f"pfx:{{p{k}}}:b"] for k in range(3)]
+    assert lanes.of_stream("pfx:{p2}:b") is lanes.lanes[2]
+    assert lanes.of_run("dep-1") is lanes.lanes[partition_of("dep-1", 3)]
+    single = Lanes(StreamKeys("pfx"), lane)
+    assert single.read_sets(True) == [["pfx:a", "pfx:b"]]
