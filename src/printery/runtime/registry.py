@@ -125,7 +125,12 @@ async def list_processes(redis: aioredis.Redis, keys: StreamKeys) -> list[dict[s
     processes: list[dict[str, Any]] = []
     for start in range(0, len(found), _SCAN_COUNT):
         batch = found[start : start + _SCAN_COUNT]
-        values = await redis.mget(batch)
+        # One GET per key in a pipeline, not MGET: on a cluster the keys are in many
+        # slots (the pipeline sends each node its own).
+        async with redis.pipeline(transaction=False) as pipe:
+            for key in batch:
+                pipe.get(key)
+            values = await pipe.execute()
         for key, raw in zip(batch, values, strict=True):
             status = _decode(raw)
             if status is not None:

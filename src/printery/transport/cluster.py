@@ -14,6 +14,10 @@ client's ``_determine_slot`` and ``response_callbacks``, the ``NodesManager`` an
   read, on one shared node connection that a slot-map refresh may be closing
   (``'NoneType' object has no attribute 'writelines'``); their keys are read from the
   arguments instead (one round trip less per read, too).
+* a slot-map refresh replaces every node object and closes the old ones' connections,
+  also under a command being sent on one (``'NoneType' object has no attribute
+  'writelines'``); that is turned into the connection error it is, which the client's
+  retry loop sends again on the new map.
 * inside a cluster transaction a read command's ``keys=`` option reaches its reply
   callback, which does not take it (``HGETALL``: a ``TypeError`` after ``EXEC``; redis-py
   issue 3401); the plain client drops it, and so does this one.
@@ -27,6 +31,7 @@ from typing import Any
 from redis.asyncio.cluster import ClusterNode, NodesManager, RedisCluster
 from redis.asyncio.retry import Retry
 from redis.backoff import ExponentialBackoff
+from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import MovedError
 
 #: Attempts of a command the cluster client refused or lost its node for, with a backoff
@@ -46,6 +51,15 @@ class _NodesManager(NodesManager):
 
 
 class _RedisCluster(RedisCluster):
+    async def _execute_command(self, target_node: ClusterNode, *args: Any, **kwargs: Any) -> Any:
+        try:
+            return await super()._execute_command(target_node, *args, **kwargs)
+        except AttributeError as exc:
+            if not _closed_under(exc):
+                raise
+            # What the client retries: its own retry loop sends it again on the new map.
+            raise RedisConnectionError(f"connection closed under the command: {exc}") from exc
+
     async def _determine_slot(self, command: str, *args: Any) -> int:
         if command.upper() in _STREAM_READS:
             keys = stream_read_keys(command, args)
@@ -77,6 +91,15 @@ def stream_read_keys(command: str, args: Sequence[Any]) -> list[Any] | None:
         else:
             return None
     return None
+
+
+def _closed_under(exc: AttributeError) -> bool:
+    """Whether ``exc`` is redis-py's connection used after a slot-map refresh closed it
+    (its reader or writer is None): raised from inside ``redis.asyncio.connection``."""
+    tb = exc.__traceback__
+    while tb is not None and tb.tb_next is not None:
+        tb = tb.tb_next
+    return tb is not None and tb.tb_frame.f_globals.get("__name__") == "redis.asyncio.connection"
 
 
 def _word(arg: Any) -> str:
