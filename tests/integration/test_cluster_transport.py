@@ -7,11 +7,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 
 import pytest
 from redis.exceptions import ConnectionError as RedisConnectionError
 
 from printery.keys import StreamKeys
+from printery.runtime.registry import list_processes
 from printery.transport.channel import DirectChannel
 from printery.transport.connection import connect
 from printery.transport.limits import WAIT_FOR_SLOT, Admission, Bound, LimitStore, Release
@@ -183,5 +185,19 @@ async def test_stream_reads_are_routed_without_asking_the_server_for_their_keys(
         for _ in range(5):
             await client.xreadgroup("g", "c", {stream: ">"}, count=10, block=10)
         assert await asyncio.to_thread(getkeys_calls) == before
+    finally:
+        await client.aclose()
+
+
+async def test_the_process_registry_lists_processes_of_every_master(cluster: ValkeyCluster) -> None:
+    keys = StreamKeys("ctreg")
+    client = connect(cluster.url)
+    ids = [f"proc-{i}" for i in range(12)]
+    try:
+        assert len({cluster.master_of(keys.process(pid)).port for pid in ids}) == 3
+        for pid in ids:
+            await client.set(keys.process(pid), json.dumps({"pid": 1}), ex=30)
+        listed = await list_processes(client, keys)
+        assert sorted(p["process_id"] for p in listed) == sorted(ids)
     finally:
         await client.aclose()

@@ -126,11 +126,12 @@ async def list_processes(redis: aioredis.Redis, keys: StreamKeys) -> list[dict[s
     for start in range(0, len(found), _SCAN_COUNT):
         batch = found[start : start + _SCAN_COUNT]
         # One GET per key in a pipeline, not MGET: on a cluster the keys are in many
-        # slots (the pipeline sends each node its own).
+        # slots (the pipeline sends each node its own). A key of another type answers
+        # WRONGTYPE where MGET answered nil: skipped the same (not a status).
         async with redis.pipeline(transaction=False) as pipe:
             for key in batch:
                 pipe.get(key)
-            values = await pipe.execute()
+            values = await pipe.execute(raise_on_error=False)
         for key, raw in zip(batch, values, strict=True):
             status = _decode(raw)
             if status is not None:
