@@ -110,7 +110,7 @@ async def _tally(figures: Figures, client: Any, keys: StreamKeys, sandbox: Sandb
 
 
 async def run_cluster_chaos(
-    workdir: Path, *, deployments: int, duration: float, partitions: int = 9, seed: int = 1,
+    workdir: Path, *, deployments: int, duration: float, partitions: int = 3, seed: int = 1,
     kill_every: float = 3.0, kill_master: bool = True, processes: int = 3, log: Any = print,
 ) -> Figures:
     """Run the scenario on a fresh cluster; ``kill_every`` 0 kills no service process,
