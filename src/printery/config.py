@@ -452,6 +452,18 @@ class Settings(SettingsTable):
         return parse_http_addr(self.http_addr)
 
     @property
+    def cluster_partitions_problem(self) -> str | None:
+        """Why these partitions cannot run on the cluster of ``redis_url`` (None: they can).
+
+        One partition keeps the keys of §2, which carry no hash tag: a commit's keys would
+        be in several slots, which a cluster refuses (CROSSSLOT)."""
+        if (self.redis_url and urlsplit(self.redis_url).scheme in CLUSTER_SCHEMES
+                and self.transport.partitions < 2):
+            return ("2 or more on a cluster (redis+cluster://): one partition's keys carry "
+                    "no hash tag; 3 x the master count is a good start")
+        return None
+
+    @property
     def redacted_redis_url(self) -> str | None:
         """The Redis URL safe to print in logs, ``/status`` and ``--json`` output."""
         return redact_url(self.redis_url) if self.redis_url else None

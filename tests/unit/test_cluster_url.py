@@ -4,11 +4,14 @@ stream read's keys are (routed without asking the server)."""
 from __future__ import annotations
 
 import pytest
+from redis.exceptions import ConnectionError as RedisConnectionError
 
 from printery.config import Settings
+from printery.config_load import load_settings
 from printery.errors import ConfigError
 from printery.transport.cluster import stream_read_keys
-from printery.transport.connection import cluster_nodes
+from printery.transport.connection import cluster_nodes, connect
+from printery.transport.server import free_port
 
 
 def test_cluster_url_nodes_and_the_url_every_node_is_reached_with() -> None:
@@ -47,3 +50,24 @@ def test_stream_read_keys_from_the_arguments() -> None:
     assert stream_read_keys("XREADGROUP", ("GROUP", "g", "c", "NOACK", "STREAMS", "k", ">")) == ["k"]
     assert stream_read_keys("XREAD", ("STREAMS", "a", "b", "0")) is None  # odd: ask the server
     assert stream_read_keys("XREAD", ("WHATEVER", "STREAMS", "a", "0")) is None
+
+
+def test_one_partition_on_a_cluster_is_refused_naming_the_setting() -> None:
+    """One partition keeps the §2 keys, without a hash tag: CROSSSLOT on a cluster."""
+    with pytest.raises(ConfigError) as refused:
+        load_settings({"redis_url": "redis+cluster://127.0.0.1:7000"}, {})
+    assert "transport.partitions" in str(refused.value) and "2 or more on a cluster" in str(refused.value)
+    env = {"PRINTERY_PARTITIONS": "3"}
+    assert load_settings({"redis_url": "redis+cluster://127.0.0.1:7000"}, env).transport.partitions == 3
+    assert load_settings({"redis_url": "redis://127.0.0.1:7000"}, {}).transport.partitions == 1
+
+
+async def test_an_unreachable_cluster_is_a_connection_error() -> None:
+    """What every caller already waits out and retries (a server that is down), not
+    redis-py's RedisClusterException."""
+    client = connect(f"redis+cluster://127.0.0.1:{free_port()}")
+    try:
+        with pytest.raises(RedisConnectionError, match="cluster unavailable"):
+            await client.ping()
+    finally:
+        await client.aclose()

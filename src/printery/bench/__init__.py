@@ -44,6 +44,7 @@ import uuid
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 import psutil
 import redis
@@ -64,7 +65,7 @@ from printery.bench.procs import RelayProcesses
 from printery.bench.report import format_table
 from printery.errors import ConfigError
 from printery.keys import MAX_PARTITIONS
-from printery.transport.connection import connect
+from printery.transport.connection import CLUSTER_SCHEMES, connect
 from printery.transport.embedded import start_ephemeral
 
 __all__ = ["SIDES", "format_table", "run_bench"]
@@ -135,6 +136,9 @@ async def run_bench(
     """
     _validate(events, stages, processes, payload_bytes, rate, duration, prefetch, ceiling,
               partitions)
+    if redis_url and partitions < 2 and urlsplit(redis_url).scheme in CLUSTER_SCHEMES:
+        raise ConfigError("partitions", partitions, "2 or more on a cluster (one partition's "
+                          "keys carry no hash tag; see --partitions)")
     sides = (*CEILINGS[ceiling], "printery", *(("printery_with",) if features else ()))
     run_duration = duration if duration is not None else DEFAULT_DURATION
     if rate is not None:
@@ -350,7 +354,7 @@ async def _unlink(client: aioredis.Redis, keys: list[str]) -> None:
     """One UNLINK per key in a pipeline: on a cluster the keys are in many slots."""
     async with client.pipeline(transaction=False) as pipe:
         for key in keys:
-            pipe.unlink(key)
+            pipe.execute_command("UNLINK", key)  # (a cluster pipeline's unlink() is a coroutine)
         await pipe.execute()
 
 

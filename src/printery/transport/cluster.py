@@ -14,6 +14,8 @@ client's ``_determine_slot`` and ``response_callbacks``, the ``NodesManager`` an
   read, on one shared node connection that a slot-map refresh may be closing
   (``'NoneType' object has no attribute 'writelines'``); their keys are read from the
   arguments instead (one round trip less per read, too).
+* a cluster that cannot be reached when the slot map is first read raises
+  ``RedisClusterException``; it is the connection error it is, as on one server.
 * a slot-map refresh replaces every node object and closes the old ones' connections,
   also under a command being sent on one (``'NoneType' object has no attribute
   'writelines'``); that is turned into the connection error it is, which the client's
@@ -32,7 +34,7 @@ from redis.asyncio.cluster import ClusterNode, NodesManager, RedisCluster
 from redis.asyncio.retry import Retry
 from redis.backoff import ExponentialBackoff
 from redis.exceptions import ConnectionError as RedisConnectionError
-from redis.exceptions import MovedError
+from redis.exceptions import MovedError, RedisClusterException
 
 #: Attempts of a command the cluster client refused or lost its node for, with a backoff
 #: capped at half a second: enough to ride out a master failover (node timeout plus
@@ -51,6 +53,14 @@ class _NodesManager(NodesManager):
 
 
 class _RedisCluster(RedisCluster):
+    async def initialize(self) -> RedisCluster:
+        try:
+            return await super().initialize()
+        except RedisClusterException as exc:
+            # No startup node answered, or the slots are not all covered (a failover in
+            # progress): the cluster is unreachable for now, like a server that is down.
+            raise RedisConnectionError(f"cluster unavailable: {exc}") from exc
+
     async def _execute_command(self, target_node: ClusterNode, *args: Any, **kwargs: Any) -> Any:
         try:
             return await super()._execute_command(target_node, *args, **kwargs)
