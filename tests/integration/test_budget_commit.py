@@ -10,7 +10,14 @@ import redis.asyncio as aioredis
 
 from printery import _json
 from printery.keys import StreamKeys
-from printery.transport.commit import FENCED, Append, BudgetCharge, Committer, EntryCommit
+from printery.transport.commit import (
+    FENCED,
+    Append,
+    BudgetCharge,
+    ChargePlan,
+    Committer,
+    EntryCommit,
+)
 from printery.transport.streams import ensure_group
 
 TTL_MS = 60_000
@@ -20,8 +27,9 @@ def _charge(keys: StreamKeys, run: str, usd: float, tokens: int = 0) -> BudgetCh
     note = '{"status": "budget_warning", "unit": "usd", "limit": 10.0, "soft": 0.8, "spent": '
     warning = {"data": "", "type": "budget:warning", "event_id": "evt-w", "cid": "",
                "idempotency_key": "", "producer": "step"}
-    return BudgetCharge(keys.budget_prefix, run, ("usd", "tokens"), (usd, tokens), (8.0, None),
-                        (note, ""), "cid", keys.stream("budget:warning"), warning)
+    plan = ChargePlan(keys.budget_prefix, ("usd", "tokens"), (8.0, None), (note, ""), "cid",
+                      keys.stream("budget:warning"), warning)
+    return BudgetCharge(plan, run, (usd, tokens))
 
 
 async def test_spent_counts_only_what_commits_and_the_warning_is_written_once(

@@ -23,6 +23,7 @@ from printery.transport.commit import (
     FENCED,
     Append,
     BudgetCharge,
+    ChargePlan,
     Committer,
     EntryCommit,
     commit_commands,
@@ -222,11 +223,12 @@ def _charges(draw: st.DrawFn) -> BudgetCharge | None:
     if shape is None:
         return None
     soft = draw(st.sampled_from([None, 8.0, 0.5]))
-    return BudgetCharge(
-        "p:budget:", draw(st.sampled_from(["r1", "r2"])), shape,
-        tuple(draw(st.sampled_from([0, 3, 0.25, 812])) for _ in shape),
-        (soft, *[None] * (len(shape) - 1)), ('{"unit": "usd", "spent": ', *[""] * (len(shape) - 1)),
-        "cid", "p:budget:warning", _WARNING)
+    plan = ChargePlan(
+        "p:budget:", shape, (soft, *[None] * (len(shape) - 1)),
+        ('{"unit": "usd", "spent": ', *[""] * (len(shape) - 1)), "cid", "p:budget:warning",
+        _WARNING)
+    return BudgetCharge(plan, draw(st.sampled_from(["r1", "r2"])),
+                        tuple(draw(st.sampled_from([0, 3, 0.25, 812])) for _ in shape))
 
 
 _entries = st.lists(st.builds(
@@ -239,11 +241,12 @@ def _charged(charge: BudgetCharge | None) -> list[Any]:
     """A charge as the decoder shows it (amounts as sent, thresholds as numbers)."""
     if charge is None:
         return []
+    plan = charge.plan
     fields = [[name, str(amount), "" if soft is None else soft, note]
-              for name, amount, soft, note in zip(charge.fields, charge.amounts, charge.soft,
-                                                  charge.notes, strict=True)]
-    template = [part for pair in charge.warning.items() for part in pair]
-    return [charge.prefix + charge.run, charge.corr, charge.warning_stream, template, fields]
+              for name, amount, soft, note in zip(plan.fields, charge.amounts, plan.soft,
+                                                  plan.notes, strict=True)]
+    template = [part for pair in plan.warning.items() for part in pair]
+    return [plan.prefix + charge.run, plan.corr, plan.warning_stream, template, fields]
 
 
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])

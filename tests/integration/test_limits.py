@@ -24,6 +24,7 @@ from printery.runtime.handler import Message, Output
 from printery.runtime.limit_gate import WINDOW_ENV
 from printery.service import MetricsObserver
 from printery.testing import wait_for
+from printery.transport.limits import WAIT_FOR_SLOT, Ask, Bound, LimitStore, Report
 from printery.transport.server import ServerProcess
 from support.spine import publish, running
 
@@ -245,3 +246,22 @@ def test_a_limit_refuses_what_limits_nothing_or_is_not_a_number() -> None:
         Limit("api", requests_per_minute=2.5)  # type: ignore[arg-type]
     with pytest.raises(PipelineError, match="neither a string nor a function"):
         Limit(42)  # type: ignore[arg-type]
+
+
+async def test_a_gates_report_gives_back_what_a_lost_reply_admitted(
+    client: aioredis.Redis, prefix: str
+) -> None:
+    """The server keeps one count per gate, and a gate's report is the truth: slots that a
+    request admitted but whose reply never arrived (so the gate never used them) come
+    back with the gate's next request, instead of staying taken until the lease lapses."""
+    store = LimitStore(client, window_ms=60_000, lease_ms=60_000)
+    bound = Bound(StreamKeys(prefix).limit("api"), 3, 0, 0)
+    try:
+        assert await store.apply("a", [], [Ask(5, [bound])]) == [(3, WAIT_FOR_SLOT)]
+        assert await store.apply("b", [], [Ask(1, [bound])]) == [(0, WAIT_FOR_SLOT)]
+        # Gate a's reply was lost: it holds nothing, and says so with its next request.
+        assert await store.apply("a", [Report(bound.base, 0, 0.0)], []) == []
+        assert await store.apply("b", [], [Ask(2, [bound])]) == [(2, 0)]
+        assert await client.hgetall(bound.base + ":held") == {"b": "2"}
+    finally:
+        await store.close()

@@ -16,6 +16,7 @@ import redis.asyncio as aioredis
 
 from printery import (
     Aggregator,
+    Budget,
     ConsumerSettings,
     JoinState,
     Message,
@@ -188,3 +189,42 @@ async def test_a_runs_large_output_is_a_blob_of_its_partition(
         assert await client.exists(keys.at(0).blob(ref[0])) == 0
     finally:
         await manager.stop_all(2)
+
+
+async def test_a_runs_budget_is_charged_and_enforced_in_its_partition(
+    client: aioredis.Redis, keys: StreamKeys
+) -> None:
+    p = Pipeline("spend", ingress=["job"], cost_units=["usd"], budget=Budget(usd=3, soft=0.5),
+                 outcomes=())
+
+    @p.step("work", consumes=["job"], produces=["done"], cost_units=["usd"])
+    async def work(message: Message) -> Output:
+        message.report_cost("usd", 1)
+        return Output("done", {"n": message.data["n"]}, idempotency_key=f"done:{message.data['n']}")
+
+    manager = WorkerManager()
+    for worker, deps in p.build_workers(client=client, keys=keys,
+                                        settings=ConsumerSettings(block_ms=100)):
+        manager.register(worker, deps)
+    await manager.start_all()
+    try:
+        run = runs_in_each_partition()[1]
+        part = keys.of(run)
+        for n in range(6):  # one at a time: the budget is checked before each call
+            await client.xadd(part.stream("job"), {
+                "data": json.dumps({"n": n}), "correlation_id": run,
+                "idempotency_key": f"job:{n}"})
+            await wait_for(lambda: _settled(client, part.stream("job"), "work"), timeout=15)
+        assert float(await client.hget(part.budget(run), "usd") or 0) == 3.0
+        assert await client.xlen(part.stream("done")) == 3
+        assert await client.xlen(part.stream("budget:warning")) == 1
+        assert await client.xlen(part.stream("budget:exceeded")) == 1
+        assert not await client.exists(keys.at(0).budget(run), keys.at(2).budget(run))
+    finally:
+        await manager.stop_all(2)
+
+
+async def _settled(client: aioredis.Redis, stream: str, group: str) -> bool:
+    (info,) = await client.xinfo_groups(stream)
+    last = (await client.xinfo_stream(stream))["last-generated-id"]
+    return bool(info["pending"] == 0 and info["last-delivered-id"] == last)

@@ -13,7 +13,7 @@ what a decision on a ``budget_exceeded`` review does.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -157,14 +157,6 @@ class BudgetPlan:
                       for u, lim in self.own.limits.items()]
         return tuple(found)
 
-    def read_fields(self) -> list[str]:
-        """The hash fields to read before a handler runs: each limit's spent and raise."""
-        return [name for limit in self.limits for name in (limit.field, f"raise:{limit.field}")]
-
-    def over(self, values: Sequence[Any]) -> Exceeded | None:
-        """The first hard limit the values of :meth:`read_fields` are at or over."""
-        return first_over(self.limits, values)
-
     def charged(self) -> list[tuple[str, str, float | None, str]]:
         """Per charged field: its name, its unit, its soft threshold (None: no limit) and
         the start of its warning's data (the spent and ``}`` follow)."""
@@ -183,25 +175,6 @@ class BudgetPlan:
                 found.append((name, unit, limit * budget.soft,
                               _json.dumps(note)[:-1] + ', "spent": '))
         return found
-
-
-def first_over(limits: Sequence[_Limit], values: Sequence[Any]) -> Exceeded | None:
-    """The first of ``limits`` that ``values`` (each limit's spent and raise, in order:
-    :meth:`BudgetPlan.read_fields`) are at or over."""
-    for n, limit in enumerate(limits):
-        spent, raised = _number(values, 2 * n), _number(values, 2 * n + 1)
-        if spent >= limit.limit + raised:
-            return Exceeded(limit.field, limit.unit, limit.limit + raised, spent,
-                            limit.budget.on_exceeded, limit.step)
-    return None
-
-
-def _number(values: Sequence[Any], index: int) -> float:
-    value = values[index] if index < len(values) else None
-    try:
-        return float(value) if value is not None else 0.0
-    except (TypeError, ValueError):
-        return 0.0
 
 
 # -- the review kind --------------------------------------------------------------------------

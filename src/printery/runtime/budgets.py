@@ -1,11 +1,17 @@
 """A step's budgets at run time (CONTRACT §13): the check before handlers run, what a
 held entry writes instead, and what a commit charges to its run.
 
-The check reads the runs' hashes in the round trip that looks up the batch's
-idempotency records (:meth:`~printery.transport.records.RecordLookup.recorded_and_read`),
-so a pipeline with budgets costs no round trip more, and one without costs nothing: the
-entry pipeline has no guard then. The charge travels with the entry's commit
-(:class:`~printery.transport.commit.BudgetCharge`): spent is counted if and only if the
+The check is one script (``budget_check.lua``) in the round trip that looks up the
+batch's idempotency records
+(:meth:`~printery.transport.records.RecordLookup.recorded_and_read`): the server compares
+every run's spent with the limits, so a pipeline with budgets costs no round trip more
+and the reply names only the runs that are over; one without budgets costs nothing (the
+entry pipeline has no guard then). ``EVAL`` rather than ``EVALSHA``: a transaction cannot
+answer a missing script by loading it, and the server hashes the body once a batch.
+
+The charge travels with the entry's commit
+(:class:`~printery.transport.commit.BudgetCharge`, of the step's
+:class:`~printery.transport.commit.ChargePlan`): spent is counted if and only if the
 entry's outputs are written, and the soft warning is decided inside the same script.
 """
 
@@ -13,6 +19,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Sequence
+from importlib import resources
 from typing import Any
 
 from printery.envelope import Codec
@@ -31,11 +38,12 @@ from printery.pipeline.budget import (
     BudgetPlan,
     Exceeded,
     exceeded_data,
-    first_over,
 )
 from printery.runtime.handler import Message, Output
 from printery.transport.channel import Command
-from printery.transport.commit import BudgetCharge
+from printery.transport.commit import BudgetCharge, ChargePlan
+
+BUDGET_CHECK_LUA = resources.files("printery.transport").joinpath("budget_check.lua").read_text()
 
 
 class BudgetGuard:
@@ -46,31 +54,39 @@ class BudgetGuard:
         self.keys = keys
         self.codec = codec
         self.worker = worker
-        self._read = plan.read_fields()
-        self._limits = plan.limits  # built once: checked for every entry
-        self._prefix = keys.budget_prefix
-        self._warning_stream = keys.stream(BUDGET_WARNING)
+        self._limits = plan.limits  # built once: checked for every batch
+        self._check_args = [len(self._limits)] + [
+            value for limit in self._limits for value in (limit.field, repr(limit.limit))]
         charged = plan.charged()
-        self._fields = tuple(name for name, _, _, _ in charged)
         self._units = tuple(unit for _, unit, _, _ in charged)
-        self._soft = tuple(soft for _, _, soft, _ in charged)
-        self._notes = tuple(note for _, _, _, note in charged)
-        self._warning_fields: dict[str, str] = {}
+        self._charge_plan = ChargePlan(
+            keys.budget_prefix, tuple(name for name, _, _, _ in charged),
+            tuple(soft for _, _, soft, _ in charged), tuple(note for _, _, _, note in charged),
+            codec.correlation_field, keys.stream(BUDGET_WARNING), {})
         self._warning_made = -1
 
     def reads(self, messages: Sequence[Message]) -> list[Command]:
-        """The commands that read the budgets of ``messages``' runs (one each)."""
-        if not self._read:
+        """The command that checks the budgets of ``messages``' runs."""
+        if not self._limits:
             return []
-        return [("HMGET", self.keys.budget(m.correlation_id), *self._read) for m in messages]
+        keys = [self.keys.budget(m.correlation_id) for m in messages]
+        return [("EVAL", BUDGET_CHECK_LUA, len(keys), *keys, *self._check_args)]
 
     def over(self, replies: Sequence[Any], index: int) -> Exceeded | None:
-        """The hard limit the ``index``-th message's run is at or over, from the replies
-        of :meth:`reads`."""
-        if not self._read:
+        """The hard limit the ``index``-th message's run is at or over, from the reply
+        of :meth:`reads` (an error reply is raised: the batch is not run unchecked)."""
+        if not self._limits:
             return None
-        values = replies[index]
-        return first_over(self._limits, values if isinstance(values, list) else [])
+        (verdicts,) = replies
+        if isinstance(verdicts, Exception):
+            raise verdicts
+        verdict = verdicts[index]
+        if not isinstance(verdict, list):
+            return None
+        number, spent, raised = verdict
+        limit = self._limits[int(number) - 1]
+        return Exceeded(limit.field, limit.unit, limit.limit + float(raised), float(spent),
+                        limit.budget.on_exceeded, limit.step)
 
     def held(self, message: Message, exceeded: Exceeded) -> Output:
         """What a held entry writes instead of running: the run's terminal
@@ -105,21 +121,18 @@ class BudgetGuard:
     def charge(self, message: Message) -> BudgetCharge | None:
         """What the commit of ``message``'s outputs adds to its run (None: nothing)."""
         costs = message.costs
-        if not costs or not self._fields:
+        if not costs or not self._units:
             return None
-        return BudgetCharge(
-            self._prefix, message.correlation_id, self._fields,
-            tuple([costs.get(unit, 0) for unit in self._units]), self._soft, self._notes,
-            self.codec.correlation_field, self._warning_stream, self._warning(),
-        )
+        return BudgetCharge(self._plan(), message.correlation_id,
+                            tuple([costs.get(unit, 0) for unit in self._units]))
 
-    def _warning(self) -> dict[str, str]:
-        """The fields of a warning this step's commits may write (the script fills in
-        the run, the data and the ids): made again once a second, for its
-        ``produced_at``, rather than for every commit."""
+    def _plan(self) -> ChargePlan:
+        """The step's charge plan, with the fields of a warning its commits may write
+        (the script fills in the run, the data and the ids): made again once a second,
+        for its ``produced_at``, rather than for every commit."""
         now = int(time.monotonic())
         if now != self._warning_made:
-            self._warning_fields = self.codec.new_fields(
-                BUDGET_WARNING, None, correlation_id="", producer=self.worker)
+            self._charge_plan = self._charge_plan._replace(warning=self.codec.new_fields(
+                BUDGET_WARNING, None, correlation_id="", producer=self.worker))
             self._warning_made = now
-        return self._warning_fields
+        return self._charge_plan

@@ -16,7 +16,6 @@ within the visibility timeout.
 from __future__ import annotations
 
 import asyncio
-import itertools
 import os
 import random
 import time
@@ -31,14 +30,7 @@ from printery.keys import StreamKeys
 from printery.limits import WINDOW_SECONDS, Limit
 from printery.runtime.handler import Message
 from printery.runtime.observe import Observer
-from printery.transport.limits import (
-    WAIT_FOR_SLOT,
-    Admission,
-    Bound,
-    LimitStore,
-    Release,
-    Renewal,
-)
+from printery.transport.limits import WAIT_FOR_SLOT, Ask, Bound, LimitStore, Report
 from printery.transport.streams import CONNECTION_ERRORS
 
 log = structlog.get_logger("printery.worker")
@@ -62,17 +54,17 @@ def window_seconds() -> float:
 class Ticket:
     """One handler call's claim on the step's limits."""
 
-    holder: str
     bounds: tuple[Bound, ...]
     since: float = field(default_factory=time.perf_counter)
     admitted: bool = False
-    asked: bool = False
     abandoned: bool = False
     waiting: bool = False
 
 
 class LimitGate:
-    """The limits of one step's worker."""
+    """The limits of one step's worker: what it holds is counted here, per limit key, and
+    reported with every request (the server keeps one count per gate, not a member per
+    handler call)."""
 
     def __init__(
         self, store: LimitStore, keys: StreamKeys, limits: Sequence[Limit], *, worker: str,
@@ -83,14 +75,14 @@ class LimitGate:
         self.limits = tuple(limits)
         self.worker = worker
         self.observer = observer
-        self._ids = itertools.count()
-        self._nonce = f"{os.getpid()}:{os.urandom(4).hex()}"
+        self._gate = f"{os.getpid()}:{os.urandom(4).hex()}"
         self._asks: list[tuple[list[Ticket], asyncio.Future[list[int]]]] = []
-        self._releases: list[Release] = []
-        self._held: dict[str, Ticket] = {}
+        #: Per limit key: concurrency slots held now, and tokens not yet charged.
+        self._held: dict[str, int] = {}
+        self._tokens: dict[str, float] = {}
+        self._dirty = False
         self._flusher: asyncio.Task[None] | None = None
         self._freed = asyncio.Event()
-        self._renew = False
         #: The bounds of every call when no key is a function (computed once).
         self._static = None if any(callable(limit.key) for limit in self.limits) else tuple(
             self._bound(limit, limit.key) for limit in self.limits if isinstance(limit.key, str))
@@ -105,7 +97,7 @@ class LimitGate:
         bounds = self._static
         if bounds is None:
             bounds = tuple(self._bound(limit, limit.key_of(message)) for limit in self.limits)
-        return Ticket(f"{self._nonce}:{next(self._ids)}", bounds)
+        return Ticket(bounds)
 
     def _bound(self, limit: Limit, key: str) -> Bound:
         return Bound(self.keys.limit(key), limit.concurrency or 0,
@@ -119,19 +111,20 @@ class LimitGate:
 
     async def admit(self, ticket: Ticket) -> None:
         """Wait until ``ticket`` is admitted. Connection errors are raised (the caller
-        retries with the same ticket: the server admits a holder once)."""
+        retries with the same ticket: what a lost reply admitted, the next report gives
+        back)."""
         self._slot_waiters += 1  # a release wakes it (cheaper than an event per release)
         try:
             while not ticket.admitted:
                 freed = self._freed
                 (result,) = await self._ask([ticket])
-                if result == 0:
+                if ticket.admitted:
                     break
                 self._set_waiting(ticket, True)
                 if result == WAIT_FOR_SLOT:
                     await wait_event(freed, SLOT_POLL_SECONDS * (1 + random.random()))
                 else:
-                    await asyncio.sleep(result / 1000)
+                    await asyncio.sleep(max(result, 1) / 1000)
         except CONNECTION_ERRORS:
             raise
         except BaseException:  # cancelled (the drain) or failing: nobody will release it
@@ -145,24 +138,27 @@ class LimitGate:
         """The handler call is over: give back its slots and charge the tokens it
         reported (sent with the next round trip, which starts now if none is on the wire).
         Returns the claim of a next call (a retry) under the same keys."""
-        self._held.pop(ticket.holder, None)
         tokens = costs.get("tokens", 0)
         for bound in ticket.bounds:
-            slot = bound.concurrency > 0
-            charge = tokens if bound.tokens_per_minute > 0 else 0
-            if slot or charge:
-                self._releases.append(Release(bound.base, ticket.holder, slot, charge))
-        if self._releases:
+            if bound.concurrency > 0 and ticket.admitted:
+                self._held[bound.base] -= 1
+                self._dirty = True
+            if tokens and bound.tokens_per_minute > 0:
+                self._tokens[bound.base] = self._tokens.get(bound.base, 0.0) + tokens
+                self._dirty = True
+        ticket.admitted = False
+        if self._dirty:
             if self._slot_waiters:
                 fresh, self._freed = self._freed, asyncio.Event()
                 fresh.set()
             self._kick()
-        return Ticket(f"{self._nonce}:{next(self._ids)}", ticket.bounds)
+        return Ticket(ticket.bounds)
 
     def renew(self) -> None:
         """Renew every held slot (with the entries' leases)."""
-        if self._held:
-            self._kick(renew=True)
+        if any(self._held.values()):
+            self._dirty = True
+            self._kick()
 
     def status(self) -> dict[str, dict[str, float]]:
         return {label: {"waiting": self.waiting[label], "waited_s": round(self.waited[label], 3)}
@@ -171,8 +167,10 @@ class LimitGate:
     async def close(self) -> None:
         """Give back what is still held as the worker stops (best effort: what cannot
         be given back lapses with its lease)."""
-        for ticket in list(self._held.values()):
-            self.release(ticket, {})
+        if any(self._held.values()):
+            self._held = dict.fromkeys(self._held, 0)
+            self._dirty = True
+            self._kick()
         if self._flusher is not None:
             await asyncio.wait([self._flusher], timeout=2.0)
         await self.store.close()
@@ -181,8 +179,9 @@ class LimitGate:
 
     def _admitted(self, ticket: Ticket) -> None:
         ticket.admitted = True
-        if any(bound.concurrency for bound in ticket.bounds):
-            self._held[ticket.holder] = ticket
+        for bound in ticket.bounds:
+            if bound.concurrency > 0:
+                self._held[bound.base] = self._held.get(bound.base, 0) + 1
         if ticket.abandoned:  # its caller is gone: give it back
             self.release(ticket, {})
             return
@@ -203,59 +202,72 @@ class LimitGate:
                 self.waiting[limit.label] += 1 if waiting else -1
 
     async def _ask(self, tickets: list[Ticket]) -> list[int]:
-        """Each ticket's reply (see :meth:`LimitStore.apply`); admitted ones are marked."""
+        """Each ticket's reply: 0 admitted (and marked), else the ms until the window can
+        admit it, or :data:`WAIT_FOR_SLOT`."""
         future: asyncio.Future[list[int]] = asyncio.get_running_loop().create_future()
         self._asks.append((tickets, future))
         self._kick()
         return await asyncio.shield(future)
 
-    def _kick(self, *, renew: bool = False) -> None:
-        self._renew = self._renew or renew
+    def _kick(self) -> None:
         if self._flusher is None:
             self._flusher = asyncio.get_running_loop().create_task(
                 self._flush(), name=f"{self.worker}:limits")
 
     async def _flush(self) -> None:
         """Send what is queued until nothing is; a failed round trip fails the
-        admissions in it and keeps the releases for the next."""
+        admissions in it and keeps the tokens for the next (what it may have admitted,
+        the next report gives back)."""
         try:
-            while self._asks or self._releases or self._renew:
+            while self._asks or self._dirty:
                 asks, self._asks = self._asks, []
-                releases, self._releases = self._releases, []
-                renewals = [Renewal(bound.base, holder) for holder, ticket in self._held.items()
-                            for bound in ticket.bounds if bound.concurrency] if self._renew else []
-                self._renew = False
-                admissions = [Admission(t.holder, t.bounds, t.asked)
-                              for tickets, _ in asks for t in tickets]
-                for tickets, _ in asks:
-                    for ticket in tickets:
-                        ticket.asked = True
+                tokens, self._tokens = self._tokens, {}
+                self._dirty = False
+                reports = [Report(base, held, tokens.get(base, 0.0))
+                           for base, held in self._held.items()]
+                reports += [Report(base, 0, amount) for base, amount in tokens.items()
+                            if base not in self._held]
+                groups = [group for tickets, _ in asks for group in _groups(tickets)]
                 try:
-                    results = await self.store.apply(renewals, releases, admissions)
+                    results = await self.store.apply(
+                        self._gate, reports, [Ask(len(group), group[0].bounds) for group in groups])
                 except Exception as exc:
-                    self._failed(asks, releases, exc)
+                    self._failed(asks, tokens, exc)
                     if not self._asks:
                         return
                     continue
                 except BaseException:
-                    self._failed(asks, releases, ConnectionError("limit request interrupted"))
+                    self._failed(asks, tokens, ConnectionError("limit request interrupted"))
                     raise
-                start = 0
+                replies: dict[int, int] = {}
+                for group, (admitted, wait) in zip(groups, results, strict=True):
+                    for n, ticket in enumerate(group):
+                        if n < admitted:
+                            replies[id(ticket)] = 0
+                            if not ticket.admitted:
+                                self._admitted(ticket)  # here: a caller gone loses nothing
+                        else:
+                            replies[id(ticket)] = wait or WAIT_FOR_SLOT
                 for tickets, future in asks:
-                    mine = results[start : start + len(tickets)]
-                    start += len(tickets)
-                    for ticket, result in zip(tickets, mine, strict=True):
-                        if result == 0 and not ticket.admitted:
-                            self._admitted(ticket)  # here, so a caller gone meanwhile loses nothing
                     if not future.done():
-                        future.set_result(mine)
+                        future.set_result([replies[id(ticket)] for ticket in tickets])
         finally:
             self._flusher = None
 
-    def _failed(self, asks: list[Any], releases: list[Release], exc: Exception) -> None:
+    def _failed(self, asks: list[Any], tokens: dict[str, float], exc: Exception) -> None:
         for _, future in asks:
             if not future.done():
                 future.set_exception(exc)
-        self._releases = releases + self._releases
+        for base, amount in tokens.items():
+            self._tokens[base] = self._tokens.get(base, 0.0) + amount
+        self._dirty = True
         if not isinstance(exc, CONNECTION_ERRORS):
             log.error("limit request failed", worker=self.worker, error=str(exc))
+
+
+def _groups(tickets: list[Ticket]) -> list[list[Ticket]]:
+    """``tickets`` by their bounds (one group when no limit key is a function)."""
+    groups: dict[tuple[Bound, ...], list[Ticket]] = {}
+    for ticket in tickets:
+        groups.setdefault(ticket.bounds, []).append(ticket)
+    return list(groups.values())

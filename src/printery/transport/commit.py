@@ -58,24 +58,30 @@ class Append(NamedTuple):
     once: str = ""
 
 
-class BudgetCharge(NamedTuple):
-    """What an entry's commit adds to its run's spent (CONTRACT §13), only if the entry
-    commits: each of ``amounts`` to its field of the hash ``prefix + run``. A field with a
-    ``soft`` threshold (None: none) whose total reaches it in this commit writes one
-    ``warning`` entry to ``warning_stream``, once per run and field: ``warning`` with
-    ``data`` = ``note`` + the spent + ``}``, ``corr`` = ``run`` and an event id and
-    idempotency key of its own. Everything but ``run`` and ``amounts`` is the step's and
-    the same for each of its entries."""
+class ChargePlan(NamedTuple):
+    """How one step's commits charge their runs' budgets (CONTRACT §13), the same for
+    each of its entries: each charged amount goes to its field of the hash ``prefix +
+    run``. A field with a ``soft`` threshold (None: none) whose total reaches it in a
+    commit writes one ``warning`` entry to ``warning_stream``, once per run and field:
+    ``warning`` with ``data`` = ``note`` + the spent + ``}``, ``corr`` = the run and an
+    event id and idempotency key of its own."""
 
     prefix: str
-    run: str
     fields: tuple[str, ...]
-    amounts: tuple[float, ...]
     soft: tuple[float | None, ...]
     notes: tuple[str, ...]
     corr: str
     warning_stream: str
     warning: Fields
+
+
+class BudgetCharge(NamedTuple):
+    """What an entry's commit adds to its run's spent, only if the entry commits: each
+    of ``amounts`` to its field of ``plan``."""
+
+    plan: ChargePlan
+    run: str
+    amounts: tuple[float, ...]
 
 
 class EntryCommit(NamedTuple):
@@ -120,7 +126,7 @@ def commit_run(
     for entry in entries:
         source = entry.source if entry.entry_id else ""
         entry_shape = (source, entry.consumer if source else "", not entry.record,
-                       _budget_shape(entry.budget),
+                       entry.budget.plan if entry.budget is not None else None,
                        *[(out.stream, not out.once) for out in entry.appends])
         if entry_shape != shape and segment:
             _add_segment(keys, args, segment, shape)
@@ -147,14 +153,13 @@ def _add_segment(
     else:
         position = 0
     args += (position, consumer, len(segment), "0" if unrecorded else "1", len(outputs),
-             len(budget[3]) if budget else 0)
+             len(budget.fields) if budget else 0)
     for stream, no_once in outputs:
         args += (stream, "0" if no_once else "1")
-    charge = segment[0].budget
-    if budget and charge is not None:
-        template = list(chain.from_iterable(charge.warning.items()))
-        args += (charge.prefix, charge.corr, charge.warning_stream, len(template), *template)
-        for name, soft, note in zip(charge.fields, charge.soft, charge.notes, strict=True):
+    if budget:
+        template = list(chain.from_iterable(budget.warning.items()))
+        args += (budget.prefix, budget.corr, budget.warning_stream, len(template), *template)
+        for name, soft, note in zip(budget.fields, budget.soft, budget.notes, strict=True):
             args += (name, "" if soft is None else repr(float(soft)), note)
     if source:
         args += [entry.entry_id for entry in segment]
@@ -166,15 +171,8 @@ def _add_segment(
     if budget:
         charges = [entry.budget for entry in segment if entry.budget is not None]
         args += [c.run for c in charges]
-        for column in range(len(budget[3])):
+        for column in range(len(budget.fields)):
             args += [_amount(c.amounts[column]) for c in charges]
-
-
-def _budget_shape(charge: BudgetCharge | None) -> tuple[Any, ...] | None:
-    if charge is None:
-        return None
-    return (charge.prefix, charge.corr, charge.warning_stream, charge.fields, charge.soft,
-            charge.notes)
 
 
 def _amount(value: float) -> str:

@@ -1,152 +1,167 @@
--- Flow control (CONTRACT §13): renew, release and admit in one atomic step, for every
--- process sharing the server. The only clock is the server's TIME.
+-- Flow control (CONTRACT §13): report, then admit, in one atomic step for every process
+-- sharing the server. The only clock is the server's TIME.
 --
--- Each limit key ("base", b = 1..) has four keys, KEYS[(b-1)*4 + 1..4]:
---   slots  sorted set holder -> expiry ms (concurrency; renewed with the entry's lease,
---          so a dead process's slot lapses within the visibility timeout)
---   starts sorted set holder -> start ms (requests in the window)
---   tokens sorted set "holder:amount" -> ms the handler reported them
---   total  the sum of the amounts in tokens
--- ARGV: window ms, lease ms,
---   renewals: n, then n x (b, holder)
---   releases: n, then n x (b, holder, held a slot 0|1, tokens)
---   admissions: n, then n x (holder, asked before 0|1, limits m,
---     then m x (b, concurrency, rpm, tpm)), 0 meaning "no such limit"
--- Each key is read and written once per call, however many holders it serves: the
--- counts are kept here and the members added or removed in one command per key.
--- Returns one number per admission, in order: 0 admitted; else how many ms until the
--- window can admit it (-1: when a slot is given back, unknown here).
+-- State is counted per gate (one step's limits in one process), never per handler call,
+-- so a call costs the same for a batch of one or of a thousand entries. Each limit key
+-- ("base", b = 1..) has four keys, KEYS[(b-1)*4 + 1..4]:
+--   slots    sorted set gate -> lease expiry ms (renewed with the entries' leases, so a
+--            dead process's slots lapse within the visibility timeout)
+--   held     hash gate -> concurrency slots it holds
+--   started  hash bucket -> handler starts in it (requests per window)
+--   tokens   hash bucket -> tokens reported in it
+-- A bucket is window/60 ms long; bucket i counts until (i + 1) * length + window, so every
+-- start and token is counted for at least a whole window after it happened: no span of
+-- one window ever holds more than the limit (at most one bucket's length is lost).
+-- ARGV: window ms, lease ms, gate,
+--   reports: n, then n x (b, slots the gate holds now, tokens to charge)
+--   asks: n, then n x (count, limits m, then m x (b, concurrency, rpm, tpm)), 0 meaning
+--   "no such limit"
+-- A gate's report is the truth about its slots: what a lost reply admitted is taken back
+-- by the next report. A lost reply's starts and tokens stay counted (more conservative,
+-- never less).
+-- Returns two numbers per ask, in order: how many were admitted, then for the others how
+-- many ms until the window can admit them (-1: when a slot is given back, unknown here;
+-- 0: none left).
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local window = tonumber(ARGV[1])
 local lease = tonumber(ARGV[2])
-local i = 3
+local gate = ARGV[3]
+local length = math.max(1, math.floor(window / 60))
+local bucket = math.floor(now / length)
+local i = 4
 
 local function key(b, n) return KEYS[(tonumber(b) - 1) * 4 + n] end
 
--- Per base: what is in the window now, and the members to add or remove at the end.
+-- A window hash's live sum, its oldest live bucket's end of life, and its dead buckets
+-- removed.
+local function window_sum(k)
+  local pairs_ = redis.call('HGETALL', k)
+  local sum, oldest, dead = 0, nil, {}
+  for j = 1, #pairs_, 2 do
+    local b = tonumber(pairs_[j])
+    local ends = (b + 1) * length + window
+    if ends > now then
+      sum = sum + tonumber(pairs_[j + 1])
+      if oldest == nil or ends < oldest then oldest = ends end
+    else
+      dead[#dead + 1] = pairs_[j]
+    end
+  end
+  if #dead > 0 then redis.call('HDEL', k, unpack(dead)) end
+  return sum, oldest
+end
+
 local state = {}
 local function load(b)
   local s = state[b]
   if s then return s end
-  redis.call('ZREMRANGEBYSCORE', key(b, 1), '-inf', now)
-  redis.call('ZREMRANGEBYSCORE', key(b, 2), '-inf', now - window)
-  local old = redis.call('ZRANGEBYSCORE', key(b, 3), '-inf', now - window)
-  local total = tonumber(redis.call('GET', key(b, 4)) or '0')
-  if #old > 0 then
-    for _, member in ipairs(old) do
-      total = total - tonumber(string.match(member, ':([^:]*)$'))
-    end
-    redis.call('ZREMRANGEBYSCORE', key(b, 3), '-inf', now - window)
-    if redis.call('ZCARD', key(b, 3)) == 0 then total = 0 end
-    redis.call('SET', key(b, 4), total, 'PX', window + 1000)
+  local lapsed = redis.call('ZRANGEBYSCORE', key(b, 1), '-inf', now)
+  if #lapsed > 0 then
+    redis.call('HDEL', key(b, 2), unpack(lapsed))
+    redis.call('ZREMRANGEBYSCORE', key(b, 1), '-inf', now)
   end
-  s = {slots = redis.call('ZCARD', key(b, 1)), starts = redis.call('ZCARD', key(b, 2)),
-       total = total, add_slots = {}, add_starts = {}, freed = {}}
+  local slots = 0
+  for _, held in ipairs(redis.call('HVALS', key(b, 2))) do slots = slots + tonumber(held) end
+  s = {slots = slots, own = tonumber(redis.call('HGET', key(b, 2), gate) or '0'),
+       reported = false, started = nil, started_ends = nil, new_starts = 0,
+       tokens = nil, tokens_ends = nil}
   state[b] = s
   return s
 end
 
-local function chunked(command, k, opt, items)
-  for first = 1, #items, 1000 do
-    local part = {}
-    for j = first, math.min(first + 999, #items) do part[#part + 1] = items[j] end
-    if opt then
-      redis.call(command, k, opt, unpack(part))
-    else
-      redis.call(command, k, unpack(part))
-    end
-  end
+local function started(b, s)
+  if s.started == nil then s.started, s.started_ends = window_sum(key(b, 3)) end
+  return s.started
+end
+
+local function tokens(b, s)
+  if s.tokens == nil then s.tokens, s.tokens_ends = window_sum(key(b, 4)) end
+  return s.tokens
 end
 
 local n = tonumber(ARGV[i]); i = i + 1
 for _ = 1, n do
-  local b, holder = ARGV[i], ARGV[i + 1]; i = i + 2
-  redis.call('ZADD', key(b, 1), 'XX', now + lease, holder)
-  redis.call('PEXPIRE', key(b, 1), lease + 1000)
-end
-
-n = tonumber(ARGV[i]); i = i + 1
-for _ = 1, n do
-  local b, holder, slot, tokens = ARGV[i], ARGV[i + 1], ARGV[i + 2], tonumber(ARGV[i + 3])
-  i = i + 4
+  local b, held, charge = ARGV[i], tonumber(ARGV[i + 1]), tonumber(ARGV[i + 2]); i = i + 3
   local s = load(b)
-  if slot == '1' then
-    s.freed[#s.freed + 1] = holder
-  end
-  -- NX: a release sent again after a lost reply charges nothing twice.
-  if tokens > 0 and redis.call('ZADD', key(b, 3), 'NX', now, holder .. ':' .. ARGV[i - 1]) == 1 then
-    s.total = s.total + tokens
-    redis.call('SET', key(b, 4), s.total, 'PX', window + 1000)
-    redis.call('PEXPIRE', key(b, 3), window + 1000)
-  end
-end
-for b, s in pairs(state) do
-  if #s.freed > 0 then
-    chunked('ZREM', key(b, 1), nil, s.freed)
-    s.slots = redis.call('ZCARD', key(b, 1))
-    s.freed = {}
+  s.slots = s.slots - s.own + held
+  s.own = held
+  s.reported = true
+  if charge > 0 then
+    tokens(b, s)
+    s.tokens = s.tokens + charge
+    s.tokens_ends = s.tokens_ends or (bucket + 1) * length + window
+    redis.call('HINCRBYFLOAT', key(b, 4), bucket, charge)
+    redis.call('PEXPIRE', key(b, 4), window + length + 1000)
   end
 end
 
 local results = {}
 n = tonumber(ARGV[i]); i = i + 1
-for r = 1, n do
-  local holder, asked, m = ARGV[i], ARGV[i + 1], tonumber(ARGV[i + 2]); i = i + 3
+for _ = 1, n do
+  local count, m = tonumber(ARGV[i]), tonumber(ARGV[i + 1]); i = i + 2
   local limits = {}
-  local wait, unknown = 0, false
+  local admit, wait, unknown = count, 0, false
   for _ = 1, m do
     local b, conc, rpm, tpm = ARGV[i], tonumber(ARGV[i + 1]), tonumber(ARGV[i + 2]), tonumber(ARGV[i + 3])
     i = i + 4
     local s = load(b)
     limits[#limits + 1] = {b, conc, rpm, s}
-    -- Admitted before (asked again after a lost reply): admitted again, nothing counted.
-    local again = asked == '1' and ((conc > 0 and redis.call('ZSCORE', key(b, 1), holder))
-      or (rpm > 0 and redis.call('ZSCORE', key(b, 2), holder)))
-    if again then
-      limits[#limits][2], limits[#limits][3] = 0, 0
-    else
-      if conc > 0 and s.slots >= conc then unknown = true end
-      if rpm > 0 and s.starts >= rpm then
-        local oldest = redis.call('ZRANGE', key(b, 2), 0, 0, 'WITHSCORES')
-        wait = math.max(wait, tonumber(oldest[2] or now) + window - now, 1)
+    if conc > 0 and s.slots + admit > conc then
+      admit = math.max(conc - s.slots, 0)
+      unknown = true
+    end
+    if rpm > 0 and started(b, s) + admit > rpm then
+      admit = math.max(rpm - s.started, 0)
+      wait = math.max(wait, (s.started_ends or now) - now, 1)
+    end
+    if tpm > 0 and tokens(b, s) >= tpm then
+      admit = 0
+      wait = math.max(wait, (s.tokens_ends or now) - now, 1)
+    end
+  end
+  if admit > 0 then
+    for _, limit in ipairs(limits) do
+      local b, conc, rpm, s = limit[1], limit[2], limit[3], limit[4]
+      if conc > 0 then
+        s.slots = s.slots + admit
+        s.own = s.own + admit
+        s.reported = true
       end
-      if tpm > 0 and s.total >= tpm then
-        local oldest = redis.call('ZRANGE', key(b, 3), 0, 0, 'WITHSCORES')
-        wait = math.max(wait, tonumber(oldest[2] or now) + window - now, 1)
+      if rpm > 0 then
+        s.started = s.started + admit
+        s.started_ends = s.started_ends or (bucket + 1) * length + window
+        s.new_starts = s.new_starts + admit
       end
     end
   end
-  if wait == 0 and not unknown then
-    for _, limit in ipairs(limits) do
-      local conc, rpm, s = limit[2], limit[3], limit[4]
-      if conc > 0 then
-        s.slots = s.slots + 1
-        s.add_slots[#s.add_slots + 1] = now + lease
-        s.add_slots[#s.add_slots + 1] = holder
-      end
-      if rpm > 0 then
-        s.starts = s.starts + 1
-        s.add_starts[#s.add_starts + 1] = now
-        s.add_starts[#s.add_starts + 1] = holder
-      end
-    end
-    results[r] = 0
+  results[#results + 1] = admit
+  if admit == count then
+    results[#results + 1] = 0
   elseif wait > 0 then
-    results[r] = wait
+    results[#results + 1] = wait
+  elseif unknown then
+    results[#results + 1] = -1
   else
-    results[r] = -1
+    results[#results + 1] = 0
   end
 end
 
 for b, s in pairs(state) do
-  if #s.add_slots > 0 then
-    chunked('ZADD', key(b, 1), nil, s.add_slots)
-    redis.call('PEXPIRE', key(b, 1), lease + 1000)
+  if s.reported then
+    if s.own > 0 then
+      redis.call('HSET', key(b, 2), gate, s.own)
+      redis.call('ZADD', key(b, 1), now + lease, gate)
+      redis.call('PEXPIRE', key(b, 1), lease + 1000)
+      redis.call('PEXPIRE', key(b, 2), lease + 1000)
+    else
+      redis.call('HDEL', key(b, 2), gate)
+      redis.call('ZREM', key(b, 1), gate)
+    end
   end
-  if #s.add_starts > 0 then
-    chunked('ZADD', key(b, 2), 'NX', s.add_starts)
-    redis.call('PEXPIRE', key(b, 2), window + 1000)
+  if s.new_starts > 0 then
+    redis.call('HINCRBY', key(b, 3), bucket, s.new_starts)
+    redis.call('PEXPIRE', key(b, 3), window + length + 1000)
   end
 end
 return results

@@ -1,5 +1,5 @@
-"""The Python half of ``limit.lua``: one call renews, releases and admits many holders
-of many limit keys atomically (see the script for the key layout and the replies)."""
+"""The Python half of ``limit.lua``: one call reports what a gate holds and admits
+many handler calls of many limit keys atomically (the key layout and the replies: the script)."""
 
 from __future__ import annotations
 
@@ -27,27 +27,24 @@ class Bound(NamedTuple):
     tokens_per_minute: int
 
 
-class Admission(NamedTuple):
-    holder: str
+class Ask(NamedTuple):
+    """``calls`` handler calls under the same ``bounds``, asked for together."""
+
+    calls: int
     bounds: Sequence[Bound]
-    #: Asked before (the reply may have been lost): the server checks whether it admitted it.
-    asked: bool = False
 
 
-class Release(NamedTuple):
+class Report(NamedTuple):
+    """What a gate tells the server of one limit key: the slots it holds now (the truth,
+    whatever earlier replies were lost) and tokens its handlers reported since."""
+
     base: str
-    holder: str
-    slot: bool
+    held: int
     tokens: float
 
 
-class Renewal(NamedTuple):
-    base: str
-    holder: str
-
-
 def limit_keys(base: str) -> list[str]:
-    return [f"{base}:slots", f"{base}:starts", f"{base}:tokens", f"{base}:total"]
+    return [f"{base}:slots", f"{base}:held", f"{base}:started", f"{base}:tokens"]
 
 
 class LimitStore:
@@ -72,29 +69,25 @@ class LimitStore:
         return reply
 
     async def apply(
-        self, renewals: Sequence[Renewal], releases: Sequence[Release],
-        admissions: Sequence[Admission],
-    ) -> list[int]:
-        """Renew, then release, then admit in order; per admission 0 (admitted), the ms
-        until the window can admit it, or :data:`WAIT_FOR_SLOT`."""
+        self, gate: str, reports: Sequence[Report], asks: Sequence[Ask]
+    ) -> list[tuple[int, int]]:
+        """Report, then admit in order; per ask how many were admitted, and for the rest
+        the ms until the window can admit them, :data:`WAIT_FOR_SLOT`, or 0."""
         bases: dict[str, int] = {}
 
         def index(base: str) -> int:
             return bases.setdefault(base, len(bases) + 1)
 
-        args: list[Any] = [self.window_ms, self.lease_ms, len(renewals)]
-        for renewal in renewals:
-            args += (index(renewal.base), renewal.holder)
-        args.append(len(releases))
-        for release in releases:
-            args += (index(release.base), release.holder, "1" if release.slot else "0",
-                     repr(float(release.tokens)) if release.tokens else "0")
-        args.append(len(admissions))
-        for admission in admissions:
-            args += (admission.holder, "1" if admission.asked else "0", len(admission.bounds))
-            for bound in admission.bounds:
+        args: list[Any] = [self.window_ms, self.lease_ms, gate, len(reports)]
+        for report in reports:
+            args += (index(report.base), report.held,
+                     repr(float(report.tokens)) if report.tokens else "0")
+        args.append(len(asks))
+        for ask in asks:
+            args += (ask.calls, len(ask.bounds))
+            for bound in ask.bounds:
                 args += (index(bound.base), bound.concurrency, bound.requests_per_minute,
                          bound.tokens_per_minute)
         keys = [key for base in bases for key in limit_keys(base)]
         reply = await self._run(keys, args)
-        return [int(value) for value in reply]
+        return [(int(reply[j]), int(reply[j + 1])) for j in range(0, len(reply), 2)]

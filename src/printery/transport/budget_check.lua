@@ -1,0 +1,37 @@
+-- Which entries of a read batch belong to a run at or over a hard limit of its budget
+-- (CONTRACT §13). Sent inside the transaction that looks up the batch's idempotency
+-- records, so checking budgets costs no round trip; the server compares, so the reply
+-- carries only the runs that are over.
+-- KEYS: each entry's run budget hash, in batch order (repeats are read once)
+-- ARGV: n, then n limits x (hash field, limit)
+-- Returns one item per key: 0 under every limit, else {i, spent, raised} of its first
+-- limit i (from 1) with spent >= limit + raised (spent and raised as stored). A value
+-- that is not a number, or a key that is not a hash, counts as nothing spent.
+local n = tonumber(ARGV[1])
+local fields, limits = {}, {}
+for j = 1, n do
+  fields[2 * j - 1] = ARGV[2 * j]
+  fields[2 * j] = 'raise:' .. ARGV[2 * j]
+  limits[j] = tonumber(ARGV[2 * j + 1])
+end
+local seen, out = {}, {}
+for k, key in ipairs(KEYS) do
+  local verdict = seen[key]
+  if verdict == nil then
+    verdict = 0
+    local values = redis.pcall('HMGET', key, unpack(fields))
+    if type(values) == 'table' and values.err == nil then
+      for j = 1, n do
+        local spent = tonumber(values[2 * j - 1]) or 0
+        local raised = tonumber(values[2 * j]) or 0
+        if spent >= limits[j] + raised then
+          verdict = {j, values[2 * j - 1], values[2 * j] or '0'}
+          break
+        end
+      end
+    end
+    seen[key] = verdict
+  end
+  out[k] = verdict
+end
+return out
