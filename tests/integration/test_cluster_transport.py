@@ -16,7 +16,7 @@ from printery.keys import StreamKeys
 from printery.runtime.registry import list_processes
 from printery.transport.channel import DirectChannel
 from printery.transport.connection import connect
-from printery.transport.limits import WAIT_FOR_SLOT, Admission, Bound, LimitStore, Release
+from printery.transport.limits import WAIT_FOR_SLOT, Ask, Bound, LimitStore, Report
 from printery.transport.streams import CONNECTION_ERRORS, one_slot
 from support.cluster import ValkeyCluster
 
@@ -149,18 +149,18 @@ async def test_a_transaction_reading_a_hash_on_the_cluster_client(cluster: Valke
 
 
 async def test_limits_of_several_keys_admit_in_one_script_on_the_cluster(cluster: ValkeyCluster) -> None:
-    """Every limit shares the ``{limit}`` hash tag: one admission checking two limits is
-    one script on one master (without it: CROSSSLOT)."""
+    """Every limit shares the ``{limit}`` hash tag: one ask checking two limits (each of
+    four keys) is one script on one master (without it: CROSSSLOT)."""
     keys = StreamKeys("ctlimits")
     client = connect(cluster.url)
-    store = LimitStore(client, window_ms=60_000, lease_ms=30_000)
-    bounds = [Bound(keys.limit("model"), 1, 0, 0), Bound(keys.limit("tenant"), 2, 0, 0)]
+    store = LimitStore(client, window_ms=60_000, lease_ms=60_000)
+    model, tenant = Bound(keys.limit("model"), 1, 0, 0), Bound(keys.limit("tenant"), 2, 0, 0)
     try:
-        first = await store.apply([], [], [Admission("h1", bounds), Admission("h2", bounds)])
-        assert first == [0, WAIT_FOR_SLOT]  # model allows one holder at a time
-        released = await store.apply([], [Release(keys.limit("model"), "h1", True, 0.0)],
-                                     [Admission("h2", bounds)])
-        assert released == [0]
+        # model allows one call at a time: one of the two admitted, the other waits
+        assert await store.apply("a", [], [Ask(2, [model, tenant])]) == [(1, WAIT_FOR_SLOT)]
+        assert await store.apply("b", [], [Ask(1, [model, tenant])]) == [(0, WAIT_FOR_SLOT)]
+        assert await store.apply("a", [Report(model.base, 0, 0.0)], []) == []
+        assert await store.apply("b", [], [Ask(1, [model, tenant])]) == [(1, 0)]
     finally:
         await store.close()
         await client.aclose()
