@@ -31,6 +31,7 @@ bench: $(STAMP)
 	$(BIN)/printery bench --rate 1000 --duration 20 --stages 4
 
 chaos: $(STAMP)
+	$(BIN)/pytest -q --long -m long
 	$(BIN)/python -m tests.chaos.soak --deployments 20000 --duration $${DURATION:-600}
 
 clean:

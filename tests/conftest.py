@@ -12,6 +12,7 @@ import redis.asyncio as aioredis
 
 from printery.testing import unique_prefix
 from printery.transport.server import ServerProcess
+from support.cluster import ValkeyCluster
 
 # An exception no one observed in an event loop (a task's, never retrieved; a callback's)
 # fails the test it happened in: see support/loop_guard.py.
@@ -36,6 +37,21 @@ def own_server(tmp_path: Path) -> Iterator[ServerProcess]:
     proc.stop()
 
 
+@pytest.fixture(scope="session")
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ValkeyCluster]:
+    """One Valkey Cluster (3 masters, 3 replicas) for the session; tests that kill a node
+    take :func:`own_cluster` instead."""
+    with ValkeyCluster(tmp_path_factory.mktemp("cluster")) as formed:
+        yield formed
+
+
+@pytest.fixture
+def own_cluster(tmp_path: Path) -> Iterator[ValkeyCluster]:
+    """A cluster of the test's own, for tests that kill its nodes."""
+    with ValkeyCluster(tmp_path / "cluster") as formed:
+        yield formed
+
+
 @pytest.fixture
 def redis_url(server: ServerProcess) -> str:
     return server.url
@@ -51,6 +67,22 @@ async def client(server: ServerProcess) -> AsyncIterator[aioredis.Redis]:
 @pytest.fixture
 def prefix() -> str:
     return unique_prefix()
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption("--long", action="store_true",
+                     help="also run the tests marked long (make chaos does)")
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Tests marked ``long`` are skipped unless ``--long`` is given: `make test` stays
+    minutes long, `make chaos` runs them."""
+    if config.getoption("--long"):
+        return
+    skip = pytest.mark.skip(reason="long: run by `make chaos` (pytest --long)")
+    for item in items:
+        if "long" in item.keywords:
+            item.add_marker(skip)
 
 
 _FIGURES = pytest.StashKey[list[str]]()

@@ -45,6 +45,7 @@ from pydantic_core import PydanticCustomError
 from printery.errors import ConfigError
 from printery.keys import MAX_PARTITIONS, StreamKeys
 from printery.redact import redact_url
+from printery.transport.connection import CLUSTER_SCHEMES, cluster_nodes
 
 __all__ = [
     "SETTINGS_DOC",
@@ -207,7 +208,7 @@ class TelemetrySettings(SettingsTable):
 
 
 _APP = re.compile(r"^[A-Za-z_]\w*(\.[A-Za-z_]\w*)*:[A-Za-z_]\w*(\.[A-Za-z_]\w*)*$")
-_REDIS_SCHEMES = ("redis", "rediss", "unix")
+_REDIS_SCHEMES = ("redis", "rediss", "unix", *CLUSTER_SCHEMES)
 # Where an AppConfig is attached to its target (a factory or a Pipeline).
 _APP_CONFIG_ATTR = "__printery_app_config__"
 
@@ -322,14 +323,18 @@ class Settings(SettingsTable):
     def _redis_url(cls, value: str | None) -> str | None:
         if value is None:
             return None
-        allowed = "a redis://, rediss:// or unix:// URL; unset means the embedded server"
-        try:
-            parts = urlsplit(value.strip())
-            parts.port  # noqa: B018 - raises ValueError on a bad port
-        except ValueError:
-            raise _fail(allowed) from None
+        allowed = ("a redis://, rediss://, unix://, redis+cluster://HOST:PORT[,HOST:PORT...] "
+                   "or rediss+cluster:// URL; unset means the embedded server")
+        parts = urlsplit(value.strip())
         if parts.scheme not in _REDIS_SCHEMES:
             raise _fail(allowed)
+        try:
+            if parts.scheme in CLUSTER_SCHEMES:
+                cluster_nodes(value.strip())
+            else:
+                parts.port  # noqa: B018 - raises ValueError on a bad port
+        except ValueError as exc:
+            raise _fail(f"{allowed} ({exc})" if parts.scheme in CLUSTER_SCHEMES else allowed) from None
         if parts.scheme == "unix" and not parts.path:
             raise _fail(allowed)
         return value.strip()
@@ -468,6 +473,18 @@ class Settings(SettingsTable):
         return parse_http_addr(self.http_addr)
 
     @property
+    def cluster_partitions_problem(self) -> str | None:
+        """Why these partitions cannot run on the cluster of ``redis_url`` (None: they can).
+
+        One partition keeps the keys of §2, which carry no hash tag: a commit's keys would
+        be in several slots, which a cluster refuses (CROSSSLOT)."""
+        if (self.redis_url and urlsplit(self.redis_url).scheme in CLUSTER_SCHEMES
+                and self.transport.partitions < 2):
+            return ("2 or more on a cluster (redis+cluster://): one partition's keys carry "
+                    "no hash tag; 3 x the master count is a good start")
+        return None
+
+    @property
     def redacted_redis_url(self) -> str | None:
         """The Redis URL safe to print in logs, ``/status`` and ``--json`` output."""
         return redact_url(self.redis_url) if self.redis_url else None
@@ -525,7 +542,8 @@ SETTINGS_DOC: Mapping[str, SettingDoc] = {
     doc.name: doc
     for doc in (
         _doc("redis_url", "--redis-url", "REDIS_URL", "URL",
-             "redis://, rediss:// or unix:// URL; user and password allowed",
+             "redis://, rediss://, unix://, redis+cluster:// or rediss+cluster:// URL; "
+             "user and password allowed",
              "unset: embedded server"),
         _doc("log_level", "--log-level", "LOG_LEVEL", "LEVEL", "debug, info, warn or error"),
         _doc("environment", "--environment", "ENVIRONMENT", "ENV",

@@ -210,4 +210,9 @@ def load_settings(
         source = sources.get(setting) or sources.get(setting.split(".", 1)[0].split("[", 1)[0])
         label = f"{setting} ({source})" if source else setting
         raise ConfigError(label, value, allowed) from None
+    problem = settings.cluster_partitions_problem
+    if problem is not None:
+        source = sources.get("transport.partitions")
+        label = f"transport.partitions ({source})" if source else "transport.partitions"
+        raise ConfigError(label, settings.transport.partitions, problem)
     return settings.for_app(config)

@@ -9,7 +9,8 @@ correlation id. With ``partitions = 1`` the keys are exactly those of CONTRACT Â
 
 Keys that no commit touches stay unpartitioned: the process registry, the published
 pipeline and flow-control limits (limits are shared by every run, so they cannot follow a
-run's partition; the limit script touches only keys of one limit).
+run's partition; one admission may touch several limits, so all limits share the
+``{limit}`` hash tag: one slot).
 """
 
 from __future__ import annotations
@@ -226,8 +227,12 @@ class StreamKeys:
     # -- keys of the whole keyspace ----------------------------------------------------
 
     def limit(self, key: str) -> str:
-        """Where a flow-control limit keeps its state (``<this>:slots``, ``:starts``...)."""
-        return f"{self.prefix}:limit:{key}"
+        """Where a flow-control limit keeps its state (``<this>:slots``, ``:held``, ``:started``, ``:tokens``).
+
+        One hash tag for every limit: one admission may check several limits in one
+        script, whose keys a cluster requires in one slot (so all limits live on one
+        master; they are small and touched once per admission batch)."""
+        return f"{self.prefix}:{{limit}}:{key}"
 
     def process(self, process_id: str) -> str:
         """Heartbeat key of one running service process (the process registry)."""

@@ -77,6 +77,8 @@ class Figures:
     restarts: int = 0
     server_restarts: int = 0
     connection_cuts: int = 0
+    #: Masters killed with kill -9 whose replica the cluster promoted (the cluster run).
+    master_failovers: int = 0
     seconds: float = 0.0
     #: ``deployment:finished`` statuses (all ``succeeded`` unless a deadline was missed).
     statuses: dict[str, int] = field(default_factory=dict)
@@ -91,7 +93,8 @@ class Figures:
             f"{self.webhook_posts - self.webhook_keys}, missing {self.missing_webhooks}), "
             f"dlq: {self.dlq}, pending: {self.pending}, kills: {self.kills}, "
             f"process restarts: {self.restarts}, server restarts: {self.server_restarts}, "
-            f"connection cuts: {self.connection_cuts}, seconds: {self.seconds:.1f}, "
+            f"connection cuts: {self.connection_cuts}, "
+            f"master failovers: {self.master_failovers}, seconds: {self.seconds:.1f}, "
             f"statuses: {dict(sorted(self.statuses.items()))}"
         )
 
@@ -208,7 +211,7 @@ class Service:
                 self.kill()
 
 
-def _request(codec: Codec, sandbox: Sandbox, i: int) -> dict[str, str]:
+def deployment_request(codec: Codec, sandbox: Sandbox, i: int) -> dict[str, str]:
     deployment_id = f"dep-chaos-{i:06d}"
     data = {
         "deployment_id": deployment_id, "service": f"svc-{i % 50}", "version": "1.0.0",
@@ -235,7 +238,7 @@ async def _publish(url: str, prefix: str, sandbox: Sandbox, n: int, over: float)
                 try:
                     pipe = client.pipeline(transaction=True)
                     for i in range(start, min(n, start + size)):
-                        pipe.xadd(f"{prefix}:{STARTED}", _request(codec, sandbox, i))
+                        pipe.xadd(f"{prefix}:{STARTED}", deployment_request(codec, sandbox, i))
                     await pipe.execute()
                     break
                 except (RedisConnectionError, RedisTimeoutError, OSError):
@@ -245,14 +248,14 @@ async def _publish(url: str, prefix: str, sandbox: Sandbox, n: int, over: float)
         await client.aclose()
 
 
-def _status(data: str) -> str:
+def status_of(data: str) -> str:
     try:
         return str(json.loads(data).get("status", ""))
     except (ValueError, AttributeError):
         return "undecodable"
 
 
-async def _count(
+async def count_by(
     client: aioredis.Redis, stream: str, field_name: str, key: Any = str
 ) -> dict[str, int]:
     """How many entries of ``stream`` have each value of ``key(field)``."""
@@ -270,7 +273,7 @@ async def _count(
         last = batch[-1][0]
 
 
-async def _pending(client: aioredis.Redis, prefix: str) -> int:
+async def pending_entries(client: aioredis.Redis, prefix: str) -> int:
     total = 0
     async for key in client.scan_iter(match=f"{prefix}:*", _type="stream"):
         for group in await client.xinfo_groups(key):
@@ -351,14 +354,14 @@ async def run_chaos(
         while time.monotonic() < settle_deadline:
             done = await finished() >= deployments
             sent = int(await client.xlen(f"{prefix}:{SENT}")) >= deployments
-            if done and sent and await _pending(client, prefix) == 0:
+            if done and sent and await pending_entries(client, prefix) == 0:
                 break
             await asyncio.sleep(0.25)
         figures.seconds = time.monotonic() - begun
 
-        finished_by = await _count(client, f"{prefix}:{FINISHED}", "deployment_id")
-        figures.statuses = await _count(client, f"{prefix}:{FINISHED}", "data", key=_status)
-        sent_by = await _count(client, f"{prefix}:{SENT}", "deployment_id")
+        finished_by = await count_by(client, f"{prefix}:{FINISHED}", "deployment_id")
+        figures.statuses = await count_by(client, f"{prefix}:{FINISHED}", "data", key=status_of)
+        sent_by = await count_by(client, f"{prefix}:{SENT}", "deployment_id")
         figures.finished = sum(1 for d in ids if finished_by.get(d))
         figures.duplicates_finished = sum(c - 1 for c in finished_by.values() if c > 1)
         figures.sent_duplicates = sum(c - 1 for c in sent_by.values() if c > 1)
@@ -368,7 +371,7 @@ async def run_chaos(
         figures.webhook_keys = len(keys - {""})
         figures.missing_webhooks = max(0, deployments - figures.webhook_keys)
         figures.dlq = int(await client.xlen(f"{prefix}:dlq"))
-        figures.pending = await _pending(client, prefix)
+        figures.pending = await pending_entries(client, prefix)
         return figures
     finally:
         if publisher is not None:

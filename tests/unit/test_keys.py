@@ -46,7 +46,7 @@ def test_every_key_of_a_run_shares_its_partitions_hash_tag() -> None:
         assert key.startswith("pfx:" + tag + ":"), key
     # Keys no commit touches stay unpartitioned, one per deployment.
     assert run.process("x") == keys.process("x") == "pfx:process:x"
-    assert run.limit("l") == "pfx:limit:l" and run.pipeline == "pfx:pipeline"
+    assert run.limit("l") == "pfx:{limit}:l" and run.pipeline == "pfx:pipeline"
     assert keys.locate("pfx:{p2}:deployment:started") == (2, "deployment:started")
     assert [k.stream("s") for k in keys.each()] == ["pfx:{p0}:s", "pfx:{p1}:s", "pfx:{p2}:s"]
 

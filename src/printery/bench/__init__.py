@@ -44,11 +44,13 @@ import uuid
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 import psutil
 import redis
 import redis.asyncio as aioredis
 
+from printery.bench.cluster_cpu import ClusterCpu
 from printery.bench.layout import BenchLayout
 from printery.bench.load import (
     EventFactory,
@@ -62,7 +64,8 @@ from printery.bench.load import (
 from printery.bench.procs import RelayProcesses
 from printery.bench.report import format_table
 from printery.errors import ConfigError
-from printery.transport.connection import connect
+from printery.keys import MAX_PARTITIONS
+from printery.transport.connection import CLUSTER_SCHEMES, connect
 from printery.transport.embedded import start_ephemeral
 
 __all__ = ["SIDES", "format_table", "run_bench"]
@@ -101,6 +104,7 @@ class _Plan:
     work_dir: Path
     prefetch: int | None
     features: tuple[str, ...] = ()
+    partitions: int = 1
 
 
 async def run_bench(
@@ -115,6 +119,7 @@ async def run_bench(
     prefetch: int | None = None,
     ceiling: str = "both",
     features: tuple[str, ...] = (),
+    partitions: int = 1,
 ) -> dict[str, Any]:
     """Run the ceiling(s), then printery, and return the §9 document.
 
@@ -124,16 +129,23 @@ async def run_bench(
     deleted afterwards. ``rate`` switches to the open-loop mode, where ``events`` is
     ``rate * duration``. ``prefetch`` None runs printery with the library's default;
     ``ceiling`` is ``same``, ``minimal`` or ``both``; ``features`` (``limit``, ``budget``) adds the
-    ``printery_with`` side. Raises :class:`ConfigError` for an impossible option.
+    ``printery_with`` side; ``partitions`` (CONTRACT §15) splits every stage's stream,
+    for printery and the ceilings alike. On a cluster (``redis+cluster://``) the server
+    CPU is every master's own count (``INFO cpu``), also per master.
+    Raises :class:`ConfigError` for an impossible option.
     """
-    _validate(events, stages, processes, payload_bytes, rate, duration, prefetch, ceiling)
+    _validate(events, stages, processes, payload_bytes, rate, duration, prefetch, ceiling,
+              partitions)
+    if redis_url and partitions < 2 and urlsplit(redis_url).scheme in CLUSTER_SCHEMES:
+        raise ConfigError("partitions", partitions, "2 or more on a cluster (one partition's "
+                          "keys carry no hash tag; see --partitions)")
     sides = (*CEILINGS[ceiling], "printery", *(("printery_with",) if features else ()))
     run_duration = duration if duration is not None else DEFAULT_DURATION
     if rate is not None:
         events = round(rate * run_duration)
     with tempfile.TemporaryDirectory(prefix="printery-bench-") as tmp:
         plan = _Plan(events, stages, processes, payload_bytes, rate, run_duration,
-                     uuid.uuid4().hex[:10], Path(tmp), prefetch, tuple(features))
+                     uuid.uuid4().hex[:10], Path(tmp), prefetch, tuple(features), partitions)
         server = None
         if redis_url is None:
             server = await asyncio.to_thread(start_ephemeral, plan.work_dir / "server",
@@ -152,7 +164,7 @@ async def run_bench(
 
 def _validate(
     events: int, stages: int, processes: int, payload_bytes: int, rate: float | None,
-    duration: float | None, prefetch: int | None, ceiling: str,
+    duration: float | None, prefetch: int | None, ceiling: str, partitions: int = 1,
 ) -> None:
     if rate is None and events < 1:
         raise ConfigError("events", events, "at least 1")
@@ -170,6 +182,8 @@ def _validate(
         raise ConfigError("rate", rate, "rate * duration must give at least one event")
     if prefetch is not None and prefetch < 1:
         raise ConfigError("prefetch", prefetch, "at least 1")
+    if not 1 <= partitions <= MAX_PARTITIONS:
+        raise ConfigError("partitions", partitions, f"1 to {MAX_PARTITIONS}")
     if ceiling not in CEILINGS:
         raise ConfigError("ceiling", ceiling, f"one of {', '.join(CEILINGS)}")
 
@@ -177,15 +191,17 @@ def _validate(
 async def _run_side(
     kind: str, client: aioredis.Redis, url: str, plan: _Plan, server_pid: int | None
 ) -> dict[str, Any]:
-    layout = BenchLayout(f"bench:{plan.run_id}:{kind}", plan.stages)
+    layout = BenchLayout(f"bench:{plan.run_id}:{kind}", plan.stages, plan.partitions)
     ours = kind.startswith("printery")
     procs = RelayProcesses(
         "printery" if ours else kind, plan.processes, url=url, prefix=layout.prefix,
         stages=plan.stages, batch=BATCH, block_ms=BLOCK_MS, log_dir=plan.work_dir,
         prefetch=plan.prefetch if ours else None,
         features=plan.features if kind == "printery_with" else (),
+        partitions=plan.partitions,
     )
     server_cpu = _ServerCpu(server_pid)
+    masters_cpu = ClusterCpu(client)
     commands = _CommandStats(client, enabled=server_pid is not None)
     try:
         await procs.start()
@@ -196,6 +212,7 @@ async def _run_side(
             await load_backlog(client, factory, plan.events)
             await commands.start()
             server_cpu.start()
+            await masters_cpu.start()
             start_ms = time.time() * 1000 + offset
             await procs.go(wait_running=False)
             not_before = start_ms
@@ -204,17 +221,19 @@ async def _run_side(
             await procs.go(wait_running=True)
             await commands.start()
             server_cpu.start()
+            await masters_cpu.start()
             start_ms = time.time() * 1000 + offset
             offered = await offer(client, factory, plan.rate, plan.duration)
             not_before = 0.0
-        _, polls = await wait_arrivals(client, layout.final, plan.events,
+        _, polls = await wait_arrivals(client, layout.finals, plan.events,
                                        stall_timeout=STALL_TIMEOUT)
         procs.mark_done()
         server_seconds = server_cpu.seconds()
+        by_master = await masters_cpu.seconds()
         # The driver's own commands in the window: its XLEN polls and, in rate mode, the
         # XADD of every offered event (INFO is left out by name).
         calls = await commands.stop(driver={"xlen": polls, "xadd": offered})
-        arrivals = await read_arrivals(client, layout.final, not_before_ms=not_before)
+        arrivals = await read_arrivals(client, layout.finals, not_before_ms=not_before)
     finally:
         await procs.stop()
         await _delete_prefix(client, layout.prefix)
@@ -236,6 +255,10 @@ async def _run_side(
     }
     if ours:
         side["settings"] = procs.settings
+    if by_master is not None:
+        server_seconds = sum(by_master.values())
+        side["server_cpu_s_per_1000_by_master"] = {
+            name: round(seconds * per_event * 1000, 4) for name, seconds in by_master.items()}
     if server_seconds is not None:
         side["server_cpu_s_per_1000"] = round(server_seconds * per_event * 1000, 4)
     if calls is not None:
@@ -321,10 +344,18 @@ async def _delete_prefix(client: aioredis.Redis, prefix: str) -> None:
         async for key in client.scan_iter(match=f"{prefix}:*", count=1000):
             batch.append(key)
             if len(batch) >= 1000:
-                await client.unlink(*batch)
+                await _unlink(client, batch)
                 batch = []
         if batch:
-            await client.unlink(*batch)
+            await _unlink(client, batch)
+
+
+async def _unlink(client: aioredis.Redis, keys: list[str]) -> None:
+    """One UNLINK per key in a pipeline: on a cluster the keys are in many slots."""
+    async with client.pipeline(transaction=False) as pipe:
+        for key in keys:
+            pipe.execute_command("UNLINK", key)  # (a cluster pipeline's unlink() is a coroutine)
+        await pipe.execute()
 
 
 def _ratio(ours: dict[str, Any] | None, ceiling: dict[str, Any] | None, key: str) -> float:
@@ -349,6 +380,7 @@ def _document(
         "verified": bool(results) and all(r["verified"] for r in results.values()),
         "mode": "backlog" if plan.rate is None else "rate",
         "processes": plan.processes,
+        "partitions": plan.partitions,
         "payload_bytes": plan.payload_bytes,
         "server": "embedded" if embedded else "url",
         "client": f"redis-py {redis.__version__}",

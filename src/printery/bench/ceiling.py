@@ -28,7 +28,8 @@ from printery.transport.streams import ensure_group
 
 
 class CeilingRelay:
-    """Relays stage ``i`` to stage ``i + 1`` for every stage of ``layout``, in one process;
+    """Relays stage ``i`` to stage ``i + 1`` for every stage and partition of ``layout``,
+    in one process (one read loop per stage and partition);
     with ``minimal`` it writes only each entry's ``data`` field."""
 
     def __init__(
@@ -46,15 +47,18 @@ class CeilingRelay:
     async def prepare(self) -> None:
         """Create every stage's group from id 0, so entries loaded earlier are seen."""
         for stage in range(self.layout.stages):
-            await ensure_group(self.client, self.layout.stream(stage), self.layout.group(stage))
+            for k in range(self.layout.partitions):
+                await ensure_group(self.client, self.layout.stream(stage, k), self.layout.group(stage))
 
     async def run(self) -> None:
         """Relay until :attr:`stopping` is set (checked between batches)."""
-        await asyncio.gather(*(self._relay(stage) for stage in range(self.layout.stages)))
+        await asyncio.gather(*(self._relay(stage, k) for stage in range(self.layout.stages)
+                               for k in range(self.layout.partitions)))
 
-    async def _relay(self, stage: int) -> None:
-        source = self.layout.stream(stage)
-        target = self.layout.stream(stage + 1)
+    async def _relay(self, stage: int, partition: int) -> None:
+        """One stage of one partition (an entry stays in its partition, as printery's do)."""
+        source = self.layout.stream(stage, partition)
+        target = self.layout.stream(stage + 1, partition)
         group = self.layout.group(stage)
         minimal = self.minimal
         while not self.stopping.is_set():

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from printery.keys import StreamKeys
+from printery.keys import StreamKeys, partition_of
 
 #: Starts every line of the driver-to-relay protocol (see :mod:`printery.bench.worker_proc`).
 PROTOCOL_PREFIX = "@bench "
@@ -15,21 +15,33 @@ PROTOCOL_PREFIX = "@bench "
 class BenchLayout:
     """Stage ``i`` reads ``<prefix>:s<i>`` and writes ``<prefix>:s<i+1>``; the final
     stream ``s<stages>`` is where arrivals are counted. Event types equal the stream
-    suffixes, so printery's :class:`StreamKeys` and the ceiling agree on every name."""
+    suffixes, so printery's :class:`StreamKeys` and the ceiling agree on every name.
+
+    With ``partitions`` > 1 (CONTRACT §15) each stream is one per partition; event ``n``
+    is the run ``b<n>`` and stays in that run's partition through every stage."""
 
     prefix: str
     stages: int
+    partitions: int = 1
 
     @property
     def keys(self) -> StreamKeys:
-        return StreamKeys(self.prefix)
+        return StreamKeys(self.prefix, self.partitions)
+
+    def partition(self, n: int) -> int:
+        """The partition of event ``n`` (its run id is ``b<n>``: :meth:`run_id`)."""
+        return partition_of(self.run_id(n), self.partitions)
+
+    @staticmethod
+    def run_id(n: int) -> str:
+        return f"b{n}"
 
     @staticmethod
     def event_type(stage: int) -> str:
         return f"s{stage}"
 
-    def stream(self, stage: int) -> str:
-        return self.keys.stream(self.event_type(stage))
+    def stream(self, stage: int, partition: int = 0) -> str:
+        return self.keys.at(partition).stream(self.event_type(stage))
 
     @staticmethod
     def group(stage: int) -> str:
@@ -37,5 +49,6 @@ class BenchLayout:
         return f"stage{stage}"
 
     @property
-    def final(self) -> str:
-        return self.stream(self.stages)
+    def finals(self) -> list[str]:
+        """The final stream of every partition."""
+        return [self.stream(self.stages, k) for k in range(self.partitions)]

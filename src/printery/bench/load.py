@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import math
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -46,19 +47,24 @@ class EventFactory:
         self, layout: BenchLayout, payload_bytes: int, offset_ms: float, *,
         minimal: bool = False,
     ) -> None:
-        self.stream = layout.stream(0)
+        self.layout = layout
         self.event_type = layout.event_type(0)
         self.offset_ms = offset_ms
         self.minimal = minimal
         overhead = len(_json.dumps({"n": 10**9, "t": 1.0e12 + 0.123, "pad": ""}))
         self.pad = "x" * max(0, payload_bytes - overhead)
 
+    def stream(self, n: int) -> str:
+        """Stage 0's stream of event ``n``'s partition."""
+        return self.layout.stream(0, self.layout.partition(n))
+
     def fields(self, n: int, now_ms: float | None = None) -> dict[Any, Any]:
         stamp = (time.time() * 1000 if now_ms is None else now_ms) + self.offset_ms
         data = {"n": n, "t": stamp, "pad": self.pad}
         if self.minimal:
             return {"data": _json.dumps(data)}
-        envelope = CODEC.new(self.event_type, None, correlation_id=f"b{n}", producer="bench")
+        envelope = CODEC.new(self.event_type, None, correlation_id=self.layout.run_id(n),
+                                producer="bench")
         return CODEC.encode(envelope, data_json=_json.dumps(data))
 
 
@@ -67,7 +73,7 @@ async def load_backlog(client: aioredis.Redis, factory: EventFactory, events: in
     for start in range(0, events, CHUNK):
         pipe = client.pipeline(transaction=False)
         for n in range(start, min(events, start + CHUNK)):
-            pipe.xadd(factory.stream, factory.fields(n))
+            pipe.xadd(factory.stream(n), factory.fields(n))
         await pipe.execute()
 
 
@@ -86,11 +92,11 @@ async def offer(client: aioredis.Redis, factory: EventFactory, rate: float, dura
         if due > sent:
             now_ms = time.time() * 1000
             if due - sent == 1:
-                await client.xadd(factory.stream, factory.fields(sent, now_ms))
+                await client.xadd(factory.stream(sent), factory.fields(sent, now_ms))
             else:
                 pipe = client.pipeline(transaction=False)
                 for n in range(sent, due):
-                    pipe.xadd(factory.stream, factory.fields(n, now_ms))
+                    pipe.xadd(factory.stream(n), factory.fields(n, now_ms))
                 await pipe.execute()
             sent = due
         wake = begun + sent / rate
@@ -99,16 +105,16 @@ async def offer(client: aioredis.Redis, factory: EventFactory, rate: float, dura
 
 
 async def wait_arrivals(
-    client: aioredis.Redis, stream: str, events: int, *, stall_timeout: float
+    client: aioredis.Redis, streams: Sequence[str], events: int, *, stall_timeout: float
 ) -> tuple[int, int]:
-    """Poll the final stream's length until ``events`` arrived, or nothing arrived for
+    """Poll the final streams' lengths until ``events`` arrived, or nothing arrived for
     ``stall_timeout`` s (a broken side must not hang the bench); returns the length and
     the number of ``XLEN`` polls (so command counts can leave them out)."""
     seen, last_change = -1, time.monotonic()
     polls = 0
     while True:
-        count = int(await client.xlen(stream))
-        polls += 1
+        count = sum([int(await client.xlen(stream)) for stream in streams])
+        polls += len(streams)
         if count >= events:
             return count, polls
         now = time.monotonic()
@@ -135,11 +141,21 @@ class Arrivals:
         )
 
 
-async def read_arrivals(client: aioredis.Redis, stream: str, *, not_before_ms: float) -> Arrivals:
-    """Read the whole final stream; latency counts from the later of the publish stamp
+async def read_arrivals(
+    client: aioredis.Redis, streams: Sequence[str], *, not_before_ms: float
+) -> Arrivals:
+    """Read the whole final streams; latency counts from the later of the publish stamp
     and ``not_before_ms`` (a pre-loaded backlog waits for the start, which is not the
     relay's latency)."""
     result = Arrivals()
+    for stream in streams:
+        await _read_final(client, stream, not_before_ms, result)
+    return result
+
+
+async def _read_final(
+    client: aioredis.Redis, stream: str, not_before_ms: float, result: Arrivals
+) -> None:
     cursor = "-"
     while True:
         batch: Any = await client.xrange(stream, min=cursor, max="+", count=CHUNK)
@@ -152,10 +168,8 @@ async def read_arrivals(client: aioredis.Redis, stream: str, *, not_before_ms: f
             result.counts[n] = result.counts.get(n, 0) + 1
             result.latencies_ms.append(max(0.0, arrived - max(float(data["t"]), not_before_ms)))
             result.last_ms = max(result.last_ms, arrived)
-            if not result.first_ms:
-                result.first_ms = arrived
+            result.first_ms = min(result.first_ms or arrived, arrived)
         cursor = "(" + batch[-1][0]
-    return result
 
 
 def percentile(ordered: list[float], fraction: float) -> float:

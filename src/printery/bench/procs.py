@@ -46,12 +46,12 @@ class RelayProcesses:
     def __init__(
         self, kind: str, count: int, *, url: str, prefix: str, stages: int, batch: int,
         block_ms: int, log_dir: Path, prefetch: int | None = None,
-        features: Sequence[str] = (),
+        features: Sequence[str] = (), partitions: int = 1,
     ) -> None:
         self.kind = kind
         self.count = count
         self.args = [kind, url, prefix, "--stages", str(stages), "--batch", str(batch),
-                     "--block-ms", str(block_ms)]
+                     "--block-ms", str(block_ms), "--partitions", str(partitions)]
         if prefetch is not None:
             self.args += ["--prefetch", str(prefetch)]
         for feature in features:

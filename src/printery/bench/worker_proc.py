@@ -124,6 +124,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("url")
     parser.add_argument("prefix")
     parser.add_argument("--stages", type=int, default=4)
+    parser.add_argument("--partitions", type=int, default=1)
     parser.add_argument("--batch", type=int, default=256, help="the ceilings' read count")
     parser.add_argument("--block-ms", type=int, default=100, help="the ceilings' block time")
     parser.add_argument("--prefetch", type=int, default=None,
@@ -132,7 +133,7 @@ def main(argv: list[str] | None = None) -> None:
                         choices=FEATURES, help="add this to every printery stage")
     args = parser.parse_args(argv)
     structlog.configure(logger_factory=structlog.PrintLoggerFactory(sys.stderr))
-    layout = BenchLayout(args.prefix, args.stages)
+    layout = BenchLayout(args.prefix, args.stages, args.partitions)
     rss = _PeakRss()
     asyncio.run(_serve(args, layout, rss))
     _say("done " + _json.dumps({"maxrss_kb": rss.peak // 1024}))

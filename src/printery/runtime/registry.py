@@ -135,7 +135,13 @@ async def list_processes(redis: aioredis.Redis, keys: StreamKeys) -> list[dict[s
     processes: list[dict[str, Any]] = []
     for start in range(0, len(found), _BATCH):
         batch = found[start : start + _BATCH]
-        values = await redis.mget([keys.process(process_id) for process_id in batch])
+        # One GET per key in a pipeline, not MGET: on a cluster the keys are in many
+        # slots (the pipeline sends each node its own). A key of another type answers
+        # WRONGTYPE where MGET answered nil: skipped the same (not a status).
+        async with redis.pipeline(transaction=False) as pipe:
+            for process_id in batch:
+                pipe.get(keys.process(process_id))
+            values = await pipe.execute(raise_on_error=False)
         for process_id, raw in zip(batch, values, strict=True):
             status = _decode(raw)
             if status is not None:

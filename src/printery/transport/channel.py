@@ -1,4 +1,5 @@
-"""The wire channel: the only code that touches redis-py's internals.
+"""The wire channel: with :mod:`printery.transport.cluster`, the only code that touches
+redis-py's internals.
 
 Why a channel of our own: redis-py's asyncio client packs every argument in Python
 (about a microsecond each), takes a pooled connection, checks its health and polls its
@@ -10,7 +11,16 @@ Everything here that reaches past redis-py's public API is named in one place, s
 moving the client pin means reading this module only: ``connection_pool``'s
 ``connection_kwargs`` and ``connection_class``, a connection's ``send_packed_command``,
 ``read_response``, ``encoder`` and ``_parser._reader`` (hiredis's reader, skipped through
-for replies we do not need), and ``NOT_ENOUGH_DATA``.
+for replies we do not need), and ``NOT_ENOUGH_DATA``; on a cluster, a ``ClusterNode``'s
+``connection_kwargs`` and ``connection_class`` and the client's ``nodes_manager``
+(``get_node_from_slot``, ``initialize``).
+
+On a cluster (CONTRACT §15) each command or transaction goes to the master holding the
+slot of its first key, on a connection of the channel's own per node; callers keep the
+keys of one transaction in one slot (the partition's hash tag). A refusal that means
+"not here, not now" (MOVED, ASK, TRYAGAIN, CLUSTERDOWN) ran nothing: the slot map is
+read again and those are sent again, a few times; then they raise as a connection error,
+which every caller already waits out and retries.
 """
 
 from __future__ import annotations
@@ -19,12 +29,22 @@ import asyncio
 import contextlib
 import functools
 import hashlib
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, cast
 
 import redis.asyncio as aioredis
+from redis.asyncio.cluster import ClusterNode, RedisCluster
 from redis.asyncio.connection import AbstractConnection
-from redis.exceptions import NoScriptError, ResponseError
+from redis.exceptions import (
+    AskError,
+    ClusterDownError,
+    MovedError,
+    NoScriptError,
+    RedisClusterException,
+    ResponseError,
+    TryAgainError,
+)
+from redis.exceptions import ConnectionError as RedisConnectionError
 
 try:
     from redis._parsers.hiredis import NOT_ENOUGH_DATA as _NOT_ENOUGH_DATA
@@ -43,6 +63,11 @@ except ImportError:  # pragma: no cover - hiredis is a dependency; this keeps a 
 #: One command: its name and arguments.
 Command = tuple[Any, ...]
 
+#: Replies of a cluster node meaning the command did not run there now.
+_REDIRECTS = (MovedError, AskError, TryAgainError, ClusterDownError)
+#: Rounds of "read the slot map again and resend" before a redirect raises.
+_REDIRECT_ROUNDS = 4
+
 
 @functools.cache
 def _sha(source: str) -> str:
@@ -60,25 +85,42 @@ class DirectChannel:
 
     def __init__(self, client: aioredis.Redis) -> None:
         self.client = client
-        self._conn: AbstractConnection | None = None
+        cluster: object = client
+        self._cluster = cluster if isinstance(cluster, RedisCluster) else None
+        self._conns: dict[str, AbstractConnection] = {}
         self._timeout: float | None = None
 
     async def transactions(self, transactions: Sequence[Sequence[Command]]) -> list[Any]:
         """Send transactions (each its commands, ``MULTI`` first and ``EXEC`` last) in one
         write; for each, what ``EXEC`` returned, or the :class:`ResponseError` that failed
-        it (``EXECABORT``: nothing of it ran)."""
-        conn = await self._connection()
-        packed = b"".join(self._pack(command) for commands in transactions for command in commands)
+        it (``EXECABORT``: nothing of it ran; on a cluster, the redirect that did)."""
+        if self._cluster is None:
+            return await self._transactions_on(None, transactions)
+        return await self._routed(transactions, self._transactions_on, _transaction_key)
+
+    async def commands(self, commands: Sequence[Command]) -> list[Any]:
+        """Send commands (no transaction) in one write; each one's reply, or the
+        :class:`ResponseError` it answered with."""
+        if self._cluster is None:
+            return await self._commands_on(None, commands)
+        return await self._routed(commands, self._commands_on, _command_key)
+
+    async def _transactions_on(
+        self, node: ClusterNode | None, transactions: Sequence[Sequence[Command]]
+    ) -> list[Any]:
+        conn = await self._connection(node)
+        packed = b"".join(self._pack(conn, command) for commands in transactions for command in commands)
         try:
             await conn.send_packed_command(packed, check_health=False)
             replies: list[Any] = []
             async with self._deadline():
                 for commands in transactions:
-                    await self._skip(conn, len(commands) - 1)  # +OK, then +QUEUED per command
+                    # +OK, then +QUEUED per command (or the refusal of one)
+                    refused = await self._skip(conn, len(commands) - 1)
                     try:
                         executed = await conn.read_response()
                     except ResponseError as exc:
-                        replies.append(exc)
+                        replies.append(refused if isinstance(refused, _REDIRECTS) else exc)
                         continue
                     if not isinstance(executed, list) or len(executed) != len(commands) - 2:
                         replies.append(ResponseError(f"transaction not executed: {executed!r}"))
@@ -88,14 +130,12 @@ class DirectChannel:
         except BaseException:
             # Cancelled or failed mid-reply: the rest of the replies would be read as the
             # next call's. Drop the connection.
-            await self.close()
+            await self._drop(node)
             raise
 
-    async def commands(self, commands: Sequence[Command]) -> list[Any]:
-        """Send commands (no transaction) in one write; each one's reply, or the
-        :class:`ResponseError` it answered with."""
-        conn = await self._connection()
-        packed = b"".join(self._pack(command) for command in commands)
+    async def _commands_on(self, node: ClusterNode | None, commands: Sequence[Command]) -> list[Any]:
+        conn = await self._connection(node)
+        packed = b"".join(self._pack(conn, command) for command in commands)
         try:
             await conn.send_packed_command(packed, check_health=False)
             replies: list[Any] = []
@@ -107,7 +147,7 @@ class DirectChannel:
                         replies.append(exc)
             return replies
         except BaseException:
-            await self.close()  # the unread replies would be read as the next call's
+            await self._drop(node)  # the unread replies would be read as the next call's
             raise
 
     async def scripts(self, source: str, calls: Sequence[tuple[Sequence[str], Sequence[Any]]]) -> list[Any]:
@@ -124,39 +164,105 @@ class DirectChannel:
         return replies
 
     async def close(self) -> None:
-        """Close the connection (made with the pool's settings but never in the pool: a
+        """Close the connections (made with the pool's settings but never in the pool: a
         call cancelled mid-reply cannot hand anyone a connection with a reply unread)."""
-        conn, self._conn = self._conn, None
+        conns, self._conns = self._conns, {}
+        for conn in conns.values():
+            await conn.disconnect(nowait=True)
+
+    async def _drop(self, node: ClusterNode | None) -> None:
+        conn = self._conns.pop(node.name if node is not None else "", None)
         if conn is not None:
             await conn.disconnect(nowait=True)
 
-    async def _skip(self, conn: AbstractConnection, count: int) -> None:
+    async def _routed(
+        self, items: Sequence[Any],
+        send: Callable[[ClusterNode, Sequence[Any]], Awaitable[list[Any]]],
+        key_of: Callable[[Any], str | None],
+    ) -> list[Any]:
+        """Send each item to the master of its key's slot (one write per node, the nodes
+        at once); items refused with a redirect go again after the slot map is read again.
+        A node that fails the round trip fails the call (callers retry; what the others
+        answered is dropped with it) after the map is read again for the retry."""
+        replies: list[Any] = [None] * len(items)
+        todo = list(range(len(items)))
+        for _ in range(_REDIRECT_ROUNDS):
+            groups: dict[str, tuple[ClusterNode, list[int]]] = {}
+            for i in todo:
+                node = await self._node(key_of(items[i]))
+                groups.setdefault(node.name, (node, []))[1].append(i)
+            answers = await asyncio.gather(
+                *(send(node, [items[i] for i in indexes]) for node, indexes in groups.values()),
+                return_exceptions=True)
+            failed = next((a for a in answers if isinstance(a, BaseException)), None)
+            if failed is not None:
+                await self._refresh()
+                raise failed
+            todo = []
+            for (_, indexes), answer in zip(groups.values(), answers, strict=True):
+                for i, reply in zip(indexes, cast(list[Any], answer), strict=True):
+                    replies[i] = reply
+                    if isinstance(reply, _REDIRECTS):
+                        todo.append(i)
+            if not todo:
+                return replies
+            await self._refresh()
+            await asyncio.sleep(0.05)
+        raise RedisConnectionError(f"cluster kept redirecting: {replies[todo[0]]}")
+
+    async def _node(self, key: str | None) -> ClusterNode:
+        cluster = cast(RedisCluster, self._cluster)
+        await cluster.initialize()  # a no-op once the slot map is read
+        if key is None:
+            return cluster.get_default_node()
+        return cluster.nodes_manager.get_node_from_slot(cluster.keyslot(key))
+
+    async def _refresh(self) -> None:
+        """Read the slot map again (after a failover the replica holds the slots). A
+        cluster that cannot answer is a connection error: callers wait and retry."""
+        cluster = cast(RedisCluster, self._cluster)
+        try:
+            await cluster.nodes_manager.initialize()
+        except RedisClusterException as exc:
+            raise RedisConnectionError(f"cluster slot map unavailable: {exc}") from exc
+
+    async def _skip(self, conn: AbstractConnection, count: int) -> ResponseError | None:
         """Consume ``count`` replies unread (a queued command's error shows again as
-        EXECABORT). Replies already received are taken from the hiredis reader directly:
-        through ``read_response`` each costs about a microsecond."""
+        EXECABORT); the first error among them. Replies already received are taken from
+        the hiredis reader directly: through ``read_response`` each costs about a
+        microsecond."""
         parser = getattr(conn, "_parser", None)
         reader: Any = getattr(parser, "_reader", None)
         if _hiredis_reader is None or not isinstance(reader, _hiredis_reader):
             reader = None
+        first: ResponseError | None = None
         while count:
-            if reader is not None and reader.gets() is not _NOT_ENOUGH_DATA:
-                count -= 1
-                continue
-            with contextlib.suppress(ResponseError):
-                await conn.read_response()
             count -= 1
+            if reader is not None:
+                reply = reader.gets()
+                if reply is not _NOT_ENOUGH_DATA:
+                    if first is None and isinstance(reply, ResponseError):
+                        first = reply
+                    continue
+            try:
+                await conn.read_response()
+            except ResponseError as exc:
+                first = first or exc
+        return first
 
-    async def _connection(self) -> AbstractConnection:
-        if self._conn is None:
+    async def _connection(self, node: ClusterNode | None) -> AbstractConnection:
+        name = node.name if node is not None else ""
+        conn = self._conns.get(name)
+        if conn is None:
             # The pool's settings, less the socket timeout: with one, redis-py wraps every
             # write in ``asyncio.wait_for`` (a task per write on Python 3.11); the replies
             # of a round trip are bounded by it instead (:meth:`_deadline`).
-            pool: Any = self.client.connection_pool
+            pool: Any = node if node is not None else self.client.connection_pool
             settings = dict(pool.connection_kwargs)
             self._timeout = settings.get("socket_timeout")
             settings["socket_timeout"] = None
-            self._conn = cast(AbstractConnection, pool.connection_class(**settings))
-        return self._conn
+            conn = self._conns[name] = cast(AbstractConnection, pool.connection_class(**settings))
+        return conn
 
     def _deadline(self) -> contextlib.AbstractAsyncContextManager[Any]:
         """The client's socket timeout over all the replies of one round trip; one bound
@@ -165,14 +271,29 @@ class DirectChannel:
             return contextlib.nullcontext()
         return asyncio.timeout(self._timeout)
 
-    def _pack(self, command: Command) -> bytes:
-        assert self._conn is not None
+    @staticmethod
+    def _pack(conn: AbstractConnection, command: Command) -> bytes:
         if _hiredis_pack is not None:
             try:
                 return _hiredis_pack(command)
             except UnicodeEncodeError:
                 # hiredis encodes text as strict UTF-8; text that is not (binary fields
                 # read with ``encoding_errors``) is encoded as the client would encode it.
-                encode = self._conn.encoder.encode
+                encode = conn.encoder.encode
                 return _hiredis_pack(tuple(encode(arg) for arg in command))  # type: ignore[no-untyped-call]
-        return b"".join(self._conn.pack_command(*command))
+        return b"".join(conn.pack_command(*command))
+
+
+def _command_key(command: Command) -> str | None:
+    """The key a command is routed by on a cluster: a script's first key, else the first
+    argument (every command the channel sends names its key first)."""
+    name = str(command[0]).upper()
+    if name in ("EVAL", "EVALSHA"):
+        return str(command[3]) if int(command[2]) > 0 else None
+    if name in ("MULTI", "EXEC") or len(command) < 2:
+        return None
+    return str(command[1])
+
+
+def _transaction_key(commands: Sequence[Command]) -> str | None:
+    return next((key for key in map(_command_key, commands) if key is not None), None)

@@ -13,14 +13,23 @@ from typing import Any, ParamSpec, TypeVar, cast
 
 import redis.asyncio as aioredis
 from redis.asyncio.cluster import RedisCluster
+from redis.exceptions import (
+    ClusterDownError,
+    NoScriptError,
+    ResponseError,
+    SlotNotCoveredError,
+    TryAgainError,
+)
 from redis.exceptions import ConnectionError as RedisConnectionError
-from redis.exceptions import NoScriptError, ResponseError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from printery.errors import TransportError, describe
 
 #: What "the server is not reachable right now" looks like: worth waiting and retrying.
-CONNECTION_ERRORS = (RedisConnectionError, RedisTimeoutError, ConnectionError, OSError, TransportError)
+#: On a cluster also a failover in progress (CLUSTERDOWN, TRYAGAIN, a slot no master
+#: holds yet) that outlasted the cluster client's own retries.
+CONNECTION_ERRORS = (RedisConnectionError, RedisTimeoutError, ConnectionError, OSError, TransportError,
+                     ClusterDownError, TryAgainError, SlotNotCoveredError)
 
 
 #: Attempts of a WATCH/MULTI transaction before giving up on concurrent change.
