@@ -100,3 +100,18 @@ def log_failure(task: asyncio.Future[Any]) -> None:
     name = task.get_name() if isinstance(task, asyncio.Task) else repr(task)
     structlog.get_logger("printery.tasks").error(
         "background task failed", task=name, error=f"{type(exc).__name__}: {exc}", exc_info=exc)
+
+
+
+async def idle(seconds: float) -> None:
+    """The pause between two rounds of a background loop, which ends the loop when its
+    task is being cancelled.
+
+    redis-py may swallow a cancellation that arrives mid-command, or answer it with a
+    connection or timeout error (a ``TimeoutError`` is an ``OSError``) that the loop
+    logs and tolerates: without this check the loop would sleep and go round again,
+    and a service's shutdown waited on it forever."""
+    task = asyncio.current_task()
+    if task is not None and task.cancelling():
+        raise asyncio.CancelledError
+    await asyncio.sleep(seconds)

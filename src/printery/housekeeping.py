@@ -5,13 +5,13 @@ of them is ever given up."""
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import Callable, Coroutine
 from typing import Any
 
 import redis.asyncio as aioredis
 from redis.exceptions import RedisError
 
+from printery._util import idle
 from printery.config import Settings
 from printery.errors import describe
 from printery.keys import StreamKeys
@@ -92,7 +92,7 @@ class Housekeeping:
                         name, up=bool(st["healthy"]), uptime_s=float(st["uptime_s"]),
                         pending=int(st["pending"]),
                     )
-            await asyncio.sleep(GAUGE_INTERVAL)
+            await idle(GAUGE_INTERVAL)
 
     async def update_backlog(self) -> None:
         """Every :data:`LAG_INTERVAL`, the lag in seconds of each group this process runs
@@ -123,14 +123,14 @@ class Housekeeping:
                     break
                 for group, seconds in lags.items():
                     self.metrics.queue_lag.labels(event_type, group).set(seconds)
-            await asyncio.sleep(LAG_INTERVAL)
+            await idle(LAG_INTERVAL)
 
     async def sweep_departed(self) -> None:
         """Every :data:`DEPARTED_INTERVAL`, remove the consumers of processes that died
         without removing their own; idle at least the registry's TTL, the time a dead
         process takes to leave the registry."""
         while True:
-            await asyncio.sleep(DEPARTED_INTERVAL)
+            await idle(DEPARTED_INTERVAL)
             try:
                 live = live_owners(await list_processes(self.client, self.keys))
             except (RedisError, OSError) as exc:
@@ -161,7 +161,7 @@ class Housekeeping:
                     self.metrics.stream_trimmed.labels(event_type).inc(n)
                 if removed:
                     log.info("retention sweep", trimmed=removed)
-            await asyncio.sleep(transport.retention_interval)
+            await idle(transport.retention_interval)
 
     async def expire_reviews(self) -> None:
         """Reject, by ``timeout``, each review left undecided past its kind's deadline.
@@ -180,7 +180,7 @@ class Housekeeping:
                 for record in made:
                     log.info("review rejected at its deadline", review_id=record["review_id"],
                              kind=record["kind"], outputs=record["outputs"])
-            await asyncio.sleep(sweep_interval(timeouts))
+            await idle(sweep_interval(timeouts))
 
 
 def _not_in(live: frozenset[str]) -> Callable[[str], bool]:

@@ -227,7 +227,8 @@ class StreamKeys:
     # -- keys of the whole keyspace ----------------------------------------------------
 
     def limit(self, key: str) -> str:
-        """Where a flow-control limit keeps its state (``<this>:slots``, ``:held``, ``:started``, ``:tokens``).
+        """Where a flow-control limit keeps its state (``<this>:slots``, ``:held``,
+        ``:started``, ``:tokens``).
 
         One hash tag for every limit: one admission may check several limits in one
         script, whose keys a cluster requires in one slot (so all limits live on one

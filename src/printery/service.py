@@ -75,6 +75,8 @@ _OUTCOME_LABEL = {"error": "retry", "dead_lettered": "dead_letter", "fenced": "d
 
 #: Seconds a readiness/status PING may take before Redis counts as not answering.
 PING_TIMEOUT = 2.0
+#: Seconds the observers (registry, sweeps) have to stop once cancelled.
+OBSERVER_STOP_TIMEOUT = 5.0
 
 
 class MetricsObserver:
@@ -265,7 +267,7 @@ class Service(ProcessLifecycle):
         observers = [self.registry.run(self._registry_status),
                      *self.housekeeping.sweeps(lambda: self.manager)]
         for observer in observers:
-            task = asyncio.create_task(observer)
+            task = asyncio.create_task(observer, name=getattr(observer, "__qualname__", None))
             task.add_done_callback(log_failure)  # an observer that fails says so at once
             self._tasks.append(task)
 
@@ -294,7 +296,10 @@ class Service(ProcessLifecycle):
             await self.manager.stop_all(self.settings.shutdown_timeout)
         for task in self._tasks:
             task.cancel()
-        await asyncio.gather(*self._tasks, return_exceptions=True)  # failures: logged
+        if self._tasks:  # failures: logged by their done callbacks
+            _, stuck = await asyncio.wait(self._tasks, timeout=OBSERVER_STOP_TIMEOUT)
+            for task in stuck:  # never seen; but a stop must not wait on an observer
+                log.warning("observer did not stop: left behind", task=task.get_name())
         if self.registry is not None and self.client is not None:
             await self.registry.remove()
             await remove_consumers(self.client, self.keys, self.pipeline,

@@ -21,6 +21,7 @@ import redis.asyncio as aioredis
 from redis.exceptions import RedisError
 
 from printery import _json
+from printery._util import idle
 from printery.errors import ConfigError
 from printery.keys import StreamKeys
 
@@ -102,7 +103,7 @@ class ProcessRegistry:
                 if failing:
                     log.info("process registry: heartbeat restored")
                 failing = False
-            await asyncio.sleep(self.interval)
+            await idle(self.interval)
 
     async def remove(self) -> None:
         """Delete this process's key on graceful shutdown.
