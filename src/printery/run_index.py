@@ -134,7 +134,10 @@ class RunIndex:
         if starts:
             commands += self.started(run_id, at)
         if ended is not None:
-            commands += self.ended(run_id, outcome_status(outcomes[ended[0]], ended[1]), at)
+            status = outcome_status(outcomes[ended[0]], ended[1])
+            if status in ("", RUNNING):  # not a status the index can file an ended run under
+                status = outcomes[ended[0]]
+            commands += self.ended(run_id, status, at)
         return tuple(commands)
 
     # -- reads ----------------------------------------------------------------------------

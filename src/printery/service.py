@@ -144,7 +144,8 @@ class Service(ProcessLifecycle):
         try:
             traced = s.telemetry.otlp_endpoint
             if telemetry.start(traced, os.environ):  # before any worker asks for its tracer
-                log.info("tracing on", otlp_endpoint=redact_url(telemetry.endpoint(traced, os.environ) or ""))
+                log.info("tracing on", otlp_endpoint=redact_url(telemetry.endpoint(traced, os.environ) or "",
+                                                        keep_user=False))
             await self._start_http()
             await self._prepare_streams(self.client)
             self.manager = self._build_manager(self.client)

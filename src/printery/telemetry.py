@@ -21,6 +21,7 @@ from typing import Any
 
 from printery.errors import ConfigError
 from printery.fields import TRACEPARENT
+from printery.redact import redact_url
 
 __all__ = [
     "TRACEPARENT",
@@ -35,7 +36,6 @@ __all__ = [
 ]
 
 _TRACEPARENT = re.compile(r"^([0-9a-f]{2})-([0-9a-f]{32})-([0-9a-f]{16})-([0-9a-f]{2})$")
-_ENDPOINT_ENVS = ("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "OTEL_EXPORTER_OTLP_ENDPOINT")
 #: The tracer of this process, once :func:`start` turned tracing on.
 _active: _Tracing | None = None
 
@@ -55,8 +55,12 @@ def endpoint(configured: str | None, env: Mapping[str, str]) -> str | None:
     if env.get("OTEL_SDK_DISABLED", "").strip().lower() == "true":
         return None
     if configured:
-        return configured
-    return next((env[name].strip() for name in _ENDPOINT_ENVS if env.get(name, "").strip()), None)
+        return traces_url(configured)
+    exact = env.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "").strip()
+    if exact:  # the signal's own variable is used as given (the OTLP exporter spec)
+        return exact
+    base = env.get("OTEL_EXPORTER_OTLP_ENDPOINT", "").strip()
+    return traces_url(base) if base else None
 
 
 def traces_url(base: str) -> str:
@@ -78,7 +82,7 @@ def start(configured: str | None, env: Mapping[str, str]) -> bool:
         _active = _Tracing(url, env)
     except ImportError as exc:
         raise ConfigError(
-            "telemetry.otlp_endpoint", url,
+            "telemetry.otlp_endpoint", redact_url(url, keep_user=False),
             f"the OpenTelemetry packages: pip install 'printery[otel]' ({exc.name} is missing)",
         ) from None
     return True
@@ -113,7 +117,7 @@ class _Tracing:
 
         resource = Resource.create({"service.name": env.get("OTEL_SERVICE_NAME") or "printery"})
         self.provider = TracerProvider(resource=resource)
-        self.provider.add_span_processor(BatchSpanProcessor(OTLPSpanExporter(endpoint=traces_url(url))))
+        self.provider.add_span_processor(BatchSpanProcessor(OTLPSpanExporter(endpoint=url)))
         self.tracer = self.provider.get_tracer("printery")
 
 

@@ -204,6 +204,8 @@ def test_every_page_over_three_partitions(server: ServerProcess, tmp_path: Path)
         assert all(run_id in listed for run_id in runs)
         for path in PAGES:
             assert client.get(path).status_code == 200, path
+        # An id the run index does not know: 404 at once, no read of the streams.
+        assert client.get("/runs/dep-never-submitted").status_code == 404
         overview = client.get("/").text
         started = re.search(r"<td>deployment:started</td><td class=\"num\">(\d+)</td>", overview)
         assert started is not None and started.group(1) == "6", overview[:2000]

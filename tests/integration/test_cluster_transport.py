@@ -7,13 +7,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 
 import pytest
 from redis.exceptions import ConnectionError as RedisConnectionError
 
 from printery.keys import StreamKeys
-from printery.runtime.registry import list_processes
+from printery.runtime.registry import ProcessRegistry, list_processes
 from printery.transport.channel import DirectChannel
 from printery.transport.connection import connect
 from printery.transport.limits import WAIT_FOR_SLOT, Ask, Bound, LimitStore, Report
@@ -195,9 +194,8 @@ async def test_the_process_registry_lists_processes_of_every_master(cluster: Val
     ids = [f"proc-{i}" for i in range(12)]
     try:
         assert len({cluster.master_of(keys.process(pid)).port for pid in ids}) == 3
-        for pid in ids:  # as a registry writes them: the key, and the process index
-            await client.set(keys.process(pid), json.dumps({"pid": 1}), ex=30)
-            await client.zadd(keys.processes, {pid: 1})
+        for pid in ids:  # the key and the process index: two slots, so no transaction
+            await ProcessRegistry(client, keys, pid).beat({"pid": 1})
         listed = await list_processes(client, keys)
         assert sorted(p["process_id"] for p in listed) == sorted(ids)
     finally:

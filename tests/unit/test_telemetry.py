@@ -50,9 +50,12 @@ def test_endpoint_sources_and_precedence() -> None:
     traces = {**generic, "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT": "http://traces:4318/v1/traces"}
     assert telemetry.endpoint(None, {}) is None
     assert telemetry.endpoint(None, {"OTEL_EXPORTER_OTLP_ENDPOINT": " "}) is None
-    assert telemetry.endpoint(None, generic) == "http://generic:4318"
+    # The traces URL: /v1/traces added to a base, the signal's own variable as given.
+    assert telemetry.endpoint(None, generic) == "http://generic:4318/v1/traces"
     assert telemetry.endpoint(None, traces) == "http://traces:4318/v1/traces"
-    assert telemetry.endpoint(table, traces) == "http://table:4318"
+    custom = {"OTEL_EXPORTER_OTLP_TRACES_ENDPOINT": "http://traces:4318/custom"}
+    assert telemetry.endpoint(None, custom) == "http://traces:4318/custom"
+    assert telemetry.endpoint(table, traces) == "http://table:4318/v1/traces"
     assert telemetry.endpoint(table, {"OTEL_SDK_DISABLED": "true"}) is None
 
 

@@ -42,6 +42,8 @@ log = get_logger("printery.console")
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 #: Seconds between two renders of a polled page's live part.
 POLL_SECONDS = 1.0
+#: The deepest page of the runs list (each partition reads offset + a page of its index).
+MAX_OFFSET = 10_000
 _STATIC = {"console.css": "text/css", "console.js": "text/javascript"}
 _HEADERS = {
     "Cache-Control": "no-store", "X-Content-Type-Options": "nosniff",
@@ -247,7 +249,7 @@ def _page_routes(app: web.Application, console: Console, page: Guard) -> None:
 
 async def _run_list(views: Views, request: web.Request) -> dict[str, Any]:
     try:
-        offset = max(0, int(request.query.get("offset", "0")))
+        offset = min(max(0, int(request.query.get("offset", "0"))), MAX_OFFSET)
     except ValueError:
         offset = 0
     return await views.run_list(query=request.query.get("q", "").strip()[:_MAX_FIELD],

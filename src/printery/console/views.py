@@ -110,7 +110,11 @@ class Views:
                 "offset": offset, "page": PAGE, "statuses": summary["statuses"]}
 
     async def run(self, run_id: str) -> dict[str, Any] | None:
-        """One run's page, or None when no entry of it exists."""
+        """One run's page, or None when the run index does not know it: an unknown id
+        must not cost a read of every stream from its start (a run an external producer
+        started is indexed once its first entry is handled)."""
+        if not await self.index.find(self.client, run_id):
+            return None
         try:
             entries = await self.runs.entries(run_id)
         except UnknownRun:

@@ -171,8 +171,12 @@ class LimitGate:
             self._held = dict.fromkeys(self._held, 0)
             self._dirty = True
             self._kick()
-        if self._flusher is not None:
-            await asyncio.wait([self._flusher], timeout=2.0)
+        flusher = self._flusher
+        if flusher is not None:
+            _, late = await asyncio.wait([flusher], timeout=2.0)
+            if late:  # the server is not answering: what it holds lapses with its lease
+                flusher.cancel()
+                await asyncio.gather(flusher, return_exceptions=True)
         await self.store.close()
 
     # -- internals -----------------------------------------------------------------------

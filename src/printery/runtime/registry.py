@@ -67,12 +67,14 @@ class ProcessRegistry:
     async def beat(self, status: dict[str, Any]) -> None:
         """Write ``status`` (any JSON-able dict) under this process's key, with the TTL.
 
-        One transaction: SET with PX (the value and its expiry change together), the id
-        in the process index, and the index's members that stopped beating a day ago
-        dropped. Raises the client's errors; :meth:`run` is the caller that tolerates them.
+        One round trip: SET with PX (the value and its expiry change together), the id in
+        the process index, and the index's members that stopped beating a day ago
+        dropped. Not a transaction: the key and the index are in two slots on a cluster,
+        and a reader skips an indexed id whose key is gone anyway. Raises the client's
+        errors; :meth:`run` is the caller that tolerates them.
         """
         now = time.time() * 1000
-        async with self.redis.pipeline(transaction=True) as pipe:
+        async with self.redis.pipeline(transaction=False) as pipe:
             pipe.set(self.key, _json.dumpb(status), px=max(1, int(self.ttl * 1000)))
             pipe.zadd(self.keys.processes, {self.process_id: now})
             pipe.zremrangebyscore(self.keys.processes, "-inf", now - _FORGET_MS)
@@ -111,7 +113,7 @@ class ProcessRegistry:
         Tolerates a lost connection: then the key simply expires after ``ttl``.
         """
         try:
-            async with self.redis.pipeline(transaction=True) as pipe:
+            async with self.redis.pipeline(transaction=False) as pipe:
                 pipe.delete(self.key)
                 pipe.zrem(self.keys.processes, self.process_id)
                 await pipe.execute()

@@ -43,8 +43,9 @@
 -- withdraws every output of the run and returns the error.
 --
 -- The run index's writes (printery/run_index.py), the last x arguments: per command its
--- argument count, then the command. They are idempotent and made whatever the verdict (a
--- duplicate's were made by the commit it duplicates), after the outputs' decision; an
+-- argument count, then the command. They are idempotent and made whatever each entry's
+-- verdict (a duplicate's were made by the commit it duplicates), once the outputs are
+-- decided, and not at all when the script itself failed; an
 -- error in one (a key of another type) is left to the index, never to the commit. Here
 -- rather than as commands of the transaction: a command there costs the client a packing
 -- and a reply each, an argument here nearly nothing.
@@ -419,11 +420,13 @@ local function decide()
 end
 
 local ok, results = pcall(decide)
-local i = indexed + 1
-while i <= #ARGV do
-  local n = tonumber(ARGV[i])
-  redis.pcall(unpack(ARGV, i + 1, i + n))
-  i = i + n + 1
+if ok then  -- a run that could not be decided is indexed by the commit that decides it
+  local i = indexed + 1
+  while i <= #ARGV do
+    local n = tonumber(ARGV[i])
+    redis.pcall(unpack(ARGV, i + 1, i + n))
+    i = i + n + 1
+  end
 end
 if not ok then
   -- Keep nothing of a run that could not be decided.
