@@ -13,6 +13,7 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 
 from printery.keys import StreamKeys
 from printery.runtime.registry import ProcessRegistry, list_processes
+from printery.testing import wait_for_sync
 from printery.transport.channel import DirectChannel
 from printery.transport.connection import connect
 from printery.transport.limits import WAIT_FOR_SLOT, Ask, Bound, LimitStore, Report
@@ -73,9 +74,11 @@ async def test_channel_follows_a_manual_failover_without_an_error(own_cluster: V
         assert await channel.transactions(_increments(keys)) == [[1, "OK"]] * len(keys)
         old = own_cluster.master_of(keys[0])
         replica = own_cluster.replica_of(old)
-        replica.call("CLUSTER", "FAILOVER")
+        replica.call("CLUSTER", "FAILOVER")  # answers at once; the switch follows
+        await asyncio.to_thread(
+            wait_for_sync, lambda: own_cluster.master_of(keys[0]) is replica, timeout=30,
+            message="the replica promoted by CLUSTER FAILOVER")
         await asyncio.to_thread(own_cluster.wait_healthy)
-        assert own_cluster.master_of(keys[0]) is replica
         assert await channel.transactions(_increments(keys)) == [[2, "OK"]] * len(keys)
         assert await channel.commands([("GET", key) for key in keys]) == ["2"] * len(keys)
     finally:
