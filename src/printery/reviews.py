@@ -223,7 +223,7 @@ async def decide(
                DECIDED_AT: decided_at},
     )
     # An output may be the run's outcome (a rejection's type often is): index it too.
-    indexed = RunIndex(keys, outcomes=pipeline.outcomes).commit_writes(keys.review, cid, {}, outputs)
+    indexed = RunIndex(keys, outcomes=pipeline.outcomes).commit_writes(keys.review, cid, outputs)
     await _commit(client, keys, entry_id, decided, outputs, (*outcome.commands, *indexed))
     return {**record, **outcome.result, "detail": outcome.detail}
 

@@ -21,6 +21,8 @@ are commands of the commit's own transaction (``EntryCommit.run_index``), so the
 with the outputs, atomically; they do not depend on the script's verdict, so they are
 idempotent (``NX``, the same status again), except the cost minutes: a duplicate
 delivery's cost counts twice there (an overview figure; ``printery cost`` is exact).
+The costs of the entries one commit carries go to their minute summed, with the first
+of them (:meth:`RunIndex.spent`): one write per commit, not per entry.
 """
 
 from __future__ import annotations
@@ -107,32 +109,31 @@ class RunIndex:
             commands.append(("EXPIRE", key, COST_MINUTE_TTL))
         return commands
 
-    def commit_writes(self, source: str, run_id: str, costs: Mapping[str, float],
+    def commit_writes(self, source: str, run_id: str,
                       outputs: Iterable[Sequence[Any]]) -> tuple[Command, ...]:
         """What the commit of one handled entry (of the stream ``source``, run ``run_id``)
         adds to the index, given its ``outputs`` as (stream key, fields, ...). Most
-        commits add nothing: only an ingress entry, an outcome and a cost are indexed, and
-        this is on the hot path of every step (two set lookups when nothing is)."""
+        commits add nothing: only an ingress entry and an outcome are indexed, and this is
+        on the hot path of every step (two set lookups when nothing is). Costs are not
+        per entry: a commit's are summed into one :meth:`spent`."""
         streams = self._streams
         if streams is None:
             streams = self._streams = (
                 frozenset(self.keys.stream(t) for t in self.ingress),
                 {self.keys.stream(t): t for t in self.outcomes})
+        if not run_id:
+            return ()
         ingress, outcomes = streams
         ended = None
-        starts = False
-        if run_id:
-            starts = source in ingress
-            for out in outputs:
-                if out[0] in outcomes:
-                    ended = out
-                    break
-        if not costs and not starts and ended is None:
+        for out in outputs:
+            if out[0] in outcomes:
+                ended = out
+                break
+        starts = source in ingress
+        if not starts and ended is None:
             return ()
         at = now_ms()
-        commands = self.spent(costs, at)
-        if starts:
-            commands += self.started(run_id, at)
+        commands = self.started(run_id, at) if starts else []
         if ended is not None:
             status = outcome_status(outcomes[ended[0]], ended[1])
             if status in ("", RUNNING):  # not a status the index can file an ended run under

@@ -29,7 +29,7 @@ import asyncio
 import contextlib
 import os
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import redis.asyncio as aioredis
@@ -101,8 +101,10 @@ class MetricsObserver:
     def budget_event(self, worker: str, level: str) -> None:
         self.metrics.budget_events.labels(level).inc()
 
-    def limit_waited(self, worker: str, limit: str, seconds: float) -> None:
-        self.metrics.limit_wait.labels(limit).observe(seconds)
+    def limit_waited(self, worker: str, limit: str, seconds: Sequence[float]) -> None:
+        histogram = self.metrics.limit_wait.labels(limit)
+        for waited in seconds:
+            histogram.observe(waited)
 
 
 class Service(ProcessLifecycle):

@@ -17,6 +17,7 @@ from printery.transport.commit import (
     ChargePlan,
     Committer,
     EntryCommit,
+    encode_amount,
 )
 from printery.transport.streams import ensure_group
 
@@ -29,7 +30,7 @@ def _charge(keys: StreamKeys, run: str, usd: float, tokens: int = 0) -> BudgetCh
                "idempotency_key": "", "producer": "step"}
     plan = ChargePlan(keys.budget_prefix, ("usd", "tokens"), (8.0, None), (note, ""), "cid",
                       keys.stream("budget:warning"), warning)
-    return BudgetCharge(plan, run, (usd, tokens))
+    return BudgetCharge(plan, run, (encode_amount(usd), encode_amount(tokens)))
 
 
 async def test_spent_counts_only_what_commits_and_the_warning_is_written_once(

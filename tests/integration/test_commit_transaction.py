@@ -29,6 +29,7 @@ from printery.transport.commit import (
     commit_commands,
     commit_results,
     commit_run,
+    encode_amount,
 )
 from printery.transport.streams import ensure_group
 
@@ -228,7 +229,8 @@ def _charges(draw: st.DrawFn) -> BudgetCharge | None:
         ('{"unit": "usd", "spent": ', *[""] * (len(shape) - 1)), "cid", "p:budget:warning",
         _WARNING)
     return BudgetCharge(plan, draw(st.sampled_from(["r1", "r2"])),
-                        tuple(draw(st.sampled_from([0, 3, 0.25, 812])) for _ in shape))
+                        tuple(encode_amount(draw(st.sampled_from([0, 3, 0.25, 812])))
+                              for _ in shape))
 
 
 _entries = st.lists(st.builds(

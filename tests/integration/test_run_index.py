@@ -7,12 +7,14 @@ from __future__ import annotations
 
 import redis.asyncio as aioredis
 
+from printery import ConsumerSettings, Message, Output, Pipeline, WorkerManager
 from printery._json import dumps
 from printery.apps import load_app
 from printery.client import Runs
 from printery.history import id_order
 from printery.keys import StreamKeys
 from printery.run_index import RUNNING, RunIndex, now_ms
+from printery.testing import wait_for
 from printery.transport.commit import Append, Committer, EntryCommit
 
 REQUEST = {"service": "billing-api", "version": "1.0.0", "environment": "development",
@@ -40,11 +42,13 @@ async def test_submit_outcome_and_raw_runs_are_indexed(client: aioredis.Redis, p
     finished = dumps({"deployment_id": first, "status": "failed", "reasons": []})
     commit = EntryCommit("", "", "", "", [Append(keys.stream("deployment:finished"),
                                                  {"data": finished, "deployment_id": first})],
-                         run_index=index.commit_writes(keys.stream("health:checked"), first, {"usd": 0.5},
+                         run_index=index.commit_writes(keys.stream("health:checked"), first,
                                                        [(keys.stream("deployment:finished"),
-                                                         {"data": finished})]))
+                                                         {"data": finished})])
+                         + tuple(index.spent({"usd": 0.5}, now_ms())))
     # A raw XADD's run, indexed by the commit of its ingress entry (no submit record).
-    raw = index.commit_writes(keys.stream("deployment:started"), "dep-raw", {"usd": 0.25}, [])
+    raw = (index.commit_writes(keys.stream("deployment:started"), "dep-raw", [])
+           + tuple(index.spent({"usd": 0.25}, now_ms())))
     committer = Committer(client, index_key=keys.idempotency_index("w"), group="w",
                           ttl_ms=60_000)
     assert [r for r in await committer.commit(
@@ -59,6 +63,36 @@ async def test_submit_outcome_and_raw_runs_are_indexed(client: aioredis.Redis, p
     assert await index.find(client, "dep-nope") == []
     assert await index.cost_last_hour(client) == {"usd": 0.75}
     await runs.close()
+
+
+async def test_the_costs_handlers_report_reach_the_minute_summed_per_commit(
+    client: aioredis.Redis, prefix: str
+) -> None:
+    """A worker's commits carry their entries' costs to the minute as one sum each:
+    whatever the batches, the minute holds exactly what the handlers reported."""
+    keys = StreamKeys(prefix)
+    p = Pipeline("spend", ingress=["job"], cost_units=["usd", "tokens"])
+
+    @p.step("work", consumes=["job"], produces=["done"], cost_units=["usd", "tokens"])
+    async def work(message: Message) -> Output:
+        message.report_cost("usd", 0.25)
+        message.report_cost("tokens", message.data["n"])
+        return Output("done", {})
+
+    for n in range(200):  # a backlog: read, and so committed, many at a time
+        await client.xadd(keys.stream("job"), {"data": dumps({"n": n}), "correlation_id": f"r{n}"})
+    manager = WorkerManager()
+    for worker, deps in p.build_workers(client=client, keys=keys,
+                                        settings=ConsumerSettings(block_ms=100)):
+        manager.register(worker, deps)
+    await manager.start_all()
+    try:
+        async def done() -> bool:
+            return await client.xlen(keys.stream("done")) == 200
+        await wait_for(done, timeout=20)
+    finally:
+        await manager.stop_all(2)
+    assert await RunIndex(keys).cost_last_hour(client) == {"usd": 50.0, "tokens": 19900.0}
 
 
 async def test_cost_last_hour_counts_sixty_minutes(client: aioredis.Redis, prefix: str) -> None:
@@ -93,8 +127,9 @@ async def test_with_partitions_each_run_is_indexed_in_its_partition_and_read_mer
     part = keys.of(first)
     finished = dumps({"deployment_id": first, "status": "failed", "reasons": []})
     writes = index.within(part).commit_writes(
-        part.stream("health:checked"), first, {"usd": 0.5},
-        [(part.stream("deployment:finished"), {"data": finished})])
+        part.stream("health:checked"), first,
+        [(part.stream("deployment:finished"), {"data": finished})]) + tuple(
+        index.within(part).spent({"usd": 0.5}, now_ms()))
     scope = part.scope + ":"
     assert all(command[1].startswith(scope) for command in writes), writes
     committer = Committer(client, index_key=part.idempotency_index("w"), group="w",

@@ -28,8 +28,12 @@ exactly once on both.
 
 With ``features`` (``--with-limit``: a :class:`~printery.Limit` on every stage;
 ``--with-budget``: a :class:`~printery.Budget` on the run and every stage), printery
-runs twice, without and then with them (side ``printery_with``), and ``with_overhead`` is
-the throughput the features cost: ``1 - with / without``.
+runs again with them (side ``printery_with``), and ``with_overhead`` is the throughput
+the features cost: ``1 - with / without``. Without is the same pipeline with the same
+handlers: with a budget, whose handlers report a cost, a run of those handlers without
+the budget and the limit (side ``printery_without``; the cost reporting is not what is
+measured), else the ``printery`` side; ``with_overhead_plain`` is the cost against the
+``printery`` side all the same.
 
 The CLI calls :func:`run_bench` and prints :func:`format_table` or the JSON document.
 """
@@ -71,8 +75,9 @@ from printery.transport.embedded import start_ephemeral
 __all__ = ["SIDES", "format_table", "run_bench"]
 
 #: The sides, in the order they run: the same-entry ceiling, the minimal one, printery,
-#: and printery with the features asked for (only when some are).
-SIDES = ("ceiling", "ceiling_minimal", "printery", "printery_with")
+#: printery's handlers reporting costs (only with a budget), and printery with the
+#: features asked for (only when some are).
+SIDES = ("ceiling", "ceiling_minimal", "printery", "printery_without", "printery_with")
 #: ``ceiling`` option: which ceilings run (printery always does).
 CEILINGS: dict[str, tuple[str, ...]] = {
     "same": ("ceiling",),
@@ -139,7 +144,9 @@ async def run_bench(
     if redis_url and partitions < 2 and urlsplit(redis_url).scheme in CLUSTER_SCHEMES:
         raise ConfigError("partitions", partitions, "2 or more on a cluster (one partition's "
                           "keys carry no hash tag; see --partitions)")
-    sides = (*CEILINGS[ceiling], "printery", *(("printery_with",) if features else ()))
+    sides = (*CEILINGS[ceiling], "printery",
+             *(("printery_without",) if "budget" in features else ()),
+             *(("printery_with",) if features else ()))
     run_duration = duration if duration is not None else DEFAULT_DURATION
     if rate is not None:
         events = round(rate * run_duration)
@@ -188,6 +195,14 @@ def _validate(
         raise ConfigError("ceiling", ceiling, f"one of {', '.join(CEILINGS)}")
 
 
+def _features(side: str, features: tuple[str, ...]) -> tuple[str, ...]:
+    """What the pipeline of ``side`` runs with: ``printery_without`` is the handlers of
+    ``printery_with`` (reporting a cost when a budget is on) without its limit and budget."""
+    if side == "printery_with":
+        return features
+    return ("cost",) if side == "printery_without" else ()
+
+
 async def _run_side(
     kind: str, client: aioredis.Redis, url: str, plan: _Plan, server_pid: int | None
 ) -> dict[str, Any]:
@@ -197,7 +212,7 @@ async def _run_side(
         "printery" if ours else kind, plan.processes, url=url, prefix=layout.prefix,
         stages=plan.stages, batch=BATCH, block_ms=BLOCK_MS, log_dir=plan.work_dir,
         prefetch=plan.prefetch if ours else None,
-        features=plan.features if kind == "printery_with" else (),
+        features=_features(kind, plan.features),
         partitions=plan.partitions,
     )
     server_cpu = _ServerCpu(server_pid)
@@ -367,7 +382,7 @@ def _ratio(ours: dict[str, Any] | None, ceiling: dict[str, Any] | None, key: str
 def _document(
     plan: _Plan, results: dict[str, dict[str, Any]], *, embedded: bool, ceiling: str
 ) -> dict[str, Any]:
-    same, minimal, ours, featured = (results.get(side) for side in SIDES)
+    same, minimal, ours, without, featured = (results.get(side) for side in SIDES)
     settings = (ours or {}).get("settings", {})
     doc: dict[str, Any] = {
         "ceiling": same or {},
@@ -392,7 +407,10 @@ def _document(
     if featured is not None:
         doc["printery_with"] = featured
         doc["with"] = list(plan.features)
-        doc["with_overhead"] = round(1 - _ratio(featured, ours, "events_per_s"), 3)
+        doc["with_overhead"] = round(1 - _ratio(featured, without or ours, "events_per_s"), 3)
+        if without is not None:
+            doc["printery_without"] = without
+            doc["with_overhead_plain"] = round(1 - _ratio(featured, ours, "events_per_s"), 3)
     if plan.rate is not None:
         doc["rate"] = plan.rate
         doc["duration"] = plan.duration

@@ -20,6 +20,7 @@ _ROWS = (
     ("ceiling", "ceiling (same entries)"),
     ("ceiling_minimal", "ceiling (minimal, 1 field)"),
     ("printery", "printery"),
+    ("printery_without", "printery reporting costs"),
     ("printery_with", "printery with"),
 )
 
@@ -74,6 +75,9 @@ def format_table(result: dict[str, Any]) -> str:
     if result.get("printery_with"):
         lines.append(f"overhead of {' + '.join(result.get('with', []))} on every stage "
                      f"(1 - with / without events/s): {result.get('with_overhead', 0):.1%}")
+        if "with_overhead_plain" in result:
+            lines.append("  without = the same handlers reporting costs; against printery "
+                         f"without cost reports: {result['with_overhead_plain']:.1%}")
     verdict = "yes" if result.get("verified") else "NO"
     lines.append(f"every event arrived exactly once: {verdict}")
     return "\n".join(lines)

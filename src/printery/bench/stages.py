@@ -37,8 +37,9 @@ def _forward(target: str, *, cost: bool = False) -> Handler:
     return handle_reporting if cost else handle
 
 
-#: What ``--with-limit`` / ``--with-budget`` add to every stage.
-FEATURES = ("limit", "budget")
+#: What ``--with-limit`` / ``--with-budget`` add to every stage; ``cost``: handlers that
+#: report a cost (as a budget's do) and nothing more, the baseline of a budget's overhead.
+FEATURES = ("limit", "budget", "cost")
 
 
 def bench_limits(stage: int) -> list[Limit]:
@@ -51,20 +52,21 @@ def bench_limits(stage: int) -> list[Limit]:
 
 def bench_pipeline(layout: BenchLayout, features: Sequence[str] = ()) -> Pipeline:
     """A chain ``s0 -> stage0 -> s1 -> ... -> s<stages>`` of handlers that pass data on,
-    each stage with the ``features`` asked for (:data:`FEATURES`): ``budget`` makes each
-    handler report a cost and puts a budget on the run and on every stage."""
+    each stage with the ``features`` asked for (:data:`FEATURES`): ``cost`` makes each
+    handler report a cost, ``budget`` that and a budget on the run and on every stage."""
     budget = "budget" in features
+    cost = budget or "cost" in features
     pipeline = Pipeline("bench", ingress=[layout.event_type(0)],
-                        cost_units=["usd"] if budget else [],
+                        cost_units=["usd"] if cost else [],
                         budget=Budget(usd=BENCH_BUDGET_USD) if budget else None)
     for stage in range(layout.stages):
         target = layout.event_type(stage + 1)
         pipeline.add(
             Step(
                 name=layout.group(stage), consumes=(layout.event_type(stage),),
-                produces=(target,), handler=_forward(target, cost=budget),
+                produces=(target,), handler=_forward(target, cost=cost),
                 limits=bench_limits(stage) if "limit" in features else (),
-                cost_units=("usd",) if budget else (),
+                cost_units=("usd",) if cost else (),
                 budget=Budget(usd=BENCH_BUDGET_USD) if budget else None,
             )
         )

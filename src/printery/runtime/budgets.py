@@ -41,7 +41,7 @@ from printery.pipeline.budget import (
 )
 from printery.runtime.handler import Message, Output
 from printery.transport.channel import Command
-from printery.transport.commit import BudgetCharge, ChargePlan
+from printery.transport.commit import BudgetCharge, ChargePlan, encode_amount
 
 BUDGET_CHECK_LUA = resources.files("printery.transport").joinpath("budget_check.lua").read_text()
 
@@ -59,6 +59,10 @@ class BudgetGuard:
             value for limit in self._limits for value in (limit.field, repr(limit.limit))]
         charged = plan.charged()
         self._units = tuple(unit for _, unit, _, _ in charged)
+        #: The unit when every charged field is of one (the usual case: one lookup).
+        self._unit = self._units[0] if len(set(self._units)) == 1 else None
+        self._last_amount: float | None = None
+        self._last_amounts: tuple[str, ...] = ()
         self._charge_plan = ChargePlan(
             keys.budget_prefix, tuple(name for name, _, _, _ in charged),
             tuple(soft for _, _, soft, _ in charged), tuple(note for _, _, _, note in charged),
@@ -66,27 +70,30 @@ class BudgetGuard:
         self._warning_made = -1
 
     def reads(self, messages: Sequence[Message]) -> list[Command]:
-        """The command that checks the budgets of ``messages``' runs."""
+        """The command that checks the budgets of ``messages``' runs (a read batch)."""
+        self._refresh()
         if not self._limits:
             return []
-        keys = [self.keys.budget(m.correlation_id) for m in messages]
+        prefix = self._charge_plan.prefix
+        keys = [prefix + m.envelope.correlation_id for m in messages]
         return [("EVAL", BUDGET_CHECK_LUA, len(keys), *keys, *self._check_args)]
 
-    def over(self, replies: Sequence[Any], index: int) -> Exceeded | None:
-        """The hard limit the ``index``-th message's run is at or over, from the reply
-        of :meth:`reads` (an error reply is raised: the batch is not run unchecked)."""
+    def over(self, replies: Sequence[Any]) -> dict[int, Exceeded]:
+        """The hard limit each message of the batch checked by :meth:`reads` is at or
+        over, by its position (only those that are; an error reply is raised: the batch
+        is not run unchecked)."""
         if not self._limits:
-            return None
+            return {}
         (verdicts,) = replies
         if isinstance(verdicts, Exception):
             raise verdicts
-        verdict = verdicts[index]
-        if not isinstance(verdict, list):
-            return None
-        number, spent, raised = verdict
-        limit = self._limits[int(number) - 1]
-        return Exceeded(limit.field, limit.unit, limit.limit + float(raised), float(spent),
-                        limit.budget.on_exceeded, limit.step)
+        over = {}
+        for position, number, spent, raised in verdicts:
+            limit = self._limits[int(number) - 1]
+            over[int(position) - 1] = Exceeded(
+                limit.field, limit.unit, limit.limit + float(raised), float(spent),
+                limit.budget.on_exceeded, limit.step)
+        return over
 
     def held(self, message: Message, exceeded: Exceeded) -> Output:
         """What a held entry writes instead of running: the run's terminal
@@ -123,16 +130,23 @@ class BudgetGuard:
         costs = message.costs
         if not costs or not self._units:
             return None
-        return BudgetCharge(self._plan(), message.correlation_id,
-                            tuple([costs.get(unit, 0) for unit in self._units]))
+        unit = self._unit
+        if unit is None:
+            amounts = tuple([encode_amount(costs.get(unit, 0)) for unit in self._units])
+        else:  # one unit: one amount, encoded again only when it differs from the last
+            amount = costs.get(unit, 0)
+            if amount != self._last_amount:
+                self._last_amount = amount
+                self._last_amounts = (encode_amount(amount),) * len(self._units)
+            amounts = self._last_amounts
+        return BudgetCharge(self._charge_plan, message.envelope.correlation_id, amounts)
 
-    def _plan(self) -> ChargePlan:
-        """The step's charge plan, with the fields of a warning its commits may write
-        (the script fills in the run, the data and the ids): made again once a second,
-        for its ``produced_at``, rather than for every commit."""
+    def _refresh(self) -> None:
+        """Make the fields of a warning the step's commits may write (the script fills in
+        the run, the data and the ids) again once a second, for its ``produced_at``,
+        rather than for every commit: called once per read batch."""
         now = int(time.monotonic())
         if now != self._warning_made:
             self._charge_plan = self._charge_plan._replace(warning=self.codec.new_fields(
                 BUDGET_WARNING, None, correlation_id="", producer=self.worker))
             self._warning_made = now
-        return self._charge_plan

@@ -37,7 +37,6 @@ from printery.backoff import compute_backoff
 from printery.envelope import Codec
 from printery.errors import (
     MessageError,
-    PipelineError,
     Reject,
     Retry,
     WorkerCrashed,
@@ -46,7 +45,7 @@ from printery.errors import (
 )
 from printery.fields import REPLAY_FOR
 from printery.keys import StreamKeys
-from printery.run_index import RunIndex
+from printery.run_index import RunIndex, now_ms
 from printery.runtime.accounting import Accounting, Decided
 from printery.runtime.budgets import BudgetGuard
 from printery.runtime.connectivity import Connectivity
@@ -233,20 +232,22 @@ class EntryPipeline:
                 consumer=delivery.consumer.name, fields=fields,
             )))
         keys = [message.envelope.idempotency_key for _, message in admitted]
-        budget, budgets = self.budget, list[Any]()
+        budget, over = self.budget, dict[int, Any]()
         if budget is None:
             seen = await self.connectivity.retrying(lambda: self.records.recorded(keys))
         else:
             reads = budget.reads([message for _, message in admitted])
             seen, budgets = await self.connectivity.retrying(
                 lambda: self.records.recorded_and_read(keys, reads))
+            over = budget.over(budgets)
         to_run = []
         for n, ((delivery, message), duplicate) in enumerate(zip(admitted, seen, strict=True)):
             if duplicate:
                 commit = EntryCommit(delivery.stream, delivery.consumer.name, delivery.entry_id,
                                      message.envelope.idempotency_key, ())
                 decided.append(Decided(delivery, commit, "duplicate"))
-            elif budget is not None and (exceeded := budget.over(budgets, n)) is not None:
+            elif over and (exceeded := over.get(n)) is not None:
+                assert budget is not None
                 appends = self.writes.appends([budget.held(message, exceeded)], message, 0.0)
                 commit = EntryCommit(delivery.stream, delivery.consumer.name, delivery.entry_id,
                                      message.envelope.idempotency_key, appends,
@@ -264,16 +265,15 @@ class EntryPipeline:
         """Ask the step's limits for the whole batch in one request: entries admitted
         now start at once, the others wait in :meth:`_handle`. A key function that fails
         dead-letters its entry (it would fail again on every delivery)."""
-        gate, tickets, kept = self.gate, [], []
+        gate = self.gate
         assert gate is not None
-        for delivery, message in admitted:
-            try:
-                tickets.append(gate.ticket(message))
-                kept.append((delivery, message))
-            except PipelineError as exc:
+        tickets, failed = gate.tickets([message for _, message in admitted])
+        if failed:
+            for n, exc in failed.items():
+                delivery, message = admitted[n]
                 decided.append(self._dead_letter(delivery, message.fields, "invalid_limit_key",
                                                  str(exc)))
-        admitted[:] = kept
+            admitted[:] = [entry for n, entry in enumerate(admitted) if n not in failed]
         await self.connectivity.retrying(lambda: gate.try_admit(tickets))
         return tickets
 
@@ -297,8 +297,8 @@ class EntryPipeline:
                 try:
                     outputs = outputs_of(await self.handler(message))
                 finally:
-                    if gate is not None and ticket is not None:  # a retry: a new claim
-                        ticket = gate.release(ticket, message.costs)
+                    if gate is not None and ticket is not None:  # then a retry's claim
+                        gate.release(ticket, message.costs)
             except Reject as exc:
                 return self._dead_letter(delivery, message.fields, exc.reason_code, str(exc),
                                          deliveries=message.deliveries)
@@ -367,7 +367,7 @@ class EntryPipeline:
         """The run index's writes of this commit, if the index is kept."""
         index = self.index
         return () if index is None else index.commit_writes(
-            message.stream, message.correlation_id, message.costs, appends)
+            message.stream, message.correlation_id, appends)
 
     def _dead_letter(
         self, delivery: Delivery, fields: dict[str, str], reason_code: str, error: str, *,
@@ -390,12 +390,29 @@ class EntryPipeline:
         if not decided:
             return
         commits = [item.commit for item in decided]
+        if self.index is not None:
+            self._add_costs(decided, commits, self.index)
         results = await self.connectivity.retrying(lambda: self.committer.commit(commits))
         for item, result in zip(decided, results, strict=True):
             try:
                 self._settle(item, result, time.perf_counter() - begun)
             finally:
                 item.delivery.release()
+
+    @staticmethod
+    def _add_costs(decided: list[Decided], commits: list[EntryCommit], index: RunIndex) -> None:
+        """The costs the handlers of ``decided`` reported, summed, go to the run index's
+        minute with the first commit: one write per commit, not one per entry."""
+        total: dict[str, float] = {}
+        for item in decided:
+            message = item.message
+            if message is not None and message.costs and item.outcome == "ok":
+                for unit, amount in message.costs.items():
+                    total[unit] = total.get(unit, 0.0) + amount
+        if total:
+            first = commits[0]
+            commits[0] = first._replace(
+                run_index=(*first.run_index, *index.spent(total, now_ms())))
 
     @public_api
     async def emit(self, outputs: Sequence[Output], *, correlation_id: str) -> int:

@@ -20,12 +20,12 @@ import os
 import random
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass, field
 from typing import Any
 
 import structlog
 
 from printery._util import wait_event
+from printery.errors import PipelineError
 from printery.keys import StreamKeys
 from printery.limits import WINDOW_SECONDS, Limit
 from printery.runtime.handler import Message
@@ -50,15 +50,21 @@ def window_seconds() -> float:
     return float(os.environ.get(WINDOW_ENV) or WINDOW_SECONDS)
 
 
-@dataclass(slots=True, eq=False)
 class Ticket:
-    """One handler call's claim on the step's limits."""
+    """One handler call's claim on the step's limits (the same ticket again for a retry:
+    :meth:`LimitGate.release` makes it a new claim). ``wait``: the last request's reply
+    for it (0 admitted, else the ms until the window can admit it, or
+    :data:`WAIT_FOR_SLOT`)."""
 
-    bounds: tuple[Bound, ...]
-    since: float = field(default_factory=time.perf_counter)
-    admitted: bool = False
-    abandoned: bool = False
-    waiting: bool = False
+    __slots__ = ("abandoned", "admitted", "bounds", "since", "wait", "waiting")
+
+    def __init__(self, bounds: tuple[Bound, ...], since: float) -> None:
+        self.bounds = bounds
+        self.since = since
+        self.admitted = False
+        self.abandoned = False
+        self.waiting = False
+        self.wait = 0
 
 
 class LimitGate:
@@ -76,7 +82,7 @@ class LimitGate:
         self.worker = worker
         self.observer = observer
         self._gate = f"{os.getpid()}:{os.urandom(4).hex()}"
-        self._asks: list[tuple[list[Ticket], asyncio.Future[list[int]]]] = []
+        self._asks: list[tuple[list[Ticket], asyncio.Future[None]]] = []
         #: Per limit key: concurrency slots held now, and tokens not yet charged.
         self._held: dict[str, int] = {}
         self._tokens: dict[str, float] = {}
@@ -87,17 +93,29 @@ class LimitGate:
         self._static = None if any(callable(limit.key) for limit in self.limits) else tuple(
             self._bound(limit, limit.key) for limit in self.limits if isinstance(limit.key, str))
         self._slot_waiters = 0
+        #: Whether a handler's reported tokens are counted (some limit has a token rate).
+        self._counts_tokens = any(limit.tokens_per_minute for limit in self.limits)
+        self._labels = tuple(limit.label for limit in self.limits)
         #: Per limit label: entries waiting now, and seconds waited in all.
         self.waiting = dict.fromkeys((limit.label for limit in self.limits), 0)
         self.waited = dict.fromkeys((limit.label for limit in self.limits), 0.0)
 
-    def ticket(self, message: Message) -> Ticket:
-        """A claim for one handler call of ``message``. Raises
-        :class:`~printery.PipelineError` when a key function fails."""
+    def tickets(self, messages: Sequence[Message]) -> tuple[list[Ticket], dict[int, PipelineError]]:
+        """A claim for one handler call of each of ``messages`` (a read batch), but for
+        those whose key function failed: their errors, by position."""
+        now = time.perf_counter()
         bounds = self._static
-        if bounds is None:
-            bounds = tuple(self._bound(limit, limit.key_of(message)) for limit in self.limits)
-        return Ticket(bounds)
+        if bounds is not None:
+            return [Ticket(bounds, now) for _ in messages], {}
+        claims: list[Ticket] = []
+        failed: dict[int, PipelineError] = {}
+        for n, message in enumerate(messages):
+            try:
+                claims.append(Ticket(tuple(self._bound(limit, limit.key_of(message))
+                                           for limit in self.limits), now))
+            except PipelineError as exc:
+                failed[n] = exc
+        return claims, failed
 
     def _bound(self, limit: Limit, key: str) -> Bound:
         return Bound(self.keys.limit(key), limit.concurrency or 0,
@@ -114,17 +132,19 @@ class LimitGate:
         retries with the same ticket: what a lost reply admitted, the next report gives
         back)."""
         self._slot_waiters += 1  # a release wakes it (cheaper than an event per release)
+        if not ticket.since:
+            ticket.since = time.perf_counter()  # a retry's claim: its wait starts now
         try:
             while not ticket.admitted:
                 freed = self._freed
-                (result,) = await self._ask([ticket])
+                await self._ask([ticket])
                 if ticket.admitted:
                     break
                 self._set_waiting(ticket, True)
-                if result == WAIT_FOR_SLOT:
+                if ticket.wait == WAIT_FOR_SLOT:
                     await wait_event(freed, SLOT_POLL_SECONDS * (1 + random.random()))
                 else:
-                    await asyncio.sleep(max(result, 1) / 1000)
+                    await asyncio.sleep(max(ticket.wait, 1) / 1000)
         except CONNECTION_ERRORS:
             raise
         except BaseException:  # cancelled (the drain) or failing: nobody will release it
@@ -134,25 +154,27 @@ class LimitGate:
             self._slot_waiters -= 1
             self._set_waiting(ticket, False)
 
-    def release(self, ticket: Ticket, costs: dict[str, float]) -> Ticket:
+    def release(self, ticket: Ticket, costs: dict[str, float]) -> None:
         """The handler call is over: give back its slots and charge the tokens it
         reported (sent with the next round trip, which starts now if none is on the wire).
-        Returns the claim of a next call (a retry) under the same keys."""
-        tokens = costs.get("tokens", 0)
+        The ticket is then the claim of a next call (a retry) under the same keys."""
+        tokens = costs.get("tokens", 0) if self._counts_tokens else 0
+        held = self._held
         for bound in ticket.bounds:
             if bound.concurrency > 0 and ticket.admitted:
-                self._held[bound.base] -= 1
+                held[bound.base] -= 1
                 self._dirty = True
             if tokens and bound.tokens_per_minute > 0:
                 self._tokens[bound.base] = self._tokens.get(bound.base, 0.0) + tokens
                 self._dirty = True
         ticket.admitted = False
+        ticket.since = 0.0  # until its next call asks
         if self._dirty:
             if self._slot_waiters:
                 fresh, self._freed = self._freed, asyncio.Event()
                 fresh.set()
-            self._kick()
-        return Ticket(ticket.bounds)
+            if self._flusher is None:
+                self._kick()
 
     def renew(self) -> None:
         """Renew every held slot (with the entries' leases)."""
@@ -181,18 +203,23 @@ class LimitGate:
 
     # -- internals -----------------------------------------------------------------------
 
-    def _admitted(self, ticket: Ticket) -> None:
-        ticket.admitted = True
-        for bound in ticket.bounds:
+    def _admitted(self, tickets: list[Ticket]) -> None:
+        """``tickets`` (of one bounds) were admitted by one reply."""
+        now = time.perf_counter()
+        for bound in tickets[0].bounds:
             if bound.concurrency > 0:
-                self._held[bound.base] = self._held.get(bound.base, 0) + 1
-        if ticket.abandoned:  # its caller is gone: give it back
-            self.release(ticket, {})
-            return
-        waited = time.perf_counter() - ticket.since
-        for limit in self.limits:
-            self.waited[limit.label] += waited
-            self.observer.limit_waited(self.worker, limit.label, waited)
+                self._held[bound.base] = self._held.get(bound.base, 0) + len(tickets)
+        waits = []
+        for ticket in tickets:
+            ticket.admitted = True
+            waits.append(now - ticket.since)
+        total = sum(waits)
+        for label in self._labels:
+            self.waited[label] += total
+            self.observer.limit_waited(self.worker, label, waits)
+        for ticket in tickets:
+            if ticket.abandoned:  # its caller is gone: give it back
+                self.release(ticket, {})
 
     def _abandon(self, ticket: Ticket) -> None:
         ticket.abandoned = True
@@ -205,10 +232,9 @@ class LimitGate:
             for limit in self.limits:
                 self.waiting[limit.label] += 1 if waiting else -1
 
-    async def _ask(self, tickets: list[Ticket]) -> list[int]:
-        """Each ticket's reply: 0 admitted (and marked), else the ms until the window can
-        admit it, or :data:`WAIT_FOR_SLOT`."""
-        future: asyncio.Future[list[int]] = asyncio.get_running_loop().create_future()
+    async def _ask(self, tickets: list[Ticket]) -> None:
+        """Ask for ``tickets``; each one's reply is then its ``wait`` (and ``admitted``)."""
+        future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self._asks.append((tickets, future))
         self._kick()
         return await asyncio.shield(future)
@@ -231,7 +257,7 @@ class LimitGate:
                            for base, held in self._held.items()]
                 reports += [Report(base, 0, amount) for base, amount in tokens.items()
                             if base not in self._held]
-                groups = [group for tickets, _ in asks for group in _groups(tickets)]
+                groups = [group for tickets, _ in asks for group in self._groups(tickets)]
                 try:
                     results = await self.store.apply(
                         self._gate, reports, [Ask(len(group), group[0].bounds) for group in groups])
@@ -243,20 +269,27 @@ class LimitGate:
                 except BaseException:
                     self._failed(asks, tokens, ConnectionError("limit request interrupted"))
                     raise
-                replies: dict[int, int] = {}
                 for group, (admitted, wait) in zip(groups, results, strict=True):
-                    for n, ticket in enumerate(group):
-                        if n < admitted:
-                            replies[id(ticket)] = 0
-                            if not ticket.admitted:
-                                self._admitted(ticket)  # here: a caller gone loses nothing
-                        else:
-                            replies[id(ticket)] = wait or WAIT_FOR_SLOT
-                for tickets, future in asks:
+                    for ticket in group[admitted:]:
+                        ticket.wait = wait or WAIT_FOR_SLOT
+                    # Marked here, not by the asker: a caller gone meanwhile loses nothing.
+                    fresh = [ticket for ticket in group[:admitted] if not ticket.admitted]
+                    if fresh:
+                        self._admitted(fresh)
+                for _, future in asks:
                     if not future.done():
-                        future.set_result([replies[id(ticket)] for ticket in tickets])
+                        future.set_result(None)
         finally:
             self._flusher = None
+
+    def _groups(self, tickets: list[Ticket]) -> list[list[Ticket]]:
+        """``tickets`` by their bounds (one group when no limit key is a function)."""
+        if self._static is not None:
+            return [tickets]
+        groups: dict[tuple[Bound, ...], list[Ticket]] = {}
+        for ticket in tickets:
+            groups.setdefault(ticket.bounds, []).append(ticket)
+        return list(groups.values())
 
     def _failed(self, asks: list[Any], tokens: dict[str, float], exc: Exception) -> None:
         for _, future in asks:
@@ -267,11 +300,3 @@ class LimitGate:
         self._dirty = True
         if not isinstance(exc, CONNECTION_ERRORS):
             log.error("limit request failed", worker=self.worker, error=str(exc))
-
-
-def _groups(tickets: list[Ticket]) -> list[list[Ticket]]:
-    """``tickets`` by their bounds (one group when no limit key is a function)."""
-    groups: dict[tuple[Bound, ...], list[Ticket]] = {}
-    for ticket in tickets:
-        groups.setdefault(ticket.bounds, []).append(ticket)
-    return list(groups.values())

@@ -3,6 +3,7 @@ the consume loop's logic. The default observer does nothing."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Protocol
 
 
@@ -21,8 +22,9 @@ class Observer(Protocol):
     def budget_event(self, worker: str, level: str) -> None:
         """``level``: warning (a soft limit reached) or exceeded (a hard one)."""
 
-    def limit_waited(self, worker: str, limit: str, seconds: float) -> None:
-        """A handler call of a limited step was admitted after ``seconds`` of waiting."""
+    def limit_waited(self, worker: str, limit: str, seconds: Sequence[float]) -> None:
+        """Handler calls of a limited step were admitted together, each after its
+        ``seconds`` of waiting."""
 
 
 class NullObserver:
@@ -41,5 +43,5 @@ class NullObserver:
     def budget_event(self, worker: str, level: str) -> None:
         pass
 
-    def limit_waited(self, worker: str, limit: str, seconds: float) -> None:
+    def limit_waited(self, worker: str, limit: str, seconds: Sequence[float]) -> None:
         pass

@@ -4,7 +4,8 @@
 -- carries only the runs that are over.
 -- KEYS: each entry's run budget hash, in batch order (repeats are read once)
 -- ARGV: n, then n limits x (hash field, limit)
--- Returns one item per key: 0 under every limit, else {i, spent, raised} of its first
+-- Returns the keys over a limit only (the usual reply is empty, so the client does nothing
+-- per entry): per such key {k, i, spent, raised}: its position k (from 1) and its first
 -- limit i (from 1) with spent >= limit + raised (spent and raised as stored). A value
 -- that is not a number, or a key that is not a hash, counts as nothing spent.
 local n = tonumber(ARGV[1])
@@ -18,20 +19,22 @@ local seen, out = {}, {}
 for k, key in ipairs(KEYS) do
   local verdict = seen[key]
   if verdict == nil then
-    verdict = 0
+    verdict = false
     local values = redis.pcall('HMGET', key, unpack(fields))
     if type(values) == 'table' and values.err == nil then
       for j = 1, n do
         local spent = tonumber(values[2 * j - 1]) or 0
         local raised = tonumber(values[2 * j]) or 0
         if spent >= limits[j] + raised then
-          verdict = {j, values[2 * j - 1], values[2 * j] or '0'}
+          verdict = {j, values[2 * j - 1] or '0', values[2 * j] or '0'}
           break
         end
       end
     end
     seen[key] = verdict
   end
-  out[k] = verdict
+  if verdict then
+    out[#out + 1] = {k, verdict[1], verdict[2], verdict[3]}
+  end
 end
 return out

@@ -77,11 +77,11 @@ class ChargePlan(NamedTuple):
 
 class BudgetCharge(NamedTuple):
     """What an entry's commit adds to its run's spent, only if the entry commits: each
-    of ``amounts`` to its field of ``plan``."""
+    of ``amounts`` (as :func:`encode_amount` writes them) to its field of ``plan``."""
 
     plan: ChargePlan
     run: str
-    amounts: tuple[float, ...]
+    amounts: tuple[str, ...]
 
 
 class EntryCommit(NamedTuple):
@@ -180,12 +180,12 @@ def _add_segment(
         charges = [entry.budget for entry in segment if entry.budget is not None]
         args += [c.run for c in charges]
         for column in range(len(budget.fields)):
-            args += [_amount(c.amounts[column]) for c in charges]
+            args += [c.amounts[column] for c in charges]
 
 
-def _amount(value: float) -> str:
+def encode_amount(value: float) -> str:
     """An amount as ``HINCRBYFLOAT`` takes it ("0": nothing to add)."""
-    return str(value) if isinstance(value, int) else repr(float(value))
+    return "0" if value == 0 else str(value) if isinstance(value, int) else repr(float(value))
 
 
 def commit_commands(run: CommitRun) -> list[Command]:
