@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 import os
 import random
 import socket
@@ -115,3 +116,25 @@ async def idle(seconds: float) -> None:
     if task is not None and task.cancelling():
         raise asyncio.CancelledError
     await asyncio.sleep(seconds)
+
+
+#: Net new container objects between two young-generation collections in a worker
+#: process (CPython's default: 700).
+GC_YOUNG_THRESHOLD = 10_000
+
+
+def settle_gc() -> None:
+    """Set the cyclic garbage collector for a long-running worker process, once it is set
+    up (every module imported, the workers built).
+
+    Why: a worker makes a few dozen short-lived containers per entry (fields, envelope,
+    message, task, commit), nearly all freed by reference counting; but a read batch
+    keeps a hundred entries' worth alive at once, so at the default threshold the young
+    generation is collected every few entries and the survivors are promoted until a full
+    collection walks every object of the process, the tens of thousands that imports made
+    included. Measured on the bench: a tenth to a fifth of a worker's CPU. Freezing
+    what exists now takes those out of every later collection; a higher young threshold
+    collects a little more garbage a little less often (a few MB at most)."""
+    gc.freeze()
+    _, middle, old = gc.get_threshold()
+    gc.set_threshold(max(GC_YOUNG_THRESHOLD, gc.get_threshold()[0]), middle, old)

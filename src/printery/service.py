@@ -38,7 +38,7 @@ from redis.exceptions import RedisError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from printery import _json, telemetry
-from printery._util import hostname, log_failure, now_rfc3339, wait_event
+from printery._util import hostname, log_failure, now_rfc3339, settle_gc, wait_event
 from printery.api import service_api
 from printery.backoff import compute_backoff
 from printery.client import Runs
@@ -153,6 +153,7 @@ class Service(ProcessLifecycle):
             self.manager = self._build_manager(self.client)
             await self.manager.start_all()
             await self._start_observers()
+            settle_gc()
             log.info("service started", workers=self.workers, worker_mode=s.worker,
                      supervised=s.supervised, environment=s.environment,
                      http_port=self.http_port, pid=self.pid)

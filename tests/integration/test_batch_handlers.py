@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import asyncio
 import contextvars
+import gc
+from collections import Counter
 
 import redis.asyncio as aioredis
 
@@ -139,3 +141,24 @@ async def test_context_variables_of_a_suspended_handler_stay_its_own(
     outputs = await _run(client, prefix, handle)
     assert {n: (o["before"], o["after"]) for n, o in outputs.items()} == {
         n: (None, n) for n in range(N)}
+
+
+async def test_handled_entries_leave_no_reference_cycle(client: aioredis.Redis, prefix: str) -> None:
+    """Every entry's objects are freed by reference counting once it is committed: a
+    cycle per entry (a delivery holding the task whose result holds the delivery) left
+    them all to the cyclic collector, which then cost a worker a fifth of its CPU."""
+    async def forward(message: Message) -> Output:
+        return Output("out", {"n": message.data["n"]})
+
+    gc.collect()
+    gc.disable()  # what is garbage now stays garbage until the check
+    try:
+        await _run(client, prefix, forward)
+        gc.set_debug(gc.DEBUG_SAVEALL)
+        gc.collect()
+        cycles = Counter(type(obj).__name__ for obj in gc.garbage)
+    finally:
+        gc.set_debug(0)
+        gc.garbage.clear()
+        gc.enable()
+    assert not {"Delivery", "Decided", "Message", "EntryCommit"} & set(cycles), cycles

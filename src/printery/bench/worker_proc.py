@@ -24,6 +24,7 @@ import psutil
 import structlog
 
 from printery import _json, telemetry
+from printery._util import settle_gc
 from printery.bench.ceiling import CeilingRelay
 from printery.bench.layout import PROTOCOL_PREFIX, BenchLayout
 from printery.bench.stages import FEATURES, bench_manager, bench_settings
@@ -92,6 +93,7 @@ async def _serve_printery(
         for worker in manager.workers.values():
             if isinstance(worker, Observable):
                 await worker.prepare()
+        settle_gc()  # as printery-workers does once its workers are built
         _say("ready " + _json.dumps({"prefetch": settings.prefetch,
                                      "block_ms": settings.block_ms}))
         if await _next_command() != "go":
