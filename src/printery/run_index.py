@@ -75,6 +75,11 @@ class RunIndex:
         #: The ingress and the outcome streams under ``keys`` (made at the first commit).
         self._streams: tuple[frozenset[str], dict[str, str]] | None = None
         self._expire_sent = -1
+        #: Keys written on the hot path, named once (at the first write: the index of a
+        #: partitioned keyspace as a whole only reads): every run, the running ones, and
+        #: the runs of each status.
+        self._set_keys: tuple[str, str] | None = None
+        self._status_sets: dict[str, str] = {}
 
     def within(self, keys: StreamKeys) -> RunIndex:
         """The same index written under one partition's ``keys``."""
@@ -85,16 +90,25 @@ class RunIndex:
     def started(self, run_id: str, at_ms: int) -> list[Command]:
         """A run begins (kept as it was when it is indexed already). Two commands: this
         is on the hot path of every ingress step (see docs/console.md)."""
-        return [("ZADD", self.keys.run_index(), "NX", at_ms, run_id),
-                ("ZADD", self.keys.run_index(RUNNING), "NX", at_ms, run_id)]
+        every, running = self._sets()
+        return [("ZADD", every, "NX", at_ms, run_id), ("ZADD", running, "NX", at_ms, run_id)]
 
     def ended(self, run_id: str, status: str, at_ms: int) -> list[Command]:
         """A run's outcome entry was written with ``status``."""
-        return [("ZADD", self.keys.run_index(), "NX", at_ms, run_id),
-                ("ZREM", self.keys.run_index(RUNNING), run_id),
-                ("ZADD", self.keys.run_index(status), at_ms, run_id),
+        every, running = self._sets()
+        of_status = self._status_sets.get(status)
+        if of_status is None:
+            of_status = self._status_sets[status] = self.keys.run_index(status)
+        return [("ZADD", every, "NX", at_ms, run_id),
+                ("ZREM", running, run_id),
+                ("ZADD", of_status, at_ms, run_id),
                 ("SADD", self.keys.run_statuses, status),
                 ("HSET", self.keys.run_info(run_id), "status", status, "ended", at_ms)]
+
+    def _sets(self) -> tuple[str, str]:
+        if self._set_keys is None:
+            self._set_keys = (self.keys.run_index(), self.keys.run_index(RUNNING))
+        return self._set_keys
 
     def spent(self, costs: Mapping[str, float], at_ms: int) -> list[Command]:
         """Add ``costs`` to their minute. The minute's TTL is set again at most once a

@@ -117,6 +117,8 @@ class EntryPipeline:
         #: Only with several partitions: places entries in their run's partition.
         self.router = router
         self.index = index
+        #: Each stream's event type (the default of an entry that names none).
+        self._types: dict[str, str] = {}
         account = Accounting(worker, observer, stats).account
         self.spans, self._handle, self._settle = bind_spans(worker, self._run, account)
 
@@ -200,6 +202,8 @@ class EntryPipeline:
         undecodable, over-delivered and duplicate entries go to ``decided``."""
         admitted: list[tuple[Delivery, Message]] = []
         limit = self.settings.max_deliveries
+        now = time.monotonic()
+        types = self._types
         for delivery in batch:
             fields = delivery.fields
             try:
@@ -207,7 +211,10 @@ class EntryPipeline:
                     fields = await self.payloads.resolve_fields(fields)
                 if self.router is not None:
                     fields = dict(self.router.named(fields))
-                envelope = self.codec.decode(fields, self.keys.event_type(delivery.stream))
+                stream_type = types.get(delivery.stream)
+                if stream_type is None:
+                    stream_type = types[delivery.stream] = self.keys.event_type(delivery.stream)
+                envelope = self.codec.decode(fields, stream_type)
             except MessageError as exc:
                 decided.append(self._dead_letter(delivery, fields, exc.reason_code, str(exc)))
                 continue
@@ -229,7 +236,7 @@ class EntryPipeline:
             admitted.append((delivery, Message(
                 envelope=envelope, stream=delivery.stream, entry_id=delivery.entry_id,
                 deliveries=delivery.deliveries, worker=self.worker,
-                consumer=delivery.consumer.name, fields=fields,
+                consumer=delivery.consumer.name, fields=fields, started=now,
             )))
         keys = [message.envelope.idempotency_key for _, message in admitted]
         budget, over = self.budget, dict[int, Any]()

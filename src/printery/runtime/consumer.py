@@ -130,7 +130,8 @@ class Consumer:
 class Delivery:
     """One entry a consumer holds, from read (or claim) to commit or hand-back."""
 
-    __slots__ = ("consumer", "deliveries", "entry_id", "fields", "slot", "started", "stream", "task")
+    __slots__ = ("consumer", "deliveries", "entry_id", "fields", "released", "slot", "started",
+                 "stream", "task")
 
     def __init__(
         self, consumer: Consumer, stream: str, entry_id: str, fields: dict[str, str], deliveries: int
@@ -143,6 +144,7 @@ class Delivery:
         #: When its handler first got a slot (monotonic), None before.
         self.started: float | None = None
         self.slot = False
+        self.released = False
         self.task: asyncio.Task[object] | None = None
 
     def try_take_slot(self) -> bool:
@@ -173,6 +175,9 @@ class Delivery:
         Lets go of its task too: the task's result (the entry's decision) refers to this
         delivery, and a cycle per entry would leave every entry to the cyclic garbage
         collector (a quarter of a worker's CPU when it was so)."""
+        if self.released:
+            return  # its batch releases every entry again at the end
+        self.released = True
         self.task = None
         self.give_slot()
         if self.consumer.held.pop((self.stream, self.entry_id), None) is not None:
