@@ -14,27 +14,22 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import Collection, Sequence
+from dataclasses import dataclass
 
 from printery.runtime.consumer import Consumer, ConsumerSettings
 from printery.runtime.limit_gate import LimitGate
 from printery.transport.streams import CONNECTION_ERRORS, Leases
 
 
+@dataclass(slots=True)
 class Holdings:
     """The entries ``consumers`` hold: their leases (``leases``), the limit slots their
     handlers hold (``gate``), and their hand-back on stop."""
 
-    def __init__(
-        self,
-        consumers: Sequence[Consumer],
-        leases: Leases,
-        settings: ConsumerSettings,
-        gate: LimitGate | None,
-    ) -> None:
-        self.consumers = consumers
-        self.leases = leases
-        self.settings = settings
-        self.gate = gate
+    consumers: Sequence[Consumer]
+    leases: Leases
+    settings: ConsumerSettings
+    gate: LimitGate | None
 
     async def keep(self, closing: asyncio.Event) -> None:
         """Renew every held entry's lease (and the slots of running handlers) every third

@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import KW_ONLY, dataclass
 
 import redis.asyncio as aioredis
 import structlog
@@ -31,6 +32,7 @@ log = structlog.get_logger("printery.worker")
 Accept = Callable[[Consumer, str, list[tuple[str, dict[str, str] | None, int]]], None]
 
 
+@dataclass(slots=True)
 class Intake:
     """The read and claim loops of one run of the worker whose group is ``group``.
 
@@ -39,30 +41,17 @@ class Intake:
     claim loop reads.
     """
 
-    def __init__(
-        self,
-        group: str,
-        *,
-        client: aioredis.Redis,
-        consumers: Sequence[Consumer],
-        settings: ConsumerSettings,
-        ctx: RunContext,
-        closing: asyncio.Event,
-        connectivity: Connectivity,
-        prepare: Callable[[], Awaitable[None]],
-        accept: Accept,
-        stats: WorkerStats,
-    ) -> None:
-        self.group = group
-        self.client = client
-        self.consumers = consumers
-        self.settings = settings
-        self.ctx = ctx
-        self.closing = closing
-        self.connectivity = connectivity
-        self.prepare = prepare
-        self.accept = accept
-        self.stats = stats
+    group: str
+    _: KW_ONLY
+    client: aioredis.Redis
+    consumers: Sequence[Consumer]
+    settings: ConsumerSettings
+    ctx: RunContext
+    closing: asyncio.Event
+    connectivity: Connectivity
+    prepare: Callable[[], Awaitable[None]]
+    accept: Accept
+    stats: WorkerStats
 
     async def read(self, consumer: Consumer, streams: Sequence[str]) -> None:
         """``consumer``'s blocking reads of new entries of ``streams``, while it has room."""
