@@ -24,26 +24,26 @@ are relative to the working directory, not to the config file.
 from __future__ import annotations
 
 import re
-import types
 from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Annotated, Any, Literal, TypeVar, Union, get_args, get_origin
+from typing import Annotated, Literal, TypeVar
 from urllib.parse import urlsplit
 
-from pydantic import (
-    BaseModel,
-    BeforeValidator,
-    ConfigDict,
-    Field,
-    PrivateAttr,
-    ValidationInfo,
-    field_validator,
-)
+from pydantic import BaseModel, BeforeValidator, Field, PrivateAttr, ValidationInfo, field_validator
 from pydantic_core import PydanticCustomError
 
+from printery.config_doc import SettingDoc, settings_doc
+from printery.config_tables import (
+    ReviewSettings,
+    SettingsTable,
+    TelemetrySettings,
+    TransportSettings,
+    WorkerSettings,
+    not_allowed,
+)
 from printery.errors import ConfigError
-from printery.keys import MAX_PARTITIONS, StreamKeys
+from printery.keys import StreamKeys
 from printery.redact import redact_url
 from printery.transport.connection import CLUSTER_SCHEMES, cluster_nodes
 
@@ -62,11 +62,6 @@ __all__ = [
 
 M = TypeVar("M", bound=BaseModel)
 T = TypeVar("T")
-
-def _fail(allowed: str) -> PydanticCustomError:
-    # The message template is the "what is allowed" part of the ConfigError.
-    return PydanticCustomError("printery", "{allowed}", {"allowed": allowed})
-
 
 def parse_http_addr(addr: str) -> tuple[str, int] | None:
     """Parse ``HOST:PORT`` (``[::1]:PORT`` for IPv6) into ``(host, port)``; ``off`` -> None.
@@ -106,105 +101,16 @@ def _to_bool(value: object) -> object:
             return True
         if word in _FALSE:
             return False
-    raise _fail("true or false (also 1/0, yes/no)")
+    raise not_allowed("true or false (also 1/0, yes/no)")
 
 
 def _lower(value: object) -> object:
     return value.strip().lower() if isinstance(value, str) else value
 
 
-def _numeric(annotation: Any) -> bool:
-    """Whether a field holds a number (``int``, ``float``, optional or not)."""
-    origin, args = get_origin(annotation), get_args(annotation)
-    if origin is Annotated:
-        return _numeric(args[0])
-    if origin in (Union, types.UnionType):
-        return any(_numeric(arg) for arg in args)
-    return annotation in (int, float)
-
-
 Bool = Annotated[bool, BeforeValidator(_to_bool)]
 LogLevel = Literal["debug", "info", "warn", "error"]
 Environment = Literal["development", "staging", "production"]
-
-
-class SettingsTable(BaseModel):
-    """Base of every settings table, the framework's and applications' alike.
-
-    Unknown keys are errors, instances are immutable, and a boolean where a number
-    belongs is refused (pydantic would read TOML's ``true`` as 1), as are inf and nan.
-    """
-
-    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
-
-    @field_validator("*", mode="before")
-    @classmethod
-    def _no_bool_for_numbers(cls, value: object, info: ValidationInfo) -> object:
-        if isinstance(value, bool) and info.field_name is not None:
-            found = cls.model_fields.get(info.field_name)
-            if found is not None and _numeric(found.annotation):
-                # Not `_fail`: the field's own description ("an integer >= 0") says it better.
-                raise PydanticCustomError("bool_not_number", "a number, not true or false")
-        return value
-
-
-class TransportSettings(SettingsTable):
-    """``[transport]``: delivery limits shared by every stream worker (CONTRACT §4, §10)."""
-
-    max_deliveries: int = Field(default=5, ge=1)
-    visibility_timeout: float = Field(default=60.0, gt=0)
-    payload_limit_bytes: int = Field(default=1_048_576, ge=1)
-    inline_limit_bytes: int = Field(default=65_536, ge=1)
-    blob_ttl: int = Field(default=604_800, ge=1)
-    #: Seconds an entry that every group has acknowledged stays in its stream (for
-    #: ``trace``, ``replay`` and ``cost``); 0 keeps everything. Unacknowledged and unread
-    #: entries are never trimmed, nor are ``dlq``, ``review`` and ``review:decided``.
-    retention: float = Field(default=604_800.0, ge=0)
-    #: Seconds between retention sweeps.
-    retention_interval: float = Field(default=60.0, gt=0)
-    #: Seconds between sweeps for messages of dead consumers; unset: a quarter of the
-    #: visibility timeout (at least 50 ms, at most 5 s), so an orphan waits at most about
-    #: 1.25 timeouts.
-    claim_interval: float | None = Field(default=None, gt=0)
-    #: Partitions of every stream (CONTRACT §15): ``<prefix>:{p<k>}:<event type>``, a
-    #: run in partition ``crc32(correlation id) % partitions``; 1 keeps the keys of §2.
-    #: Every process, producer and command of one deployment must use the same number.
-    partitions: int = Field(default=1, ge=1, le=MAX_PARTITIONS)
-
-
-class WorkerSettings(SettingsTable):
-    """``[workers.<name>]``; unset values fall back to the pipeline's own (its steps')."""
-
-    concurrency: int | None = Field(default=None, ge=1)
-    #: Entries fetched per read (``XREADGROUP COUNT``).
-    prefetch: int | None = Field(default=None, ge=1)
-
-
-class ReviewSettings(SettingsTable):
-    """``[review.<kind>]``: how long a review of that kind may wait for a decision."""
-
-    #: Seconds after which an undecided review is rejected with ``by`` = ``timeout``
-    #: (CONTRACT §12); unset: it waits for ever.
-    timeout: float | None = Field(default=None, gt=0)
-
-
-class TelemetrySettings(SettingsTable):
-    """``[telemetry]``: OpenTelemetry traces (CONTRACT §14, :mod:`printery.telemetry`)."""
-
-    #: Base URL of an OTLP/HTTP collector (``/v1/traces`` is added, as for
-    #: ``OTEL_EXPORTER_OTLP_ENDPOINT``); unset: that env var decides, and without it
-    #: tracing is off.
-    otlp_endpoint: str | None = None
-
-    @field_validator("otlp_endpoint")
-    @classmethod
-    def _otlp_endpoint(cls, value: str | None) -> str | None:
-        if value is None:
-            return None
-        parts = urlsplit(value.strip())
-        if parts.scheme not in ("http", "https") or not parts.netloc:
-            raise _fail("an http:// or https:// URL of an OTLP/HTTP collector, or unset")
-        return value.strip()
 
 
 _APP = re.compile(r"^[A-Za-z_]\w*(\.[A-Za-z_]\w*)*:[A-Za-z_]\w*(\.[A-Za-z_]\w*)*$")
@@ -327,16 +233,16 @@ class Settings(SettingsTable):
                    "or rediss+cluster:// URL; unset means the embedded server")
         parts = urlsplit(value.strip())
         if parts.scheme not in _REDIS_SCHEMES:
-            raise _fail(allowed)
+            raise not_allowed(allowed)
         try:
             if parts.scheme in CLUSTER_SCHEMES:
                 cluster_nodes(value.strip())
             else:
                 parts.port  # noqa: B018 - raises ValueError on a bad port
         except ValueError as exc:
-            raise _fail(f"{allowed} ({exc})" if parts.scheme in CLUSTER_SCHEMES else allowed) from None
+            raise not_allowed(f"{allowed} ({exc})" if parts.scheme in CLUSTER_SCHEMES else allowed) from None
         if parts.scheme == "unix" and not parts.path:
-            raise _fail(allowed)
+            raise not_allowed(allowed)
         return value.strip()
 
     @field_validator("worker", mode="before")
@@ -354,11 +260,11 @@ class Settings(SettingsTable):
         for item in items:
             canonical = _canonical(item, names, aliases)
             if canonical is None or item == "all":
-                raise _fail(allowed)
+                raise not_allowed(allowed)
             if canonical not in chosen:
                 chosen.append(canonical)
         if not chosen:
-            raise _fail(allowed)
+            raise not_allowed(allowed)
         return ",".join(chosen)
 
     @field_validator("http_addr")
@@ -367,7 +273,7 @@ class Settings(SettingsTable):
         try:
             parse_http_addr(value)
         except ValueError as exc:
-            raise _fail(str(exc)) from None
+            raise not_allowed(str(exc)) from None
         return value.strip()
 
     @field_validator("stream_prefix")
@@ -375,7 +281,7 @@ class Settings(SettingsTable):
     def _stream_prefix(cls, value: str) -> str:
         # Glob characters would break SCAN MATCH over `<prefix>:process:*`.
         if not value or any(ch.isspace() or ch in "*?[]\\" for ch in value):
-            raise _fail("a non-empty key prefix without spaces or * ? [ ] \\")
+            raise not_allowed("a non-empty key prefix without spaces or * ? [ ] \\")
         return value
 
     @field_validator("data_dir", mode="before")
@@ -383,13 +289,13 @@ class Settings(SettingsTable):
     def _data_dir(cls, value: object) -> object:
         if isinstance(value, str | Path) and str(value).strip():
             return Path(value).expanduser()
-        raise _fail("a directory path")
+        raise not_allowed("a directory path")
 
     @field_validator("app")
     @classmethod
     def _app(cls, value: str | None) -> str | None:
         if value is not None and not _APP.match(value.strip()):
-            raise _fail("MODULE:ATTR, e.g. mypkg.pipeline:app")
+            raise not_allowed("MODULE:ATTR, e.g. mypkg.pipeline:app")
         return value.strip() if value is not None else None
 
     @field_validator("workers", mode="before")
@@ -507,76 +413,6 @@ class Settings(SettingsTable):
 _NO_APP = AppConfig()
 
 
-@dataclass(frozen=True, slots=True)
-class SettingDoc:
-    """One command-line setting, for rendering ``--help`` with env var and default."""
-
-    name: str
-    flag: str
-    env: str
-    default: str
-    help: str
-    metavar: str | None = None  # None: a boolean switch
-
-    @property
-    def help_text(self) -> str:
-        """``help`` plus env var and default, the way ``--help`` shows them."""
-        return self.help_with_default(self.default)
-
-    def help_with_default(self, default: str) -> str:
-        """:attr:`help_text` with another default (one an application sets)."""
-        return f"{self.help} [env: {self.env}; default: {default}]"
-
-
-def _doc(name: str, flag: str, env: str, metavar: str | None, help: str, default: str = "") -> (
-    SettingDoc
-):
-    if not default:
-        value = Settings.model_fields[name].default
-        default = str(value).lower() if isinstance(value, bool) else str(value)
-    return SettingDoc(name, flag, env, default, help, metavar)
-
-
-#: Every command-line setting of CONTRACT §1, in ``--help`` order, keyed by setting name.
-SETTINGS_DOC: Mapping[str, SettingDoc] = {
-    doc.name: doc
-    for doc in (
-        _doc("redis_url", "--redis-url", "REDIS_URL", "URL",
-             "redis://, rediss://, unix://, redis+cluster:// or rediss+cluster:// URL; "
-             "user and password allowed",
-             "unset: embedded server"),
-        _doc("log_level", "--log-level", "LOG_LEVEL", "LEVEL", "debug, info, warn or error"),
-        _doc("environment", "--environment", "ENVIRONMENT", "ENV",
-             "development, staging or production (of this service)"),
-        _doc("worker", "--worker", "WORKER_MODE", "WORKERS",
-             "all, or one or more worker names, comma-separated"),
-        _doc("supervised", "--supervised", "SUPERVISED_MODE", None,
-             "restart failed workers with backoff"),
-        _doc("max_restarts", "--max-restarts", "MAX_RESTART_ATTEMPTS", "N",
-             "restarts per worker before it is marked failed"),
-        _doc("backoff_ms", "--backoff", "RESTART_BACKOFF_MS", "MS",
-             "first restart delay; doubles per attempt, capped at 60 s, with jitter"),
-        _doc("health_check_interval", "--health-check-interval", "HEALTH_CHECK_INTERVAL", "S",
-             "seconds between supervisor health checks"),
-        _doc("shutdown_timeout", "--shutdown-timeout", "SHUTDOWN_TIMEOUT", "S",
-             "seconds to drain in-flight messages on shutdown"),
-        _doc("exit_on_failure", "--exit-on-failure", "EXIT_ON_FAILURE", None,
-             "in supervised mode, exit 1 once a worker is failed"),
-        _doc("http_addr", "--http-addr", "HTTP_ADDR", "HOST:PORT",
-             "health, status and metrics endpoint; off disables"),
-        _doc("stream_prefix", "--stream-prefix", "STREAM_PREFIX", "PREFIX",
-             "key prefix of every stream"),
-        _doc("data_dir", "--data-dir", "PRINTERY_DATA_DIR", "DIR",
-             "the embedded server's data", "./.printery"),
-        _doc("app", "--app", "PRINTERY_APP", "MODULE:ATTR",
-             "the pipeline to run: a Pipeline or a factory taking the settings",
-             "the command's default app"),
-        _doc("processes", "--processes", "PRINTERY_PROCESSES", "N",
-             "worker processes to run"),
-        _doc("api_token_env", "--api-token-env", "PRINTERY_API_TOKEN_ENV", "NAME",
-             "name of the env var holding the bearer token of the HTTP API (/v1)"),
-        SettingDoc("transport.partitions", "--partitions", "PRINTERY_PARTITIONS", "1",
-                   "partitions of every stream (CONTRACT §15); the same everywhere", "N"),
-        SettingDoc("config", "--config", "PRINTERY_CONFIG", "none", "TOML config file", "FILE"),
-    )
-}
+#: Every command-line setting of CONTRACT §1, in ``--help`` order, keyed by setting name
+#: (the table is :mod:`printery.config_doc`'s, the defaults the settings' own).
+SETTINGS_DOC: Mapping[str, SettingDoc] = settings_doc(lambda name: Settings.model_fields[name].default)

@@ -23,7 +23,7 @@ from printery.errors import ReplayError
 from printery.fields import REPLAY_FOR, TRACEPARENT
 from printery.history import find_entries, id_order, scan_stream
 from printery.keys import StreamKeys
-from printery.pipeline.dag import Pipeline
+from printery.pipeline.dag import Pipeline, steps_reached
 from printery.transport.streams import public_api
 
 __all__ = ["ReplayError", "ReplayResult", "find_entries", "replay", "rerun_steps", "scan_stream"]
@@ -50,16 +50,7 @@ class ReplayResult:
 def rerun_steps(pipeline: Pipeline, from_step: str) -> list[str]:
     """``from_step`` and every step downstream of it: those that consume what it, or a
     step downstream of it, produces. In pipeline order."""
-    chosen = {from_step}
-    produced = set(pipeline.steps[from_step].produces)
-    changed = True
-    while changed:
-        changed = False
-        for step in pipeline.steps.values():
-            if step.name not in chosen and produced.intersection(step.consumes):
-                chosen.add(step.name)
-                produced.update(step.produces)
-                changed = True
+    chosen = {from_step, *steps_reached(pipeline.steps.values(), pipeline.steps[from_step].produces)}
     return [name for name in pipeline.steps if name in chosen]
 
 

@@ -40,7 +40,6 @@ The CLI calls :func:`run_bench` and prints :func:`format_table` or the JSON docu
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import tempfile
 import time
@@ -67,10 +66,10 @@ from printery.bench.load import (
 )
 from printery.bench.procs import RelayProcesses
 from printery.bench.report import format_table
+from printery.bench.server import bench_server
 from printery.errors import ConfigError
 from printery.keys import MAX_PARTITIONS
 from printery.transport.connection import CLUSTER_SCHEMES, connect
-from printery.transport.embedded import start_ephemeral
 
 __all__ = ["SIDES", "format_table", "run_bench"]
 
@@ -153,19 +152,13 @@ async def run_bench(
     with tempfile.TemporaryDirectory(prefix="printery-bench-") as tmp:
         plan = _Plan(events, stages, processes, payload_bytes, rate, run_duration,
                      uuid.uuid4().hex[:10], Path(tmp), prefetch, tuple(features), partitions)
-        server = None
-        if redis_url is None:
-            server = await asyncio.to_thread(start_ephemeral, plan.work_dir / "server",
-                                             appendonly=False)
-        url = server.url if server else str(redis_url)
-        client = connect(url, block_ms=BLOCK_MS)
-        try:
-            server_pid = server.pid if server else None
-            results = {side: await _run_side(side, client, url, plan, server_pid) for side in sides}
-        finally:
-            await client.aclose()
-            if server:
-                await asyncio.to_thread(server.stop)
+        async with bench_server(redis_url) as server:
+            client = connect(server.url, block_ms=BLOCK_MS)
+            try:
+                results = {side: await _run_side(side, client, server.url, plan, server.pid)
+                           for side in sides}
+            finally:
+                await client.aclose()
     return _document(plan, results, embedded=redis_url is None, ceiling=ceiling)
 
 

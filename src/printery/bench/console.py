@@ -14,15 +14,14 @@ from __future__ import annotations
 
 import asyncio
 import statistics
-import tempfile
 import time
 import uuid
-from pathlib import Path
 from typing import Any
 
 import httpx
 
 from printery.apps import load_app
+from printery.bench.server import bench_server
 from printery.client import Client, Runs
 from printery.console import service_console
 from printery.http import HttpServer
@@ -30,7 +29,6 @@ from printery.keys import StreamKeys
 from printery.run_index import RunIndex, now_ms
 from printery.runtime.registry import ProcessRegistry
 from printery.transport.connection import connect
-from printery.transport.embedded import start_ephemeral
 
 __all__ = ["format_console", "run_console_bench"]
 
@@ -104,35 +102,26 @@ def _measure(base: str, paths: dict[str, str], requests: int) -> dict[str, dict[
 
 
 async def run_console_bench(*, runs: int, requests: int, redis_url: str | None) -> dict[str, Any]:
-    with tempfile.TemporaryDirectory(prefix="printery-bench-") as tmp:
-        server = None
-        if redis_url is None:
-            server = await asyncio.to_thread(start_ephemeral, Path(tmp) / "server",
-                                             appendonly=False)
-        url = server.url if server else str(redis_url)
-        prefix = f"bench:{uuid.uuid4().hex[:8]}:console"
-        try:
-            began = time.perf_counter()
-            ids = await _seed(url, prefix, runs)
-            seeded_s = time.perf_counter() - began
-            settings, pipeline = load_app(None, {"stream_prefix": prefix, "http_addr":
-                                                 "127.0.0.1:0"}, {})
-            redis = connect(url)
-            reader = Runs(redis, StreamKeys(prefix), pipeline,
-                          payload_limit=settings.transport.payload_limit_bytes)
-            http = HttpServer(_Provider(), console=service_console(reader, settings, {}))
-            port = await http.start("127.0.0.1", 0)
-            paths = {"overview": "/", "runs": "/runs", "runs, status failed":
-                     "/runs?status=failed", "one run": f"/runs/{ids[-1]}"}
-            # The client in a thread: this loop keeps serving while it measures.
-            figures = await asyncio.to_thread(_measure, f"http://127.0.0.1:{port}", paths,
-                                              requests)
-            await http.stop()
-            await reader.close()
-            await redis.aclose()
-        finally:
-            if server:
-                await asyncio.to_thread(server.stop)
+    async with bench_server(redis_url) as server:
+        url, prefix = server.url, f"bench:{uuid.uuid4().hex[:8]}:console"
+        began = time.perf_counter()
+        ids = await _seed(url, prefix, runs)
+        seeded_s = time.perf_counter() - began
+        settings, pipeline = load_app(None, {"stream_prefix": prefix, "http_addr":
+                                             "127.0.0.1:0"}, {})
+        redis = connect(url)
+        reader = Runs(redis, StreamKeys(prefix), pipeline,
+                      payload_limit=settings.transport.payload_limit_bytes)
+        http = HttpServer(_Provider(), console=service_console(reader, settings, {}))
+        port = await http.start("127.0.0.1", 0)
+        paths = {"overview": "/", "runs": "/runs", "runs, status failed":
+                 "/runs?status=failed", "one run": f"/runs/{ids[-1]}"}
+        # The client in a thread: this loop keeps serving while it measures.
+        figures = await asyncio.to_thread(_measure, f"http://127.0.0.1:{port}", paths,
+                                          requests)
+        await http.stop()
+        await reader.close()
+        await redis.aclose()
     return {"mode": "console", "runs": runs, "requests": requests,
             "seeded_s": round(seeded_s, 2), "pages": figures, "verified": True}
 

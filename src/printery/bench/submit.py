@@ -12,21 +12,19 @@ pipeline's validation rules.
 from __future__ import annotations
 
 import asyncio
-import tempfile
 import time
 import uuid
-from pathlib import Path
 from typing import Any
 
 from pydantic import BaseModel
 
+from printery.bench.server import bench_server
 from printery.client import Client, Runs, SyncClient
 from printery.envelope import DEFAULT_PAYLOAD_LIMIT
 from printery.keys import StreamKeys
 from printery.pipeline.dag import Pipeline
 from printery.runtime.handler import Message
 from printery.transport.connection import connect
-from printery.transport.embedded import start_ephemeral
 
 __all__ = ["format_submit", "run_submit_bench"]
 
@@ -99,23 +97,14 @@ async def run_submit_bench(*, events: int, payload_bytes: int, redis_url: str | 
     pipeline = bench_pipeline()
     pad = "x" * max(0, payload_bytes - 30)
     sync_events = max(1, events // 5)
-    with tempfile.TemporaryDirectory(prefix="printery-bench-") as tmp:
-        server = None
-        if redis_url is None:
-            server = await asyncio.to_thread(start_ephemeral, Path(tmp) / "server",
-                                             appendonly=False)
-        url = server.url if server else str(redis_url)
-        tag = uuid.uuid4().hex[:8]
-        try:
-            raw_s = await _raw(url, f"bench:{tag}:raw", pipeline, events, pad)
-            async with Client(url, stream_prefix=f"bench:{tag}:async", app=pipeline) as client:
-                await client.submit(_data(-1, pad))  # load the script outside the timing
-                async_s = await _async_client(client, events, pad)
-            sync_s = await asyncio.to_thread(_sync_client, url, f"bench:{tag}:sync", pipeline,
-                                             sync_events, pad)
-        finally:
-            if server:
-                await asyncio.to_thread(server.stop)
+    async with bench_server(redis_url) as server:
+        url, tag = server.url, uuid.uuid4().hex[:8]
+        raw_s = await _raw(url, f"bench:{tag}:raw", pipeline, events, pad)
+        async with Client(url, stream_prefix=f"bench:{tag}:async", app=pipeline) as client:
+            await client.submit(_data(-1, pad))  # load the script outside the timing
+            async_s = await _async_client(client, events, pad)
+        sync_s = await asyncio.to_thread(_sync_client, url, f"bench:{tag}:sync", pipeline,
+                                         sync_events, pad)
     figures = {
         "raw_xadd": {"events": events, "events_per_s": round(events / raw_s, 1)},
         "client": {"events": events, "in_flight": IN_FLIGHT,

@@ -245,17 +245,7 @@ class Pipeline:
                 "again on its own results only inside a declared Loop(...) (bounded by "
                 "max_attempts)"
             )
-        reachable_types = set(self.ingress)
-        reached: set[str] = set()
-        changed = True
-        while changed:
-            changed = False
-            for step in self.steps.values():
-                if step.name not in reached and reachable_types.intersection(step.consumes):
-                    reached.add(step.name)
-                    reachable_types.update(step.produces)
-                    changed = True
-        unreachable = sorted(set(self.steps) - reached)
+        unreachable = sorted(set(self.steps) - steps_reached(self.steps.values(), self.ingress))
         if unreachable:
             raise PipelineError(f"steps unreachable from the ingress: {unreachable}")
 
@@ -338,6 +328,24 @@ class Pipeline:
             )
             built.append((worker, tuple(d for d in deps[step.name] if d in chosen)))
         return built
+
+
+def steps_reached(steps: Iterable[Step], event_types: Iterable[str]) -> set[str]:
+    """Names of the ``steps`` that run on entries of ``event_types``, directly or further
+    down: those that consume one of them, then those that consume what a step reached
+    produces. What the pipeline's checks (every step reachable from the ingress) and a
+    replay (the steps downstream of one) both ask of the graph."""
+    steps, available = list(steps), set(event_types)
+    reached: set[str] = set()
+    changed = True
+    while changed:
+        changed = False
+        for step in steps:
+            if step.name not in reached and available.intersection(step.consumes):
+                reached.add(step.name)
+                available.update(step.produces)
+                changed = True
+    return reached
 
 
 def _settings_from(base: ConsumerSettings, fields: Mapping[str, Any]) -> ConsumerSettings:

@@ -12,6 +12,9 @@ and accounts. Around it three loops keep the contract of CONTRACT §4:
   (claimable by another consumer now), started ones may finish within the drain
   timeout, and the rest are cancelled and handed back.
 
+Reads and claims are :mod:`printery.runtime.intake`'s job, leases and the drain
+:mod:`printery.runtime.holding`'s; this module wires them to one run and its lanes.
+
 A batch that fails (a handler's ``BaseException``, a fault of the runtime) crashes the
 worker: its supervisor restarts it or marks it failed (CONTRACT §5).
 """
@@ -19,15 +22,13 @@ worker: its supervisor restarts it or marks it failed (CONTRACT §5).
 from __future__ import annotations
 
 import asyncio
-import contextlib
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
 import redis.asyncio as aioredis
 import structlog
-from redis.exceptions import ResponseError
 
-from printery._util import consumer_name, log_failure, wait_event
+from printery._util import consumer_name, log_failure
 from printery.envelope import Codec
 from printery.keys import StreamKeys
 from printery.limits import Limit
@@ -38,6 +39,8 @@ from printery.runtime.connectivity import Connectivity
 from printery.runtime.consume import EntryPipeline
 from printery.runtime.consumer import Consumer, ConsumerSettings
 from printery.runtime.handler import Handler, Output
+from printery.runtime.holding import Holdings
+from printery.runtime.intake import Intake
 from printery.runtime.lanes import Lane, Lanes
 from printery.runtime.limit_gate import LimitGate, window_seconds
 from printery.runtime.observe import NullObserver, Observer
@@ -50,7 +53,6 @@ from printery.transport.records import RecordLookup
 from printery.transport.streams import (
     CONNECTION_ERRORS,
     Leases,
-    delivery_counts,
     ensure_group,
     one_slot,
 )
@@ -155,16 +157,20 @@ class StreamWorker:
             self._gate = LimitGate(store, self.keys, self.limits, worker=self.name,
                                    observer=self.observer)
         lanes = self._lanes = Lanes(self.keys, lambda keys: self._lane(keys, connectivity))
+        holdings = Holdings(self._consumers, self._leases, self.settings, self._gate)
+        intake = Intake(self.name, client=self.client, consumers=self._consumers,
+                        settings=self.settings, ctx=ctx, closing=self._closing,
+                        connectivity=connectivity, prepare=self.prepare, accept=self._accept,
+                        stats=self._stats)
         self._crash: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         await connectivity.retrying(self.prepare)
-        readers = [asyncio.create_task(self._read_loop(c, streams, connectivity),
-                                       name=f"{c.name}:read")
+        readers = [asyncio.create_task(intake.read(c, streams), name=f"{c.name}:read")
                    for c in self._consumers for streams in lanes.read_sets(one_slot(self.client))]
         loops = [
             *(asyncio.create_task(lane.committer.run(), name=f"{self.name}:commit")
               for lane in lanes),
-            asyncio.create_task(self._lease_loop(), name=f"{self.name}:lease"),
-            asyncio.create_task(self._claim_loop(), name=f"{self.name}:claim"),
+            asyncio.create_task(holdings.keep(self._closing), name=f"{self.name}:lease"),
+            asyncio.create_task(intake.claim(self.streams), name=f"{self.name}:claim"),
             *(asyncio.ensure_future(companion(self)) for companion in self.companions),
             *readers,
         ]
@@ -180,7 +186,7 @@ class StreamWorker:
             # A read cancelled mid-flight would leave what the server delivered to it
             # pending for a visibility timeout: each reader ends after its current read.
             await asyncio.wait(readers)
-            await self._drain(ctx.drain_timeout)
+            await holdings.drain(self._batches, ctx.drain_timeout)
             if self._crash.done():
                 self._crash.result()
         finally:
@@ -195,10 +201,8 @@ class StreamWorker:
             await asyncio.wait(tasks, timeout=self.settings.block_ms / 1000 + 5)
             for task in tasks:  # a failure while stopping is logged, never lost
                 task.add_done_callback(log_failure)
-            await self._hand_back()
-            for consumer in self._consumers:
-                for delivery in list(consumer.held.values()):
-                    delivery.release()
+            await holdings.hand_back()
+            holdings.release()
             if self._gate is not None:
                 await self._gate.close()
             for lane in lanes:
@@ -233,39 +237,7 @@ class StreamWorker:
                    or keys.locate(stream)[0] == keys.partition]
         return Lane(keys, streams, committer, records, pipeline)
 
-    # -- reading and claiming --------------------------------------------------------------
-
-    async def _read_loop(
-        self, consumer: Consumer, streams: Sequence[str], connectivity: Connectivity
-    ) -> None:
-        assert self._ctx is not None
-        ctx, failures = self._ctx, 0
-        while not (ctx.stopping.is_set() or self._closing.is_set()):
-            ctx.beat()
-            if consumer.free == 0:
-                consumer.room.clear()
-                await wait_event(consumer.room, self.settings.block_ms / 1000)
-                continue
-            try:
-                reply = await self.client.xreadgroup(
-                    self.name, consumer.name, dict.fromkeys(streams, ">"),
-                    count=consumer.read_count,
-                    block=self.settings.block_ms,
-                )
-            except CONNECTION_ERRORS as exc:
-                failures += 1
-                await connectivity.trouble(exc, failures)
-                continue
-            except ResponseError as exc:
-                if "NOGROUP" not in str(exc):
-                    raise
-                await connectivity.retrying(self.prepare)  # the stream was deleted
-                continue
-            if failures:
-                failures = 0
-                connectivity.restored()
-            for stream, entries in reply or []:
-                self._accept(consumer, stream, [(eid, fields, 1) for eid, fields in entries])
+    # -- batches ---------------------------------------------------------------------------
 
     def _accept(
         self, consumer: Consumer, stream: str, entries: list[tuple[str, dict[str, str] | None, int]]
@@ -294,62 +266,3 @@ class StreamWorker:
             self._stats.last_error = f"{type(exc).__name__}: {exc}"
             log.error("worker crashed", worker=self.name, error=self._stats.last_error, exc_info=exc)
             self._crash.set_exception(exc)
-
-    async def _claim_loop(self) -> None:
-        assert self._ctx is not None
-        min_idle = int(self.settings.visibility_timeout * 1000)
-        while not (self._ctx.stopping.is_set() or self._closing.is_set()):
-            with contextlib.suppress(*CONNECTION_ERRORS):
-                await self._claim_once(min_idle)
-                self._stats.pending = sum([int((await self.client.xpending(s, self.name))["pending"])
-                                           for s in self.streams])
-            await wait_event(self._ctx.stopping, self.settings.effective_claim_interval)
-
-    async def _claim_once(self, min_idle: int) -> None:
-        for stream in self.streams:
-            for consumer in self._consumers:
-                if consumer.free == 0 or (self._ctx and self._ctx.stopping.is_set()):
-                    continue
-                reply = await self.client.xautoclaim(
-                    stream, self.name, consumer.name, min_idle, "0-0", count=consumer.free
-                )
-                claimed = [(eid, fields) for eid, fields in reply[1] if fields is not None]
-                if not claimed:
-                    break
-                counts = await delivery_counts(self.client, stream, self.name, [e for e, _ in claimed])
-                log.info("claimed idle entries", worker=self.name, consumer=consumer.name,
-                         count=len(claimed))
-                self._accept(consumer, stream, [(eid, f, counts.get(eid, 1)) for eid, f in claimed])
-
-    # -- leases, hand-back, drain ----------------------------------------------------------
-
-    async def _lease_loop(self) -> None:
-        interval = max(0.05, self.settings.visibility_timeout / 3)
-        while not self._closing.is_set():
-            await asyncio.sleep(interval)
-            if self._gate is not None:
-                self._gate.renew()  # the slots of handlers running now, with their leases
-            for consumer in self._consumers:
-                for stream, ids in consumer.held_ids().items():
-                    with contextlib.suppress(*CONNECTION_ERRORS):
-                        await self._leases.renew(stream, consumer.name, ids)
-
-    async def _hand_back(self, *, started: bool | None = None) -> None:
-        """Make held entries (``started``: only those whose handler did or did not start)
-        claimable by others now, not after the visibility timeout."""
-        idle_ms = int(self.settings.visibility_timeout * 1000) + 1000
-        for consumer in self._consumers:
-            for stream, ids in consumer.held_ids(started=started).items():
-                with contextlib.suppress(*CONNECTION_ERRORS):
-                    await self._leases.hand_back(stream, consumer.name, ids, idle_ms)
-
-    async def _drain(self, timeout: float) -> None:
-        """Hand back entries whose handler has not started, let started ones finish up to
-        ``timeout``; what is left is cancelled and handed back by :meth:`run`."""
-        for consumer in self._consumers:
-            for delivery in list(consumer.held.values()):
-                if delivery.started is None and delivery.task is not None:
-                    delivery.task.cancel()
-        await self._hand_back(started=False)
-        if self._batches:
-            await asyncio.wait(list(self._batches), timeout=timeout)

@@ -1,0 +1,72 @@
+"""What a stream worker's consumers hold: kept leased while it runs, let go as it stops.
+
+CONTRACT §4 asks two things of held entries that concern neither reading nor handling
+them: nobody may claim a live one (its lease is renewed every third of the visibility
+timeout, however long its handler runs), and none may wait out a visibility timeout
+when the worker stops (entries whose handler has not started are handed back at once,
+started ones may finish within the drain timeout, the rest are cancelled and handed
+back). That is one job with its own state (the consumers, their leases, the limit
+gate's slots), so it lives here and the stream worker only wires it to its run.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import Collection, Sequence
+from dataclasses import dataclass
+
+from printery.runtime.consumer import Consumer, ConsumerSettings
+from printery.runtime.limit_gate import LimitGate
+from printery.transport.streams import CONNECTION_ERRORS, Leases
+
+
+@dataclass(slots=True)
+class Holdings:
+    """The entries ``consumers`` hold: their leases (``leases``), the limit slots their
+    handlers hold (``gate``), and their hand-back on stop."""
+
+    consumers: Sequence[Consumer]
+    leases: Leases
+    settings: ConsumerSettings
+    gate: LimitGate | None
+
+    async def keep(self, closing: asyncio.Event) -> None:
+        """Renew every held entry's lease (and the slots of running handlers) every third
+        of the visibility timeout, until ``closing`` is set."""
+        interval = max(0.05, self.settings.visibility_timeout / 3)
+        while not closing.is_set():
+            await asyncio.sleep(interval)
+            if self.gate is not None:
+                self.gate.renew()  # the slots of handlers running now, with their leases
+            for consumer in self.consumers:
+                for stream, ids in consumer.held_ids().items():
+                    with contextlib.suppress(*CONNECTION_ERRORS):
+                        await self.leases.renew(stream, consumer.name, ids)
+
+    async def hand_back(self, *, started: bool | None = None) -> None:
+        """Make held entries (``started``: only those whose handler did or did not start)
+        claimable by others now, not after the visibility timeout."""
+        idle_ms = int(self.settings.visibility_timeout * 1000) + 1000
+        for consumer in self.consumers:
+            for stream, ids in consumer.held_ids(started=started).items():
+                with contextlib.suppress(*CONNECTION_ERRORS):
+                    await self.leases.hand_back(stream, consumer.name, ids, idle_ms)
+
+    async def drain(self, batches: Collection[asyncio.Task[None]], timeout: float) -> None:
+        """Hand back entries whose handler has not started, let started ones (their
+        ``batches``) finish up to ``timeout``; the caller cancels what is left, then hands
+        it back and releases it (:meth:`hand_back`, :meth:`release`)."""
+        for consumer in self.consumers:
+            for delivery in list(consumer.held.values()):
+                if delivery.started is None and delivery.task is not None:
+                    delivery.task.cancel()
+        await self.hand_back(started=False)
+        if batches:
+            await asyncio.wait(list(batches), timeout=timeout)
+
+    def release(self) -> None:
+        """Let go of every delivery still held, once its entries were handed back."""
+        for consumer in self.consumers:
+            for delivery in list(consumer.held.values()):
+                delivery.release()

@@ -1,0 +1,111 @@
+"""How entries reach a stream worker's consumers: read when new, claimed when left idle.
+
+Two loops feed the entry pipeline and differ only in the command: each consumer's
+blocking ``XREADGROUP`` of new entries (their first delivery), and a periodic
+``XAUTOCLAIM`` of entries idle past the visibility timeout because their consumer died
+(with Redis's delivery count, CONTRACT §4). Both stop at the stop signal and pass each
+batch to ``accept``. They live apart from the stream worker, which wires them to a run
+and starts and stops it, so that what comes in and a run's lifecycle are read one at a
+time.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import KW_ONLY, dataclass
+
+import redis.asyncio as aioredis
+import structlog
+from redis.exceptions import ResponseError
+
+from printery._util import wait_event
+from printery.runtime.connectivity import Connectivity
+from printery.runtime.consumer import Consumer, ConsumerSettings
+from printery.transport.streams import CONNECTION_ERRORS, delivery_counts
+from printery.worker import RunContext, WorkerStats
+
+log = structlog.get_logger("printery.worker")
+
+#: Takes a batch one consumer now holds: its stream and ``(id, fields, deliveries)``.
+Accept = Callable[[Consumer, str, list[tuple[str, dict[str, str] | None, int]]], None]
+
+
+@dataclass(slots=True)
+class Intake:
+    """The read and claim loops of one run of the worker whose group is ``group``.
+
+    ``prepare`` (re)creates the group when a read finds it gone; ``closing`` stops a loop
+    that lost its cancellation at its next turn; ``stats`` gets the pending count the
+    claim loop reads.
+    """
+
+    group: str
+    _: KW_ONLY
+    client: aioredis.Redis
+    consumers: Sequence[Consumer]
+    settings: ConsumerSettings
+    ctx: RunContext
+    closing: asyncio.Event
+    connectivity: Connectivity
+    prepare: Callable[[], Awaitable[None]]
+    accept: Accept
+    stats: WorkerStats
+
+    async def read(self, consumer: Consumer, streams: Sequence[str]) -> None:
+        """``consumer``'s blocking reads of new entries of ``streams``, while it has room."""
+        ctx, closing, connectivity, failures = self.ctx, self.closing, self.connectivity, 0
+        while not (ctx.stopping.is_set() or closing.is_set()):
+            ctx.beat()
+            if consumer.free == 0:
+                consumer.room.clear()
+                await wait_event(consumer.room, self.settings.block_ms / 1000)
+                continue
+            try:
+                reply = await self.client.xreadgroup(
+                    self.group, consumer.name, dict.fromkeys(streams, ">"),
+                    count=consumer.read_count,
+                    block=self.settings.block_ms,
+                )
+            except CONNECTION_ERRORS as exc:
+                failures += 1
+                await connectivity.trouble(exc, failures)
+                continue
+            except ResponseError as exc:
+                if "NOGROUP" not in str(exc):
+                    raise
+                await connectivity.retrying(self.prepare)  # the stream was deleted
+                continue
+            if failures:
+                failures = 0
+                connectivity.restored()
+            for stream, entries in reply or []:
+                self.accept(consumer, stream, [(eid, fields, 1) for eid, fields in entries])
+
+    async def claim(self, streams: Sequence[str]) -> None:
+        """Claim entries of ``streams`` idle past the visibility timeout, every claim
+        interval, and count what the group has pending."""
+        min_idle = int(self.settings.visibility_timeout * 1000)
+        while not (self.ctx.stopping.is_set() or self.closing.is_set()):
+            with contextlib.suppress(*CONNECTION_ERRORS):
+                await self._claim_once(streams, min_idle)
+                self.stats.pending = sum([int((await self.client.xpending(s, self.group))["pending"])
+                                          for s in streams])
+            await wait_event(self.ctx.stopping, self.settings.effective_claim_interval)
+
+    async def _claim_once(self, streams: Sequence[str], min_idle: int) -> None:
+        for stream in streams:
+            for consumer in self.consumers:
+                if consumer.free == 0 or self.ctx.stopping.is_set():
+                    continue
+                reply = await self.client.xautoclaim(
+                    stream, self.group, consumer.name, min_idle, "0-0", count=consumer.free
+                )
+                claimed = [(eid, fields) for eid, fields in reply[1] if fields is not None]
+                if not claimed:
+                    break
+                counts = await delivery_counts(self.client, stream, self.group, [e for e, _ in claimed])
+                log.info("claimed idle entries", worker=self.group, consumer=consumer.name,
+                         count=len(claimed))
+                self.accept(consumer, stream, [(eid, f, counts.get(eid, 1)) for eid, f in claimed])
