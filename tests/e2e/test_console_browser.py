@@ -189,7 +189,7 @@ def test_4_replay_a_dead_letter(
 def test_5_pipeline_and_phone_size(service: tuple[ServiceHandle, str], browser: Any) -> None:
     handle, _ = service
     open_page(browser, handle, "/pipeline")
-    assert len(css(browser, "svg.graph g.node")) == 5
+    wait_for(browser, lambda d: len(css(d, "svg.graph g.node")) == 5, "the pipeline's 5 steps")
     shot(browser, "pipeline")
     phone = chrome(PHONE)
     try:
@@ -201,7 +201,10 @@ def test_5_pipeline_and_phone_size(service: tuple[ServiceHandle, str], browser: 
         width = phone.execute_script("return document.documentElement.scrollWidth")
         assert width <= PHONE[0], f"the overview scrolls sideways on a phone ({width}px)"
         open_page(phone, handle, "/runs")
-        first = css(phone, "table.runs tbody a")[0].get_attribute("href")
+        # The list is live: a link read as an update replaces it is stale, and read again.
+        (first,) = wait_for(phone, lambda d: [a.get_attribute("href")
+                                              for a in css(d, "table.runs tbody a")][:1],
+                            "a run in the list on a phone")
         open_page(phone, handle, first.removeprefix(str(handle.http_base)))
         wait_for(phone, lambda d: css(d, "#run-status"), "a run on a phone")
         shot(phone, "phone-run")
