@@ -17,10 +17,11 @@ import pytest
 import redis.asyncio as aioredis
 from examples import docflow
 
-from printery import ConsumerSettings, StreamKeys, WorkerManager
+from printery import ConsumerSettings, StreamKeys
 from printery.testing import wait_for
 from printery.transport.server import ServerProcess
 from support.service import spawn
+from support.spine import running_pipeline
 
 ROOT = Path(__file__).resolve().parents[2]
 APP = "examples.docflow:pipeline"
@@ -44,15 +45,9 @@ async def cli(url: str, prefix: str, *args: str, stdin: str | None = None) -> tu
 async def docflow_workers(server: ServerProcess, client: aioredis.Redis,
                           prefix: str) -> AsyncIterator[StreamKeys]:
     keys = StreamKeys(prefix)
-    manager = WorkerManager(drain_timeout=2)
-    for worker, deps in docflow.pipeline.build_workers(
-            client=client, keys=keys, settings=ConsumerSettings(block_ms=100)):
-        manager.register(worker, deps)
-    await manager.start_all()
-    try:
+    async with running_pipeline(docflow.pipeline, client=client, keys=keys,
+                                settings=ConsumerSettings(block_ms=100)):
         yield keys
-    finally:
-        await manager.stop_all(2)
 
 
 async def submit(client: aioredis.Redis, keys: StreamKeys, doc_id: str, text: str) -> None:

@@ -28,6 +28,7 @@ from printery.client import Runs
 from printery.keys import StreamKeys, partition_of
 from printery.runtime.payloads import PayloadStore
 from printery.testing import wait_for
+from support.spine import running_pipeline
 
 PARTITIONS = 3
 TYPES = ("job", "left-done", "right-done", "joined", "dlq")
@@ -202,12 +203,8 @@ async def test_a_runs_budget_is_charged_and_enforced_in_its_partition(
         message.report_cost("usd", 1)
         return Output("done", {"n": message.data["n"]}, idempotency_key=f"done:{message.data['n']}")
 
-    manager = WorkerManager()
-    for worker, deps in p.build_workers(client=client, keys=keys,
-                                        settings=ConsumerSettings(block_ms=100)):
-        manager.register(worker, deps)
-    await manager.start_all()
-    try:
+    async with running_pipeline(p, client=client, keys=keys,
+                                settings=ConsumerSettings(block_ms=100)):
         run = runs_in_each_partition()[1]
         part = keys.of(run)
         for n in range(6):  # one at a time: the budget is checked before each call
@@ -220,8 +217,6 @@ async def test_a_runs_budget_is_charged_and_enforced_in_its_partition(
         assert await client.xlen(part.stream("budget:warning")) == 1
         assert await client.xlen(part.stream("budget:exceeded")) == 1
         assert not await client.exists(keys.at(0).budget(run), keys.at(2).budget(run))
-    finally:
-        await manager.stop_all(2)
 
 
 async def _settled(client: aioredis.Redis, stream: str, group: str) -> bool:

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import redis.asyncio as aioredis
 
-from printery import ConsumerSettings, Message, Output, Pipeline, WorkerManager
+from printery import ConsumerSettings, Message, Output, Pipeline
 from printery._json import dumps
 from printery.apps import load_app
 from printery.client import Runs
@@ -16,6 +16,7 @@ from printery.keys import StreamKeys
 from printery.run_index import RUNNING, RunIndex, now_ms
 from printery.testing import wait_for
 from printery.transport.commit import Append, Committer, EntryCommit
+from support.spine import running_pipeline
 
 REQUEST = {"service": "billing-api", "version": "1.0.0", "environment": "development",
            "requested_by": "alice", "notify": ["log"]}
@@ -81,17 +82,12 @@ async def test_the_costs_handlers_report_reach_the_minute_summed_per_commit(
 
     for n in range(200):  # a backlog: read, and so committed, many at a time
         await client.xadd(keys.stream("job"), {"data": dumps({"n": n}), "correlation_id": f"r{n}"})
-    manager = WorkerManager()
-    for worker, deps in p.build_workers(client=client, keys=keys,
-                                        settings=ConsumerSettings(block_ms=100)):
-        manager.register(worker, deps)
-    await manager.start_all()
-    try:
-        async def done() -> bool:
-            return await client.xlen(keys.stream("done")) == 200
+    async def done() -> bool:
+        return await client.xlen(keys.stream("done")) == 200
+
+    async with running_pipeline(p, client=client, keys=keys,
+                                settings=ConsumerSettings(block_ms=100)):
         await wait_for(done, timeout=20)
-    finally:
-        await manager.stop_all(2)
     assert await RunIndex(keys).cost_last_hour(client) == {"usd": 50.0, "tokens": 19900.0}
 
 

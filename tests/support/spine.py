@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
+from typing import Any
 
 import redis.asyncio as aioredis
 
@@ -95,6 +96,20 @@ async def running(*workers: object) -> AsyncIterator[WorkerManager]:
     manager = WorkerManager()
     for worker in workers:
         manager.register(worker)  # type: ignore[arg-type]
+    await manager.start_all()
+    try:
+        yield manager
+    finally:
+        await manager.stop_all(2)
+
+
+@asynccontextmanager
+async def running_pipeline(pipeline: Any, **build: Any) -> AsyncIterator[WorkerManager]:
+    """``pipeline``'s workers (``build``: the arguments of ``Pipeline.build_workers``)
+    started under one manager with their dependencies, stopped (2 s drain) at the end."""
+    manager = WorkerManager()
+    for worker, deps in pipeline.build_workers(**build):
+        manager.register(worker, deps)
     await manager.start_all()
     try:
         yield manager
