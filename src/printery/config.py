@@ -28,7 +28,7 @@ from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Annotated, Literal, TypeVar
-from urllib.parse import urlsplit
+from urllib.parse import parse_qs, urlsplit
 
 from pydantic import BaseModel, BeforeValidator, Field, PrivateAttr, ValidationInfo, field_validator
 from pydantic_core import PydanticCustomError
@@ -403,6 +403,8 @@ class Settings(SettingsTable):
             parts = urlsplit(self.redis_url)
             if parts.password:
                 found.append(parts.password)
+            # redis-py takes the password from the query too (``?password=``).
+            found += [value for value in parse_qs(parts.query).get("password", []) if value]
         secret_envs = self.app_config.secret_envs
         for name in secret_envs(self) if secret_envs is not None else ():
             if env.get(name):

@@ -313,6 +313,11 @@ def test_secrets_for_log_redaction() -> None:
     settings = load(env={"REDIS_URL": "redis://:pw1@localhost:6379/0"})
     assert settings.redacted_redis_url == "redis://:***@localhost:6379/0"
     assert settings.secrets({"PRINTERY_WEBHOOK_SECRET": "hmac"}) == ["pw1", "hmac"]
+    # A password in the query (as redis-py takes it) is a secret string as well, so it is
+    # masked wherever it appears, not only inside the URL.
+    in_query = load(env={"REDIS_URL": "redis://localhost:6379/0?password=pw2&db=1"})
+    assert in_query.secrets({}) == ["pw2"]
+    assert "pw2" not in in_query.redacted_redis_url
 
 
 def test_settings_doc_covers_every_command_line_setting() -> None:
