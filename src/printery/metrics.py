@@ -12,6 +12,7 @@ Label values are the worker names of the pipeline (``worker``), and for
 from __future__ import annotations
 
 from collections.abc import Mapping
+from typing import Any
 
 import prometheus_client
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
@@ -47,6 +48,9 @@ class Metrics:
             prometheus_client.PlatformCollector(registry=self.registry)
             prometheus_client.GCCollector(registry=self.registry)
         r = self.registry
+        #: Labelled children of the per-entry metrics, by their labels.
+        self._counted: dict[tuple[str, str], Any] = {}
+        self._timed: dict[str, Any] = {}
         self.messages = Counter(
             "printery_messages_total", "Messages consumed, by worker and outcome.",
             ["worker", "outcome"], registry=r,
@@ -115,10 +119,18 @@ class Metrics:
             self.budget_events.labels(level)
 
     def observe_message(self, worker: str, outcome: str, seconds: float | None = None) -> None:
-        """Count one consumed message; ``seconds`` (handler time) feeds the histogram."""
-        self.messages.labels(worker, outcome).inc()
+        """Count one consumed message; ``seconds`` (handler time) feeds the histogram.
+        Once per handled entry: the labelled children are looked up once each and kept
+        (``labels()`` validates and locks on every call, about as much as the count)."""
+        counter = self._counted.get((worker, outcome))
+        if counter is None:
+            counter = self._counted[(worker, outcome)] = self.messages.labels(worker, outcome)
+        counter.inc()
         if seconds is not None:
-            self.processing_seconds.labels(worker).observe(seconds)
+            timer = self._timed.get(worker)
+            if timer is None:
+                timer = self._timed[worker] = self.processing_seconds.labels(worker)
+            timer.observe(seconds)
 
     def observe_cost(self, worker: str, cost: Mapping[str, object]) -> None:
         """Add a handler's reported cost (``{"tokens": 812, "usd": 0.0031}``); negatives
