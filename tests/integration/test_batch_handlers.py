@@ -1,10 +1,13 @@
-"""Handlers of one read batch (printery.runtime.consume), against a real server: each
-runs in a task of its own, so ``asyncio.timeout`` and ``asyncio.TaskGroup`` inside a
-handler are bound to it, and context variables a handler sets never reach the next
+"""Handlers of one read batch (printery.runtime.consume), against a real server, on both
+of the batch's paths: ``asyncio.timeout`` and ``asyncio.TaskGroup`` inside a handler are
+bound to the task it runs in, and context variables a handler sets never reach another
 handler of the same batch.
 
-Every test publishes its entries before the worker starts, so the first read returns
-them all in one batch (``prefetch`` 64 reads up to 32 at a time).
+Every test publishes half its entries before the worker starts, so the first read returns
+them in one batch (``prefetch`` 64 reads up to 32 at a time), whose handlers each get a
+task; then, once those are handled, the other half, which the consumer (its handlers
+having finished without waiting) runs one after another in the batch's task until one
+waits or sets a context variable.
 """
 
 from __future__ import annotations
@@ -38,6 +41,10 @@ async def _outputs(client: aioredis.Redis, keys: StreamKeys) -> dict[int, dict[s
     return seen
 
 
+async def _outputs_at_least(client: aioredis.Redis, keys: StreamKeys, n: int) -> bool:
+    return len(await _outputs(client, keys)) >= n
+
+
 async def _all_outputs(client: aioredis.Redis, keys: StreamKeys) -> dict[int, dict[str, object]]:
     async def complete() -> dict[int, dict[str, object]]:
         out = await _outputs(client, keys)
@@ -48,9 +55,11 @@ async def _all_outputs(client: aioredis.Redis, keys: StreamKeys) -> dict[int, di
 
 async def _run(client: aioredis.Redis, prefix: str, handler: Handler) -> dict[int, dict[str, object]]:
     keys = StreamKeys(prefix)
-    await publish(client, keys, "in", N)
+    await publish(client, keys, "in", N // 2)
     worker = stream_worker("w", client, keys, ["in"], handler, prefetch=64)
     async with running(worker):
+        await wait_for(lambda: _outputs_at_least(client, keys, N // 2), message="first half")
+        await publish(client, keys, "in", N // 2, start=N // 2, transaction=True)
         outputs = await _all_outputs(client, keys)
     assert await client.xpending(keys.stream("in"), "w") == {
         "pending": 0, "min": None, "max": None, "consumers": []}
@@ -109,20 +118,42 @@ async def test_context_variables_do_not_leak_between_handlers_of_a_batch(
     client: aioredis.Redis, prefix: str
 ) -> None:
     """Each handler sees the variable unset, though the one before it in the same batch
-    set it: every handler has a task (and so a context) of its own."""
-    tasks: set[int] = set()
+    set it and never awaited (in the second batch: the first handler runs in the batch's
+    task, sets it, and the others still start in the context the batch began in)."""
 
     async def handle(msg: Message) -> Output:
         n = int(msg.data["n"])
-        tasks.add(id(asyncio.current_task()))
         before = _CURRENT.get()
         _CURRENT.set(n)
         return Output("out", {"n": n, "before": before})
 
     outputs = await _run(client, prefix, handle)
-    assert len(tasks) == N, "each handler of the batch ran in a task of its own"
     assert {n: o["before"] for n, o in outputs.items()} == dict.fromkeys(range(N))
     assert _CURRENT.get() is None
+
+
+async def test_handlers_that_wait_on_each_other_run_at_once_in_a_fast_batch(
+    client: aioredis.Redis, prefix: str
+) -> None:
+    """The second batch's handlers wait until all of them have started: the first one runs
+    in the batch's task and waits, the others must start anyway (in tasks of their own),
+    or none would ever finish. The first half's handlers finish at once."""
+    second = N // 2
+    started: set[int] = set()
+    everyone = asyncio.Event()
+
+    async def handle(msg: Message) -> Output:
+        n = int(msg.data["n"])
+        if n >= second:
+            started.add(n)
+            if len(started) == N - second:
+                everyone.set()
+            await asyncio.wait_for(everyone.wait(), 10)
+        return Output("out", {"n": n})
+
+    outputs = await _run(client, prefix, handle)
+    assert sorted(outputs) == list(range(N))
+    assert started == set(range(second, N))
 
 
 async def test_context_variables_of_a_suspended_handler_stay_its_own(

@@ -3,6 +3,8 @@ a real server. A generation's age is set through its index, so no test waits for
 
 from __future__ import annotations
 
+import asyncio
+
 import redis.asyncio as aioredis
 
 from printery.keys import StreamKeys
@@ -118,4 +120,28 @@ async def test_the_lookup_before_handlers_follows_a_rotation(
         await client.sadd(f"{index}:r3", "c")
         assert await lookup.recorded(["a", "b", "c"]) == [False, True, True]
     finally:
-        await lookup.channel.close()
+        await lookup.close()
+
+
+async def test_lookups_made_at_once_do_not_wait_for_each_other(
+    client: aioredis.Redis, prefix: str
+) -> None:
+    """Batches read one after another look up at once: each lookup on the wire has a
+    connection of its own (one reply can never be read as another's), every answer is
+    its own keys', and the connections are kept for the next lookups."""
+    index = StreamKeys(prefix).idempotency_index("g")
+    await client.hset(index, mapping={"gen": 1, "start": 0})
+    await client.sadd(f"{index}:r1", *[f"k{n}" for n in range(0, 40, 2)])
+    lookup = RecordLookup(DirectChannel(client), index)
+    try:
+        keys = [[f"k{n}", f"k{n + 1}"] for n in range(0, 40, 2)]
+        answers = await asyncio.gather(*(lookup.recorded(pair) for pair in keys))
+        assert answers == [[True, False]] * 20
+        names = [c for c in await client.client_list() if c.get("cmd") in ("exec", "multi")]
+        assert len(names) > 1, "the lookups went out together, not one after another"
+        again = await asyncio.gather(*(lookup.recorded(pair) for pair in keys))
+        assert again == answers
+        assert len([c for c in await client.client_list() if c.get("cmd") in ("exec", "multi")]) \
+            == len(names), "no connection more for the same number of lookups at once"
+    finally:
+        await lookup.close()

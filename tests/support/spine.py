@@ -19,8 +19,13 @@ from printery.worker import RunContext
 CODEC = Codec()
 
 
-async def publish(client: aioredis.Redis, keys: StreamKeys, event_type: str, n: int, start: int = 0) -> None:
-    pipe = client.pipeline(transaction=False)
+async def publish(
+    client: aioredis.Redis, keys: StreamKeys, event_type: str, n: int, start: int = 0, *,
+    transaction: bool = False,
+) -> None:
+    """``n`` entries of ``event_type`` in one round trip (``transaction``: atomically, so
+    a reader waiting on the stream gets them all in one read)."""
+    pipe = client.pipeline(transaction=transaction)
     for i in range(start, start + n):
         envelope = CODEC.new(event_type, {"n": i}, correlation_id=f"c-{i}", producer="test")
         pipe.xadd(keys.stream(event_type), CODEC.encode(envelope))

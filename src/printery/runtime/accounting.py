@@ -55,6 +55,16 @@ class Accounting:
             self.stats.last_error = describe(result)
             log.error("commit failed", worker=self.worker, entry_id=entry_id, error=describe(result))
             return
+        if item.outcome == "ok" and result > DUPLICATE:  # committed: the usual case, first
+            self.stats.processed += 1
+            self.observer.processed(self.worker, "ok", seconds)
+            assert item.message is not None
+            for unit, amount in item.message.costs.items():
+                self.observer.cost(self.worker, unit, amount)
+            if item.commit.budget is not None:
+                for _ in range(result - 1 - len(item.commit.appends)):  # warnings written
+                    self.observer.budget_event(self.worker, "warning")
+            return
         if result == FENCED:
             log.warning("entry was reclaimed by another consumer; not committing",
                         worker=self.worker, entry_id=entry_id)
@@ -73,12 +83,3 @@ class Accounting:
             self.observer.processed(self.worker, "budget_exceeded", seconds)
             if result > 1:  # its output was written (a stop's is written once per run)
                 self.observer.budget_event(self.worker, "exceeded")
-        else:
-            self.stats.processed += 1
-            self.observer.processed(self.worker, "ok", seconds)
-            assert item.message is not None
-            for unit, amount in item.message.costs.items():
-                self.observer.cost(self.worker, unit, amount)
-            if item.commit.budget is not None:
-                for _ in range(result - 1 - len(item.commit.appends)):  # warnings written
-                    self.observer.budget_event(self.worker, "warning")

@@ -58,6 +58,10 @@ class Consumer:
         self.limit = settings.prefetch or ADAPTIVE_PREFETCH[1]
         #: How many entries the consumer holds at most right now (see :meth:`adapt`).
         self.window = self.floor
+        #: Whether its last batch's handlers all finished without waiting on I/O (then
+        #: the next batch's run one after another in the batch's task: see
+        #: :meth:`~printery.runtime.consume.EntryPipeline.process`).
+        self.fast = False
         self.held: dict[tuple[str, str], Delivery] = {}
         #: Handler slots as a counter rather than a semaphore: taking a free one costs no
         #: coroutine (the usual case, on every entry).
@@ -87,6 +91,7 @@ class Consumer:
         handlers holding hundreds of entries starves the other processes of its group,
         which is the classic prefetch trap (Celery's). Fast handlers earn the large window,
         slow ones keep the small one."""
+        self.fast = fast
         if fast:
             self.window = min(self.limit, self.window * 2)
         else:

@@ -10,7 +10,6 @@ being handled again (the commit checks again, atomically).
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import Sequence
 from typing import Any
 
@@ -30,15 +29,18 @@ class RecordLookup:
     Plain ``SMISMEMBER`` in a transaction rather than a script: a script's arguments and
     replies are converted to Lua and back, which cost the server twice as much per key.
     The current generation is remembered; the transaction reads it too, and a lookup made
-    against a generation that rotated since is repeated. Coroutine-safe (one lookup at a
-    time on its own connection).
+    against a generation that rotated since is repeated. Coroutine-safe: a lookup made
+    while others are on the wire takes a connection of its own (kept for the next), so
+    batches read one after another do not queue behind each other's round trips (that
+    wait was most of a step's latency at a steady 1,000 events/s).
     """
 
     def __init__(self, channel: DirectChannel, index_key: str) -> None:
-        self.channel = channel
         self.index_key = index_key
         self._generation: int | None = None
-        self._lock = asyncio.Lock()
+        #: Channels not in use now; another is made when none is.
+        self._idle = [channel]
+        self._channels = [channel]
 
     async def recorded(self, idempotency_keys: Sequence[str]) -> list[bool]:
         """For each key, whether it has a record (in the current or previous generation)."""
@@ -52,7 +54,8 @@ class RecordLookup:
         budgets of the runs of a batch) from the same round trip."""
         if not idempotency_keys:
             return [], []
-        async with self._lock:
+        channel = self._idle.pop() if self._idle else self._another()
+        try:
             for _ in range(3):
                 guess = self._generation
                 commands: list[Command] = [("MULTI",), ("HMGET", self.index_key, "gen")]
@@ -62,7 +65,7 @@ class RecordLookup:
                             ("SMISMEMBER", record_set(self.index_key, generation), *idempotency_keys))
                 looked_up = len(commands) - 2
                 commands += [*reads, ("EXEC",)]
-                (executed,) = await self.channel.transactions([commands])
+                (executed,) = await channel.transactions([commands])
                 if isinstance(executed, Exception):
                     raise executed
                 (current,), *found = executed[: 1 + looked_up]
@@ -74,9 +77,17 @@ class RecordLookup:
                 self._generation = current
                 if current is None:
                     return [False] * len(idempotency_keys), read
+        finally:
+            self._idle.append(channel)
         raise ResponseError(f"idempotency generation of {self.index_key} keeps rotating")
 
+    def _another(self) -> DirectChannel:
+        channel = DirectChannel(self._channels[0].client)
+        self._channels.append(channel)
+        return channel
+
     async def close(self) -> None:
-        await self.channel.close()
+        for channel in self._channels:
+            await channel.close()
 
 
