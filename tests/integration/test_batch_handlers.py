@@ -1,4 +1,4 @@
-"""Handlers of one read batch (printery.runtime.consume), against a real server, on both
+"""Handlers of one read batch (printery.runtime.run_handlers), against a real server, on both
 of the batch's paths: ``asyncio.timeout`` and ``asyncio.TaskGroup`` inside a handler are
 bound to the task it runs in, and context variables a handler sets never reach another
 handler of the same batch.

@@ -11,7 +11,7 @@
    admitted in one request; see :mod:`printery.runtime.limit_gate`); each entry's handler
    runs once it has a slot: one after another in the batch's task while the step's
    handlers neither wait on I/O nor set context variables, else each in a task of its
-   own (:meth:`EntryPipeline._handle_here`); a handler that raises is retried after
+   own (:mod:`printery.runtime.run_handlers`); a handler that raises is retried after
    a backoff (each retry a counted delivery) until it succeeds or goes to the dead-letter
    stream with its traceback; :class:`Reject` dead-letters at once; a ``BaseException``
    that is not an ``Exception`` crashes the worker (CONTRACT §4, §5);
@@ -27,15 +27,13 @@ finish, those finishing together again in one commit.
 from __future__ import annotations
 
 import asyncio
-import contextvars
 import functools
 import time
-from collections.abc import Coroutine, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import structlog
 
-from printery._util import log_failure
 from printery.backoff import compute_backoff
 from printery.envelope import Codec
 from printery.errors import (
@@ -52,12 +50,13 @@ from printery.run_index import RunIndex, now_ms
 from printery.runtime.accounting import Accounting, Decided
 from printery.runtime.budgets import BudgetGuard
 from printery.runtime.connectivity import Connectivity
-from printery.runtime.consumer import Consumer, ConsumerSettings, Delivery
+from printery.runtime.consumer import ConsumerSettings, Delivery
 from printery.runtime.handler import Handler, Message, Output, outputs_of
 from printery.runtime.limit_gate import LimitGate, Ticket
 from printery.runtime.observe import Observer
 from printery.runtime.payloads import PayloadStore
 from printery.runtime.route import Router
+from printery.runtime.run_handlers import HandlerRunner
 from printery.runtime.spans import bind_spans
 from printery.runtime.writes import Writes
 from printery.transport.commit import Append, Committer, EntryCommit
@@ -66,20 +65,6 @@ from printery.transport.streams import Leases, public_api
 from printery.worker import WorkerStats
 
 log = structlog.get_logger("printery.worker")
-
-#: Python 3.12+ runs a new task's first step at once (a handler that never awaits then
-#: costs no scheduling); 3.11 schedules it.
-_eager: Any = getattr(asyncio, "eager_task_factory", None)
-
-
-def _start(
-    coro: Coroutine[Any, Any, Decided | None], context: contextvars.Context | None = None,
-) -> asyncio.Task[Decided | None]:
-    loop = asyncio.get_running_loop()
-    if _eager is not None:
-        return _eager(loop, coro, context=context)  # type: ignore[no-any-return]
-    return loop.create_task(coro, context=context)
-
 
 class EntryPipeline:
     """Takes the entries of one consumer group through the pipeline (one per worker run)."""
@@ -124,11 +109,9 @@ class EntryPipeline:
         self.index = index
         #: Each stream's event type (the default of an entry that names none).
         self._types: dict[str, str] = {}
-        #: Set once a handler changed its task's context variables: from then on every
-        #: handler of a batch gets a task of its own (see :meth:`_handle_here`).
-        self._isolate = False
         account = Accounting(worker, observer, stats).account
-        self.spans, self._handle, self._settle = bind_spans(worker, self._run, account)
+        self.spans, handle, self._settle = bind_spans(worker, self._run, account)
+        self.handlers = HandlerRunner(handle, self._commit, connectivity.stopping)
 
     async def process(self, batch: Sequence[Delivery]) -> None:
         """Take a batch through the pipeline. Raises :class:`WorkerCrashed` when a handler
@@ -143,139 +126,10 @@ class EntryPipeline:
             await self._commit(decided, begun)  # what was admitted never starts
             return
         tickets = await self._limit(admitted, decided) if self.gate is not None else None
-        if admitted and (len(admitted) == 1 or (admitted[0][0].consumer.fast and not self._isolate)):
-            left_held = await self._handle_here(admitted, decided, begun, tickets, len(batch))
-        else:
-            running = self._start(admitted, tickets)
-            left_held = await self._commit_as_done(running, decided, begun,
-                                           adapt=admitted[0][0].consumer if admitted else None)
+        left_held = await self.handlers.run(admitted, decided, begun, tickets, read=len(batch))
         if not left_held:
             for delivery in batch:
                 delivery.release()
-
-    async def _handle_here(
-        self, admitted: list[tuple[Delivery, Message]], decided: list[Decided], begun: float,
-        tickets: list[Ticket] | None, read: int,
-    ) -> bool:
-        """Run the handlers one after another in this task while they neither wait on I/O
-        nor change a context variable; the rest each in a task of its own. True when the
-        worker stopped first: what did not start is then left held for the drain.
-
-        Why: on Python 3.11 a task per handler cost a sixth of a fast step's CPU, and the
-        turn of the loop a batch waited for it lengthened every hop at low load (3.12's
-        eager tasks cost neither). What a task of its own gives a handler is kept. Every
-        handler starts in the context the batch began in: the ones before it here changed
-        nothing, or the rest start in tasks made in that context (and the batch's own
-        lines are written in it). ``asyncio.timeout`` and ``TaskGroup`` bind to the task
-        it runs in. And none waits for another: a callback scheduled as this begins runs
-        only once this task gives the loop a turn, that is once the handler running here
-        waits, and starts the rest in tasks then. The consumer learns its handlers wait
-        (:meth:`Consumer.adapt`), and its next batch starts every handler in a task."""
-        loop = asyncio.get_running_loop()
-        clean = contextvars.copy_context()
-        task = asyncio.current_task()
-        begun_here = 0  # the position of the handler running here
-        running: list[asyncio.Task[Decided | None]] | None = None
-        left_held = False
-
-        def start_the_rest() -> None:
-            nonlocal running, left_held
-            left_held = self.connectivity.stopping.is_set()
-            rest = [] if left_held else admitted[begun_here + 1 :]
-            running = self._start(rest, tickets[begun_here + 1 :] if tickets else None, clean)
-
-        signal = loop.call_soon(start_the_rest)
-        dirty = False
-        try:
-            while begun_here < len(admitted) and running is None:
-                delivery, message = admitted[begun_here]
-                delivery.task = task
-                result = await self._handle(delivery, message,
-                                            tickets[begun_here] if tickets else None)
-                if result is not None:
-                    decided.append(result)
-                if contextvars.copy_context() != clean:
-                    self._isolate = dirty = True  # from now on: a task per handler
-                    break
-                begun_here += 1
-        except BaseException:
-            for started in running or ():
-                started.cancel()
-                started.add_done_callback(log_failure)
-            raise
-        finally:
-            signal.cancel()
-        consumer = admitted[0][0].consumer
-        consumer.adapt(fast=running is None)
-        if running is None:  # nobody waited: what is left here, the rest of a dirty batch
-            begun_here += dirty
-            start_the_rest_now = admitted[begun_here:]
-            left_held = bool(start_the_rest_now) and self.connectivity.stopping.is_set()
-            running = [] if left_held else self._start(
-                start_the_rest_now, tickets[begun_here:] if tickets else None, clean)
-        settle = self._commit_as_done(running, decided, begun)
-        if dirty and read > 1:
-            await loop.create_task(settle, context=clean.copy())
-        else:
-            await settle
-        return left_held
-
-    def _start(
-        self, admitted: list[tuple[Delivery, Message]], tickets: list[Ticket] | None,
-        context: contextvars.Context | None = None,
-    ) -> list[asyncio.Task[Decided | None]]:
-        """A task per handler, in a copy of ``context`` (default: of the current one):
-        a task runs in the context it is given, so tasks given one would share it."""
-        running = []
-        for index, (delivery, message) in enumerate(admitted):
-            coro = self._handle(delivery, message, tickets[index] if tickets else None)
-            delivery.task = _start(coro, None if context is None else context.copy())
-            running.append(delivery.task)
-        return running
-
-    async def _commit_as_done(
-        self, running: list[asyncio.Task[Decided | None]], decided: list[Decided], begun: float,
-        *, adapt: Consumer | None = None,
-    ) -> bool:
-        """Commit ``decided`` and each of the ``running`` handlers' entries. After one
-        turn of the loop (handlers that never really await are done by then) the decided
-        entries commit together; the others commit as they finish, those finishing
-        together in one commit. In read order: entries committed in the order they were
-        read are fenced by one ranged ``XPENDING``. ``adapt``: a consumer that learns from
-        this turn whether its handlers wait (:meth:`Consumer.adapt`). Returns False:
-        nothing is left held."""
-        try:
-            if any(not task.done() for task in running):
-                await asyncio.sleep(0)
-            if adapt is not None and running:
-                adapt.adapt(fast=all(task.done() for task in running))
-            while True:
-                decided += self._results([task for task in running if task.done()])
-                running = [task for task in running if not task.done()]
-                await self._commit(decided, begun)
-                if not running:
-                    return False
-                decided = []
-                await asyncio.wait(running, return_when=asyncio.FIRST_COMPLETED)
-        except BaseException:  # a crash, or cancelled by the drain
-            for task in running:
-                task.cancel()
-                task.add_done_callback(log_failure)  # one that fails as it stops: logged
-            raise
-
-    def _results(self, finished: list[asyncio.Task[Decided | None]]) -> list[Decided]:
-        decided, crash = [], None
-        for task in finished:
-            if task.cancelled():  # not started at shutdown: handed back
-                continue
-            failure = task.exception()
-            if failure is not None:
-                crash = crash or failure
-            elif (result := task.result()) is not None:
-                decided.append(result)
-        if crash is not None:
-            raise crash  # out of the batch, and so the worker crashes
-        return decided
 
     # -- decode and look up ------------------------------------------------------------------
 
