@@ -33,7 +33,7 @@ def test_with_tracing_off_nothing_of_opentelemetry_is_imported() -> None:
         EntryPipeline.__init__(pipeline, "validator", handler=None, codec=None, keys=None,
             payloads=None, records=None, committer=None, leases=None, settings=None,
             observer=None, stats=None, connectivity=None)
-        assert pipeline.spans is None and pipeline._handle == pipeline._run
+        assert pipeline.spans is None and pipeline.handlers.handle == pipeline._run
         loaded = sorted(m for m in sys.modules if m.startswith("opentelemetry"))
         assert not loaded, loaded
         print("ok")

@@ -111,7 +111,7 @@ class EntryPipeline:
         self._types: dict[str, str] = {}
         account = Accounting(worker, observer, stats).account
         self.spans, handle, self._settle = bind_spans(worker, self._run, account)
-        self.handlers = HandlerRunner(handle, self._commit, connectivity.stopping)
+        self.handlers = HandlerRunner(handle, self._commit, connectivity)
 
     async def process(self, batch: Sequence[Delivery]) -> None:
         """Take a batch through the pipeline. Raises :class:`WorkerCrashed` when a handler

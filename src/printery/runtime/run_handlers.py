@@ -17,6 +17,7 @@ from typing import Any
 
 from printery._util import log_failure
 from printery.runtime.accounting import Decided
+from printery.runtime.connectivity import Connectivity
 from printery.runtime.consumer import Consumer, Delivery
 from printery.runtime.handler import Message
 from printery.runtime.limit_gate import Ticket
@@ -38,16 +39,16 @@ def _task(
 
 class HandlerRunner:
     """Runs the handlers of one step's batches (``handle`` takes an entry to its decision)
-    and has their entries committed (``commit``) as they finish; ``stopping`` is the
-    worker's stop signal."""
+    and has their entries committed (``commit``) as they finish; ``connectivity`` carries
+    the worker's stop signal."""
 
     def __init__(
         self, handle: HandleEntry[Decided],
-        commit: Callable[[list[Decided], float], Awaitable[None]], stopping: asyncio.Event,
+        commit: Callable[[list[Decided], float], Awaitable[None]], connectivity: Connectivity,
     ) -> None:
         self.handle = handle
         self.commit = commit
-        self.stopping = stopping
+        self.connectivity = connectivity
         #: Set once a handler changed its task's context variables: from then on every
         #: handler of a batch gets a task of its own (see :meth:`in_turn`).
         self.isolate = False
@@ -92,7 +93,7 @@ class HandlerRunner:
 
         def start_the_rest() -> None:
             nonlocal running, left_held
-            left_held = self.stopping.is_set()
+            left_held = self.connectivity.stopping.is_set()
             rest = [] if left_held else admitted[begun_here + 1 :]
             running = self._start(rest, tickets[begun_here + 1 :] if tickets else None, clean)
 
@@ -122,7 +123,7 @@ class HandlerRunner:
         if running is None:  # nobody waited: what is left here, the rest of a dirty batch
             begun_here += dirty
             start_the_rest_now = admitted[begun_here:]
-            left_held = bool(start_the_rest_now) and self.stopping.is_set()
+            left_held = bool(start_the_rest_now) and self.connectivity.stopping.is_set()
             running = [] if left_held else self._start(
                 start_the_rest_now, tickets[begun_here:] if tickets else None, clean)
         settle = self._commit_as_done(running, decided, begun)
