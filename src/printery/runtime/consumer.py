@@ -60,7 +60,7 @@ class Consumer:
         self.window = self.floor
         #: Whether its last batch's handlers all finished without waiting on I/O (then
         #: the next batch's run one after another in the batch's task: see
-        #: :meth:`~printery.runtime.consume.EntryPipeline.process`).
+        #: :meth:`~printery.runtime.run_handlers.HandlerRunner.run`).
         self.fast = False
         self.held: dict[tuple[str, str], Delivery] = {}
         #: Handler slots as a counter rather than a semaphore: taking a free one costs no

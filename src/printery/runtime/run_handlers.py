@@ -74,15 +74,13 @@ class HandlerRunner:
         nor change a context variable; the rest each in a task of its own. True when the
         worker stopped first: what did not start is then left held for the drain.
 
-        Why: on Python 3.11 a task per handler cost a sixth of a fast step's CPU, and the
-        turn of the loop a batch waited for it lengthened every hop at low load (3.12's
-        eager tasks cost neither). What a task of its own gives a handler is kept. Every
-        handler starts in the context the batch began in: the ones before it here changed
-        nothing, or the rest start in tasks made in that context (and the batch's own
-        lines are written in it). ``asyncio.timeout`` and ``TaskGroup`` bind to the task
-        it runs in. And none waits for another: a callback scheduled as this begins runs
-        only once this task gives the loop a turn, that is once the handler running here
-        waits, and starts the rest in tasks then. The consumer learns its handlers wait
+        What a task of its own gives a handler is kept. Every handler starts in the
+        context the batch began in: the ones before it here changed nothing, or the rest
+        start in tasks made in that context (and the batch's own lines are written in
+        it). ``asyncio.timeout`` and ``TaskGroup`` bind to the task it runs in. And none
+        waits for another: a callback scheduled as this begins runs only once this task
+        gives the loop a turn, that is once the handler running here waits, and starts
+        the rest in tasks then. The consumer learns its handlers wait
         (:meth:`Consumer.adapt`), and its next batch starts every handler in a task."""
         loop = asyncio.get_running_loop()
         clean = contextvars.copy_context()
