@@ -99,7 +99,8 @@ async def test_with_limit_runs_printery_again_and_reports_the_overhead(
 
 @pytest.mark.parametrize(
     ("options", "field"),
-    [({"stages": 0}, "stages"), ({"prefetch": 0}, "prefetch"), ({"ceiling": "max"}, "ceiling")],
+    [({"stages": 0}, "stages"), ({"prefetch": 0}, "prefetch"), ({"ceiling": "max"}, "ceiling"),
+     ({"rounds": 0}, "rounds")],
 )
 async def test_impossible_options_are_refused_before_anything_starts(
     options: dict[str, Any], field: str
@@ -121,6 +122,7 @@ async def test_impossible_options_are_refused_before_anything_starts(
         (["--rate", "0.01", "--duration", "1"], "at least one event"),
         (["--prefetch", "0"], "'--prefetch': 0 is not in the range x>=1"),
         (["--ceiling", "max"], "'--ceiling'"),
+        (["--rounds", "0"], "'--rounds': 0 is not in the range x>=1"),
     ],
 )
 def test_cli_usage_errors_exit_2_before_anything_starts(args: list[str], message: str) -> None:
@@ -133,3 +135,25 @@ def test_cli_usage_errors_exit_2_before_anything_starts(args: list[str], message
     result = CliRunner().invoke(bench, args)
     assert result.exit_code == 2, result.output
     assert message in result.output
+
+
+async def test_rounds_rotate_the_sides_and_report_medians(server: ServerProcess) -> None:
+    """``rounds``: every side runs once a round, no side in the same place twice running;
+    each ratio is the median of the rounds' own and each side's figures are one round's."""
+    result = await run_bench(
+        events=300, stages=1, processes=1, payload_bytes=32, redis_url=server.url,
+        rate=None, duration=None, ceiling="same", features=("limit",), rounds=3,
+    )
+    assert result["verified"] and result["rounds"] == 3
+    orders = [r["order"] for r in result["per_round"]]
+    assert orders == [["ceiling", "printery", "printery_with"],
+                      ["printery", "printery_with", "ceiling"],
+                      ["printery_with", "ceiling", "printery"]]
+    for key in ("ratio", "with_overhead"):
+        values = sorted(r[key] for r in result["per_round"])
+        assert result[key] == values[1], key
+    for side in ("ceiling", "printery", "printery_with"):
+        throughputs = sorted(r["events_per_s"][side] for r in result["per_round"])
+        assert result[side]["events_per_s"] == throughputs[1], side
+    assert "3 rounds (medians)" in format_table(result)
+    assert "overhead by round: " in format_table(result)

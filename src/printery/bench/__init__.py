@@ -35,12 +35,20 @@ the budget and the limit (side ``printery_without``; the cost reporting is not w
 measured), else the ``printery`` side; ``with_overhead_plain`` is the cost against the
 ``printery`` side all the same.
 
+With ``rounds`` above 1 every side runs that many times, the order rotated each round
+(no side always first or last), and every ratio and overhead is the median of the
+rounds' own (``per_round``: each round's), each taken between sides minutes apart at
+most; a side's figures are those of its median round by throughput. On a shared machine
+two sides a few seconds apart differ by ±10 % for nothing: one pair per run says little
+of a 15 % difference, five pairs far more.
+
 The CLI calls :func:`run_bench` and prints :func:`format_table` or the JSON document.
 """
 
 from __future__ import annotations
 
 import contextlib
+import statistics
 import tempfile
 import time
 import uuid
@@ -109,6 +117,7 @@ class _Plan:
     prefetch: int | None
     features: tuple[str, ...] = ()
     partitions: int = 1
+    rounds: int = 1
 
 
 async def run_bench(
@@ -124,6 +133,7 @@ async def run_bench(
     ceiling: str = "both",
     features: tuple[str, ...] = (),
     partitions: int = 1,
+    rounds: int = 1,
 ) -> dict[str, Any]:
     """Run the ceiling(s), then printery, and return the §9 document.
 
@@ -134,12 +144,13 @@ async def run_bench(
     ``rate * duration``. ``prefetch`` None runs printery with the library's default;
     ``ceiling`` is ``same``, ``minimal`` or ``both``; ``features`` (``limit``, ``budget``) adds the
     ``printery_with`` side; ``partitions`` (CONTRACT §15) splits every stage's stream,
-    for printery and the ceilings alike. On a cluster (``redis+cluster://``) the server
+    for printery and the ceilings alike; ``rounds`` runs every side that many times (see
+    the module's docstring). On a cluster (``redis+cluster://``) the server
     CPU is every master's own count (``INFO cpu``), also per master.
     Raises :class:`ConfigError` for an impossible option.
     """
     _validate(events, stages, processes, payload_bytes, rate, duration, prefetch, ceiling,
-              partitions)
+              partitions, rounds)
     if redis_url and partitions < 2 and urlsplit(redis_url).scheme in CLUSTER_SCHEMES:
         raise ConfigError("partitions", partitions, "2 or more on a cluster (one partition's "
                           "keys carry no hash tag; see --partitions)")
@@ -151,20 +162,25 @@ async def run_bench(
         events = round(rate * run_duration)
     with tempfile.TemporaryDirectory(prefix="printery-bench-") as tmp:
         plan = _Plan(events, stages, processes, payload_bytes, rate, run_duration,
-                     uuid.uuid4().hex[:10], Path(tmp), prefetch, tuple(features), partitions)
+                     uuid.uuid4().hex[:10], Path(tmp), prefetch, tuple(features), partitions,
+                     rounds)
         async with bench_server(redis_url) as server:
             client = connect(server.url, block_ms=BLOCK_MS)
             try:
-                results = {side: await _run_side(side, client, server.url, plan, server.pid)
-                           for side in sides}
+                measured = []
+                for turn in range(rounds):
+                    order = sides[turn % len(sides):] + sides[: turn % len(sides)]
+                    measured.append({side: await _run_side(side, client, server.url, plan,
+                                                           server.pid) for side in order})
             finally:
                 await client.aclose()
-    return _document(plan, results, embedded=redis_url is None, ceiling=ceiling)
+    return _document(plan, measured, embedded=redis_url is None, ceiling=ceiling)
 
 
 def _validate(
     events: int, stages: int, processes: int, payload_bytes: int, rate: float | None,
     duration: float | None, prefetch: int | None, ceiling: str, partitions: int = 1,
+    rounds: int = 1,
 ) -> None:
     if rate is None and events < 1:
         raise ConfigError("events", events, "at least 1")
@@ -186,6 +202,8 @@ def _validate(
         raise ConfigError("partitions", partitions, f"1 to {MAX_PARTITIONS}")
     if ceiling not in CEILINGS:
         raise ConfigError("ceiling", ceiling, f"one of {', '.join(CEILINGS)}")
+    if rounds < 1:
+        raise ConfigError("rounds", rounds, "at least 1")
 
 
 def _features(side: str, features: tuple[str, ...]) -> tuple[str, ...]:
@@ -372,20 +390,46 @@ def _ratio(ours: dict[str, Any] | None, ceiling: dict[str, Any] | None, key: str
     return 0.0
 
 
-def _document(
-    plan: _Plan, results: dict[str, dict[str, Any]], *, embedded: bool, ceiling: str
-) -> dict[str, Any]:
+def _figures(results: dict[str, dict[str, Any]], *, rate: bool) -> dict[str, float]:
+    """One round's ratios (of p99 too in the ``rate`` mode) and the features' overheads,
+    when they ran."""
     same, minimal, ours, without, featured = (results.get(side) for side in SIDES)
+    figures = {"ratio": _ratio(ours, same, "events_per_s"),
+               "ratio_minimal": _ratio(ours, minimal, "events_per_s")}
+    if rate:
+        figures["p99_ratio"] = _ratio(ours, same, "p99_ms")
+        figures["p99_ratio_minimal"] = _ratio(ours, minimal, "p99_ms")
+    if featured is not None:
+        figures["with_overhead"] = round(1 - _ratio(featured, without or ours, "events_per_s"), 3)
+        if without is not None:
+            figures["with_overhead_plain"] = round(1 - _ratio(featured, ours, "events_per_s"), 3)
+    return figures
+
+
+def _median_round(rounds: list[dict[str, dict[str, Any]]], side: str) -> dict[str, Any] | None:
+    """``side``'s figures from its median round by throughput (the lower of the two
+    middle ones for an even count)."""
+    runs = sorted((r[side] for r in rounds if side in r), key=lambda v: v["events_per_s"])
+    return runs[(len(runs) - 1) // 2] if runs else None
+
+
+def _document(
+    plan: _Plan, rounds: list[dict[str, dict[str, Any]]], *, embedded: bool, ceiling: str
+) -> dict[str, Any]:
+    same, minimal, ours, without, featured = (_median_round(rounds, side) for side in SIDES)
+    per_round = [_figures(results, rate=plan.rate is not None) for results in rounds]
+    figures = {key: round(statistics.median(f[key] for f in per_round), 3)
+               for key in per_round[0]}
     settings = (ours or {}).get("settings", {})
     doc: dict[str, Any] = {
         "ceiling": same or {},
         "ceiling_minimal": minimal or {},
         "printery": ours or {},
-        "ratio": _ratio(ours, same, "events_per_s"),
-        "ratio_minimal": _ratio(ours, minimal, "events_per_s"),
+        "ratio": figures["ratio"],
+        "ratio_minimal": figures["ratio_minimal"],
         "events": plan.events,
         "stages": plan.stages,
-        "verified": bool(results) and all(r["verified"] for r in results.values()),
+        "verified": all(r["verified"] for results in rounds for r in results.values()),
         "mode": "backlog" if plan.rate is None else "rate",
         "processes": plan.processes,
         "partitions": plan.partitions,
@@ -396,17 +440,22 @@ def _document(
         "batch": BATCH,
         "prefetch": settings.get("prefetch", plan.prefetch),
         "prefetch_default": plan.prefetch is None,
+        "rounds": plan.rounds,
     }
+    if plan.rounds > 1:
+        doc["per_round"] = [{"order": list(results), **f, "events_per_s": {
+                                side: values["events_per_s"] for side, values in results.items()}}
+                            for results, f in zip(rounds, per_round, strict=True)]
     if featured is not None:
         doc["printery_with"] = featured
         doc["with"] = list(plan.features)
-        doc["with_overhead"] = round(1 - _ratio(featured, without or ours, "events_per_s"), 3)
+        doc["with_overhead"] = figures["with_overhead"]
         if without is not None:
             doc["printery_without"] = without
-            doc["with_overhead_plain"] = round(1 - _ratio(featured, ours, "events_per_s"), 3)
+            doc["with_overhead_plain"] = figures["with_overhead_plain"]
     if plan.rate is not None:
         doc["rate"] = plan.rate
         doc["duration"] = plan.duration
-        doc["p99_ratio"] = _ratio(ours, same, "p99_ms")
-        doc["p99_ratio_minimal"] = _ratio(ours, minimal, "p99_ms")
+        doc["p99_ratio"] = figures["p99_ratio"]
+        doc["p99_ratio_minimal"] = figures["p99_ratio_minimal"]
     return doc

@@ -41,6 +41,8 @@ def _headline(result: dict[str, Any]) -> str:
         prefetch = result["prefetch"]
         how = "library default" if result.get("prefetch_default") else "--prefetch"
         parts.append(f"printery prefetch {'adaptive' if prefetch is None else prefetch} ({how})")
+    if result.get("rounds", 1) > 1:
+        parts.append(f"{result['rounds']} rounds (medians)")
     return "printery bench: " + ", ".join(parts)
 
 
@@ -78,6 +80,12 @@ def format_table(result: dict[str, Any]) -> str:
         if "with_overhead_plain" in result:
             lines.append("  without = the same handlers reporting costs; against printery "
                          f"without cost reports: {result['with_overhead_plain']:.1%}")
+    rounds = result.get("per_round") or []
+    for key, name, fmt in (("ratio", "ratio", "{:.2f}"), ("ratio_minimal", "ratio (minimal)", "{:.2f}"),
+                           ("with_overhead", "overhead", "{:.1%}")):
+        values = [r[key] for r in rounds if r.get(key)]
+        if values:
+            lines.append(f"  {name} by round: {', '.join(fmt.format(v) for v in values)}")
     verdict = "yes" if result.get("verified") else "NO"
     lines.append(f"every event arrived exactly once: {verdict}")
     return "\n".join(lines)

@@ -52,13 +52,16 @@ from printery.errors import ConfigError
 @click.option("--partitions", "bench_partitions", type=click.IntRange(min=1), default=None,
               help="partitions of every stage's stream (CONTRACT §15; default: the "
                    "global --partitions, else 1)")
+@click.option("--rounds", type=click.IntRange(min=1), default=1, show_default=True,
+              help="run every side this many times, in rotating order, and report the "
+                   "median of the rounds' ratios and overheads (a noisy machine needs 5)")
 @click.option("--json", "as_json", is_flag=True, help="one JSON document on stdout")
 @click.pass_context
 def bench(
     ctx: click.Context, events: int, stages: int, processes: int, payload_bytes: int,
     bench_url: str | None, rate: float | None, duration: float | None, prefetch: int | None,
     ceiling: str, submit_mode: bool, with_limit: bool, with_budget: bool, console_mode: bool,
-    console_runs: int, bench_partitions: int | None, as_json: bool,
+    console_runs: int, bench_partitions: int | None, rounds: int, as_json: bool,
 ) -> None:
     """Throughput benchmark: hand-written relay ceilings vs printery's pipeline (with the
     library's default settings unless --prefetch is given); with --submit, the client;
@@ -94,7 +97,7 @@ def bench(
     kwargs: dict[str, Any] = {"events": events, "stages": stages, "processes": processes,
                               "payload_bytes": payload_bytes, "redis_url": url,
                               "rate": rate, "duration": duration, "prefetch": prefetch,
-                              "ceiling": ceiling,
+                              "ceiling": ceiling, "rounds": rounds,
                               "partitions": bench_partitions or int(parent.get("partitions") or 1)}
     features = tuple(name for name, given in (("limit", with_limit), ("budget", with_budget))
                      if given)
