@@ -202,6 +202,13 @@ class StreamKeys:
     def budget_prefix(self) -> str:
         return f"{self.scope}:budget:"
 
+    @property
+    def budgets_over(self) -> str:
+        """Sorted set of the runs whose spent reached a hard limit of their budget (by
+        when their budget hash lapses at the latest): the only runs whose hash the check
+        before handlers reads (CONTRACT §13)."""
+        return f"{self.scope}:budgets-over"
+
     def blob(self, digest: str) -> str:
         return f"{self.scope}:blob:{digest}"
 

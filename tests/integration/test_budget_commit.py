@@ -77,3 +77,39 @@ async def test_spent_counts_only_what_commits_and_the_warning_is_written_once(
     assert fields["cid"] == "r1" and fields["idempotency_key"] == "budget:warning:r1:usd"
     assert fields["type"] == "budget:warning" and fields["producer"] == "step"
     assert [f["data"] for _, f in await client.xrange(out)] == ["0", "3", "4", "5", "6"]
+
+
+async def test_the_commit_that_reaches_a_hard_limit_names_the_run_for_the_check(
+    client: aioredis.Redis, prefix: str
+) -> None:
+    """The check before handlers reads only the runs in ``budgets_over``: the commit that
+    takes a run's field to its hard limit puts the run there (scored by when its budget
+    hash lapses at the latest), a run under every limit is never there, and a member
+    whose hash has lapsed goes as another is added."""
+    keys = StreamKeys(prefix)
+    stream, out, index = keys.stream("in"), keys.stream("out"), keys.idempotency_index("g")
+    await ensure_group(client, stream, "g")
+    for n in range(3):
+        await client.xadd(stream, {"data": str(n)})
+    ((_, read),) = await client.xreadgroup("g", "c", {stream: ">"}, count=3)
+    ids = [entry_id for entry_id, _ in read]
+    plan = _charge(keys, "", 0).plan._replace(hard=(5.0, None), over=keys.budgets_over)
+    await client.zadd(keys.budgets_over, {"lapsed": 1})  # a run whose hash is long gone
+
+    def entry(n: int, run: str, usd: float) -> EntryCommit:
+        return EntryCommit(stream, "c", ids[n], f"k{n}", [Append(out, {"data": str(n)})],
+                           BudgetCharge(plan, run, (encode_amount(usd), encode_amount(50))))
+
+    committer = Committer(client, index_key=index, group="g", ttl_ms=TTL_MS)
+    try:
+        assert await committer.commit([entry(0, "r1", 4.5), entry(1, "r2", 4)]) == [2, 2]
+        assert await client.zrange(keys.budgets_over, 0, -1) == ["lapsed"]
+        (now_s, _) = await client.time()
+        assert await committer.commit([entry(2, "r1", 0.5)]) == [2]  # r1: 4.5 -> 5.0
+    finally:
+        await committer.close()
+    members = await client.zrange(keys.budgets_over, 0, -1, withscores=True)
+    assert [member for member, _ in members] == ["r1"]  # no limit on tokens: 150 is nothing
+    ((_, score),) = members
+    assert now_s * 1000 <= score <= (now_s + 2) * 1000 + 2 * TTL_MS
+    assert 0 < await client.pttl(keys.budgets_over) <= 2 * TTL_MS

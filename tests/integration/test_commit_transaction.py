@@ -196,11 +196,11 @@ for _, s in ipairs(segs) do
     if s.budget then
       local b, charged = s.budget, {}
       for j, f in ipairs(b.fields) do
-        charged[j] = {f.name, ARGV[f.col + x - 1], f.soft or '', f.note}
+        charged[j] = {f.name, ARGV[f.col + x - 1], f.soft or '', f.hard or '', f.note}
       end
       local tpl = {}
       for j = b.tpl, b.tpl + b.ntpl - 1 do tpl[#tpl + 1] = ARGV[j] end
-      budget = {b.prefix .. ARGV[b.runs + x - 1], b.corr, b.stream, tpl, charged}
+      budget = {b.prefix .. ARGV[b.runs + x - 1], b.corr, b.stream, b.over, tpl, charged}
     end
     entries[#entries + 1] = {
       s.stream or '', s.stream and s.consumer or '', s.ids and ARGV[s.ids + x - 1] or '',
@@ -224,10 +224,12 @@ def _charges(draw: st.DrawFn) -> BudgetCharge | None:
     if shape is None:
         return None
     soft = draw(st.sampled_from([None, 8.0, 0.5]))
+    hard = draw(st.sampled_from([(), tuple(draw(st.sampled_from([None, 10.0, 2.5]))
+                                         for _ in shape)]))
     plan = ChargePlan(
         "p:budget:", shape, (soft, *[None] * (len(shape) - 1)),
         ('{"unit": "usd", "spent": ', *[""] * (len(shape) - 1)), "cid", "p:budget:warning",
-        _WARNING)
+        _WARNING, hard, draw(st.sampled_from(["", "p:budget-over"])))
     return BudgetCharge(plan, draw(st.sampled_from(["r1", "r2"])),
                         tuple(encode_amount(draw(st.sampled_from([0, 3, 0.25, 812])))
                               for _ in shape))
@@ -244,11 +246,14 @@ def _charged(charge: BudgetCharge | None) -> list[Any]:
     if charge is None:
         return []
     plan = charge.plan
-    fields = [[name, str(amount), "" if soft is None else soft, note]
-              for name, amount, soft, note in zip(plan.fields, charge.amounts, plan.soft,
-                                                  plan.notes, strict=True)]
+    hard = plan.hard or (None,) * len(plan.fields)
+    fields = [[name, str(amount), "" if soft is None else soft, "" if limit is None else limit,
+               note]
+              for name, amount, soft, limit, note in zip(plan.fields, charge.amounts, plan.soft,
+                                                         hard, plan.notes, strict=True)]
     template = [part for pair in plan.warning.items() for part in pair]
-    return [plan.prefix + charge.run, plan.corr, plan.warning_stream, template, fields]
+    return [plan.prefix + charge.run, plan.corr, plan.warning_stream, plan.over, template,
+            fields]
 
 
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])

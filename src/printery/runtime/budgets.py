@@ -1,13 +1,16 @@
 """A step's budgets at run time (CONTRACT §13): the check before handlers run, what a
 held entry writes instead, and what a commit charges to its run.
 
-The check is one script (``budget_check.lua``) in the round trip that looks up the
-batch's idempotency records
-(:meth:`~printery.transport.records.RecordLookup.recorded_and_read`): the server compares
-every run's spent with the limits, so a pipeline with budgets costs no round trip more
-and the reply names only the runs that are over; one without budgets costs nothing (the
-entry pipeline has no guard then). ``EVAL`` rather than ``EVALSHA``: a transaction cannot
-answer a missing script by loading it, and the server hashes the body once a batch.
+The check is a ``ZMSCORE`` of the batch's runs in the sorted set of runs that reached a
+hard limit (``StreamKeys.budgets_over``, kept by the commits that charge them), sent in
+the round trip that looks up the batch's idempotency records
+(:meth:`~printery.transport.records.RecordLookup.recorded_and_read`): a pipeline with
+budgets costs no round trip more in the usual case, and the server does next to nothing
+per entry. Only a run found there is compared with the limits and their raises, by one
+script (``budget_check.lua``) over those runs in a round trip of its own: a run in the set
+may be under a raised limit (a review approved it), never over one without being in it,
+since the commit that takes a run to a hard limit puts it there in the same transaction.
+One without budgets costs nothing (the entry pipeline has no guard then).
 
 The charge travels with the entry's commit
 (:class:`~printery.transport.commit.BudgetCharge`, of the step's
@@ -21,6 +24,8 @@ import time
 from collections.abc import Sequence
 from importlib import resources
 from typing import Any
+
+import redis.asyncio as aioredis
 
 from printery.envelope import Codec
 from printery.fields import review_fields
@@ -49,11 +54,15 @@ BUDGET_CHECK_LUA = resources.files("printery.transport").joinpath("budget_check.
 class BudgetGuard:
     """One step's budgets, for its entry pipeline."""
 
-    def __init__(self, plan: BudgetPlan, *, keys: StreamKeys, codec: Codec, worker: str) -> None:
+    def __init__(
+        self, plan: BudgetPlan, *, keys: StreamKeys, codec: Codec, worker: str,
+        client: aioredis.Redis,
+    ) -> None:
         self.plan = plan
         self.keys = keys
         self.codec = codec
         self.worker = worker
+        self.client = client
         self._limits = plan.limits  # built once: checked for every batch
         self._check_args = [len(self._limits)] + [
             value for limit in self._limits for value in (limit.field, repr(limit.limit))]
@@ -63,34 +72,44 @@ class BudgetGuard:
         self._unit = self._units[0] if len(set(self._units)) == 1 else None
         self._last_amount: float | None = None
         self._last_amounts: tuple[str, ...] = ()
+        hard = {limit.field: limit.limit for limit in self._limits}
         self._charge_plan = ChargePlan(
             keys.budget_prefix, tuple(name for name, _, _, _ in charged),
             tuple(soft for _, _, soft, _ in charged), tuple(note for _, _, _, note in charged),
-            codec.correlation_field, keys.stream(BUDGET_WARNING), {})
+            codec.correlation_field, keys.stream(BUDGET_WARNING), {},
+            tuple(hard.get(name) for name, _, _, _ in charged), keys.budgets_over)
         self._warning_made = -1
 
     def reads(self, messages: Sequence[Message]) -> list[Command]:
-        """The command that checks the budgets of ``messages``' runs (a read batch)."""
+        """The command that finds which of ``messages``' runs (a read batch) reached a
+        hard limit: sent with the batch's record lookup, its replies go to :meth:`over`."""
         self._refresh()
         if not self._limits:
             return []
-        prefix = self._charge_plan.prefix
-        keys = [prefix + m.envelope.correlation_id for m in messages]
-        return [("EVAL", BUDGET_CHECK_LUA, len(keys), *keys, *self._check_args)]
+        return [("ZMSCORE", self.keys.budgets_over,
+                 *[m.envelope.correlation_id for m in messages])]
 
-    def over(self, replies: Sequence[Any]) -> dict[int, Exceeded]:
-        """The hard limit each message of the batch checked by :meth:`reads` is at or
-        over, by its position (only those that are; an error reply is raised: the batch
-        is not run unchecked)."""
+    async def over(self, messages: Sequence[Message], replies: Sequence[Any]) -> dict[int, Exceeded]:
+        """The hard limit each of ``messages`` is at or over, by its position (only those
+        that are), from the replies of :meth:`reads` and, when some run reached a limit,
+        one more round trip that compares those runs with their limits and raises. An
+        error reply is raised: the batch is not run unchecked."""
         if not self._limits:
             return {}
-        (verdicts,) = replies
-        if isinstance(verdicts, Exception):
-            raise verdicts
+        (found,) = replies
+        if isinstance(found, Exception):
+            raise found
+        candidates = [n for n, score in enumerate(found) if score is not None]
+        if not candidates:
+            return {}
+        prefix = self._charge_plan.prefix
+        keys = [prefix + messages[n].envelope.correlation_id for n in candidates]
+        verdicts = await self.client.eval(  # type: ignore[misc]
+            BUDGET_CHECK_LUA, len(keys), *keys, *map(str, self._check_args))
         over = {}
         for position, number, spent, raised in verdicts:
             limit = self._limits[int(number) - 1]
-            over[int(position) - 1] = Exceeded(
+            over[candidates[int(position) - 1]] = Exceeded(
                 limit.field, limit.unit, limit.limit + float(raised), float(spent),
                 limit.budget.on_exceeded, limit.step)
         return over

@@ -181,10 +181,11 @@ class EntryPipeline:
         if budget is None:
             seen = await self.connectivity.retrying(lambda: self.records.recorded(keys))
         else:
-            reads = budget.reads([message for _, message in admitted])
+            messages = [message for _, message in admitted]
+            reads = budget.reads(messages)
             seen, budgets = await self.connectivity.retrying(
                 lambda: self.records.recorded_and_read(keys, reads))
-            over = budget.over(budgets)
+            over = await self.connectivity.retrying(lambda: budget.over(messages, budgets))
         to_run = []
         for n, ((delivery, message), duplicate) in enumerate(zip(admitted, seen, strict=True)):
             if duplicate:

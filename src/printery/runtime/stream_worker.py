@@ -229,7 +229,7 @@ class StreamWorker:
             leases=self._leases, settings=self.settings, observer=self.observer,
             stats=self._stats, connectivity=connectivity,
             budget=None if self.budget is None else BudgetGuard(
-                self.budget, keys=keys, codec=self.codec, worker=self.name),
+                self.budget, keys=keys, codec=self.codec, worker=self.name, client=self.client),
             gate=self._gate, index=None if self.index is None else self.index.within(keys),
             router=Router(self.client, keys, self.codec, connectivity) if keys.partitioned else None,
         )

@@ -1,8 +1,8 @@
--- Which entries of a read batch belong to a run at or over a hard limit of its budget
--- (CONTRACT §13). Sent inside the transaction that looks up the batch's idempotency
--- records, so checking budgets costs no round trip; the server compares, so the reply
--- carries only the runs that are over.
--- KEYS: each entry's run budget hash, in batch order (repeats are read once)
+-- Which of some runs are at or over a hard limit of their budget, raises included
+-- (CONTRACT §13). Sent only for the runs of a read batch found in the set of runs that
+-- reached a hard limit (runtime/budgets.py): the server compares, so the reply carries
+-- only the runs that are over.
+-- KEYS: each such entry's run budget hash, in batch order (repeats are read once)
 -- ARGV: n, then n limits x (hash field, limit)
 -- Returns the keys over a limit only (the usual reply is empty, so the client does nothing
 -- per entry): per such key {k, i, spent, raised}: its position k (from 1) and its first

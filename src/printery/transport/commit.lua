@@ -23,9 +23,10 @@
 --            (else '0'), outputs per entry m, budget fields per entry nb, then per output:
 --            stream key, '1' if it has a once key (else '0');
 --            when nb > 0 (a pipeline with budgets, CONTRACT §13): the budget hash prefix,
---            the correlation field, the warning stream, t, t values (the warning entry's
---            fields, name then value), then per budget field: its name, its soft
---            threshold ('' = none), the warning's data up to its spent;
+--            the correlation field, the warning stream, the over set ('' = none), t, t
+--            values (the warning entry's fields, name then value), then per budget field:
+--            its name, its soft threshold ('' = none), its hard limit ('' = none), the
+--            warning's data up to its spent;
 --            then the columns, n values each: entry ids (if it has a source), idempotency
 --            keys (if it carries records), once keys (one column per output with one),
 --            run ids and one amount column per budget field (if nb > 0).
@@ -78,12 +79,13 @@ while a <= last do
   end
   local b
   if nb > 0 then
-    b = {prefix = ARGV[a], corr = ARGV[a + 1], stream = ARGV[a + 2], tpl = a + 4,
-         ntpl = tonumber(ARGV[a + 3]), fields = {}}
-    a = a + 4 + b.ntpl
+    b = {prefix = ARGV[a], corr = ARGV[a + 1], stream = ARGV[a + 2], over = ARGV[a + 3],
+         tpl = a + 5, ntpl = tonumber(ARGV[a + 4]), fields = {}}
+    a = a + 5 + b.ntpl
     for j = 1, nb do
-      b.fields[j] = {name = ARGV[a], soft = tonumber(ARGV[a + 1]), note = ARGV[a + 2]}
-      a = a + 3
+      b.fields[j] = {name = ARGV[a], soft = tonumber(ARGV[a + 1]), hard = tonumber(ARGV[a + 2]),
+                     note = ARGV[a + 3]}
+      a = a + 4
     end
     s.budget = b
     any_budget = true
@@ -228,12 +230,21 @@ local function fence(s)
   end
 end
 
+-- The server's clock in ms, read once per script.
+local clock
+local function now_ms()
+  if clock == nil then
+    local t = redis.call('TIME')
+    clock = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+  end
+  return clock
+end
+
 -- The current generation's set (rotated when it is a ttl old), and the previous one's if
 -- it still exists.
 local function generations()
   local index = KEYS[1]
-  local t = redis.call('TIME')
-  local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+  local now = now_ms()
   local meta = redis.call('HMGET', index, 'gen', 'start')
   local gen, start = tonumber(meta[1]), tonumber(meta[2])
   if gen == nil or start == nil then
@@ -311,6 +322,10 @@ end
 -- Budgets (CONTRACT §13): each committed entry adds its amounts to its run's hash; the
 -- first commit that finds a field's total at or over its soft threshold writes the run's
 -- warning (once: the hash remembers it). ``warned[e]`` counts the warnings entry e wrote.
+-- A total at or over the field's hard limit puts the run in the over set, scored by when
+-- its hash lapses at the latest (members past that are dropped as one is added): only
+-- those runs are read by the check before handlers. Raises of a limit are not looked
+-- at here: the check compares with them.
 local function budget_warning(b, f, run, spent)
   local args, tpl = {}, b.tpl
   for j = tpl, tpl + b.ntpl - 1, 2 do
@@ -344,6 +359,12 @@ local function charge(warned)
             if amount ~= '0' then
               local spent = tonumber(redis.call('HINCRBYFLOAT', key, f.name, amount))
               if spent ~= tonumber(amount) then fresh = false end
+              if f.hard and spent >= f.hard and b.over ~= '' then
+                local now = now_ms()
+                redis.call('ZADD', b.over, now + 2 * ttl, run)
+                redis.call('ZREMRANGEBYSCORE', b.over, '-inf', now)
+                redis.call('PEXPIRE', b.over, 2 * ttl)
+              end
               if f.soft and spent >= f.soft
                   and redis.call('HSETNX', key, 'warned:' .. f.name, '1') == 1 then
                 budget_warning(b, f, run, spent)

@@ -64,7 +64,10 @@ class ChargePlan(NamedTuple):
     run``. A field with a ``soft`` threshold (None: none) whose total reaches it in a
     commit writes one ``warning`` entry to ``warning_stream``, once per run and field:
     ``warning`` with ``data`` = ``note`` + the spent + ``}``, ``corr`` = the run and an
-    event id and idempotency key of its own."""
+    event id and idempotency key of its own. A field with a ``hard`` limit (none when
+    ``hard`` is empty or the field's is None) whose total reaches it puts the run in the
+    sorted set ``over`` (scored by when its budget hash lapses at the latest): the runs a
+    check before handlers must read (see :mod:`printery.runtime.budgets`)."""
 
     prefix: str
     fields: tuple[str, ...]
@@ -73,6 +76,8 @@ class ChargePlan(NamedTuple):
     corr: str
     warning_stream: str
     warning: Fields
+    hard: tuple[float | None, ...] = ()
+    over: str = ""
 
 
 class BudgetCharge(NamedTuple):
@@ -166,9 +171,12 @@ def _add_segment(
         args += (stream, "0" if no_once else "1")
     if budget:
         template = list(chain.from_iterable(budget.warning.items()))
-        args += (budget.prefix, budget.corr, budget.warning_stream, len(template), *template)
-        for name, soft, note in zip(budget.fields, budget.soft, budget.notes, strict=True):
-            args += (name, "" if soft is None else repr(float(soft)), note)
+        args += (budget.prefix, budget.corr, budget.warning_stream, budget.over, len(template),
+                 *template)
+        hard = budget.hard or (None,) * len(budget.fields)
+        for name, soft, limit, note in zip(budget.fields, budget.soft, hard, budget.notes,
+                                           strict=True):
+            args += (name, _number(soft), _number(limit), note)
     if source:
         args += [entry.entry_id for entry in segment]
     if not unrecorded:
@@ -181,6 +189,10 @@ def _add_segment(
         args += [c.run for c in charges]
         for column in range(len(budget.fields)):
             args += [c.amounts[column] for c in charges]
+
+
+def _number(value: float | None) -> str:
+    return "" if value is None else repr(float(value))
 
 
 def encode_amount(value: float) -> str:
