@@ -265,3 +265,48 @@ async def test_a_gates_report_gives_back_what_a_lost_reply_admitted(
         assert await client.hgetall(bound.base + ":held") == {"b": "2"}
     finally:
         await store.close()
+
+
+async def test_a_release_rides_with_the_next_admission_or_goes_alone_soon_after(
+    client: aioredis.Redis, prefix: str
+) -> None:
+    """A busy gate sends one request per batch: a slot given back is reported with the
+    next admission when one comes soon (with ``concurrency=1`` the next call is admitted
+    by that same request), and on its own a moment later when none comes."""
+    from printery.runtime.limit_gate import LimitGate
+    from printery.runtime.observe import NullObserver
+
+    keys = StreamKeys(prefix)
+    store = LimitStore(client, window_ms=60_000, lease_ms=60_000)
+    sent: list[int] = []
+    apply = store.apply
+
+    async def counted(gate: str, reports: list[Report], asks: list[Ask]) -> list[tuple[int, int]]:
+        sent.append(len(asks))
+        return await apply(gate, reports, asks)
+
+    store.apply = counted  # type: ignore[method-assign]
+    gate = LimitGate(store, keys, [Limit("api", concurrency=1)], worker="w",
+                     observer=NullObserver())
+    held = keys.limit("api") + ":held"
+    try:
+        (first,), _ = gate.tickets([object()])  # type: ignore[list-item]
+        await gate.try_admit([first])
+        assert first.admitted and sent == [1]
+        gate.release(first, {})
+        for _ in range(3):  # turns of the loop, as a batch's commit gives it
+            await asyncio.sleep(0)
+        assert sent == [1]  # not sent on its own yet
+        (second,), _ = gate.tickets([object()])  # type: ignore[list-item]
+        await gate.try_admit([second])
+        assert second.admitted and sent == [1, 1]  # the release went with this admission
+        gate.release(second, {})
+        await wait_for(lambda: _held_by(client, held, 0), timeout=5.0,
+                       message="the last release reported on its own")
+        assert sent == [1, 1, 0]
+    finally:
+        await gate.close()
+
+
+async def _held_by(client: aioredis.Redis, key: str, slots: int) -> bool:
+    return sum(int(v) for v in (await client.hgetall(key)).values()) == slots
