@@ -33,16 +33,21 @@ def _charge(keys: StreamKeys, run: str, usd: float, tokens: int = 0) -> BudgetCh
     return BudgetCharge(plan, run, (encode_amount(usd), encode_amount(tokens)))
 
 
+async def _read(client: aioredis.Redis, stream: str, n: int) -> list[str]:
+    """``n`` entries added to ``stream`` and read by consumer ``c`` of group ``g``: their ids."""
+    await ensure_group(client, stream, "g")
+    for k in range(n):
+        await client.xadd(stream, {"data": str(k)})
+    ((_, read),) = await client.xreadgroup("g", "c", {stream: ">"}, count=n)
+    return [entry_id for entry_id, _ in read]
+
+
 async def test_spent_counts_only_what_commits_and_the_warning_is_written_once(
     client: aioredis.Redis, prefix: str
 ) -> None:
     keys = StreamKeys(prefix)
     stream, out, index = keys.stream("in"), keys.stream("out"), keys.idempotency_index("g")
-    await ensure_group(client, stream, "g")
-    for n in range(7):
-        await client.xadd(stream, {"data": str(n)})
-    ((_, read),) = await client.xreadgroup("g", "c", {stream: ">"}, count=7)
-    ids = [entry_id for entry_id, _ in read]
+    ids = await _read(client, stream, 7)
     await client.xclaim(stream, "g", "other", 0, [ids[1]])  # fenced out
     await client.hset(index, mapping={"gen": 1, "start": 2**52})
     await client.sadd(f"{index}:r1", "k2")  # already recorded: a duplicate
@@ -88,11 +93,7 @@ async def test_the_commit_that_reaches_a_hard_limit_names_the_run_for_the_check(
     whose hash has lapsed goes as another is added."""
     keys = StreamKeys(prefix)
     stream, out, index = keys.stream("in"), keys.stream("out"), keys.idempotency_index("g")
-    await ensure_group(client, stream, "g")
-    for n in range(3):
-        await client.xadd(stream, {"data": str(n)})
-    ((_, read),) = await client.xreadgroup("g", "c", {stream: ">"}, count=3)
-    ids = [entry_id for entry_id, _ in read]
+    ids = await _read(client, stream, 3)
     plan = _charge(keys, "", 0).plan._replace(hard=(5.0, None), over=keys.budgets_over)
     await client.zadd(keys.budgets_over, {"lapsed": 1})  # a run whose hash is long gone
 
