@@ -226,13 +226,15 @@ def _charges(draw: st.DrawFn) -> BudgetCharge | None:
     soft = draw(st.sampled_from([None, 8.0, 0.5]))
     hard = draw(st.sampled_from([(), tuple(draw(st.sampled_from([None, 10.0, 2.5]))
                                          for _ in shape)]))
+    # The run's field and the step's of one unit share an amount column, or each has its own.
+    columns = draw(st.sampled_from([(), (0, 0)])) if shape == ("step:s:usd", "usd") else ()
     plan = ChargePlan(
         "p:budget:", shape, (soft, *[None] * (len(shape) - 1)),
         ('{"unit": "usd", "spent": ', *[""] * (len(shape) - 1)), "cid", "p:budget:warning",
-        _WARNING, hard, draw(st.sampled_from(["", "p:budget-over"])))
+        _WARNING, hard, draw(st.sampled_from(["", "p:budget-over"])), columns)
     return BudgetCharge(plan, draw(st.sampled_from(["r1", "r2"])),
                         tuple(encode_amount(draw(st.sampled_from([0, 3, 0.25, 812])))
-                              for _ in shape))
+                              for _ in range(max(columns or range(len(shape))) + 1)))
 
 
 _entries = st.lists(st.builds(
@@ -247,9 +249,10 @@ def _charged(charge: BudgetCharge | None) -> list[Any]:
         return []
     plan = charge.plan
     hard = plan.hard or (None,) * len(plan.fields)
-    fields = [[name, str(amount), "" if soft is None else soft, "" if limit is None else limit,
-               note]
-              for name, amount, soft, limit, note in zip(plan.fields, charge.amounts, plan.soft,
+    columns = plan.columns or range(len(plan.fields))
+    fields = [[name, str(charge.amounts[column]), "" if soft is None else soft,
+               "" if limit is None else limit, note]
+              for name, column, soft, limit, note in zip(plan.fields, columns, plan.soft,
                                                          hard, plan.notes, strict=True)]
     template = [part for pair in plan.warning.items() for part in pair]
     return [plan.prefix + charge.run, plan.corr, plan.warning_stream, plan.over, template,
@@ -263,7 +266,8 @@ async def test_the_script_parses_exactly_what_the_python_half_encodes(
 ) -> None:
     """Any run of entries, encoded by ``commit_run``, is read back by commit.lua's own
     argument parser entry by entry: source, consumer, id, record, outputs and once keys,
-    and the budget charged: hash key, warning layout, field, amount, soft threshold."""
+    and the budget charged: hash key, warning layout, field, amount (of its own column or
+    one shared by the fields of a unit), soft threshold."""
     run = commit_run("index", "group", TTL_MS, entries)
     parser = COMMIT_LUA.split(ARGUMENTS_PARSED)[0]
     assert "ARGV" in parser and "segs" in parser

@@ -290,14 +290,14 @@ async def test_a_release_rides_with_the_next_admission_or_goes_alone_soon_after(
                      observer=NullObserver())
     held = keys.limit("api") + ":held"
     try:
-        (first,), _ = gate.tickets([object()])  # type: ignore[list-item]
+        (first,), _ = gate.tickets(1, ())
         await gate.try_admit([first])
         assert first.admitted and sent == [1]
         gate.release(first, {})
         for _ in range(3):  # turns of the loop, as a batch's commit gives it
             await asyncio.sleep(0)
         assert sent == [1]  # not sent on its own yet
-        (second,), _ = gate.tickets([object()])  # type: ignore[list-item]
+        (second,), _ = gate.tickets(1, ())
         await gate.try_admit([second])
         assert second.admitted and sent == [1, 1]  # the release went with this admission
         gate.release(second, {})

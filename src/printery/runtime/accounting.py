@@ -61,7 +61,7 @@ class Accounting:
             assert item.message is not None
             for unit, amount in item.message.costs.items():
                 self.observer.cost(self.worker, unit, amount)
-            if item.commit.budget is not None:
+            if item.commit.budget is not None and result > 1 + len(item.commit.appends):
                 for _ in range(result - 1 - len(item.commit.appends)):  # warnings written
                     self.observer.budget_event(self.worker, "warning")
             return

@@ -67,9 +67,10 @@ class BudgetGuard:
         self._check_args = [len(self._limits)] + [
             value for limit in self._limits for value in (limit.field, repr(limit.limit))]
         charged = plan.charged()
-        self._units = tuple(unit for _, unit, _, _ in charged)
-        #: The unit when every charged field is of one (the usual case: one lookup).
-        self._unit = self._units[0] if len(set(self._units)) == 1 else None
+        #: The units charged, one amount each (the run's field and the step's share it).
+        self._units = tuple(dict.fromkeys(unit for _, unit, _, _ in charged))
+        #: The unit when there is one (the usual case: one lookup).
+        self._unit = self._units[0] if len(self._units) == 1 else None
         self._last_amount: float | None = None
         self._last_amounts: tuple[str, ...] = ()
         hard = {limit.field: limit.limit for limit in self._limits}
@@ -77,20 +78,21 @@ class BudgetGuard:
             keys.budget_prefix, tuple(name for name, _, _, _ in charged),
             tuple(soft for _, _, soft, _ in charged), tuple(note for _, _, _, note in charged),
             codec.correlation_field, keys.stream(BUDGET_WARNING), {},
-            tuple(hard.get(name) for name, _, _, _ in charged), keys.budgets_over)
+            tuple(hard.get(name) for name, _, _, _ in charged), keys.budgets_over,
+            tuple(self._units.index(unit) for _, unit, _, _ in charged))
         self._warning_made = -1
 
-    def reads(self, messages: Sequence[Message]) -> list[Command]:
-        """The command that finds which of ``messages``' runs (a read batch) reached a
-        hard limit: sent with the batch's record lookup, its replies go to :meth:`over`."""
+    def reads(self, runs: Sequence[str]) -> list[Command]:
+        """The command that finds which of ``runs`` (those of a read batch's entries)
+        reached a hard limit: sent with the batch's record lookup, its replies go to
+        :meth:`over`."""
         self._refresh()
         if not self._limits:
             return []
-        return [("ZMSCORE", self.keys.budgets_over,
-                 *[m.envelope.correlation_id for m in messages])]
+        return [("ZMSCORE", self.keys.budgets_over, *runs)]
 
-    async def over(self, messages: Sequence[Message], replies: Sequence[Any]) -> dict[int, Exceeded]:
-        """The hard limit each of ``messages`` is at or over, by its position (only those
+    async def over(self, runs: Sequence[str], replies: Sequence[Any]) -> dict[int, Exceeded]:
+        """The hard limit each entry of ``runs`` is at or over, by its position (only those
         that are), from the replies of :meth:`reads` and, when some run reached a limit,
         one more round trip that compares those runs with their limits and raises. An
         error reply is raised: the batch is not run unchecked."""
@@ -99,11 +101,11 @@ class BudgetGuard:
         (found,) = replies
         if isinstance(found, Exception):
             raise found
-        candidates = [n for n, score in enumerate(found) if score is not None]
-        if not candidates:
+        if found.count(None) == len(found):  # the usual case: no run at a limit
             return {}
+        candidates = [n for n, score in enumerate(found) if score is not None]
         prefix = self._charge_plan.prefix
-        keys = [prefix + messages[n].envelope.correlation_id for n in candidates]
+        keys = [prefix + runs[n] for n in candidates]
         verdicts = await self.client.eval(  # type: ignore[misc]
             BUDGET_CHECK_LUA, len(keys), *keys, *map(str, self._check_args))
         over = {}
@@ -147,18 +149,20 @@ class BudgetGuard:
     def charge(self, message: Message) -> BudgetCharge | None:
         """What the commit of ``message``'s outputs adds to its run (None: nothing)."""
         costs = message.costs
-        if not costs or not self._units:
+        if not costs:
             return None
         unit = self._unit
-        if unit is None:
-            amounts = tuple([encode_amount(costs.get(unit, 0)) for unit in self._units])
-        else:  # one unit: one amount, encoded again only when it differs from the last
+        if unit is not None:  # one unit: one amount, encoded again only when it changes
             amount = costs.get(unit, 0)
             if amount != self._last_amount:
                 self._last_amount = amount
-                self._last_amounts = (encode_amount(amount),) * len(self._units)
-            amounts = self._last_amounts
-        return BudgetCharge(self._charge_plan, message.envelope.correlation_id, amounts)
+                self._last_amounts = (encode_amount(amount),)
+            return BudgetCharge(self._charge_plan, message.envelope.correlation_id,
+                                self._last_amounts)
+        if not self._units:
+            return None
+        return BudgetCharge(self._charge_plan, message.envelope.correlation_id,
+                            tuple([encode_amount(costs.get(unit, 0)) for unit in self._units]))
 
     def _refresh(self) -> None:
         """Make the fields of a warning the step's commits may write (the script fills in

@@ -181,11 +181,11 @@ class EntryPipeline:
         if budget is None:
             seen = await self.connectivity.retrying(lambda: self.records.recorded(keys))
         else:
-            messages = [message for _, message in admitted]
-            reads = budget.reads(messages)
+            runs = [message.envelope.correlation_id for _, message in admitted]
+            reads = budget.reads(runs)
             seen, budgets = await self.connectivity.retrying(
                 lambda: self.records.recorded_and_read(keys, reads))
-            over = await self.connectivity.retrying(lambda: budget.over(messages, budgets))
+            over = await self.connectivity.retrying(lambda: budget.over(runs, budgets))
         to_run = []
         for n, ((delivery, message), duplicate) in enumerate(zip(admitted, seen, strict=True)):
             if duplicate:
@@ -213,7 +213,7 @@ class EntryPipeline:
         dead-letters its entry (it would fail again on every delivery)."""
         gate = self.gate
         assert gate is not None
-        tickets, failed = gate.tickets([message for _, message in admitted])
+        tickets, failed = gate.tickets(len(admitted), (message for _, message in admitted))
         if failed:
             for n, exc in failed.items():
                 delivery, message = admitted[n]

@@ -21,7 +21,7 @@ import asyncio
 import os
 import random
 import time
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 import structlog
@@ -61,16 +61,16 @@ class Ticket:
     """One handler call's claim on the step's limits (the same ticket again for a retry:
     :meth:`LimitGate.release` makes it a new claim). ``wait``: the last request's reply
     for it (0 admitted, else the ms until the window can admit it, or
-    :data:`WAIT_FOR_SLOT`)."""
+    :data:`WAIT_FOR_SLOT`); ``abandoned``: its caller is gone, so an admission that
+    comes now is given back at once."""
 
-    __slots__ = ("abandoned", "admitted", "bounds", "since", "wait", "waiting")
+    __slots__ = ("abandoned", "admitted", "bounds", "since", "wait")
 
     def __init__(self, bounds: tuple[Bound, ...], since: float) -> None:
         self.bounds = bounds
         self.since = since
         self.admitted = False
         self.abandoned = False
-        self.waiting = False
         self.wait = 0
 
 
@@ -92,6 +92,8 @@ class LimitGate:
         self._asks: list[tuple[list[Ticket], asyncio.Future[None]]] = []
         #: Per limit key: concurrency slots held now, and tokens not yet charged.
         self._held: dict[str, int] = {}
+        #: Calls released since the last report whose slots are the static ones.
+        self._released = 0
         self._tokens: dict[str, float] = {}
         self._dirty = False
         self._flusher: asyncio.Task[None] | None = None
@@ -100,6 +102,10 @@ class LimitGate:
         #: The bounds of every call when no key is a function (computed once).
         self._static = None if any(callable(limit.key) for limit in self.limits) else tuple(
             self._bound(limit, limit.key) for limit in self.limits if isinstance(limit.key, str))
+        #: The limit keys whose concurrency every call holds, when no key is a function.
+        self._static_slots = None if self._static is None else _slot_bases(self._static)
+        #: Whether any call was ever abandoned (then admissions look for such tickets).
+        self._abandons = False
         self._slot_waiters = 0
         #: Whether a handler's reported tokens are counted (some limit has a token rate).
         self._counts_tokens = any(limit.tokens_per_minute for limit in self.limits)
@@ -108,13 +114,16 @@ class LimitGate:
         self.waiting = dict.fromkeys((limit.label for limit in self.limits), 0)
         self.waited = dict.fromkeys((limit.label for limit in self.limits), 0.0)
 
-    def tickets(self, messages: Sequence[Message]) -> tuple[list[Ticket], dict[int, PipelineError]]:
-        """A claim for one handler call of each of ``messages`` (a read batch), but for
-        those whose key function failed: their errors, by position."""
+    def tickets(
+        self, count: int, messages: Iterable[Message]
+    ) -> tuple[list[Ticket], dict[int, PipelineError]]:
+        """A claim for one handler call of each of ``messages`` (the ``count`` entries of
+        a read batch, read only when a limit's key is a function of them), but for those
+        whose key function failed: their errors, by position."""
         now = time.perf_counter()
         bounds = self._static
         if bounds is not None:
-            return [Ticket(bounds, now) for _ in messages], {}
+            return [Ticket(bounds, now) for _ in range(count)], {}
         claims: list[Ticket] = []
         failed: dict[int, PipelineError] = {}
         for n, message in enumerate(messages):
@@ -142,13 +151,16 @@ class LimitGate:
         self._slot_waiters += 1  # a release wakes it (cheaper than an event per release)
         if not ticket.since:
             ticket.since = time.perf_counter()  # a retry's claim: its wait starts now
+        waiting = False
         try:
             while not ticket.admitted:
                 freed = self._freed
                 await self._ask([ticket])
                 if ticket.admitted:
                     break
-                self._set_waiting(ticket, True)
+                if not waiting:
+                    waiting = True
+                    self._count_waiting(1)
                 if ticket.wait == WAIT_FOR_SLOT:
                     await wait_event(freed, SLOT_POLL_SECONDS * (1 + random.random()))
                 else:
@@ -160,24 +172,28 @@ class LimitGate:
             raise
         finally:
             self._slot_waiters -= 1
-            self._set_waiting(ticket, False)
+            if waiting:
+                self._count_waiting(-1)
 
     def release(self, ticket: Ticket, costs: dict[str, float]) -> None:
         """The handler call is over: give back its slots and charge the tokens it
         reported (sent with the next round trip, which starts now if none is on the wire).
         The ticket is then the claim of a next call (a retry) under the same keys."""
-        tokens = costs.get("tokens", 0) if self._counts_tokens else 0
-        held = self._held
-        for bound in ticket.bounds:
-            if bound.concurrency > 0 and ticket.admitted:
-                held[bound.base] -= 1
-                self._dirty = True
-            if tokens and bound.tokens_per_minute > 0:
-                self._tokens[bound.base] = self._tokens.get(bound.base, 0.0) + tokens
-                self._dirty = True
-        ticket.admitted = False
+        if ticket.admitted:
+            ticket.admitted = False
+            if self._static_slots is None:
+                for base in _slot_bases(ticket.bounds):
+                    self._held[base] -= 1
+                    self._dirty = True
+            else:  # every call holds the same slots: counted, and given back in one go
+                self._released += 1
+        if self._counts_tokens and (tokens := costs.get("tokens", 0)):
+            for bound in ticket.bounds:
+                if bound.tokens_per_minute > 0:
+                    self._tokens[bound.base] = self._tokens.get(bound.base, 0.0) + tokens
+                    self._dirty = True
         ticket.since = 0.0  # until its next call asks
-        if self._dirty:
+        if self._released or self._dirty:
             if self._slot_waiters:
                 fresh, self._freed = self._freed, asyncio.Event()
                 fresh.set()
@@ -187,6 +203,7 @@ class LimitGate:
 
     def renew(self) -> None:
         """Renew every held slot (with the entries' leases)."""
+        self._settle()
         if any(self._held.values()):
             self._dirty = True
             self._kick()
@@ -202,6 +219,7 @@ class LimitGate:
             self._report_later.cancel()
             self._report_later = None
             self._kick()  # the releases it was waiting to report
+        self._settle()
         if any(self._held.values()):
             self._held = dict.fromkeys(self._held, 0)
             self._dirty = True
@@ -216,34 +234,38 @@ class LimitGate:
 
     # -- internals -----------------------------------------------------------------------
 
-    def _admitted(self, tickets: list[Ticket]) -> None:
-        """``tickets`` (of one bounds) were admitted by one reply."""
+    def _admitted(self, group: list[Ticket], admitted: int) -> None:
+        """The first ``admitted`` of ``group`` (tickets of one bounds) were admitted by
+        one reply. Marked here, not by the askers: a caller gone meanwhile loses nothing."""
         now = time.perf_counter()
-        for bound in tickets[0].bounds:
-            if bound.concurrency > 0:
-                self._held[bound.base] = self._held.get(bound.base, 0) + len(tickets)
         waits = []
-        for ticket in tickets:
-            ticket.admitted = True
-            waits.append(now - ticket.since)
+        for ticket in group[:admitted]:
+            if not ticket.admitted:  # (never asked for twice; were it, held once)
+                ticket.admitted = True
+                waits.append(now - ticket.since)
+        if not waits:
+            return
+        slots = self._static_slots
+        for base in _slot_bases(group[0].bounds) if slots is None else slots:
+            self._held[base] = self._held.get(base, 0) + len(waits)
         total = sum(waits)
         for label in self._labels:
             self.waited[label] += total
             self.observer.limit_waited(self.worker, label, waits)
-        for ticket in tickets:
-            if ticket.abandoned:  # its caller is gone: give it back
-                self.release(ticket, {})
+        if self._abandons:
+            for ticket in group[:admitted]:
+                if ticket.abandoned:  # its caller is gone: give it back
+                    self.release(ticket, {})
 
     def _abandon(self, ticket: Ticket) -> None:
         ticket.abandoned = True
+        self._abandons = True
         if ticket.admitted:
             self.release(ticket, {})
 
-    def _set_waiting(self, ticket: Ticket, waiting: bool) -> None:
-        if ticket.waiting != waiting:
-            ticket.waiting = waiting
-            for limit in self.limits:
-                self.waiting[limit.label] += 1 if waiting else -1
+    def _count_waiting(self, change: int) -> None:
+        for label in self._labels:
+            self.waiting[label] += change
 
     async def _ask(self, tickets: list[Ticket]) -> None:
         """Ask for ``tickets``; each one's reply is then its ``wait`` (and ``admitted``)."""
@@ -255,8 +277,18 @@ class LimitGate:
     def _report(self) -> None:
         """Send what releases left to report, unless a request carried it meanwhile."""
         self._report_later = None
+        self._settle()
         if self._dirty:
             self._kick()
+
+    def _settle(self) -> None:
+        """Count the slots of the calls released since as given back (see
+        :meth:`release`): then there is something to report."""
+        released, self._released = self._released, 0
+        if released and self._static_slots:
+            for base in self._static_slots:
+                self._held[base] -= released
+            self._dirty = True
 
     def _kick(self) -> None:
         if self._flusher is None:
@@ -268,7 +300,10 @@ class LimitGate:
         admissions in it and keeps the tokens for the next (what it may have admitted,
         the next report gives back)."""
         try:
-            while self._asks or self._dirty:
+            while True:
+                self._settle()
+                if not (self._asks or self._dirty):
+                    break
                 asks, self._asks = self._asks, []
                 tokens, self._tokens = self._tokens, {}
                 self._dirty = False
@@ -291,10 +326,8 @@ class LimitGate:
                 for group, (admitted, wait) in zip(groups, results, strict=True):
                     for ticket in group[admitted:]:
                         ticket.wait = wait or WAIT_FOR_SLOT
-                    # Marked here, not by the asker: a caller gone meanwhile loses nothing.
-                    fresh = [ticket for ticket in group[:admitted] if not ticket.admitted]
-                    if fresh:
-                        self._admitted(fresh)
+                    if admitted:
+                        self._admitted(group, admitted)
                 for _, future in asks:
                     if not future.done():
                         future.set_result(None)
@@ -319,3 +352,8 @@ class LimitGate:
         self._dirty = True
         if not isinstance(exc, CONNECTION_ERRORS):
             log.error("limit request failed", worker=self.worker, error=str(exc))
+
+
+def _slot_bases(bounds: Sequence[Bound]) -> tuple[str, ...]:
+    """The limit keys of ``bounds`` whose concurrency a call holds."""
+    return tuple(bound.base for bound in bounds if bound.concurrency > 0)

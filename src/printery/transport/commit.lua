@@ -23,13 +23,14 @@
 --            (else '0'), outputs per entry m, budget fields per entry nb, then per output:
 --            stream key, '1' if it has a once key (else '0');
 --            when nb > 0 (a pipeline with budgets, CONTRACT §13): the budget hash prefix,
---            the correlation field, the warning stream, the over set ('' = none), t, t
---            values (the warning entry's fields, name then value), then per budget field:
---            its name, its soft threshold ('' = none), its hard limit ('' = none), the
---            warning's data up to its spent;
+--            the correlation field, the warning stream, the over set ('' = none), amount
+--            columns na, t, t values (the warning entry's fields, name then value), then
+--            per budget field: its name, its soft threshold ('' = none), its hard limit
+--            ('' = none), the warning's data up to its spent, its amount column (1..na:
+--            fields of one unit share one);
 --            then the columns, n values each: entry ids (if it has a source), idempotency
 --            keys (if it carries records), once keys (one column per output with one),
---            run ids and one amount column per budget field (if nb > 0).
+--            run ids and na amount columns (if nb > 0).
 --          The outputs were appended in entry order, an entry's in output order, by the
 --          XADDs before the script, so the k-th output to a stream is the k-th of that
 --          stream's last entries.
@@ -80,12 +81,12 @@ while a <= last do
   local b
   if nb > 0 then
     b = {prefix = ARGV[a], corr = ARGV[a + 1], stream = ARGV[a + 2], over = ARGV[a + 3],
-         tpl = a + 5, ntpl = tonumber(ARGV[a + 4]), fields = {}}
-    a = a + 5 + b.ntpl
+         na = tonumber(ARGV[a + 4]), tpl = a + 6, ntpl = tonumber(ARGV[a + 5]), fields = {}}
+    a = a + 6 + b.ntpl
     for j = 1, nb do
       b.fields[j] = {name = ARGV[a], soft = tonumber(ARGV[a + 1]), hard = tonumber(ARGV[a + 2]),
-                     note = ARGV[a + 3]}
-      a = a + 4
+                     note = ARGV[a + 3], column = tonumber(ARGV[a + 4])}
+      a = a + 5
     end
     s.budget = b
     any_budget = true
@@ -103,9 +104,9 @@ while a <= last do
     b.runs = a
     a = a + n
     for j = 1, nb do
-      b.fields[j].col = a
-      a = a + n
+      b.fields[j].col = a + (b.fields[j].column - 1) * n
     end
+    a = a + b.na * n
   end
   nsegs = nsegs + 1
   segs[nsegs] = s

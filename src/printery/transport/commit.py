@@ -67,7 +67,10 @@ class ChargePlan(NamedTuple):
     event id and idempotency key of its own. A field with a ``hard`` limit (none when
     ``hard`` is empty or the field's is None) whose total reaches it puts the run in the
     sorted set ``over`` (scored by when its budget hash lapses at the latest): the runs a
-    check before handlers must read (see :mod:`printery.runtime.budgets`)."""
+    check before handlers must read (see :mod:`printery.runtime.budgets`). ``columns``:
+    per field, which of a charge's amounts it adds (fields of one unit, the run's and
+    the step's, share one: an argument less per entry); empty, field ``j`` adds the
+    ``j``-th."""
 
     prefix: str
     fields: tuple[str, ...]
@@ -78,11 +81,13 @@ class ChargePlan(NamedTuple):
     warning: Fields
     hard: tuple[float | None, ...] = ()
     over: str = ""
+    columns: tuple[int, ...] = ()
 
 
 class BudgetCharge(NamedTuple):
     """What an entry's commit adds to its run's spent, only if the entry commits: each
-    of ``amounts`` (as :func:`encode_amount` writes them) to its field of ``plan``."""
+    of ``amounts`` (as :func:`encode_amount` writes them) to the fields of ``plan`` that
+    add it (see :attr:`ChargePlan.columns`)."""
 
     plan: ChargePlan
     run: str
@@ -171,12 +176,13 @@ def _add_segment(
         args += (stream, "0" if no_once else "1")
     if budget:
         template = list(chain.from_iterable(budget.warning.items()))
-        args += (budget.prefix, budget.corr, budget.warning_stream, budget.over, len(template),
-                 *template)
+        columns = budget.columns or tuple(range(len(budget.fields)))
+        args += (budget.prefix, budget.corr, budget.warning_stream, budget.over,
+                 max(columns, default=-1) + 1, len(template), *template)
         hard = budget.hard or (None,) * len(budget.fields)
-        for name, soft, limit, note in zip(budget.fields, budget.soft, hard, budget.notes,
-                                           strict=True):
-            args += (name, _number(soft), _number(limit), note)
+        for name, soft, limit, note, column in zip(budget.fields, budget.soft, hard,
+                                                   budget.notes, columns, strict=True):
+            args += (name, _number(soft), _number(limit), note, column + 1)
     if source:
         args += [entry.entry_id for entry in segment]
     if not unrecorded:
@@ -184,11 +190,10 @@ def _add_segment(
     for slot, (_, no_once) in enumerate(outputs):
         if not no_once:
             args += [entry.appends[slot].once for entry in segment]
-    if budget:
-        charges = [entry.budget for entry in segment if entry.budget is not None]
-        args += [c.run for c in charges]
-        for column in range(len(budget.fields)):
-            args += [c.amounts[column] for c in charges]
+    if budget:  # every entry of the segment charges (its shape has the plan)
+        args += [entry.budget.run for entry in segment]  # type: ignore[union-attr]
+        for column in range(max(columns, default=-1) + 1):
+            args += [entry.budget.amounts[column] for entry in segment]  # type: ignore[union-attr]
 
 
 def _number(value: float | None) -> str:
