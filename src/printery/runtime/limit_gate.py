@@ -12,7 +12,8 @@ A concurrency slot is the holder's until released, or until its lease lapses: sl
 renewed with the entries' leases, so a process that dies holding one gives it back
 within the visibility timeout. A release waits up to :data:`RELEASE_REPORT_SECONDS` for a
 request to ride with (a busy step's next batch asks sooner), so a gate sends one request
-per batch, not two.
+per batch, not two; when no limit key is a function, every call holds the same slots, and
+releases are counted and given back in one go as that request is made.
 """
 
 from __future__ import annotations
