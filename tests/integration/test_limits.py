@@ -308,5 +308,50 @@ async def test_a_release_rides_with_the_next_admission_or_goes_alone_soon_after(
         await gate.close()
 
 
+async def test_a_batch_cancelled_while_its_admission_is_on_the_wire_holds_nothing(
+    client: aioredis.Redis, prefix: str
+) -> None:
+    """A batch drained (cancelled) while its one request is on the wire: the reply still
+    admits its tickets, and the gate gives those slots back at once instead of holding
+    them until it closes (nobody is left to release them)."""
+    from printery.runtime.limit_gate import LimitGate
+    from printery.runtime.observe import NullObserver
+
+    keys = StreamKeys(prefix)
+    store = LimitStore(client, window_ms=60_000, lease_ms=60_000)
+    on_the_wire, answer, replied = asyncio.Event(), asyncio.Event(), asyncio.Event()
+    replies: list[list[tuple[int, int]]] = []
+    apply = store.apply
+
+    async def held_back(gate: str, reports: list[Report], asks: list[Ask]) -> list[tuple[int, int]]:
+        if not asks:
+            return await apply(gate, reports, asks)
+        on_the_wire.set()
+        await answer.wait()
+        replies.append(await apply(gate, reports, asks))
+        replied.set()
+        return replies[-1]
+
+    store.apply = held_back  # type: ignore[method-assign]
+    gate = LimitGate(store, keys, [Limit("api", concurrency=3)], worker="w",
+                     observer=NullObserver())
+    held = keys.limit("api") + ":held"
+    try:
+        tickets, _ = gate.tickets(2, ())
+        batch = asyncio.create_task(gate.try_admit(tickets))
+        await asyncio.wait_for(on_the_wire.wait(), timeout=5.0)
+        batch.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await batch
+        answer.set()  # the reply admits both after all
+        await asyncio.wait_for(replied.wait(), timeout=5.0)
+        assert replies == [[(2, 0)]]
+        await wait_for(lambda: _held_by(client, held, 0), timeout=5.0,
+                       message="the abandoned tickets' slots given back")
+        assert not any(ticket.admitted for ticket in tickets)
+    finally:
+        await gate.close()
+
+
 async def _held_by(client: aioredis.Redis, key: str, slots: int) -> bool:
     return sum(int(v) for v in (await client.hgetall(key)).values()) == slots

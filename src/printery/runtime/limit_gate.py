@@ -141,9 +141,19 @@ class LimitGate:
 
     async def try_admit(self, tickets: Sequence[Ticket]) -> None:
         """Ask once for all ``tickets`` (a read batch): those the limits let through now
-        are admitted, the others wait in :meth:`admit`."""
-        if tickets:
+        are admitted, the others wait in :meth:`admit`. Connection errors are raised
+        (the caller asks again with the same tickets); cancelled or failing, the tickets
+        are abandoned: what the reply admits after all is given back at once."""
+        if not tickets:
+            return
+        try:
             await self._ask(list(tickets))
+        except CONNECTION_ERRORS:
+            raise
+        except BaseException:  # the batch is gone: nobody will release what it holds
+            for ticket in tickets:
+                self._abandon(ticket)
+            raise
 
     async def admit(self, ticket: Ticket) -> None:
         """Wait until ``ticket`` is admitted. Connection errors are raised (the caller
