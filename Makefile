@@ -18,7 +18,7 @@ run: $(STAMP)
 
 test: $(STAMP)
 	@test -x /usr/bin/chromium -a -x /usr/bin/chromedriver || echo "browser tests skipped: no /usr/bin/chromium and chromedriver (apt-get install -y chromium chromium-driver)"
-	$(BIN)/pytest -q
+	$(BIN)/pytest -q -n 2 --dist loadfile
 
 lint: $(STAMP)
 	$(BIN)/ruff check src tests examples tools

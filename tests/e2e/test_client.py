@@ -17,7 +17,7 @@ import redis.asyncio as aioredis
 from examples import docflow
 
 from printery import Client, InvalidInput, SyncClient, UnknownRun
-from printery.testing import unique_prefix
+from printery.testing import unique_prefix, wait_for
 from printery.transport.server import ServerProcess
 from support.operator_cli import cli
 from support.service import ServiceHandle, spawn
@@ -205,15 +205,34 @@ async def test_result_survives_kill_9_and_server_restart(own_server: ServerProce
         own_server.stop()
         own_server.start()
         handle = spawn(["--redis-url", own_server.url, "--stream-prefix", prefix], cwd=tmp_path)
-        handle.kill()  # kill -9 mid-run
+        # kill -9 mid-run: once the health monitor holds the run's entry (its probe of a
+        # closed port waits out the default deadline).
+        await wait_for(lambda: _held(own_server.url, f"{prefix}:deployment:validated",
+                                     "health-monitor"), timeout=30,
+                       message="the health monitor holding the run's entry")
+        handle.kill()
+        # What the killed process had read is claimed once idle past the visibility
+        # timeout: a short one, so the test does not depend on how far it got.
+        config = _fast_health(tmp_path)
+        config.write_text(config.read_text() + "[transport]\nvisibility_timeout = 2\n")
         handle = spawn(["--redis-url", own_server.url, "--stream-prefix", prefix], cwd=tmp_path,
-                       env={"PRINTERY_CONFIG": str(_fast_health(tmp_path))})
+                       env={"PRINTERY_CONFIG": str(config)})
         try:
             result = await asyncio.wait_for(waiter, 90)
         finally:
             handle.stop()
     assert result.status == "unhealthy"
     assert result.data["deployment_id"] == run_id
+
+
+async def _held(url: str, stream: str, group: str) -> bool:
+    conn = aioredis.Redis.from_url(url, decode_responses=True)
+    try:
+        return bool(await conn.xpending_range(stream, group, min="-", max="+", count=1))
+    except aioredis.ResponseError:  # no such group yet
+        return False
+    finally:
+        await conn.aclose()
 
 
 def _fast_health(tmp_path: Path) -> Path:
