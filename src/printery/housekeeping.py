@@ -20,6 +20,7 @@ from printery.logging import get_logger
 from printery.metrics import Metrics
 from printery.pipeline.dag import Pipeline
 from printery.reviews import expire_reviews, sweep_interval
+from printery.run_index import RunIndex
 from printery.runtime.departed import live_owners, remove_departed
 from printery.runtime.registry import ProcessRegistry, list_processes
 from printery.runtime.retention import trim_pipeline_streams
@@ -143,24 +144,27 @@ class Housekeeping:
     async def retain(self) -> None:
         """Sweep every stream of the pipeline each ``retention_interval``: entries older
         than ``retention`` that every group has acknowledged go (a stream no group reads,
-        such as ``notification:sent``, is trimmed by age alone). Every process sweeps;
-        the trim is idempotent, so more processes only repeat a cheap no-op."""
+        such as ``notification:sent``, is trimmed by age alone), and the run index
+        forgets the runs whose outcome is as old. Every process sweeps; both are
+        idempotent, so more processes only repeat a cheap no-op."""
         transport = self.settings.transport
         event_types = self.pipeline.event_types()
+        index = RunIndex(self.keys)
         while True:
             try:
                 trimmed = await trim_pipeline_streams(
                     self.client, self.keys, event_types, transport.retention,
                     trim_without_groups=True,
                 )
+                forgotten = await index.forget_ended(self.client, transport.retention)
             except (RedisError, OSError) as exc:
                 log.warning("retention sweep failed: retrying next interval", error=str(exc))
             else:
                 removed = {event_type: n for event_type, n in trimmed.items() if n}
                 for event_type, n in removed.items():
                     self.metrics.stream_trimmed.labels(event_type).inc(n)
-                if removed:
-                    log.info("retention sweep", trimmed=removed)
+                if removed or forgotten:
+                    log.info("retention sweep", trimmed=removed, runs_forgotten=forgotten)
             await idle(transport.retention_interval)
 
     async def expire_reviews(self) -> None:

@@ -13,6 +13,10 @@ Keys, every one from :class:`~printery.keys.StreamKeys`:
 - ``cost_minute(m)``: hash unit -> amount the steps reported in unix minute ``m`` (TTL
   two hours): the overview's "cost in the last hour" is 60 ``HGETALL``.
 
+Who forgets: the service's retention sweep (:meth:`RunIndex.forget_ended`) removes a run
+whose outcome is older than ``transport.retention``, as its history goes from the
+streams; a run still running stays, however old.
+
 Who writes: ``submit.lua`` indexes a submitted run atomically with its ingress entry. The
 commit of an entry of an ingress type indexes its run too (``NX``: a submitted run keeps
 its start), so a run an external producer started with a plain ``XADD`` is indexed when
@@ -36,13 +40,47 @@ import redis.asyncio as aioredis
 from printery import _json
 from printery.keys import StreamKeys
 from printery.transport.channel import Command
+from printery.transport.streams import Scripts
 
-__all__ = ["COST_MINUTE_TTL", "RUNNING", "RunIndex", "now_ms", "outcome_status", "run_status"]
+__all__ = ["COST_MINUTE_TTL", "FORGET_BATCH", "RUNNING", "RunIndex", "now_ms", "outcome_status", "run_status"]
 
 #: A run's status before its outcome entry.
 RUNNING = "running"
 #: Seconds a cost minute is kept: the last hour is always there.
 COST_MINUTE_TTL = 7200
+
+
+#: Runs forgotten per script call at most, so a sweep never holds the server long.
+FORGET_BATCH = 500
+
+# KEYS[1] every run, KEYS[2..] the runs of each ended status; ARGV: retention ms, most
+# runs to forget, a run's info key less its id. A run goes when its (latest) outcome is
+# older than the retention: out of every set and its info hash deleted; one filed under
+# an older outcome of a run that ended again since only leaves that status's set.
+# Returns how many runs went and how many it looked at (the call is repeated while that
+# is the most asked).
+FORGET_LUA = """
+local t = redis.call('TIME')
+local cutoff = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000) - tonumber(ARGV[1])
+local left, forgotten = tonumber(ARGV[2]), 0
+for k = 2, #KEYS do
+  if left <= 0 then break end
+  local old = redis.call('ZRANGEBYSCORE', KEYS[k], '-inf', '(' .. cutoff, 'LIMIT', 0, left)
+  for _, run in ipairs(old) do
+    local info = ARGV[3] .. run
+    local ended = tonumber(redis.call('HGET', info, 'ended'))
+    if ended == nil or ended < cutoff then
+      for j = 1, #KEYS do redis.call('ZREM', KEYS[j], run) end
+      redis.call('UNLINK', info)
+      forgotten = forgotten + 1
+    else
+      redis.call('ZREM', KEYS[k], run)
+    end
+    left = left - 1
+  end
+end
+return {forgotten, tonumber(ARGV[2]) - left}
+"""
 
 
 def run_status(outcome: Mapping[str, Any] | None) -> str:
@@ -154,6 +192,27 @@ class RunIndex:
                 status = outcomes[ended[0]]
             commands += self.ended(run_id, status, at)
         return tuple(commands)
+
+    async def forget_ended(self, client: aioredis.Redis, retention_s: float,
+                           scripts: Scripts | None = None) -> int:
+        """Forget the runs whose outcome is older than ``retention_s`` (server clock), in
+        every partition, a bounded batch per script call; how many went. Running runs
+        stay: they have no outcome to age from."""
+        runner = scripts or Scripts(client)
+        forgotten = 0
+        for keys in self.keys.whole.each():
+            statuses = sorted(_text(s) for s in await client.smembers(keys.run_statuses))  # type: ignore[misc]
+            ended = [keys.run_index(status) for status in statuses if status != RUNNING]
+            if not ended:
+                continue
+            while True:
+                went, looked_at = await runner.call(
+                    FORGET_LUA, [keys.run_index(), *ended],
+                    [int(retention_s * 1000), FORGET_BATCH, keys.run_info("")])
+                forgotten += int(went)
+                if int(looked_at) < FORGET_BATCH:
+                    break
+        return forgotten
 
     # -- reads ----------------------------------------------------------------------------
 

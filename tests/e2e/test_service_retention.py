@@ -1,6 +1,7 @@
 """The retention sweep of a running ``printery-workers`` (issue 6 item 6): history older
 than ``transport.retention`` goes once every group has acknowledged it; an entry a group
-has not read stays, and ``dlq`` is never trimmed."""
+has not read stays, and ``dlq`` is never trimmed; the run index forgets finished runs as
+old."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ from pathlib import Path
 import redis
 from prometheus_client.parser import text_string_to_metric_families
 
+from printery.keys import StreamKeys
 from printery.testing import unique_prefix
 from printery.transport.server import ServerProcess
 from support.service import spawn, started_entry
@@ -49,6 +51,10 @@ def test_sweep_trims_acknowledged_history_only(server: ServerProcess, tmp_path: 
         assert r.xlen(validated) == 0 and r.xlen(f"{prefix}:notification:sent") == 0
         assert r.xlen(started) == DEPLOYMENTS, "the laggard group has read nothing"
         assert r.xlen(f"{prefix}:dlq") == 1, "dlq is never trimmed"
+        # The run index forgets the runs whose outcome aged past the retention too.
+        runs = StreamKeys(prefix).run_index()
+        svc.wait_until(lambda: r.zcard(runs) == 0, what="every finished run forgotten")
+        assert "runs_forgotten" in svc.log()
     finally:
         assert svc.stop() == 0, svc.log()
         r.close()

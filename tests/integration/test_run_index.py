@@ -5,9 +5,10 @@ the last hour only. Pages read the index in bounded round trips whatever its siz
 
 from __future__ import annotations
 
+import pytest
 import redis.asyncio as aioredis
 
-from printery import ConsumerSettings, Message, Output, Pipeline
+from printery import ConsumerSettings, Message, Output, Pipeline, run_index
 from printery._json import dumps
 from printery.apps import load_app
 from printery.client import Runs
@@ -140,3 +141,46 @@ async def test_with_partitions_each_run_is_indexed_in_its_partition_and_read_mer
     assert [r["run_id"] for r in await index.find(client, first)] == [first]
     assert await index.cost_last_hour(client) == {"usd": 0.5}
     await runs.close()
+
+
+async def test_the_retention_sweep_forgets_runs_whose_outcome_is_old(
+    client: aioredis.Redis, prefix: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A run goes from the index (every set, its info hash) once its latest outcome is
+    older than the retention, in every partition and however many there are (a batch per
+    script call); a running run stays however old, and a run that ended again since keeps
+    its newer outcome."""
+    monkeypatch.setattr(run_index, "FORGET_BATCH", 2)  # several calls for the five below
+    keys = StreamKeys(prefix, 2)
+    index = RunIndex(keys)
+    now, hours_ago = now_ms(), now_ms() - 10 * 3600_000
+
+    async def write(run_id: str, *commands: tuple[object, ...]) -> None:
+        async with client.pipeline(transaction=False) as pipe:
+            for command in commands:
+                pipe.execute_command(*command)
+            await pipe.execute()
+
+    def of(run_id: str) -> RunIndex:
+        return index.within(keys.of(run_id))
+
+    old = [f"old-{n}" for n in range(5)]
+    for run_id in old:
+        await write(run_id, *of(run_id).started(run_id, hours_ago),
+                    *of(run_id).ended(run_id, "succeeded", hours_ago))
+    await write("stuck", *of("stuck").started("stuck", hours_ago))
+    await write("recent", *of("recent").started("recent", now), *of("recent").ended("recent", "failed", now))
+    await write("again", *of("again").started("again", hours_ago),
+                *of("again").ended("again", "failed", hours_ago),
+                *of("again").ended("again", "succeeded", now))
+
+    assert await index.forget_ended(client, retention_s=3600) == len(old)
+    rows, total = await index.page(client)
+    assert total == 3 and {row["run_id"] for row in rows} == {"stuck", "recent", "again"}
+    assert [row["run_id"] for row in (await index.page(client, status="failed"))[0]] == ["recent"]
+    assert [row["run_id"] for row in (await index.page(client, status="succeeded"))[0]] == ["again"]
+    assert [row["run_id"] for row in (await index.page(client, status=RUNNING))[0]] == ["stuck"]
+    for run_id in old:
+        assert not await client.exists(keys.of(run_id).run_info(run_id))
+    assert await client.hget(keys.of("again").run_info("again"), "status") == "succeeded"
+    assert await index.forget_ended(client, retention_s=3600) == 0  # idempotent
