@@ -57,11 +57,10 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
-import psutil
 import redis
 import redis.asyncio as aioredis
 
-from printery.bench.cluster_cpu import ClusterCpu
+from printery.bench.cpu import ClusterCpu, ServerCpu
 from printery.bench.layout import BenchLayout
 from printery.bench.load import (
     EventFactory,
@@ -226,7 +225,7 @@ async def _run_side(
         features=_features(kind, plan.features),
         partitions=plan.partitions,
     )
-    server_cpu = _ServerCpu(server_pid)
+    server_cpu = ServerCpu(server_pid)
     masters_cpu = ClusterCpu(client)
     commands = _CommandStats(client, enabled=server_pid is not None)
     try:
@@ -337,30 +336,6 @@ class _CommandStats:
             if own:
                 delta[name] = (own, usec - usec0)
         return delta
-
-
-class _ServerCpu:
-    """CPU time of our own server over the measured window (unknown for a remote one)."""
-
-    def __init__(self, pid: int | None) -> None:
-        self.pid = pid
-        self._start = 0.0
-
-    def _now(self) -> float | None:
-        if self.pid is None:
-            return None
-        try:
-            times: Any = psutil.Process(self.pid).cpu_times()
-        except psutil.Error:
-            return None
-        return float(times.user) + float(times.system)
-
-    def start(self) -> None:
-        self._start = self._now() or 0.0
-
-    def seconds(self) -> float | None:
-        now = self._now()
-        return None if now is None else now - self._start
 
 
 async def _delete_prefix(client: aioredis.Redis, prefix: str) -> None:

@@ -19,6 +19,7 @@ from typing import IO, Any
 import psutil
 
 from printery import _json
+from printery.bench.cpu import cpu_seconds
 from printery.bench.layout import PROTOCOL_PREFIX
 from printery.errors import PrinteryError
 
@@ -119,12 +120,7 @@ class RelayProcesses:
         return sum(self.maxrss_kb) / 1024
 
     def _cpu_now(self) -> float:
-        total = 0.0
-        for proc in self.procs:
-            with contextlib.suppress(psutil.Error):
-                times: Any = psutil.Process(proc.pid).cpu_times()
-                total += float(times.user) + float(times.system)
-        return total
+        return sum(cpu_seconds(proc.pid) or 0.0 for proc in self.procs)
 
     def _rss_now(self) -> int:
         total = 0
