@@ -25,6 +25,7 @@ from printery.runtime.departed import live_owners, remove_departed
 from printery.runtime.registry import ProcessRegistry, list_processes
 from printery.runtime.retention import trim_pipeline_streams
 from printery.supervisor.manager import WorkerManager
+from printery.transport.streams import Scripts
 
 __all__ = ["DEPARTED_INTERVAL", "GAUGE_INTERVAL", "LAG_INTERVAL", "Housekeeping", "remove_consumers"]
 
@@ -149,14 +150,14 @@ class Housekeeping:
         idempotent, so more processes only repeat a cheap no-op."""
         transport = self.settings.transport
         event_types = self.pipeline.event_types()
-        index = RunIndex(self.keys)
+        index, scripts = RunIndex(self.keys), Scripts(self.client)  # loaded once, not per sweep
         while True:
             try:
                 trimmed = await trim_pipeline_streams(
                     self.client, self.keys, event_types, transport.retention,
                     trim_without_groups=True,
                 )
-                forgotten = await index.forget_ended(self.client, transport.retention)
+                forgotten = await index.forget_ended(self.client, transport.retention, scripts)
             except (RedisError, OSError) as exc:
                 log.warning("retention sweep failed: retrying next interval", error=str(exc))
             else:
