@@ -23,6 +23,7 @@ from printery.envelope import correlation_of
 from printery.history import scan_stream
 from printery.keys import DLQ, REVIEW, StreamKeys
 from printery.pipeline.dag import Pipeline
+from printery.transport.commit import decode_spent
 from printery.transport.streams import public_api
 
 __all__ = ["CallTally", "budget_status", "cost_summary", "parse_duration"]
@@ -86,8 +87,8 @@ async def budget_status(
             continue
         for unit, base in budget.limits.items():
             field = field_prefix + unit
-            spent = float(held.get(field, 0))
-            limit = base + float(held.get(f"raise:{field}", 0))
+            spent = decode_spent(held.get(field))
+            limit = base + decode_spent(held.get(f"raise:{field}"))
             status = ("exceeded" if spent >= limit else
                       "warning" if spent >= base * budget.soft else "ok")
             rows.append({"step": step, "unit": unit, "spent": spent, "limit": limit,

@@ -195,12 +195,13 @@ class StreamKeys:
 
     def budget(self, run_id: str) -> str:
         """Hash of what a run has spent, per unit (and per step with a budget of its
-        own), and the raises of its limits (CONTRACT §13)."""
+        own), and the raises of its limits (CONTRACT §13), counted in billionths of the
+        unit (see :mod:`printery.pipeline.budget`)."""
         return f"{self.budget_prefix}{run_id}"
 
     @property
     def budget_prefix(self) -> str:
-        return f"{self.scope}:budget:"
+        return f"{self.scope}:spent:"
 
     @property
     def budgets_over(self) -> str:

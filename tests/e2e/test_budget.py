@@ -15,8 +15,10 @@ import pytest
 import redis
 
 from printery import Client
+from printery.keys import StreamKeys
 from printery.reviews import approve, reject
 from printery.testing import unique_prefix
+from printery.transport.commit import decode_spent
 from printery.transport.server import ServerProcess
 from support import budget_app
 from support.operator_cli import cli
@@ -47,7 +49,7 @@ def _settled(r: redis.Redis, prefix: str) -> bool:
 
 
 def _spent(r: redis.Redis, prefix: str, run: str) -> float:
-    return float(r.hget(f"{prefix}:budget:{run}", "usd") or 0)
+    return decode_spent(r.hget(StreamKeys(prefix).budget(run), "usd"))
 
 
 def _entries(r: redis.Redis, prefix: str, event_type: str) -> list[dict[str, Any]]:

@@ -12,11 +12,14 @@ from printery import _json
 from printery.keys import StreamKeys
 from printery.transport.commit import (
     FENCED,
+    SPENT_MAX,
+    SPENT_SCALE,
     Append,
     BudgetCharge,
     ChargePlan,
     Committer,
     EntryCommit,
+    decode_spent,
     encode_amount,
 )
 from printery.transport.streams import ensure_group
@@ -31,6 +34,12 @@ def _charge(keys: StreamKeys, run: str, usd: float, tokens: int = 0) -> BudgetCh
     plan = ChargePlan(keys.budget_prefix, ("usd", "tokens"), (8.0, None), (note, ""), "cid",
                       keys.stream("budget:warning"), warning)
     return BudgetCharge(plan, run, (encode_amount(usd), encode_amount(tokens)))
+
+
+async def _spent(client: aioredis.Redis, keys: StreamKeys, run: str) -> dict[str, float]:
+    """The units ``run`` spent, from its budget hash (not its other fields)."""
+    held = await client.hgetall(keys.budget(run))
+    return {unit: decode_spent(held[unit]) for unit in ("usd", "tokens") if unit in held}
 
 
 async def _read(client: aioredis.Redis, stream: str, n: int) -> list[str]:
@@ -61,18 +70,18 @@ async def test_spent_counts_only_what_commits_and_the_warning_is_written_once(
         first = [entry(0, 3), entry(1, 3), entry(2, 3), entry(3, 3)]
         results: list[Any] = await committer.commit(first)
         assert results == [2, FENCED, 0, 2]
-        assert await client.hgetall(keys.budget("r1")) == {"usd": "6", "tokens": "200"}
+        assert await _spent(client, keys, "r1") == {"usd": 6, "tokens": 200}
         # The reply was lost and the same commit is sent again: nothing more is charged.
         assert await committer.commit(first) == [FENCED] * 4
-        assert await client.hgetall(keys.budget("r1")) == {"usd": "6", "tokens": "200"}
+        assert await _spent(client, keys, "r1") == {"usd": 6, "tokens": 200}
         # 6 -> 9 reaches the soft threshold (8): that entry's commit writes the warning
         # (its result counts it); 9 -> 12 does not write another.
         assert await committer.commit([entry(4, 3), entry(5, 3)]) == [3, 2]
         assert await committer.commit([entry(6, 0.5)]) == [2]
     finally:
         await committer.close()
-    spent = await client.hgetall(keys.budget("r1"))
-    assert float(spent["usd"]) == 12.5 and spent["tokens"] == "500"
+    assert await _spent(client, keys, "r1") == {"usd": 12.5, "tokens": 500}
+    assert await client.hget(keys.budget("r1"), "usd") == "12500000000", "whole billionths"
     assert 0 < await client.pttl(keys.budget("r1")) <= 2 * TTL_MS
     warnings = await client.xrange(keys.stream("budget:warning"))
     assert len(warnings) == 1
@@ -114,3 +123,44 @@ async def test_the_commit_that_reaches_a_hard_limit_names_the_run_for_the_check(
     ((_, score),) = members
     assert now_s * 1000 <= score <= (now_s + 2) * 1000 + 2 * TTL_MS
     assert 0 < await client.pttl(keys.budgets_over) <= 2 * TTL_MS
+
+
+async def test_a_count_past_the_most_a_field_holds_stops_there_and_the_commit_lands(
+    client: aioredis.Redis, prefix: str
+) -> None:
+    """A field counts whole billionths in a 64-bit integer: an add that would pass the
+    most it holds leaves it at that most (the run is over any limit) instead of failing
+    the commit of every entry in the transaction."""
+    keys = StreamKeys(prefix)
+    stream, out, index = keys.stream("in"), keys.stream("out"), keys.idempotency_index("g")
+    ids = await _read(client, stream, 2)
+    plan = _charge(keys, "", 0).plan._replace(hard=(5.0, None), over=keys.budgets_over)
+    await client.hset(keys.budget("big"), "usd", str(SPENT_MAX - 1))
+
+    def entry(n: int, run: str) -> EntryCommit:
+        return EntryCommit(stream, "c", ids[n], f"k{n}", [Append(out, {"data": str(n)})],
+                           BudgetCharge(plan, run, (encode_amount(1.5), encode_amount(0))))
+
+    committer = Committer(client, index_key=index, group="g", ttl_ms=TTL_MS)
+    try:
+        # "big" passes the soft threshold too: its commit writes the warning.
+        assert await committer.commit([entry(0, "big"), entry(1, "small")]) == [3, 2]
+    finally:
+        await committer.close()
+    assert await client.hget(keys.budget("big"), "usd") == str(SPENT_MAX)
+    assert await _spent(client, keys, "small") == {"usd": 1.5}
+    assert await client.zrange(keys.budgets_over, 0, -1) == ["big"]
+    assert await client.xlen(out) == 2
+    ((_, warning),) = await client.xrange(keys.stream("budget:warning"))
+    assert _json.loads(warning["data"])["spent"] == SPENT_MAX / SPENT_SCALE
+
+
+def test_amounts_are_whole_billionths_and_stay_within_what_a_field_counts() -> None:
+    assert [encode_amount(v) for v in (0, 0.0, 3, 0.25, 0.1 + 0.2, 1e-9, 4e-10)] == [
+        "0", "0", "3000000000", "250000000", "300000000", "1", "0"]
+    assert encode_amount(-0.5) == "-500000000"
+    assert encode_amount(float("nan")) == "0"
+    assert encode_amount(float("inf")) == encode_amount(10**12) == str(SPENT_MAX)
+    assert encode_amount(-1e300) == str(-SPENT_MAX)
+    assert [decode_spent(v) for v in (None, "", "0", "12500000000", "2.5")] == [
+        0, 0, 0, 12.5, 0]

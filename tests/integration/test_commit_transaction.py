@@ -21,6 +21,7 @@ from printery.transport.commit import (
     COMMIT_LUA,
     DUPLICATE,
     FENCED,
+    SPENT_SCALE,
     Append,
     BudgetCharge,
     ChargePlan,
@@ -200,7 +201,8 @@ for _, s in ipairs(segs) do
       end
       local tpl = {}
       for j = b.tpl, b.tpl + b.ntpl - 1 do tpl[#tpl + 1] = ARGV[j] end
-      budget = {b.prefix .. ARGV[b.runs + x - 1], b.corr, b.stream, b.over, tpl, charged}
+      budget = {b.prefix .. ARGV[b.runs + x - 1], b.corr, b.stream, b.over, b.scale, tpl,
+                charged}
     end
     entries[#entries + 1] = {
       s.stream or '', s.stream and s.consumer or '', s.ids and ARGV[s.ids + x - 1] or '',
@@ -244,19 +246,20 @@ _entries = st.lists(st.builds(
 
 
 def _charged(charge: BudgetCharge | None) -> list[Any]:
-    """A charge as the decoder shows it (amounts as sent, thresholds as numbers)."""
+    """A charge as the decoder shows it (amounts as sent, thresholds as numbers in the
+    hash's scale)."""
     if charge is None:
         return []
     plan = charge.plan
     hard = plan.hard or (None,) * len(plan.fields)
     columns = plan.columns or range(len(plan.fields))
-    fields = [[name, str(charge.amounts[column]), "" if soft is None else soft,
-               "" if limit is None else limit, note]
+    fields = [[name, str(charge.amounts[column]), "" if soft is None else soft * SPENT_SCALE,
+               "" if limit is None else limit * SPENT_SCALE, note]
               for name, column, soft, limit, note in zip(plan.fields, columns, plan.soft,
                                                          hard, plan.notes, strict=True)]
     template = [part for pair in plan.warning.items() for part in pair]
-    return [plan.prefix + charge.run, plan.corr, plan.warning_stream, plan.over, template,
-            fields]
+    return [plan.prefix + charge.run, plan.corr, plan.warning_stream, plan.over, SPENT_SCALE,
+            template, fields]
 
 
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])

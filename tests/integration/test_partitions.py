@@ -28,6 +28,7 @@ from printery.client import Runs
 from printery.keys import StreamKeys, partition_of
 from printery.runtime.payloads import PayloadStore
 from printery.testing import wait_for
+from printery.transport.commit import decode_spent
 from support.spine import running_pipeline
 
 PARTITIONS = 3
@@ -212,7 +213,7 @@ async def test_a_runs_budget_is_charged_and_enforced_in_its_partition(
                 "data": json.dumps({"n": n}), "correlation_id": run,
                 "idempotency_key": f"job:{n}"})
             await wait_for(lambda: _settled(client, part.stream("job"), "work"), timeout=15)
-        assert float(await client.hget(part.budget(run), "usd") or 0) == 3.0
+        assert decode_spent(await client.hget(part.budget(run), "usd")) == 3.0
         assert await client.xlen(part.stream("done")) == 3
         assert await client.xlen(part.stream("budget:warning")) == 1
         assert await client.xlen(part.stream("budget:exceeded")) == 1

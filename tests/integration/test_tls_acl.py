@@ -14,7 +14,7 @@ import trustme
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import NoPermissionError, ResponseError
 
-from printery import ConsumerSettings, StreamWorker
+from printery import Budget, ConsumerSettings, Limit, Pipeline, StreamWorker
 from printery.errors import Reject, Retry
 from printery.keys import StreamKeys
 from printery.runtime.handler import Message, Output
@@ -25,7 +25,7 @@ from printery.testing import wait_for
 from printery.transport.connection import connect
 from printery.transport.server import ServerProcess
 from support.acl import acl_denials, acl_rule
-from support.spine import CODEC, outputs_by_n, publish
+from support.spine import CODEC, outputs_by_n, publish, running_pipeline
 from support.tls_proxy import TlsProxy
 
 
@@ -140,6 +140,46 @@ async def test_stream_worker_registry_and_trim_under_minimal_acl_user(
             await limited.execute_command("FLUSHALL")
         with pytest.raises(NoPermissionError):
             await limited.execute_command("CONFIG", "GET", "dir")
+    finally:
+        await limited.aclose()
+        await client.execute_command("ACL", "DELUSER", user)
+
+
+async def test_budgets_and_limits_under_minimal_acl_user(
+    server: ServerProcess, prefix: str, client: aioredis.Redis
+) -> None:
+    """A pipeline with a budget that stops a run and a step behind every kind of limit
+    runs under the documented rule: nothing it sends is refused."""
+    user, password = f"printery-b-{prefix.rsplit(':', 1)[-1]}", "s3cret-pw"
+    await client.execute_command("ACL", "SETUSER", user, *acl_rule(prefix, password))
+    await client.execute_command("ACL", "LOG", "RESET")
+    limited = connect(f"redis://{user}:{password}@127.0.0.1:{server.port}/0", block_ms=100)
+    pipeline = Pipeline("acl", ingress=["job"], cost_units=["usd", "tokens"],
+                        budget=Budget(usd=2, soft=0.5), outcomes=())
+
+    @pipeline.step("work", consumes=["job"], produces=["done"], cost_units=["usd", "tokens"],
+                   limits=[Limit("api", concurrency=2, requests_per_minute=1000,
+                                 tokens_per_minute=100_000)],
+                   budget=Budget(tokens=1_000))
+    async def work(message: Message) -> Output:
+        message.report_cost("usd", 1)
+        message.report_cost("tokens", 10)
+        return Output("done", message.data, idempotency_key=f"done:{message.data['n']}")
+
+    keys = StreamKeys(prefix)
+    try:
+        async with running_pipeline(pipeline, client=limited, keys=keys,
+                                    settings=ConsumerSettings(block_ms=100)):
+            for n in range(3):  # one at a time: the third finds the run at its limit
+                await limited.xadd(keys.stream("job"), {
+                    "data": f'{{"n": {n}}}', "correlation_id": "r1", "idempotency_key": f"j{n}"})
+                await wait_for(lambda n=n: _xlen_at_least(
+                    limited, keys.stream("done" if n < 2 else "budget:exceeded"), min(n + 1, 2)
+                    if n < 2 else 1), timeout=15)
+        assert await limited.xlen(keys.stream("done")) == 2
+        assert await limited.xlen(keys.stream("budget:warning")) == 1
+        denied = acl_denials(await client.execute_command("ACL", "LOG"), user)
+        assert denied == [], f"commands the rule misses: {denied}"
     finally:
         await limited.aclose()
         await client.execute_command("ACL", "DELUSER", user)

@@ -11,7 +11,7 @@ ACL_COMMANDS = (
     " +eval +evalsha +script|load +exists +get +set +mget +del"
     " +hset +hsetnx +hgetall +hmget +sadd +smismember +expire +pexpire"
     " +zadd +zrangebyscore +zrem +zrange +zrevrange +zremrangebyscore +zcard +zscore"
-    " +hincrbyfloat +smembers"
+    " +hincrbyfloat +hincrby +hget +hdel +hvals +zmscore +smembers"
     " +multi +exec +discard +watch +unwatch"
 )
 

@@ -22,7 +22,7 @@ def test_one_partition_keeps_the_keys_of_section_2() -> None:
         assert view.dlq == "pfx:dlq"
         assert view.idempotency_index("validator") == "pfx:idem:validator"
         assert view.join("aggregator", "dep-1") == "pfx:join:aggregator:dep-1"
-        assert view.budget("dep-1") == "pfx:budget:dep-1"
+        assert view.budget("dep-1") == "pfx:spent:dep-1"
         assert view.blob("abc") == "pfx:blob:abc"
     assert keys.event_type("pfx:deployment:started") == "deployment:started"
 

@@ -5,9 +5,11 @@ What a run has spent lives in one Redis hash per run (``StreamKeys.budget``), up
 the commit of each entry that spent it (``commit.lua``), so it is exact across processes
 and crashes. Its fields: ``<unit>`` (the run's total), ``step:<step>:<unit>`` (a step's
 share, kept for steps with a budget of their own), ``raise:<field>`` (what approved
-reviews added to that field's limit) and ``warned:<field>`` (the soft warning was
-written). This module is the pure part: the limits, what a step reads and charges, and
-what a decision on a ``budget_exceeded`` review does.
+reviews added to that field's limit), each in whole billionths of the unit
+(:data:`~printery.transport.commit.SPENT_SCALE`: integer adds, exact sums), and
+``warned:<field>`` (the soft warning was written). This module is the pure part: the
+limits, what a step reads and charges, and what a decision on a ``budget_exceeded``
+review does.
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ from printery.pipeline.review_kinds import (
     ReviewOutcome,
 )
 from printery.runtime.handler import Output
+from printery.transport.commit import encode_amount
 
 __all__ = [
     "BUDGET_EXCEEDED",
@@ -198,7 +201,8 @@ def budget_review_kind() -> ReviewKind:
             idempotency_key=f"{fields.get(HELD_KEY, held_type)}:budget:{case.review_id}",
             extra={REPLAY_FOR: fields.get(STEP, "")},
         )
-        commands = [("HINCRBYFLOAT", key, f"raise:{fields.get(BUDGET_FIELD, '')}", repr(raise_by))]
+        commands = [("HINCRBY", key, f"raise:{fields.get(BUDGET_FIELD, '')}",
+                      encode_amount(raise_by))]
         return ReviewOutcome([copy], detail=f"limit raised by {raise_by:g}",
                              commands=commands)
 

@@ -46,7 +46,13 @@ from printery.pipeline.budget import (
 )
 from printery.runtime.handler import Message, Output
 from printery.transport.channel import Command
-from printery.transport.commit import BudgetCharge, ChargePlan, encode_amount
+from printery.transport.commit import (
+    BudgetCharge,
+    ChargePlan,
+    decode_spent,
+    encode_amount,
+    encode_limit,
+)
 
 BUDGET_CHECK_LUA = resources.files("printery.transport").joinpath("budget_check.lua").read_text()
 
@@ -65,7 +71,7 @@ class BudgetGuard:
         self.client = client
         self._limits = plan.limits  # built once: checked for every batch
         self._check_args = [len(self._limits)] + [
-            value for limit in self._limits for value in (limit.field, repr(limit.limit))]
+            value for limit in self._limits for value in (limit.field, encode_limit(limit.limit))]
         charged = plan.charged()
         #: The units charged, one amount each (the run's field and the step's share it).
         self._units = tuple(dict.fromkeys(unit for _, unit, _, _ in charged))
@@ -112,7 +118,7 @@ class BudgetGuard:
         for position, number, spent, raised in verdicts:
             limit = self._limits[int(number) - 1]
             over[candidates[int(position) - 1]] = Exceeded(
-                limit.field, limit.unit, limit.limit + float(raised), float(spent),
+                limit.field, limit.unit, limit.limit + decode_spent(raised), decode_spent(spent),
                 limit.budget.on_exceeded, limit.step)
         return over
 

@@ -3,7 +3,8 @@
 -- reached a hard limit (runtime/budgets.py): the server compares, so the reply carries
 -- only the runs that are over.
 -- KEYS: each such entry's run budget hash, in batch order (repeats are read once)
--- ARGV: n, then n limits x (hash field, limit)
+-- ARGV: n, then n limits x (hash field, limit as the hash counts: 1/scale of a unit, see
+--       transport/commit.py)
 -- Returns the keys over a limit only (the usual reply is empty, so the client does nothing
 -- per entry): per such key {k, i, spent, raised}: its position k (from 1) and its first
 -- limit i (from 1) with spent >= limit + raised (spent and raised as stored). A value

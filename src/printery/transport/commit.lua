@@ -23,10 +23,11 @@
 --            (else '0'), outputs per entry m, budget fields per entry nb, then per output:
 --            stream key, '1' if it has a once key (else '0');
 --            when nb > 0 (a pipeline with budgets, CONTRACT §13): the budget hash prefix,
---            the correlation field, the warning stream, the over set ('' = none), amount
---            columns na, t, t values (the warning entry's fields, name then value), then
---            per budget field: its name, its soft threshold ('' = none), its hard limit
---            ('' = none), the warning's data up to its spent, its amount column (1..na:
+--            the correlation field, the warning stream, the over set ('' = none), the
+--            scale (the hash counts whole 1/scale of a unit), amount columns na, t, t
+--            values (the warning entry's fields, name then value), then per budget
+--            field: its name, its soft threshold ('' = none), its hard limit ('' = none),
+--            both scaled, the warning's data up to its spent, its amount column (1..na:
 --            fields of one unit share one);
 --            then the columns, n values each: entry ids (if it has a source), idempotency
 --            keys (if it carries records), once keys (one column per output with one),
@@ -81,8 +82,9 @@ while a <= last do
   local b
   if nb > 0 then
     b = {prefix = ARGV[a], corr = ARGV[a + 1], stream = ARGV[a + 2], over = ARGV[a + 3],
-         na = tonumber(ARGV[a + 4]), tpl = a + 6, ntpl = tonumber(ARGV[a + 5]), fields = {}}
-    a = a + 6 + b.ntpl
+         scale = tonumber(ARGV[a + 4]), na = tonumber(ARGV[a + 5]), tpl = a + 7,
+         ntpl = tonumber(ARGV[a + 6]), fields = {}}
+    a = a + 7 + b.ntpl
     for j = 1, nb do
       b.fields[j] = {name = ARGV[a], soft = tonumber(ARGV[a + 1]), hard = tonumber(ARGV[a + 2]),
                      note = ARGV[a + 3], column = tonumber(ARGV[a + 4])}
@@ -320,19 +322,23 @@ local function record()
   if current then redis.call('PEXPIRE', current, 2 * ttl, 'NX') end
 end
 
--- Budgets (CONTRACT §13): each committed entry adds its amounts to its run's hash; the
+-- Budgets (CONTRACT §13): each committed entry adds its amounts (whole 1/scale of a
+-- unit: HINCRBY, since HINCRBYFLOAT costs the server over twice as much) to its run's
+-- hash, stopping at the most a field counts rather than failing the commit; the
 -- first commit that finds a field's total at or over its soft threshold writes the run's
 -- warning (once: the hash remembers it). ``warned[e]`` counts the warnings entry e wrote.
 -- A total at or over the field's hard limit puts the run in the over set, scored by when
 -- its hash lapses at the latest (members past that are dropped as one is added): only
 -- those runs are read by the check before handlers. Raises of a limit are not looked
 -- at here: the check compares with them.
+local SPENT_MAX = 9223372036854775807
+
 local function budget_warning(b, f, run, spent)
   local args, tpl = {}, b.tpl
   for j = tpl, tpl + b.ntpl - 1, 2 do
     local name, value = ARGV[j], ARGV[j + 1]
     if name == 'data' then
-      value = f.note .. string.format('%.17g', spent) .. '}'
+      value = f.note .. string.format('%.17g', spent / b.scale) .. '}'
     elseif name == b.corr then
       value = run
     elseif name == 'idempotency_key' then
@@ -358,7 +364,11 @@ local function charge(warned)
           for _, f in ipairs(b.fields) do
             local amount = ARGV[f.col + x - 1]
             if amount ~= '0' then
-              local spent = tonumber(redis.call('HINCRBYFLOAT', key, f.name, amount))
+              local spent = redis.pcall('HINCRBY', key, f.name, amount)
+              if type(spent) ~= 'number' then  -- past the most it counts (or no count)
+                spent = SPENT_MAX
+                redis.call('HSET', key, f.name, '9223372036854775807')
+              end
               if spent ~= tonumber(amount) then fresh = false end
               if f.hard and spent >= f.hard and b.over ~= '' then
                 local now = now_ms()

@@ -37,6 +37,14 @@ DUPLICATE = 0
 #: while a script runs); a flush with more sends several runs in the same write.
 MAX_ENTRIES_PER_RUN = 128
 
+#: A budget hash holds what a run spent as whole billionths of a unit, so that a commit
+#: adds with ``HINCRBY``: in the server's script an integer add costs under half what a
+#: float add does (``HINCRBYFLOAT`` parses and prints a long double and rewrites itself
+#: for propagation), and the sums are exact. A run may count up to about 9.2e9 units.
+SPENT_SCALE = 10**9
+#: The most a budget field counts (a commit that would pass it stops there).
+SPENT_MAX = 2**63 - 1
+
 COMMIT_LUA = resources.files("printery.transport").joinpath("commit.lua").read_text()
 #: The line of commit.lua after which its arguments are parsed (the test runs the script
 #: up to there with a decoder of its own).
@@ -70,7 +78,8 @@ class ChargePlan(NamedTuple):
     check before handlers must read (see :mod:`printery.runtime.budgets`). ``columns``:
     per field, which of a charge's amounts it adds (fields of one unit, the run's and
     the step's, share one: an argument less per entry); empty, field ``j`` adds the
-    ``j``-th."""
+    ``j``-th. ``soft`` and ``hard`` are in units; the hash counts billionths of one
+    (:data:`SPENT_SCALE`)."""
 
     prefix: str
     fields: tuple[str, ...]
@@ -178,11 +187,11 @@ def _add_segment(
         template = list(chain.from_iterable(budget.warning.items()))
         columns = budget.columns or tuple(range(len(budget.fields)))
         args += (budget.prefix, budget.corr, budget.warning_stream, budget.over,
-                 max(columns, default=-1) + 1, len(template), *template)
+                 SPENT_SCALE, max(columns, default=-1) + 1, len(template), *template)
         hard = budget.hard or (None,) * len(budget.fields)
         for name, soft, limit, note, column in zip(budget.fields, budget.soft, hard,
                                                    budget.notes, columns, strict=True):
-            args += (name, _number(soft), _number(limit), note, column + 1)
+            args += (name, encode_limit(soft), encode_limit(limit), note, column + 1)
     if source:
         args += [entry.entry_id for entry in segment]
     if not unrecorded:
@@ -196,13 +205,34 @@ def _add_segment(
             args += [entry.budget.amounts[column] for entry in segment]  # type: ignore[union-attr]
 
 
-def _number(value: float | None) -> str:
-    return "" if value is None else repr(float(value))
+def encode_limit(value: float | None) -> str:
+    """A threshold or limit as the scripts compare it with a budget hash's count ("":
+    none)."""
+    return "" if value is None else repr(float(value) * SPENT_SCALE)
 
 
 def encode_amount(value: float) -> str:
-    """An amount as ``HINCRBYFLOAT`` takes it ("0": nothing to add)."""
-    return "0" if value == 0 else str(value) if isinstance(value, int) else repr(float(value))
+    """An amount as a budget hash counts it: whole billionths of the unit, as ``HINCRBY``
+    takes them ("0": nothing to add). Past what a field counts, the most it counts (the
+    run is over any limit then); an amount that is no number adds nothing."""
+    if value == 0 or value != value:  # nothing, or NaN
+        return "0"
+    if isinstance(value, int):
+        scaled = value * SPENT_SCALE
+    elif abs(value) < SPENT_MAX / SPENT_SCALE:
+        scaled = round(value * SPENT_SCALE)
+    else:
+        scaled = SPENT_MAX if value > 0 else -SPENT_MAX
+    return str(max(-SPENT_MAX, min(SPENT_MAX, scaled)))
+
+
+def decode_spent(value: str | bytes | None) -> float:
+    """What a budget hash field holds, in units (0 for none, and for a value that is not a
+    count, as the scripts read it)."""
+    try:
+        return int(value or 0) / SPENT_SCALE
+    except ValueError:
+        return 0.0
 
 
 def commit_commands(run: CommitRun) -> list[Command]:
