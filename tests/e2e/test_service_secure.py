@@ -65,3 +65,23 @@ async def test_service_over_tls_as_minimal_acl_user(
         assert status.json()["redis"]["connected"] is True
     finally:
         await client.execute_command("ACL", "DELUSER", user)
+
+
+async def test_a_certificate_that_does_not_verify_at_start_exits_2(
+    server: ServerProcess, tmp_path: Path
+) -> None:
+    """A server certificate signed by another CA than the one the URL names is
+    configuration, like refused credentials: exit 2 with one line naming ``redis_url``,
+    not a wait for a server that is up."""
+    other = tmp_path / "other-ca.pem"
+    trustme.CA().cert_pem.write_to_path(str(other))
+    async with TlsProxy("127.0.0.1", server.port, trustme.CA()) as proxy:
+        url = f"rediss://localhost:{proxy.port}/0?ssl_ca_certs={other}"
+        svc = await asyncio.to_thread(
+            spawn, ["--redis-url", url, "--stream-prefix", unique_prefix("tls-bad")],
+            cwd=tmp_path, wait=False)
+        code = await asyncio.to_thread(svc.wait, 30)
+    assert code == 2, svc.log()
+    named = [line for line in svc.log().splitlines() if "invalid redis_url" in line]
+    assert len(named) == 1 and "certificate" in named[0], svc.log()
+    assert "retrying" not in svc.log()

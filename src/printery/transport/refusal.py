@@ -1,7 +1,10 @@
-"""What the server refuses for good: credentials or an ACL rule are configuration, not
-an outage, so no amount of waiting heals them (CONTRACT §1: exit 2 at start)."""
+"""What the server refuses for good: credentials, an ACL rule or a TLS certificate that
+does not verify are configuration, not an outage, so no amount of waiting heals them
+(CONTRACT §1: exit 2 at start)."""
 
 from __future__ import annotations
+
+import ssl
 
 from redis.exceptions import (
     AuthenticationError,
@@ -34,4 +37,25 @@ def refused(exc: BaseException, shown_url: str | None, stream_prefix: str) -> Co
             f"the server refused the credentials ({describe(exc)}): user and password"
             " that the server accepts",
         )
+    certificate = _certificate_failure(exc)
+    if certificate is not None:
+        return ConfigError(
+            "redis_url", shown_url,
+            f"the server's TLS certificate does not verify ({certificate.verify_message}):"
+            " ssl_ca_certs= in the URL must name the CA that signed it, and the host one"
+            " the certificate names (docs/security.md)",
+        )
+    return None
+
+
+def _certificate_failure(exc: BaseException) -> ssl.SSLCertVerificationError | None:
+    """The certificate verification failure behind ``exc``: the client raises its own
+    ``ConnectionError`` while handling the handshake's error, so it is in the chain."""
+    seen: set[int] = set()
+    current: BaseException | None = exc
+    while current is not None and id(current) not in seen:
+        if isinstance(current, ssl.SSLCertVerificationError):
+            return current
+        seen.add(id(current))
+        current = current.__cause__ or current.__context__
     return None
