@@ -16,6 +16,7 @@ import ipaddress
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
+from urllib.parse import quote
 
 import redis.asyncio as aioredis
 from aiohttp import web
@@ -48,6 +49,8 @@ log = get_logger("printery.api")
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 _SUBMIT_KEYS = frozenset({"data", "event_type", "run_id", "idempotency_key"})
 _MAX_ID = 256
+#: The most reviews one ``GET /v1/reviews`` page returns.
+MAX_REVIEW_PAGE = 1000
 
 
 @dataclass(frozen=True, slots=True)
@@ -301,8 +304,24 @@ def _run_routes(api: web.Application, runs: Runs, body_limit: int) -> None:
 def _review_routes(api: web.Application, runs: Runs, body_limit: int) -> None:
     keys, pipeline = runs.keys, runs.pipeline
 
-    async def review_list(_: web.Request) -> web.Response:
-        return respond(await reviews.list_reviews(runs.redis, keys, pipeline))
+    async def review_list(request: web.Request) -> web.Response:
+        """A page of open reviews, oldest first: ``?limit=`` (1..MAX_REVIEW_PAGE, default
+        :data:`~printery.reviews.REVIEW_PAGE`) after ``?after=`` (a review id); a full
+        page links to the next (``Link: <...>; rel="next"``)."""
+        raw_limit = request.query.get("limit", str(reviews.REVIEW_PAGE))
+        if not raw_limit.isdigit() or not 1 <= int(raw_limit) <= MAX_REVIEW_PAGE:
+            return error(400, "invalid_limit",
+                         f"limit must be a whole number from 1 to {MAX_REVIEW_PAGE}")
+        limit, after = int(raw_limit), request.query.get("after", "")
+        try:
+            page = await reviews.list_reviews(runs.redis, keys, pipeline, limit=limit,
+                                              after=after)
+        except ReviewInvalid as exc:
+            return error(400, "invalid_after", str(exc))
+        if len(page) < limit:
+            return respond(page)
+        following = f"{request.path}?limit={limit}&after={quote(page[-1]['id'], safe='')}"
+        return respond(page, headers={"Link": f'<{following}>; rel="next"'})
 
     async def review_get(request: web.Request) -> web.Response:
         try:

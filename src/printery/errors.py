@@ -203,8 +203,9 @@ class ReviewRefused(ReviewError):
 
 class ReviewInvalid(ReviewError):
     """Raised for a decision without a reviewer, or edited data on a rejection, on a kind
-    that takes none, or that the resumed step's input model refuses; ``reasons`` are
-    ``{code, field, message}`` dicts (the input model's)."""
+    that takes none, or that the resumed step's input model refuses, and for a listing's
+    page that means nothing (a limit under 1, an ``after`` that is no review id);
+    ``reasons`` are ``{code, field, message}`` dicts (the input model's)."""
 
     def __init__(self, message: str, reasons: list[dict[str, str]] | None = None) -> None:
         self.reasons = list(reasons or [])

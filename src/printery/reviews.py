@@ -58,6 +58,7 @@ from printery.transport.streams import WATCH_RETRIES
 
 __all__ = [
     "DEFAULT_PRODUCER",
+    "REVIEW_PAGE",
     "TIMEOUT_BY",
     "approve",
     "decide",
@@ -75,21 +76,45 @@ DEFAULT_PRODUCER = "printery-review"
 #: The ``by`` of a rejection made by a kind's deadline (``[review.<kind>] timeout``).
 TIMEOUT_BY = "timeout"
 _CHUNK = 200
+#: Reviews a listing returns unless told otherwise: a page, never the whole stream.
+REVIEW_PAGE = 500
 
 
 # -- reading ----------------------------------------------------------------------------------
 
 
 async def list_reviews(
-    client: aioredis.Redis, keys: StreamKeys, pipeline: Pipeline
+    client: aioredis.Redis, keys: StreamKeys, pipeline: Pipeline, *,
+    limit: int | None = REVIEW_PAGE, after: str = "",
 ) -> list[dict[str, Any]]:
-    """Every open review of every partition, oldest first, as :func:`get_review` shows
-    it (ids ``<id>@p<k>`` with several partitions)."""
-    found = [(id_order(entry_id), part, entry_id, fields) for part in keys.each()
-             for entry_id, fields in await client.xrange(part.review)]
-    found.sort(key=lambda row: row[0])
+    """Open reviews of every partition, oldest first, as :func:`get_review` shows them
+    (ids ``<id>@p<k>`` with several partitions): at most ``limit`` (None: every one),
+    those after the review ``after`` (an id as listed; "" from the oldest). A page's
+    last id is where the next starts: each partition's stream is read from there, at
+    most ``limit`` entries, never whole. Raises :class:`ReviewInvalid` for an ``after``
+    that is no review id."""
+    if limit is not None and limit < 1:
+        raise ReviewInvalid(f"limit must be at least 1, not {limit}")
+    start, start_part = _cursor(keys, after)
+    found = []
+    for k, part in enumerate(keys.each()):
+        low = "-" if not after else start if k > start_part else f"({start}"
+        read = await client.xrange(part.review, low, "+", count=limit)
+        found += [(id_order(entry_id), k, part, entry_id, fields) for entry_id, fields in read]
+    found.sort(key=lambda row: row[:2])
     return [await _view(client, part, pipeline, part.entry_ref(entry_id), fields)
-            for _, part, entry_id, fields in found]
+            for _, _, part, entry_id, fields in found[:limit]]
+
+
+def _cursor(keys: StreamKeys, after: str) -> tuple[str, int]:
+    """Where a page after review ``after`` starts: its stream entry id and partition
+    (a bare id with several partitions: after that id in every one)."""
+    if not after:
+        return "", keys.partitions
+    parts, entry_id = keys.resolve_ref(after)
+    if id_order(entry_id) == (0, 0):
+        raise ReviewInvalid(f"after must be a review id as listed, not {after!r}")
+    return entry_id, (parts[0].partition or 0) if len(parts) == 1 else keys.partitions
 
 
 async def _locate(

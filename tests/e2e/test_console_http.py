@@ -15,6 +15,7 @@ import httpx
 import pytest
 import redis
 
+from printery.console.views import REVIEWS_SHOWN
 from printery.testing import unique_prefix
 from printery.transport.server import ServerProcess, free_port
 from support.service import ServiceHandle, spawn
@@ -211,3 +212,29 @@ def test_every_page_over_three_partitions(server: ServerProcess, tmp_path: Path)
         assert started is not None and started.group(1) == "6", overview[:2000]
     finally:
         handle.stop()
+
+
+def test_reviews_are_paged(secured: tuple[ServiceHandle, ServerProcess, str]) -> None:
+    """The reviews page shows a page of forms, how many are open, and a link to the next
+    page: it never renders (nor polls) every open review."""
+    handle, server, prefix = secured
+    conn = redis.Redis.from_url(server.url, decode_responses=True)
+    ids = [conn.xadd(f"{prefix}:review", {
+        "data": json.dumps(deployment("production")), "kind": "approval", "step": "validator",
+        "deployment_id": f"dep-{n}", "reason": "why", "resume_type": "deployment:validated",
+        "reject_type": "deployment:rejected"}) for n in range(REVIEWS_SHOWN + 2)]
+    conn.close()
+    client = logged_in(handle)
+    first = client.get("/reviews").text
+    assert first.count('class="card review"') == REVIEWS_SHOWN
+    assert f"{REVIEWS_SHOWN + 2} open · showing {REVIEWS_SHOWN}" in first
+    following = f'/reviews?after={ids[REVIEWS_SHOWN - 1]}'
+    assert f'href="{following}"' in first
+    second = client.get(following).text
+    assert second.count('class="card review"') == 2 and f"review-{ids[-1]}" in second
+    assert "from the oldest" in second
+    # The live part of the second page polls that page, not the first.
+    with client.stream("GET", f"/live/reviews?after={ids[REVIEWS_SHOWN - 1]}") as live:
+        assert live.status_code == 200
+        event = next(line for line in live.iter_lines() if line.startswith("data:"))
+    assert json.loads(event[5:])["html"].count('class="card review"') == 2

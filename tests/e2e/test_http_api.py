@@ -8,6 +8,7 @@ import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
+from urllib.parse import quote
 
 import httpx
 import pytest
@@ -240,6 +241,16 @@ def test_reviews_through_http(api: tuple[ServiceHandle, str]) -> None:
     review = _wait_review(handle, approved)
     shown = call(handle, "GET", f"/v1/reviews/{review['id']}")
     assert shown.status_code == 200 and shown.json()["kind"] == "approval"
+    # Listed a page at a time: a full page links to the next.
+    every = [r["id"] for r in call(handle, "GET", "/v1/reviews").json()]
+    first = call(handle, "GET", "/v1/reviews?limit=1")
+    assert [r["id"] for r in first.json()] == every[:1]
+    following = first.headers["Link"].split(">")[0].lstrip("<")
+    assert following == f"/v1/reviews?limit=1&after={quote(every[0], safe='')}"
+    assert [r["id"] for r in call(handle, "GET", following).json()] == every[1:2]
+    assert "Link" not in call(handle, "GET", f"/v1/reviews?limit={len(every) + 1}").headers
+    for bad in ("limit=0", "limit=1001", "limit=x", "after=not-an-id"):
+        assert call(handle, "GET", f"/v1/reviews?{bad}").status_code == 400, bad
     path = f"/v1/reviews/{review['id']}/approve"
     assert call(handle, "POST", path, json={}).status_code == 400  # who decides?
     assert call(handle, "POST", path, json={"by": "alice"}).status_code == 409  # the requester

@@ -128,3 +128,17 @@ async def test_an_approval_of_a_request_that_no_longer_validates_is_refused(
     assert code == 1 and "unknown_environment" in err
     assert await client.xlen(f"{prefix}:review") == 1
     assert await client.exists(f"{prefix}:deployment:validated") == 0
+
+
+async def test_review_list_pages(server: ServerProcess, prefix: str,
+                                 client: aioredis.Redis) -> None:
+    ids = [await add_review(client, prefix, "approval", REQUEST, cid=f"dep-{n}")
+           for n in range(3)]
+    code, out, err = await cli(server.url, prefix, "review", "list", "--json", "--limit", "2")
+    assert code == 0 and [r["id"] for r in json.loads(out)] == ids[:2]
+    assert f"more: printery review list --after {ids[1]}" in err
+    code, out, err = await cli(server.url, prefix, "review", "list", "--json",
+                               "--after", ids[1])
+    assert code == 0 and [r["id"] for r in json.loads(out)] == ids[2:] and "more" not in err
+    code, _, err = await cli(server.url, prefix, "review", "list", "--after", "junk")
+    assert code == 2 and "not 'junk'" in err

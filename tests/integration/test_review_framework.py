@@ -33,6 +33,7 @@ from printery import (
     reviews,
 )
 from printery.errors import OutputContractError
+from printery.history import id_order
 from printery.testing import wait_for
 
 
@@ -179,3 +180,47 @@ async def test_deadlines_reject_by_timeout_once_across_sweepers(
         (ids["t1"], "timeout", "rejected")]
     assert (await _data(client, keys, "failed"))[0]["status"] == "rejected"
     assert await client.xlen(keys.review_decided) == 1
+
+
+@pytest.mark.parametrize("partitions", [1, 3])
+async def test_open_reviews_are_listed_a_page_at_a_time_each_once_oldest_first(
+    client: aioredis.Redis, prefix: str, partitions: int
+) -> None:
+    """A listing reads at most a page of each partition's review stream; paging on from
+    each page's last id lists every open review exactly once, oldest first, across
+    partitions; an ``after`` that is no review id and a limit under 1 are refused."""
+    keys = StreamKeys(prefix, partitions)
+    pipeline = escalating_pipeline()
+    written = []
+    for n in range(7):  # alternating partitions, in time order
+        part = keys.at(n % partitions)
+        entry_id = await client.xadd(part.review, {
+            "data": json.dumps({"n": n}), "kind": "model_failed", "step": "work",
+            "correlation_id": f"run-{n}", "reason": "r", "resume_type": "answer",
+            "reject_type": "failed"})
+        written.append(part.entry_ref(entry_id))
+    seen: list[str] = []
+    after = ""
+    pages = 0
+    while True:
+        page = await reviews.list_reviews(client, keys, pipeline, limit=3, after=after)
+        seen += [r["id"] for r in page]
+        pages += 1
+        if len(page) < 3:
+            break
+        after = page[-1]["id"]
+    # Oldest first: by entry id, then partition (two partitions' streams may give the
+    # same id in one millisecond).
+    def oldest_first(ref: str) -> tuple[tuple[int, int], str]:
+        entry_id, _, part = ref.partition("@")
+        return id_order(entry_id), part
+
+    assert seen == sorted(written, key=oldest_first) and pages == 3
+    whole = await reviews.list_reviews(client, keys, pipeline, limit=None)
+    assert [r["id"] for r in whole] == seen
+    assert [r["id"] for r in await reviews.list_reviews(
+        client, keys, pipeline, limit=2, after=seen[4])] == seen[5:]
+    with pytest.raises(ReviewInvalid):
+        await reviews.list_reviews(client, keys, pipeline, after="not-an-id")
+    with pytest.raises(ReviewInvalid):
+        await reviews.list_reviews(client, keys, pipeline, limit=0)

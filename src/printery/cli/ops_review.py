@@ -28,7 +28,7 @@ from printery.cli.ops_common import (
 from printery.errors import ReviewError, ReviewInvalid
 from printery.fields import KIND, REASON, STEP
 from printery.redact import redact_text
-from printery.reviews import approve, get_review, list_reviews, reject
+from printery.reviews import REVIEW_PAGE, approve, get_review, list_reviews, reject
 
 T = TypeVar("T")
 
@@ -56,17 +56,24 @@ def _run(body: Callable[[aioredis.Redis], Awaitable[T]]) -> T:
 
 
 @review.command("list")
+@click.option("--limit", type=click.IntRange(min=1), default=REVIEW_PAGE, show_default=True,
+              help="most reviews to show")
+@click.option("--after", default="", metavar="ID", help="show those after this review")
 @json_option
-def review_list(as_json: bool) -> None:
-    """Open reviews, oldest first."""
+def review_list(limit: int, after: str, as_json: bool) -> None:
+    """Open reviews, oldest first, a page at a time (a full page says where the next
+    starts)."""
     ops = get_ctx()
     pipeline = ops.pipeline
-    rows = _run(lambda client: list_reviews(client, ops.keys, pipeline))
+    rows = _run(lambda client: list_reviews(client, ops.keys, pipeline, limit=limit,
+                                            after=after))
     if as_json:
         print_json(rows)
-        return
-    columns = ["id", KIND, STEP, pipeline.correlation_field, REASON]
-    click.echo(table([[r[c] for c in columns] for r in rows], columns))
+    else:
+        columns = ["id", KIND, STEP, pipeline.correlation_field, REASON]
+        click.echo(table([[r[c] for c in columns] for r in rows], columns))
+    if len(rows) == limit:
+        click.echo(f"more: printery review list --after {rows[-1]['id']}", err=True)
 
 
 @review.command("show")

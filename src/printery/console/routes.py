@@ -231,7 +231,8 @@ def _page_routes(app: web.Application, console: Console, page: Guard) -> None:
         return console.html(request, "run.html", **found)
 
     async def review_list(request: web.Request) -> web.Response:
-        return console.html(request, "reviews.html", **await views.review_list())
+        return console.html(request, "reviews.html",
+                            **await views.review_list(_after(request)))
 
     async def dlq(request: web.Request) -> web.Response:
         return console.html(request, "dlq.html", **await views.dlq_list())
@@ -245,6 +246,11 @@ def _page_routes(app: web.Application, console: Console, page: Guard) -> None:
     app.router.add_get("/reviews", page(review_list))
     app.router.add_get("/dlq", page(dlq))
     app.router.add_get("/pipeline", page(pipeline))
+
+
+def _after(request: web.Request) -> str:
+    """A page's ``?after=`` (an entry id as listed; the views check it)."""
+    return request.query.get("after", "")[:_MAX_FIELD]
 
 
 async def _run_list(views: Views, request: web.Request) -> dict[str, Any]:
@@ -346,7 +352,7 @@ def _live_routes(app: web.Application, console: Console, page: Guard) -> None:
     renders: dict[str, tuple[str, Callable[[web.Request], Awaitable[dict[str, Any]]]]] = {
         "overview": ("_overview.html", lambda _: views.overview()),
         "runs": ("_runs.html", lambda request: _run_list(views, request)),
-        "reviews": ("_reviews.html", lambda _: views.review_list()),
+        "reviews": ("_reviews.html", lambda request: views.review_list(_after(request))),
         "dlq": ("_dlq.html", lambda _: views.dlq_list()),
     }
 

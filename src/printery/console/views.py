@@ -15,7 +15,7 @@ from printery import _json, dead_letters, reviews
 from printery.api import step_summary
 from printery.client import Runs
 from printery.console.graph import Layout, layout
-from printery.errors import UnknownRun
+from printery.errors import ReviewInvalid, UnknownRun
 from printery.history import id_order
 from printery.keys import DLQ, REVIEW
 from printery.lag import lags_of_groups
@@ -29,6 +29,8 @@ __all__ = ["Views", "pretty"]
 #: Runs on one page of the runs list; dead letters shown at most.
 PAGE = 50
 DLQ_SHOWN = 200
+#: Open reviews one page of the console shows (each a form): the rest are paged.
+REVIEWS_SHOWN = 50
 
 
 def pretty(value: Any) -> str:
@@ -141,11 +143,23 @@ class Views:
     def graph(self, states: Mapping[str, str] | None = None) -> Layout:
         return layout(self.pipeline, states)
 
-    async def review_list(self) -> dict[str, Any]:
-        found = await reviews.list_reviews(self.client, self.keys, self.pipeline)
+    async def review_list(self, after: str = "") -> dict[str, Any]:
+        """A page of open reviews (:data:`REVIEWS_SHOWN`, after the review ``after``; an
+        ``after`` that is no review id starts from the oldest), how many are open, and
+        where the next page starts ("" for none)."""
+        try:
+            found = await reviews.list_reviews(self.client, self.keys, self.pipeline,
+                                               limit=REVIEWS_SHOWN, after=after)
+        except ReviewInvalid:
+            after = ""
+            found = await reviews.list_reviews(self.client, self.keys, self.pipeline,
+                                               limit=REVIEWS_SHOWN)
+        total = sum([await self.client.xlen(part.review) for part in self.keys.each()])
         field = self.pipeline.correlation_field
         return {"reviews": [{**r, "run_id": r.get(field, ""), "pretty": pretty(r.get("data"))}
-                            for r in found]}
+                            for r in found],
+                "total": total, "after": after,
+                "following": found[-1]["id"] if len(found) == REVIEWS_SHOWN else ""}
 
     async def dlq_list(self) -> dict[str, Any]:
         field = self.pipeline.correlation_field
