@@ -123,8 +123,10 @@ class Runs:
         return run, entry_id
 
     async def close(self) -> None:
-        """Close the submit channel's connection (the reader uses the pooled client)."""
+        """Close the submit channel's connection and end the live reads of followed runs
+        (the reader uses the pooled client)."""
         await self._submits.close()
+        await self.reader.close()
 
     async def entries(self, run_id: str) -> list[dict[str, Any]]:
         """Every entry of the run so far (after its outcome too). Raises

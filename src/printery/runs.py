@@ -4,8 +4,9 @@ outcome entry.
 A run has no record of its own: its entries are the history. :class:`RunReader` finds
 them in the pipeline's streams (and ``dlq``, ``review``, ``review:decided``), by the
 correlation field or, for an entry an external producer wrote with only ``data``, by the
-id inside ``data``; then it follows the streams live (``XREAD BLOCK``) until the outcome
-entry. A run submitted through :class:`~printery.Client` has a start record, so reading
+id inside ``data``; then it follows the streams live until the outcome entry, through
+the one read of each partition that every run followed in the process shares
+(:mod:`printery.run_tail`). A run submitted through :class:`~printery.Client` has a start record, so reading
 it starts at its first entry instead of at the beginning of every stream.
 
 Reading survives a server restart: a connection failure is retried with backoff (the
@@ -15,7 +16,6 @@ streams are on disk with the AOF) until the caller's deadline.
 from __future__ import annotations
 
 import asyncio
-import functools
 import time
 from collections.abc import AsyncIterator, Callable, Iterable, Mapping
 from dataclasses import dataclass, field
@@ -29,9 +29,10 @@ from printery.backoff import compute_backoff
 from printery.cost import CallTally
 from printery.envelope import correlation_of
 from printery.history import decode_fields, id_order
-from printery.keys import DLQ, REVIEW, REVIEW_DECIDED, StreamKeys
+from printery.keys import DLQ, REVIEW, REVIEW_DECIDED, StreamKeys, partition_of
 from printery.pipeline.dag import Pipeline
 from printery.run_index import RUNNING, run_status
+from printery.run_tail import RunTail
 from printery.transport.streams import CONNECTION_ERRORS
 
 __all__ = ["RUNNING", "RunReader", "RunResult", "run_cost", "run_status"]
@@ -39,7 +40,9 @@ __all__ = ["RUNNING", "RunReader", "RunResult", "run_cost", "run_status"]
 log = structlog.get_logger("printery.runs")
 
 _CHUNK = 1000
-_FOLLOW_BLOCK_MS = 1000
+#: Longest a follower waits for its run's next entries before it checks its deadline and
+#: whether its reader is still there.
+_FOLLOW_WAIT_S = 1.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -85,6 +88,17 @@ class RunReader:
             [*pipeline.event_types(), DLQ, REVIEW, REVIEW_DECIDED]))
         #: Stream key -> event type, of every partition (a run's are in one of them).
         self.streams = {part.stream(t): t for part in keys.each() for t in self.event_types}
+        self.tail = RunTail(client, lambda k: [keys.at(k).stream(t) for t in self.event_types],
+                            self.run_of)
+
+    async def close(self) -> None:
+        """End the live reads of followed runs (their followers raise)."""
+        await self.tail.close()
+
+    def run_of(self, fields: Mapping[str, str]) -> str:
+        """The run an entry is of: its correlation field, or (only ``data`` written) the
+        correlation field inside ``data`` ("" for none)."""
+        return fields.get(self.field) or correlation_of(fields, self.field) or ""
 
     def streams_of(self, run_id: str) -> list[str]:
         """The streams a run's entries are in: those of its partition (CONTRACT §15)."""
@@ -158,32 +172,38 @@ class RunReader:
         """Every entry of the run in order, from the first, live, ending after the
         outcome entry. Raises :class:`TimeoutError` at ``deadline`` (monotonic); ends
         early once ``alive()`` is false (checked at least once a second: a reader that
-        went away stops costing reads)."""
-        entries, last = await self._retrying(lambda: self.history(run_id), deadline)
-        for entry in entries:
-            yield entry
-            if self.is_outcome(entry):
-                return
-        while alive is None or alive():
-            block = _FOLLOW_BLOCK_MS
-            if deadline is not None:
-                left = deadline - time.monotonic()
-                if left <= 0:
-                    raise TimeoutError(f"run {run_id} did not end in time")
-                block = max(1, min(block, int(left * 1000)))
-            read = functools.partial(self.client.xread, dict(last), count=_CHUNK, block=block)
-            reply = await self._retrying(read, deadline)
-            batch: list[tuple[tuple[int, int, int], dict[str, Any]]] = []
-            for stream, rows in reply or []:
-                for entry_id, fields in rows:
-                    last[stream] = entry_id
-                    if self.belongs(fields, run_id):
-                        batch.append(self._placed(entry_id, stream, fields))
-            batch.sort(key=lambda item: item[0])
-            for _, entry in batch:
+        went away stops waiting). Live entries come from the process's shared read of
+        the run's partition (:class:`~printery.run_tail.RunTail`), joined before the
+        history is read."""
+        partition = partition_of(run_id, self.keys.partitions)
+        joining = self.tail.follow(run_id, partition)
+        following = await (joining if deadline is None else
+                           asyncio.wait_for(joining, max(0.0, deadline - time.monotonic())))
+        try:
+            entries, last = await self._retrying(lambda: self.history(run_id), deadline)
+            for entry in entries:
                 yield entry
                 if self.is_outcome(entry):
                     return
+            while alive is None or alive():
+                wait = _FOLLOW_WAIT_S
+                if deadline is not None:
+                    left = deadline - time.monotonic()
+                    if left <= 0:
+                        raise TimeoutError(f"run {run_id} did not end in time")
+                    wait = min(wait, left)
+                rows = await following.next_batch(wait)
+                if rows is None:
+                    continue
+                batch = [self._placed(entry_id, stream, fields)
+                         for stream, entry_id, fields in following.after(rows, last)]
+                batch.sort(key=lambda item: item[0])
+                for _, entry in batch:
+                    yield entry
+                    if self.is_outcome(entry):
+                        return
+        finally:
+            self.tail.leave(following)
 
     async def result(self, run_id: str, *, timeout: float | None = None) -> RunResult:
         """The run once it has ended (see :meth:`follow`)."""

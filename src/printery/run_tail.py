@@ -1,0 +1,221 @@
+"""One live read of a partition's streams, shared by every run followed in a process.
+
+Following a run used to be an ``XREAD BLOCK`` of its own over every stream of the run's
+partition: N followers (``Client.result``/``watch`` calls, server-sent event streams of
+the HTTP API and the console) held N connections blocked on the server and read the whole
+traffic N times, each keeping only its own run's entries. A :class:`RunTail` reads each
+partition once, whoever follows, and hands every entry to the followers of its run: the
+cost of following is one connection and one read of the traffic per partition, however
+many runs are followed.
+
+A partition's read starts with its first follower at the streams' last ids, taken before
+that follower reads the run's history, and ends when its last follower leaves (after at
+most one block). So nothing a follower has not read in the history escapes the tail; the
+entries it reads in both are dropped by the follower (:meth:`Following.after`).
+
+A connection failure is retried with backoff while anyone follows (the followers' own
+deadlines bound their waits); any other failure ends the read and is raised to every
+follower of the partition. Nothing is lost in a task: the read's task hands its end to
+its followers, whatever it is.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import redis.asyncio as aioredis
+import structlog
+
+from printery.backoff import compute_backoff
+from printery.history import id_order
+from printery.transport.streams import CONNECTION_ERRORS
+
+__all__ = ["Following", "RunTail"]
+
+log = structlog.get_logger("printery.run_tail")
+
+#: Longest a read blocks: how long a partition's read outlives its last follower.
+BLOCK_MS = 1000
+#: Entries one read takes at most.
+COUNT = 1000
+
+#: ``(stream, entry id, fields)`` of one entry, as the tail hands it over.
+Row = tuple[str, str, Mapping[str, str]]
+
+
+@dataclass(eq=False)
+class Following:
+    """One follower's view of the tail: the entries of its run read after it began, in
+    batches (each batch one read's entries of the run, in the order they were read)."""
+
+    run_id: str
+    partition: int
+    batches: asyncio.Queue[list[Row] | BaseException] = field(default_factory=asyncio.Queue)
+
+    async def next_batch(self, timeout: float) -> list[Row] | None:
+        """The next batch, or None when none came within ``timeout`` seconds. Raises
+        what ended the partition's read."""
+        try:
+            batch = await asyncio.wait_for(self.batches.get(), timeout)
+        except TimeoutError:
+            return None
+        if isinstance(batch, BaseException):
+            raise batch
+        return batch
+
+    @staticmethod
+    def after(rows: list[Row], last: Mapping[str, str]) -> list[Row]:
+        """``rows`` less those at or before ``last[stream]`` (read in the history)."""
+        return [row for row in rows
+                if row[0] not in last or id_order(row[1]) > id_order(last[row[0]])]
+
+
+class _PartitionRead:
+    """The shared read of one partition's streams."""
+
+    def __init__(self, streams: list[str]) -> None:
+        self.streams = streams
+        self.followers: dict[str, set[Following]] = {}
+        self.positions: dict[str, str] = {}
+        self.started: asyncio.Future[None] | None = None
+        self.task: asyncio.Task[None] | None = None
+
+
+class RunTail:
+    """Reads each partition's streams once for every run followed in this process.
+
+    ``streams_of(partition)`` names a partition's streams; ``run_of(fields)`` tells which
+    run an entry belongs to ("" for none)."""
+
+    def __init__(
+        self, client: aioredis.Redis, streams_of: Callable[[int], list[str]],
+        run_of: Callable[[Mapping[str, str]], str],
+    ) -> None:
+        self.client = client
+        self.streams_of = streams_of
+        self.run_of = run_of
+        self._reads: dict[int, _PartitionRead] = {}
+
+    def reading(self) -> int:
+        """How many partitions are being read (each one connection, blocked)."""
+        return sum(1 for read in self._reads.values() if read.task is not None)
+
+    def following(self) -> int:
+        """How many followers the reads hand entries to."""
+        return sum(len(followers) for read in self._reads.values()
+                   for followers in read.followers.values())
+
+    async def follow(self, run_id: str, partition: int) -> Following:
+        """Start handing ``run_id``'s entries to a new :class:`Following`: every entry
+        added after this returns (and some before) reaches it. Read the run's history
+        after this, and :meth:`leave` when done."""
+        read = self._reads.get(partition)
+        if read is None:
+            read = self._reads[partition] = _PartitionRead(self.streams_of(partition))
+        following = Following(run_id, partition)
+        read.followers.setdefault(run_id, set()).add(following)
+        if read.task is None:  # the first follower starts the read
+            read.started = asyncio.get_running_loop().create_future()
+            read.task = asyncio.create_task(self._read(partition, read),
+                                            name=f"printery-run-tail-{partition}")
+        assert read.started is not None
+        try:
+            await asyncio.shield(read.started)
+        except BaseException:
+            self.leave(following)
+            raise
+        return following
+
+    def leave(self, following: Following) -> None:
+        """Stop handing entries to ``following`` (its partition's read ends with its
+        next block when no one else follows)."""
+        read = self._reads.get(following.partition)
+        if read is None:
+            return
+        mine = read.followers.get(following.run_id)
+        if mine is not None:
+            mine.discard(following)
+            if not mine:
+                del read.followers[following.run_id]
+
+    async def close(self) -> None:
+        """End every read now (its followers get :class:`ConnectionError`)."""
+        tasks = [read.task for read in self._reads.values() if read.task is not None]
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+    async def _read(self, partition: int, read: _PartitionRead) -> None:
+        """The partition's read loop; whatever ends it reaches its followers."""
+        assert read.started is not None
+        ended: BaseException | None = None
+        try:
+            read.positions = await self._retrying(lambda: self._last_ids(read.streams), read)
+            if not read.started.done():
+                read.started.set_result(None)
+            while read.followers:
+                reply = await self._retrying(lambda: self._read_once(read), read)
+                self._hand_over(read, reply or [])
+        except asyncio.CancelledError:
+            ended = ConnectionError("the run reader was closed")
+            raise
+        except Exception as exc:  # raised to every follower, never dropped
+            ended = exc
+            if read.followers:
+                log.error("following runs failed", partition=partition, error=repr(exc))
+        finally:
+            read.task = None
+            if ended is not None:
+                if read.started is not None and not read.started.done():
+                    read.started.set_exception(ended)
+                    read.started.exception()  # retrieved: the followers raise it
+                for followers in read.followers.values():
+                    for following in followers:
+                        following.batches.put_nowait(ended)
+                read.followers.clear()
+
+    def _hand_over(self, read: _PartitionRead, reply: list[Any]) -> None:
+        """Move the positions on and give each follower its run's entries."""
+        batches: dict[str, list[Row]] = {}
+        for stream, rows in reply:
+            for entry_id, fields in rows:
+                read.positions[stream] = entry_id
+                if read.followers:
+                    run = self.run_of(fields)
+                    if run in read.followers:
+                        batches.setdefault(run, []).append((stream, entry_id, fields))
+        for run, rows in batches.items():
+            for following in read.followers.get(run, ()):
+                following.batches.put_nowait(rows)
+
+    async def _read_once(self, read: _PartitionRead) -> Any:
+        positions: dict[Any, Any] = dict(read.positions)
+        return await self.client.xread(positions, count=COUNT, block=BLOCK_MS)
+
+    async def _last_ids(self, streams: list[str]) -> dict[str, str]:
+        """Each stream's last id now ("0-0" for an empty or missing stream)."""
+        pipe = self.client.pipeline(transaction=False)
+        for stream in streams:
+            pipe.xrevrange(stream, "+", "-", count=1)
+        replies = await pipe.execute()
+        return {stream: rows[0][0] if rows else "0-0"
+                for stream, rows in zip(streams, replies, strict=True)}
+
+    async def _retrying(self, call: Callable[[], Any], read: _PartitionRead) -> Any:
+        """``call()``, again after a backoff while the server cannot be reached, as long
+        as anyone follows (each follower's deadline is its own)."""
+        attempt = 0
+        while True:
+            try:
+                return await call()
+            except CONNECTION_ERRORS as exc:
+                if not read.followers:
+                    raise
+                attempt += 1
+                delay = compute_backoff(attempt, base_ms=100, cap_ms=2000)
+                log.warning("server unreachable while following runs; retrying",
+                            attempt=attempt, error=str(exc))
+                await asyncio.sleep(delay)
