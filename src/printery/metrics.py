@@ -11,13 +11,13 @@ Label values are the worker names of the pipeline (``worker``), and for
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import prometheus_client
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
-__all__ = ["CONTENT_TYPE", "OUTCOMES", "PROCESSING_BUCKETS", "Metrics"]
+__all__ = ["CONTENT_TYPE", "OUTCOMES", "PROCESSING_BUCKETS", "Metrics", "MetricsObserver"]
 
 #: Content type of :meth:`Metrics.render`'s output, for the ``/metrics`` response.
 CONTENT_TYPE: str = prometheus_client.CONTENT_TYPE_LATEST
@@ -151,3 +151,34 @@ class Metrics:
     def render(self) -> bytes:
         """The Prometheus text exposition of this registry (see :data:`CONTENT_TYPE`)."""
         return prometheus_client.generate_latest(self.registry)
+
+
+#: Runtime outcome names -> the ``outcome`` label values of ``printery_messages_total``.
+_OUTCOME_LABEL = {"error": "retry", "dead_lettered": "dead_letter", "fenced": "duplicate"}
+
+class MetricsObserver:
+    """Adapts the runtime's :class:`~printery.runtime.observe.Observer` hooks to
+    :class:`Metrics`, so the consume loop never knows about Prometheus."""
+
+    def __init__(self, metrics: Metrics) -> None:
+        self.metrics = metrics
+
+    def processed(self, worker: str, outcome: str, seconds: float) -> None:
+        self.metrics.observe_message(worker, _OUTCOME_LABEL.get(outcome, outcome), seconds)
+
+    def dead_lettered(self, worker: str, reason_code: str) -> None:
+        self.metrics.dlq.labels(worker, reason_code).inc()
+
+    def retried(self, worker: str) -> None:
+        self.metrics.retries.labels(worker).inc()
+
+    def cost(self, worker: str, unit: str, amount: float) -> None:
+        self.metrics.observe_cost(worker, {unit: amount})
+
+    def budget_event(self, worker: str, level: str) -> None:
+        self.metrics.budget_events.labels(level).inc()
+
+    def limit_waited(self, worker: str, limit: str, seconds: Sequence[float]) -> None:
+        histogram = self.metrics.limit_wait.labels(limit)
+        for waited in seconds:
+            histogram.observe(waited)

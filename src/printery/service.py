@@ -29,7 +29,7 @@ import asyncio
 import contextlib
 import os
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from typing import Any
 
 import redis.asyncio as aioredis
@@ -55,7 +55,7 @@ from printery.lifecycle import (
     ProcessLifecycle,
 )
 from printery.logging import get_logger
-from printery.metrics import OUTCOMES, Metrics
+from printery.metrics import OUTCOMES, Metrics, MetricsObserver
 from printery.pipeline.dag import Pipeline
 from printery.redact import redact_url
 from printery.runtime.consumer import ConsumerSettings
@@ -66,45 +66,14 @@ from printery.transport.connection import connect
 from printery.transport.refusal import refused
 from printery.transport.streams import ensure_group
 
-__all__ = ["EXIT_FAILED", "EXIT_INTERRUPTED", "EXIT_OK", "MetricsObserver", "Service"]
+__all__ = ["EXIT_FAILED", "EXIT_INTERRUPTED", "EXIT_OK", "Service"]
 
 log = get_logger("printery.service")
-
-#: Runtime outcome names -> the ``outcome`` label values of ``printery_messages_total``.
-_OUTCOME_LABEL = {"error": "retry", "dead_lettered": "dead_letter", "fenced": "duplicate"}
 
 #: Seconds a readiness/status PING may take before Redis counts as not answering.
 PING_TIMEOUT = 2.0
 #: Seconds the observers (registry, sweeps) have to stop once cancelled.
 OBSERVER_STOP_TIMEOUT = 5.0
-
-
-class MetricsObserver:
-    """Adapts the runtime's :class:`~printery.runtime.observe.Observer` hooks to
-    :class:`Metrics`, so the consume loop never knows about Prometheus."""
-
-    def __init__(self, metrics: Metrics) -> None:
-        self.metrics = metrics
-
-    def processed(self, worker: str, outcome: str, seconds: float) -> None:
-        self.metrics.observe_message(worker, _OUTCOME_LABEL.get(outcome, outcome), seconds)
-
-    def dead_lettered(self, worker: str, reason_code: str) -> None:
-        self.metrics.dlq.labels(worker, reason_code).inc()
-
-    def retried(self, worker: str) -> None:
-        self.metrics.retries.labels(worker).inc()
-
-    def cost(self, worker: str, unit: str, amount: float) -> None:
-        self.metrics.observe_cost(worker, {unit: amount})
-
-    def budget_event(self, worker: str, level: str) -> None:
-        self.metrics.budget_events.labels(level).inc()
-
-    def limit_waited(self, worker: str, limit: str, seconds: Sequence[float]) -> None:
-        histogram = self.metrics.limit_wait.labels(limit)
-        for waited in seconds:
-            histogram.observe(waited)
 
 
 class Service(ProcessLifecycle):

@@ -18,11 +18,10 @@ from aiohttp import web
 
 from printery import Limit, PipelineError, StreamWorker
 from printery.keys import StreamKeys
-from printery.metrics import Metrics
+from printery.metrics import Metrics, MetricsObserver
 from printery.runtime.consumer import ConsumerSettings
 from printery.runtime.handler import Message, Output
 from printery.runtime.limit_gate import WINDOW_ENV
-from printery.service import MetricsObserver
 from printery.testing import wait_for
 from printery.transport.limits import WAIT_FOR_SLOT, Ask, Bound, LimitStore, Report
 from printery.transport.server import ServerProcess

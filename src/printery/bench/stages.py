@@ -20,6 +20,7 @@ from printery import (
     WorkerManager,
 )
 from printery.bench.layout import BenchLayout
+from printery.metrics import Metrics, MetricsObserver
 
 #: The bench's budgets: never reached, so every event still arrives; what is measured
 #: is their bookkeeping (the check before each handler, the charge in each commit).
@@ -83,10 +84,13 @@ def bench_manager(
     client: aioredis.Redis, layout: BenchLayout, settings: ConsumerSettings,
     features: Sequence[str] = (),
 ) -> WorkerManager:
-    """The stage workers, registered with their dependencies, not yet started."""
+    """The stage workers, registered with their dependencies, not yet started. They
+    observe into Prometheus instruments as ``printery-workers``' do (a histogram per
+    handled entry, one per limit wait): the bench measures what the service runs."""
     manager = WorkerManager(drain_timeout=10.0)
+    observer = MetricsObserver(Metrics(process_metrics=False))
     for worker, deps in bench_pipeline(layout, features).build_workers(
-        client=client, keys=layout.keys, settings=settings
+        client=client, keys=layout.keys, settings=settings, observer=observer
     ):
         manager.register(worker, deps)
     return manager
