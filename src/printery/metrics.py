@@ -51,6 +51,8 @@ class Metrics:
         #: Labelled children of the per-entry metrics, by their labels.
         self._counted: dict[tuple[str, str], Any] = {}
         self._timed: dict[str, Any] = {}
+        self._costed: dict[tuple[str, str], Any] = {}
+        self._waited: dict[str, Any] = {}
         self.messages = Counter(
             "printery_messages_total", "Messages consumed, by worker and outcome.",
             ["worker", "outcome"], registry=r,
@@ -134,10 +136,22 @@ class Metrics:
 
     def observe_cost(self, worker: str, cost: Mapping[str, object]) -> None:
         """Add a handler's reported cost (``{"tokens": 812, "usd": 0.0031}``); negatives
-        and non-numbers are ignored, since a Counter must never go down."""
+        and non-numbers are ignored, since a Counter must never go down. Once per entry
+        and unit: the labelled children are kept, as :meth:`observe_message`'s."""
         for unit, amount in cost.items():
             if isinstance(amount, int | float) and not isinstance(amount, bool) and amount > 0:
-                self.step_cost.labels(worker, unit).inc(amount)
+                counter = self._costed.get((worker, unit))
+                if counter is None:
+                    counter = self._costed[(worker, unit)] = self.step_cost.labels(worker, unit)
+                counter.inc(amount)
+
+    def observe_limit_waits(self, limit: str, seconds: Sequence[float]) -> None:
+        """Observe the waits of handler calls admitted together by ``limit``."""
+        histogram = self._waited.get(limit)
+        if histogram is None:
+            histogram = self._waited[limit] = self.limit_wait.labels(limit)
+        for waited in seconds:
+            histogram.observe(waited)
 
     def set_worker(
         self, worker: str, *, up: bool, uptime_s: float, pending: int | None = None
@@ -155,6 +169,7 @@ class Metrics:
 
 #: Runtime outcome names -> the ``outcome`` label values of ``printery_messages_total``.
 _OUTCOME_LABEL = {"error": "retry", "dead_lettered": "dead_letter", "fenced": "duplicate"}
+
 
 class MetricsObserver:
     """Adapts the runtime's :class:`~printery.runtime.observe.Observer` hooks to
@@ -179,6 +194,4 @@ class MetricsObserver:
         self.metrics.budget_events.labels(level).inc()
 
     def limit_waited(self, worker: str, limit: str, seconds: Sequence[float]) -> None:
-        histogram = self.metrics.limit_wait.labels(limit)
-        for waited in seconds:
-            histogram.observe(waited)
+        self.metrics.observe_limit_waits(limit, seconds)
