@@ -6,8 +6,9 @@ them in the pipeline's streams (and ``dlq``, ``review``, ``review:decided``), by
 correlation field or, for an entry an external producer wrote with only ``data``, by the
 id inside ``data``; then it follows the streams live until the outcome entry, through
 the one read of each partition that every run followed in the process shares
-(:mod:`printery.run_tail`). A run submitted through :class:`~printery.Client` has a start record, so reading
-it starts at its first entry instead of at the beginning of every stream.
+(:mod:`printery.run_tail`). A run submitted through :class:`~printery.Client` has a
+start record, so reading it starts at its first entry instead of at the beginning of
+every stream.
 
 Reading survives a server restart: a connection failure is retried with backoff (the
 streams are on disk with the AOF) until the caller's deadline.
