@@ -55,7 +55,7 @@ from printery.lifecycle import (
     ProcessLifecycle,
 )
 from printery.logging import get_logger
-from printery.metrics import OUTCOMES, Metrics, MetricsObserver
+from printery.metrics import Metrics, MetricsObserver
 from printery.pipeline.dag import Pipeline
 from printery.redact import redact_url
 from printery.runtime.consumer import ConsumerSettings
@@ -212,9 +212,7 @@ class Service(ProcessLifecycle):
     def _init_series(self, name: str) -> None:
         """Create each worker's series at zero, so scrapes see them before any traffic."""
         m = self.prom
-        for outcome in OUTCOMES:
-            m.messages.labels(name, outcome)
-        m.processing_seconds.labels(name)
+        m.init_worker(name)
         m.worker_restarts.labels(name)
         m.retries.labels(name)
         m.set_worker(name, up=False, uptime_s=0.0, pending=0)

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import prometheus_client
+from prometheus_client import CollectorRegistry, Counter, Histogram
 from prometheus_client.parser import text_string_to_metric_families
 
-from printery.metrics import CONTENT_TYPE, Metrics
+from printery.metrics import CONTENT_TYPE, PROCESSING_BUCKETS, Metrics
 
 CONTRACT_SERIES = {
     "printery_messages_total": "counter",
@@ -73,3 +75,30 @@ def test_registries_are_independent() -> None:
 
 def test_content_type_is_prometheus_text() -> None:
     assert CONTENT_TYPE.startswith("text/plain; version=")
+
+
+def test_per_entry_series_match_what_prometheus_client_would_write() -> None:
+    """The per-entry series are kept as plain numbers (cheaper per entry): what they
+    render is what a prometheus_client Counter and Histogram fed the same values render,
+    bucket bounds included (a value on a bound counts in that bucket)."""
+    values = [0.0005, 0.0004, 0.001, 0.003, 7.0, 120.0, 500.0, 0.0]
+    metrics = Metrics(process_metrics=False)
+    reference = CollectorRegistry()
+    counter = Counter("printery_messages_total", "m", ["worker", "outcome"], registry=reference)
+    histogram = Histogram("printery_processing_seconds", "h", ["worker"],
+                          buckets=PROCESSING_BUCKETS, registry=reference)
+    for n, value in enumerate(values):
+        outcome = "ok" if n % 3 else "retry"
+        metrics.observe_message("w", outcome, value)
+        counter.labels("w", outcome).inc()
+        histogram.labels("w").observe(value)
+    metrics.observe_message("w", "dead_letter")
+    counter.labels("w", "dead_letter").inc()
+    ours = {key: value for key, value in samples(metrics.render().decode()).items()
+            if key[0].startswith(("printery_messages_total", "printery_processing_seconds"))
+            and not key[0].endswith("_created")}
+    theirs = {key: value for key, value in samples(
+        prometheus_client.generate_latest(reference).decode()).items()
+        if not key[0].endswith("_created")}
+    assert ours == theirs and len(ours) == len(PROCESSING_BUCKETS) + 1 + 2 + 3
+    assert ours[("printery_processing_seconds_bucket", (("le", "0.0005"), ("worker", "w")))] == 3
