@@ -37,6 +37,12 @@ PROCESSING_BUCKETS = (
 )
 
 
+_MESSAGES_HELP = "Messages consumed, by worker and outcome."
+_PROCESSING_HELP = "Handler time per message, seconds."
+#: The ``le`` labels of the processing buckets, as prometheus_client writes them.
+_BOUNDS = (*(repr(float(bound)) for bound in PROCESSING_BUCKETS), "+Inf")
+
+
 class _EntryTally:
     """The per-entry series, ``printery_messages_total{worker,outcome}`` and
     ``printery_processing_seconds{worker}``, kept as plain numbers and made into metric
@@ -98,12 +104,6 @@ class _EntryTally:
         yield processing
 
 
-_MESSAGES_HELP = "Messages consumed, by worker and outcome."
-#: The ``le`` labels of the processing buckets, as prometheus_client writes them.
-_BOUNDS = (*(repr(float(bound)) for bound in PROCESSING_BUCKETS), "+Inf")
-_PROCESSING_HELP = "Handler time per message, seconds."
-
-
 class Metrics:
     """The instruments of one service process, in a registry of their own.
 
@@ -119,7 +119,8 @@ class Metrics:
             prometheus_client.PlatformCollector(registry=self.registry)
             prometheus_client.GCCollector(registry=self.registry)
         r = self.registry
-        #: Labelled children of the per-entry metrics, by their labels.
+        #: Labelled children of the cost counter and the limit-wait histogram, kept:
+        #: ``labels()`` validates and locks on every call.
         self._costed: dict[tuple[str, str], Any] = {}
         self._waited: dict[str, Any] = {}
         #: ``printery_messages_total`` and ``printery_processing_seconds``.
