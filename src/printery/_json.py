@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import orjson
@@ -17,8 +18,9 @@ def dumpb(value: Any) -> bytes:
     return orjson.dumps(value)
 
 
-def loads(text: str | bytes) -> Any:
-    return orjson.loads(text)
+#: orjson's own function, not a wrapper: every entry a worker takes is parsed here, and
+#: a Python call in between costs a fifth of the parse of a small payload.
+loads: Callable[[str | bytes], Any] = orjson.loads
 
 
 def dumps_indented(value: Any) -> str:

@@ -16,28 +16,32 @@ from typing import Any
 import structlog
 
 
-class _Rfc3339Clock:
-    """The current time as RFC 3339 text, formatted once per millisecond (every output
-    of a handler is stamped; formatting a datetime costs more than the rest of it)."""
+class _Clock:
+    """The current time as RFC 3339 text and as hex milliseconds (an id's time part),
+    both made once per millisecond: every output of a handler is stamped with both, and
+    formatting a datetime costs more than the rest of an output's fields."""
 
     def __init__(self) -> None:
         self._ms = -1
         self._text = ""
+        self._hex = ""
 
-    def now(self) -> str:
+    def read(self) -> tuple[str, str]:
+        """``(rfc 3339 text, hex milliseconds)`` of now."""
         ms = int(time.time() * 1000)
         if ms != self._ms:
             stamp = datetime.fromtimestamp(ms / 1000, UTC).isoformat(timespec="milliseconds")
-            self._ms, self._text = ms, stamp.replace("+00:00", "Z")
-        return self._text
+            self._ms, self._text, self._hex = ms, stamp.replace("+00:00", "Z"), f"{ms:x}"
+        return self._text, self._hex
 
 
-_CLOCK = _Rfc3339Clock()
+_CLOCK = _Clock()
+_random_bits = random.getrandbits
 
 
 def now_rfc3339() -> str:
     """The current UTC time as RFC 3339 with milliseconds, the format of `produced_at`."""
-    return _CLOCK.now()
+    return _CLOCK.read()[0]
 
 
 def parse_rfc3339(text: str) -> datetime:
@@ -50,7 +54,14 @@ def new_id(prefix: str) -> str:
     """A unique, sortable-enough id: ``<prefix>-<ms time hex>-<40 random bits, hex>``.
 
     Ids name events and runs; they are not secrets, so the fast generator serves."""
-    return f"{prefix}-{int(time.time() * 1000):x}-{random.getrandbits(40):010x}"
+    return f"{prefix}-{_CLOCK.read()[1]}-{_random_bits(40):010x}"
+
+
+def stamped_id(prefix: str) -> tuple[str, str]:
+    """:func:`new_id` and :func:`now_rfc3339` from one reading of the clock: what every
+    entry a worker writes carries (``event_id``, ``produced_at``)."""
+    text, ms_hex = _CLOCK.read()
+    return f"{prefix}-{ms_hex}-{_random_bits(40):010x}", text
 
 
 def hostname() -> str:

@@ -20,20 +20,22 @@ streams; a run still running stays, however old.
 Who writes: ``submit.lua`` indexes a submitted run atomically with its ingress entry. The
 commit of an entry of an ingress type indexes its run too (``NX``: a submitted run keeps
 its start), so a run an external producer started with a plain ``XADD`` is indexed when
-its first entry is handled. The commit of an outcome entry sets the status. The writes
-are commands of the commit's own transaction (``EntryCommit.run_index``), so they land
-with the outputs, atomically; they do not depend on the script's verdict, so they are
+its first entry is handled. The commit of an outcome entry sets the status. Each entry's
+commit carries a :class:`RunMark`; the committer turns the marks of the entries of one
+script run into a few commands of that run's own transaction (:meth:`RunIndex.writes`:
+one ``ZADD`` per set for all of them, not one per entry), so they land with the
+outputs, atomically; they do not depend on the script's verdict, so they are
 idempotent (``NX``, the same status again), except the cost minutes: a duplicate
 delivery's cost counts twice there (an overview figure; ``printery cost`` is exact).
-The costs of the entries one commit carries go to their minute summed, with the first
-of them (:meth:`RunIndex.spent`): one write per commit, not per entry.
+The costs of the entries of one script run go to their minute summed (:meth:`RunIndex.spent`,
+from their marks): one write per script run, not per entry.
 """
 
 from __future__ import annotations
 
 import time
 from collections.abc import Iterable, Mapping, Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 import redis.asyncio as aioredis
 
@@ -42,7 +44,8 @@ from printery.keys import StreamKeys
 from printery.transport.channel import Command
 from printery.transport.streams import Scripts
 
-__all__ = ["COST_MINUTE_TTL", "FORGET_BATCH", "RUNNING", "RunIndex", "now_ms", "outcome_status", "run_status"]
+__all__ = ["COST_MINUTE_TTL", "FORGET_BATCH", "RUNNING", "RunIndex", "RunMark", "now_ms", "outcome_status",
+           "run_status"]
 
 #: A run's status before its outcome entry.
 RUNNING = "running"
@@ -98,6 +101,19 @@ def now_ms() -> int:
     return int(time.time() * 1000)
 
 
+class RunMark(NamedTuple):
+    """What one entry's commit tells the run index: its run ``started`` (an ingress
+    entry), ended with ``status`` ("" if not), or both, and the ``costs`` its handler
+    reported. A commit carries marks, not commands
+    (:attr:`~printery.transport.commit.EntryCommit.mark`): the committer turns each
+    script run's marks into a few commands (:meth:`RunIndex.writes`)."""
+
+    run_id: str
+    started: bool
+    status: str
+    costs: Mapping[str, float] | None = None
+
+
 class RunIndex:
     """Writes (as commands for a commit) and reads of the run index under ``keys``.
 
@@ -125,28 +141,16 @@ class RunIndex:
 
     # -- writes ---------------------------------------------------------------------------
 
-    def started(self, run_id: str, at_ms: int) -> list[Command]:
-        """A run begins (kept as it was when it is indexed already). Two commands: this
-        is on the hot path of every ingress step (see docs/console.md)."""
-        every, running = self._sets()
-        return [("ZADD", every, "NX", at_ms, run_id), ("ZADD", running, "NX", at_ms, run_id)]
-
-    def ended(self, run_id: str, status: str, at_ms: int) -> list[Command]:
-        """A run's outcome entry was written with ``status``."""
-        every, running = self._sets()
-        of_status = self._status_sets.get(status)
-        if of_status is None:
-            of_status = self._status_sets[status] = self.keys.run_index(status)
-        return [("ZADD", every, "NX", at_ms, run_id),
-                ("ZREM", running, run_id),
-                ("ZADD", of_status, at_ms, run_id),
-                ("SADD", self.keys.run_statuses, status),
-                ("HSET", self.keys.run_info(run_id), "status", status, "ended", at_ms)]
-
     def _sets(self) -> tuple[str, str]:
         if self._set_keys is None:
             self._set_keys = (self.keys.run_index(), self.keys.run_index(RUNNING))
         return self._set_keys
+
+    def _status_set(self, status: str) -> str:
+        of_status = self._status_sets.get(status)
+        if of_status is None:
+            of_status = self._status_sets[status] = self.keys.run_index(status)
+        return of_status
 
     def spent(self, costs: Mapping[str, float], at_ms: int) -> list[Command]:
         """Add ``costs`` to their minute. The minute's TTL is set again at most once a
@@ -161,37 +165,75 @@ class RunIndex:
             commands.append(("EXPIRE", key, COST_MINUTE_TTL))
         return commands
 
-    def commit_writes(self, source: str, run_id: str,
-                      outputs: Iterable[Sequence[Any]]) -> tuple[Command, ...]:
-        """What the commit of one handled entry (of the stream ``source``, run ``run_id``)
-        adds to the index, given its ``outputs`` as (stream key, fields, ...). Most
-        commits add nothing: only an ingress entry and an outcome are indexed, and this is
-        on the hot path of every step (two set lookups when nothing is). Costs are not
-        per entry: a commit's are summed into one :meth:`spent`."""
+    def mark(
+        self, source: str, run_id: str, outputs: Iterable[Sequence[Any]],
+        costs: Mapping[str, float] | None = None,
+    ) -> RunMark | None:
+        """What the commit of one handled entry (of the stream ``source``, run ``run_id``,
+        its handler having reported ``costs``) tells the index, given its ``outputs`` as
+        (stream key, fields, ...): None for most commits (only an ingress entry, an
+        outcome and costs are indexed). On the hot path of every step: two set lookups
+        when nothing is indexed."""
         streams = self._streams
         if streams is None:
             streams = self._streams = (
                 frozenset(self.keys.stream(t) for t in self.ingress),
                 {self.keys.stream(t): t for t in self.outcomes})
         if not run_id:
-            return ()
+            return RunMark(run_id, False, "", costs) if costs else None
         ingress, outcomes = streams
-        ended = None
+        status = ""
         for out in outputs:
             if out[0] in outcomes:
-                ended = out
+                status = outcome_status(outcomes[out[0]], out[1])
+                if status in ("", RUNNING):  # not a status the index can file an ended run under
+                    status = outcomes[out[0]]
                 break
         starts = source in ingress
-        if not starts and ended is None:
-            return ()
-        at = now_ms()
-        commands = self.started(run_id, at) if starts else []
-        if ended is not None:
-            status = outcome_status(outcomes[ended[0]], ended[1])
-            if status in ("", RUNNING):  # not a status the index can file an ended run under
-                status = outcomes[ended[0]]
-            commands += self.ended(run_id, status, at)
-        return tuple(commands)
+        if not starts and not status and not costs:
+            return None
+        return RunMark(run_id, starts, status, costs or None)
+
+    def writes(self, marks: Sequence[RunMark], at_ms: int | None = None) -> list[Command]:
+        """The commands that index ``marks`` (of the entries of one commit) at ``at_ms``
+        (default now), a few for all of them: a started run goes into every run's set
+        and the running ones (``NX``: kept as it was when indexed already), an ended one
+        out of the running ones and into its status's, with its ``status`` and ``ended``
+        in its info hash; one ``ZADD`` per set, one ``ZREM`` and one ``SADD`` for all the
+        marks, and their costs summed into their minute (:meth:`spent`). The starts go
+        first: a run one commit starts and ends is ended (and one a commit ends and starts
+        again too)."""
+        at = now_ms() if at_ms is None else at_ms
+        every, running = self._sets()
+        total: dict[str, float] = {}
+        for mark in marks:
+            if mark.costs:
+                for unit, amount in mark.costs.items():
+                    total[unit] = total.get(unit, 0.0) + amount
+        commands = self.spent(total, at)
+        started = [part for mark in marks if mark.started for part in (at, mark.run_id)]
+        if started:
+            commands += [("ZADD", every, "NX", *started), ("ZADD", running, "NX", *started)]
+        ended = [mark for mark in marks if mark.status]
+        if not ended:
+            return commands
+        commands += [("ZADD", every, "NX", *[part for mark in ended for part in (at, mark.run_id)]),
+                     ("ZREM", running, *[mark.run_id for mark in ended])]
+        by_status: dict[str, list[Any]] = {}
+        for mark in ended:
+            by_status.setdefault(mark.status, []).extend((at, mark.run_id))
+        for status, members in by_status.items():
+            commands.append(("ZADD", self._status_set(status), *members))
+        commands.append(("SADD", self.keys.run_statuses, *by_status))
+        commands += [("HSET", self.keys.run_info(mark.run_id), "status", mark.status, "ended", at)
+                     for mark in ended]
+        return commands
+
+    def commit_writes(self, source: str, run_id: str,
+                      outputs: Iterable[Sequence[Any]]) -> list[Command]:
+        """The writes of :meth:`mark` for one commit made on its own (a review's decision)."""
+        mark = self.mark(source, run_id, outputs)
+        return [] if mark is None else self.writes([mark])
 
     async def forget_ended(self, client: aioredis.Redis, retention_s: float,
                            scripts: Scripts | None = None) -> int:

@@ -208,7 +208,7 @@ async def test_the_process_registry_lists_processes_of_every_master(cluster: Val
 async def test_the_run_index_forgets_old_runs_on_every_master(cluster: ValkeyCluster) -> None:
     """The retention sweep's forgetting (one script per partition, the run's info hash
     named in the script) runs on each partition's master."""
-    from printery.run_index import RunIndex, now_ms
+    from printery.run_index import RunIndex, RunMark, now_ms
     from printery.testing import unique_prefix
 
     keys = StreamKeys(unique_prefix("forget"), 6)
@@ -218,8 +218,8 @@ async def test_the_run_index_forgets_old_runs_on_every_master(cluster: ValkeyClu
     runs = [f"run-{n}" for n in range(24)]
     long_ago = now_ms() - 3600_000
     try:
-        writes = [[("MULTI",), *index.within(keys.of(run)).started(run, long_ago),
-                   *index.within(keys.of(run)).ended(run, "succeeded", long_ago), ("EXEC",)]
+        writes = [[("MULTI",), *index.within(keys.of(run)).writes(
+                       [RunMark(run, True, "succeeded")], long_ago), ("EXEC",)]
                   for run in runs]
         await channel.transactions(writes)
         assert len({cluster.master_of(keys.of(run).run_info(run)).port for run in runs}) == 3

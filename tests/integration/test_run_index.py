@@ -14,7 +14,7 @@ from printery.apps import load_app
 from printery.client import Runs
 from printery.history import id_order
 from printery.keys import StreamKeys
-from printery.run_index import RUNNING, RunIndex, now_ms
+from printery.run_index import RUNNING, RunIndex, RunMark, now_ms
 from printery.testing import wait_for
 from printery.transport.commit import Append, Committer, EntryCommit
 from support.spine import running_pipeline
@@ -44,17 +44,16 @@ async def test_submit_outcome_and_raw_runs_are_indexed(client: aioredis.Redis, p
     finished = dumps({"deployment_id": first, "status": "failed", "reasons": []})
     commit = EntryCommit("", "", "", "", [Append(keys.stream("deployment:finished"),
                                                  {"data": finished, "deployment_id": first})],
-                         run_index=index.commit_writes(keys.stream("health:checked"), first,
-                                                       [(keys.stream("deployment:finished"),
-                                                         {"data": finished})])
-                         + tuple(index.spent({"usd": 0.5}, now_ms())))
+                         mark=index.mark(keys.stream("health:checked"), first,
+                                         [(keys.stream("deployment:finished"), {"data": finished})],
+                                         {"usd": 0.5}))
     # A raw XADD's run, indexed by the commit of its ingress entry (no submit record).
-    raw = (index.commit_writes(keys.stream("deployment:started"), "dep-raw", [])
-           + tuple(index.spent({"usd": 0.25}, now_ms())))
+    raw = EntryCommit("", "", "", "", [],
+                      mark=index.mark(keys.stream("deployment:started"), "dep-raw", [], {"usd": 0.25}))
+    # As a worker's committer does: the marks of a script run's entries written together.
     committer = Committer(client, index_key=keys.idempotency_index("w"), group="w",
-                          ttl_ms=60_000)
-    assert [r for r in await committer.commit(
-        [commit, EntryCommit("", "", "", "", [], run_index=raw)])] == [2, 1]
+                          ttl_ms=60_000, index_writes=index.writes)
+    assert [r for r in await committer.commit([commit, raw])] == [2, 1]
     await committer.close()
     failed, total = await index.page(client, status="failed")
     assert total == 1 and failed[0]["run_id"] == first and failed[0]["ended"] > 0
@@ -65,6 +64,43 @@ async def test_submit_outcome_and_raw_runs_are_indexed(client: aioredis.Redis, p
     assert await index.find(client, "dep-nope") == []
     assert await index.cost_last_hour(client) == {"usd": 0.75}
     await runs.close()
+
+
+async def test_the_marks_of_one_script_run_are_written_together(
+    client: aioredis.Redis, prefix: str
+) -> None:
+    """A commit of many entries indexes their runs with a few commands, one ZADD per set
+    for all of them, and leaves the index as the entries' own writes one by one would:
+    started runs running, ended ones under their status (``data.status``, else the
+    outcome's type), a run one entry both starts and ends ended."""
+    keys = StreamKeys(prefix)
+    index = RunIndex(keys, ingress=["start"], outcomes=["done", "gave_up"])
+    start, done, gave_up = keys.stream("start"), keys.stream("done"), keys.stream("gave_up")
+    succeeded = {"data": dumps({"status": "succeeded"})}
+    marks = [index.mark(start, "r1", []), index.mark(start, "r2", []),
+             index.mark(keys.stream("middle"), "r1", [(done, succeeded)]),
+             index.mark(keys.stream("middle"), "r3", [(gave_up, {"data": "{}"})]),
+             index.mark(start, "r4", [(done, succeeded)]),
+             index.mark(keys.stream("middle"), "r5", [(keys.stream("other"), {})])]
+    assert marks[-1] is None  # neither an ingress entry nor an outcome: nothing to index
+    writes = index.writes([mark for mark in marks if mark is not None])
+    # 2 ZADDs of the started, ZADD + ZREM of the ended, a ZADD per status, one SADD, an
+    # HSET per ended run: 10 commands for 5 marks, against 2 + 5 per mark one by one.
+    assert len(writes) == 2 + 2 + 2 + 1 + 3, writes
+    commits = [EntryCommit("", "", "", "", [], mark=mark) for mark in marks]
+    committer = Committer(client, index_key=keys.idempotency_index("w"), group="w",
+                          ttl_ms=60_000, index_writes=index.writes)
+    assert await committer.commit(commits) == [1] * len(commits)
+    await committer.close()
+    rows, total = await index.page(client, count=10)
+    assert total == 4
+    assert {row["run_id"]: row["status"] for row in rows} == {
+        "r1": "succeeded", "r2": RUNNING, "r3": "gave_up", "r4": "succeeded"}
+    assert all(row["ended"] > 0 for row in rows if row["status"] != RUNNING)
+    assert await index.summary(client) == {
+        "runs": 4, "running": 1, "statuses": ["gave_up", RUNNING, "succeeded"]}
+    succeeded_rows, count = await index.page(client, status="succeeded")
+    assert count == 2 and {row["run_id"] for row in succeeded_rows} == {"r1", "r4"}
 
 
 async def test_the_costs_handlers_report_reach_the_minute_summed_per_commit(
@@ -123,15 +159,15 @@ async def test_with_partitions_each_run_is_indexed_in_its_partition_and_read_mer
     first = submitted[0]
     part = keys.of(first)
     finished = dumps({"deployment_id": first, "status": "failed", "reasons": []})
-    writes = index.within(part).commit_writes(
-        part.stream("health:checked"), first,
-        [(part.stream("deployment:finished"), {"data": finished})]) + tuple(
-        index.within(part).spent({"usd": 0.5}, now_ms()))
+    within = index.within(part)
+    mark = within.mark(part.stream("health:checked"), first,
+                       [(part.stream("deployment:finished"), {"data": finished})], {"usd": 0.5})
+    assert mark is not None
     scope = part.scope + ":"
-    assert all(command[1].startswith(scope) for command in writes), writes
+    assert all(command[1].startswith(scope) for command in within.writes([mark]))
     committer = Committer(client, index_key=part.idempotency_index("w"), group="w",
-                          ttl_ms=60_000)
-    assert await committer.commit([EntryCommit("", "", "", "", [], run_index=writes)]) == [1]
+                          ttl_ms=60_000, index_writes=within.writes)
+    assert await committer.commit([EntryCommit("", "", "", "", [], mark=mark)]) == [1]
     await committer.close()
     failed, total = await index.page(client, status="failed")
     assert total == 1 and failed[0]["run_id"] == first
@@ -164,15 +200,18 @@ async def test_the_retention_sweep_forgets_runs_whose_outcome_is_old(
     def of(run_id: str) -> RunIndex:
         return index.within(keys.of(run_id))
 
+    def marked(run_id: str, at_ms: int, *, started: bool = False, status: str = "") -> (
+        list[tuple[object, ...]]
+    ):
+        return of(run_id).writes([RunMark(run_id, started, status)], at_ms)
+
     old = [f"old-{n}" for n in range(5)]
     for run_id in old:
-        await write(run_id, *of(run_id).started(run_id, hours_ago),
-                    *of(run_id).ended(run_id, "succeeded", hours_ago))
-    await write("stuck", *of("stuck").started("stuck", hours_ago))
-    await write("recent", *of("recent").started("recent", now), *of("recent").ended("recent", "failed", now))
-    await write("again", *of("again").started("again", hours_ago),
-                *of("again").ended("again", "failed", hours_ago),
-                *of("again").ended("again", "succeeded", now))
+        await write(run_id, *marked(run_id, hours_ago, started=True, status="succeeded"))
+    await write("stuck", *marked("stuck", hours_ago, started=True))
+    await write("recent", *marked("recent", now, started=True, status="failed"))
+    await write("again", *marked("again", hours_ago, started=True, status="failed"),
+                *marked("again", now, status="succeeded"))
 
     assert await index.forget_ended(client, retention_s=3600) == len(old)
     rows, total = await index.page(client)

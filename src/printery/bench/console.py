@@ -26,7 +26,7 @@ from printery.client import Client, Runs
 from printery.console import service_console
 from printery.http import HttpServer
 from printery.keys import StreamKeys
-from printery.run_index import RunIndex, now_ms
+from printery.run_index import RunIndex, RunMark
 from printery.runtime.registry import ProcessRegistry
 from printery.transport.connection import connect
 
@@ -70,7 +70,7 @@ async def _seed(url: str, prefix: str, runs: int) -> list[str]:
             for n, run_id in enumerate(ids):
                 if n % 10:
                     status = "failed" if n % 10 == 1 else "succeeded"
-                    for command in index.ended(run_id, status, now_ms()):
+                    for command in index.writes([RunMark(run_id, False, status)]):
                         pipe.execute_command(*command)
             await pipe.execute()
         registry = ProcessRegistry(redis, keys, "bench-process")

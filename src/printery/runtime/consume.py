@@ -46,7 +46,7 @@ from printery.errors import (
 )
 from printery.fields import REPLAY_FOR
 from printery.keys import StreamKeys
-from printery.run_index import RunIndex, now_ms
+from printery.run_index import RunIndex, RunMark
 from printery.runtime.accounting import Accounting, Decided
 from printery.runtime.budgets import BudgetGuard
 from printery.runtime.connectivity import Connectivity
@@ -197,7 +197,7 @@ class EntryPipeline:
                 appends = self.writes.appends([budget.held(message, exceeded)], message, 0.0)
                 commit = EntryCommit(delivery.stream, delivery.consumer.name, delivery.entry_id,
                                      message.envelope.idempotency_key, appends,
-                                     run_index=self._index(message, appends))
+                                     mark=self._mark(message, appends))
                 decided.append(Decided(delivery, commit, "budget_exceeded", message))
             else:
                 to_run.append((delivery, message))
@@ -306,14 +306,16 @@ class EntryPipeline:
         charge = self.budget.charge(message) if self.budget is not None else None
         commit = EntryCommit(delivery.stream, delivery.consumer.name, delivery.entry_id,
                              message.envelope.idempotency_key, appends, charge,
-                             self._index(message, appends))
+                             mark=self._mark(message, appends))
         return Decided(delivery, commit, "ok", message)
 
-    def _index(self, message: Message, appends: list[Append]) -> tuple[Any, ...]:
-        """The run index's writes of this commit, if the index is kept."""
+    def _mark(self, message: Message, appends: list[Append]) -> RunMark | None:
+        """What this commit tells the run index (its run's start or end, its handler's
+        costs), if the index is kept (the committer writes the marks of a script run's
+        entries together: ``RunIndex.writes``)."""
         index = self.index
-        return () if index is None else index.commit_writes(
-            message.stream, message.correlation_id, appends)
+        return None if index is None else index.mark(
+            message.stream, message.correlation_id, appends, message.costs)
 
     def _dead_letter(
         self, delivery: Delivery, fields: dict[str, str], reason_code: str, error: str, *,
@@ -336,29 +338,12 @@ class EntryPipeline:
         if not decided:
             return
         commits = [item.commit for item in decided]
-        if self.index is not None:
-            self._add_costs(decided, commits, self.index)
         results = await self.connectivity.retrying(lambda: self.committer.commit(commits))
         for item, result in zip(decided, results, strict=True):
             try:
                 self._settle(item, result, time.perf_counter() - begun)
             finally:
                 item.delivery.release()
-
-    @staticmethod
-    def _add_costs(decided: list[Decided], commits: list[EntryCommit], index: RunIndex) -> None:
-        """The costs the handlers of ``decided`` reported, summed, go to the run index's
-        minute with the first commit: one write per commit, not one per entry."""
-        total: dict[str, float] = {}
-        for item in decided:
-            message = item.message
-            if message is not None and message.costs and item.outcome == "ok":
-                for unit, amount in message.costs.items():
-                    total[unit] = total.get(unit, 0.0) + amount
-        if total:
-            first = commits[0]
-            commits[0] = first._replace(
-                run_index=(*first.run_index, *index.spent(total, now_ms())))
 
     @public_api
     async def emit(self, outputs: Sequence[Output], *, correlation_id: str) -> int:

@@ -10,13 +10,15 @@ from typing import Any
 from printery.envelope import Envelope
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class Output:
     """An event a handler emits; it is written only if the input's commit succeeds.
 
     ``correlation_id`` defaults to the input's; ``idempotency_key`` to
     ``<type>:<correlation id>``; ``once`` names a guard that makes this output unique
     for ever (e.g. one final result per correlation id), whoever tries to write it again.
+    Not frozen, as :class:`~printery.envelope.Envelope` is not: a handler makes one for
+    every entry, and printery only reads it.
     """
 
     type: str
@@ -75,8 +77,9 @@ Handler = Callable[[Message], Awaitable[HandlerResult]]
 
 
 def outputs_of(result: HandlerResult) -> list[Output]:
+    """A handler's result as a list (a list is taken as it is: printery only reads it)."""
     if result is None:
         return []
     if isinstance(result, Output):
         return [result]
-    return list(result)
+    return result if type(result) is list else list(result)

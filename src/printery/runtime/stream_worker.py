@@ -220,8 +220,10 @@ class StreamWorker:
     def _lane(self, keys: StreamKeys, connectivity: Connectivity) -> Lane:
         """The commit path of one partition (``keys``), for :class:`Lanes`."""
         index = keys.idempotency_index(self.name)
+        run_index = None if self.index is None else self.index.within(keys)
         committer = Committer(self.client, index_key=index, group=self.name,
-                              ttl_ms=int(self.settings.record_ttl * 1000))
+                              ttl_ms=int(self.settings.record_ttl * 1000),
+                              index_writes=None if run_index is None else run_index.writes)
         records = RecordLookup(DirectChannel(self.client), index)
         pipeline = EntryPipeline(
             self.name, handler=self.handler, codec=self.codec, keys=keys,
@@ -230,7 +232,7 @@ class StreamWorker:
             stats=self._stats, connectivity=connectivity,
             budget=None if self.budget is None else BudgetGuard(
                 self.budget, keys=keys, codec=self.codec, worker=self.name, client=self.client),
-            gate=self._gate, index=None if self.index is None else self.index.within(keys),
+            gate=self._gate, index=run_index,
             router=Router(self.client, keys, self.codec, connectivity) if keys.partitioned else None,
         )
         streams = [stream for stream in self.streams if keys.partitions == 1

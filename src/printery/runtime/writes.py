@@ -24,6 +24,8 @@ class Writes:
         self.codec = codec
         self.keys = keys
         self.payloads = payloads
+        #: Each output type's stream key, made once (every handler call writes some).
+        self._streams: dict[str, str] = {}
 
     def appends(
         self, outputs: Sequence[Output], message: Message | None, seconds: float,
@@ -55,12 +57,18 @@ class Writes:
                 more=out.extra,
             )
             once = self.keys.once(out.once) if out.once else ""
-            appends.append(Append(self.keys.stream(out.type), fields, once))
+            stream = self._streams.get(out.type)
+            if stream is None:
+                stream = self._streams[out.type] = self.keys.stream(out.type)
+            appends.append(Append(stream, fields, once))
         return appends
 
     def has_large(self, appends: list[Append]) -> bool:
         limit = self.payloads.inline_limit
-        return any(len(append.fields["data"]) > limit for append in appends)
+        for append in appends:  # noqa: SIM110 - a loop, not any(): once per handler call
+            if len(append.fields["data"]) > limit:
+                return True
+        return False
 
     async def store_large(self, appends: list[Append]) -> list[Append]:
         """``appends`` with every ``data`` over the inline limit moved to a blob (CONTRACT

@@ -15,7 +15,7 @@ about the same time share one round trip, while each entry stays atomic on its o
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from importlib import resources
 from itertools import chain
@@ -106,9 +106,11 @@ class BudgetCharge(NamedTuple):
 class EntryCommit(NamedTuple):
     """One entry's part of a commit. ``entry_id`` "" means outputs caused by no entry
     (no ack, no fence); ``record`` "" means no idempotency record (dead letters);
-    ``budget`` what its commit adds to its run's budget (None: nothing); ``run_index``
-    the run index's writes (:mod:`printery.run_index`): idempotent commands the commit
-    script makes whatever its verdict."""
+    ``budget`` what its commit adds to its run's budget (None: nothing); ``mark`` what
+    the entry tells the committer's ``index_writes`` (None: nothing; a run index's
+    :class:`~printery.run_index.RunMark`), which turns the marks of the entries of one
+    script run into commands that script run makes whatever its verdict, so idempotent
+    ones: a few for all of them rather than some for each."""
 
     source: str
     consumer: str
@@ -116,7 +118,7 @@ class EntryCommit(NamedTuple):
     record: str
     appends: Sequence[Append]
     budget: BudgetCharge | None = None
-    run_index: Sequence[Command] = ()
+    mark: Any = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -126,23 +128,29 @@ class CommitRun:
 
     keys: list[str]
     args: list[Any]
-    appends: list[tuple[str, Fields]]
+    appends: list[Append]
     output_counts: list[int]
 
 
+#: Turns the marks of the entries of one script run into commands (see ``EntryCommit``).
+IndexWrites = Callable[[list[Any]], Sequence[Command]]
+
+
 def commit_run(
-    index_key: str, group: str, ttl_ms: int, entries: Sequence[EntryCommit]
+    index_key: str, group: str, ttl_ms: int, entries: Sequence[EntryCommit],
+    index_writes: IndexWrites | None = None,
 ) -> CommitRun:
     """One run over ``entries`` of ``group``, whose idempotency records live under
-    ``index_key`` for at least ``ttl_ms``. Consecutive entries of one shape (source,
-    consumer, record or not, output streams and whether each has a once key, the budget
-    fields they charge) form a
-    segment whose per-entry values go as columns: the script hands them to its commands
-    whole (see commit.lua for the layout)."""
+    ``index_key`` for at least ``ttl_ms``, with ``index_writes`` of their marks.
+    Consecutive entries of one shape (source, consumer, record or not, output streams
+    and whether each has a once key, the budget fields they charge) form a segment whose
+    per-entry values go as columns: the script hands them to its commands whole (see
+    commit.lua for the layout)."""
     keys: list[str] = [index_key]
     args: list[Any] = [group, ttl_ms, 0]
-    appends: list[tuple[str, Fields]] = []
-    index: list[Any] = []  # the run index's writes: per command its length, then it
+    appends: list[Append] = []
+    index: list[Any] = []  # the marks' writes: per command its length, then it
+    marks: list[Any] = []
     counts: list[int] = []
     segment: list[EntryCommit] = []
     shape: tuple[Any, ...] = ()
@@ -157,8 +165,11 @@ def commit_run(
         shape = entry_shape
         segment.append(entry)
         counts.append(len(entry.appends))
-        appends += [(out.stream, out.fields) for out in entry.appends]
-        for command in entry.run_index:
+        appends += entry.appends
+        if entry.mark is not None:
+            marks.append(entry.mark)
+    if marks and index_writes is not None:
+        for command in index_writes(marks):
             index += (len(command), *command)
     if segment:
         _add_segment(keys, args, segment, shape)
@@ -244,7 +255,7 @@ def commit_commands(run: CommitRun) -> list[Command]:
     ``EVALSHA``: a script the server forgot would fail inside ``EXEC`` after the
     ``XADD``s ran (hashing the source costs well under a microsecond per entry)."""
     commands: list[Command] = [("MULTI",)]
-    for stream, fields in run.appends:
+    for stream, fields, _ in run.appends:
         commands.append(("XADD", stream, "*", *chain.from_iterable(fields.items())))
     commands.append(("EVAL", COMMIT_LUA_WIRE, len(run.keys), *run.keys, *run.args))
     commands.append(("EXEC",))
@@ -278,9 +289,13 @@ class Committer:
     and fenced by ownership, so a retry after a lost reply cannot write twice.
     """
 
-    def __init__(self, client: aioredis.Redis, *, index_key: str, group: str, ttl_ms: int) -> None:
+    def __init__(
+        self, client: aioredis.Redis, *, index_key: str, group: str, ttl_ms: int,
+        index_writes: IndexWrites | None = None,
+    ) -> None:
         self._channel = DirectChannel(client)
         self._header = (index_key, group, ttl_ms)
+        self._index_writes = index_writes
         self._queue: list[_Queued] = []
         self._wake = asyncio.Event()
         self._busy = False
@@ -332,7 +347,7 @@ class Committer:
 
     async def _flush(self, batch: list[_Queued]) -> None:
         entries = [entry for group, _ in batch for entry in group]
-        runs = [commit_run(*self._header, entries[i : i + MAX_ENTRIES_PER_RUN])
+        runs = [commit_run(*self._header, entries[i : i + MAX_ENTRIES_PER_RUN], self._index_writes)
                 for i in range(0, len(entries), MAX_ENTRIES_PER_RUN)]
         try:
             replies = await self._channel.transactions([commit_commands(run) for run in runs])

@@ -71,9 +71,10 @@ class RecordLookup:
                 (current,), *found = executed[: 1 + looked_up]
                 read = list(executed[1 + looked_up :])
                 current = None if current is None else int(current)
-                if current == guess:
-                    return [any(column[i] for column in found)
-                            for i in range(len(idempotency_keys))], read
+                if current == guess:  # a key is recorded if either generation has it
+                    if not found:
+                        return [False] * len(idempotency_keys), read
+                    return [any(row) for row in zip(*found, strict=True)], read
                 self._generation = current
                 if current is None:
                     return [False] * len(idempotency_keys), read
