@@ -31,7 +31,9 @@ async def test_submit_outcome_and_raw_runs_are_indexed(client: aioredis.Redis, p
     index = RunIndex(keys, ingress=pipeline.ingress, outcomes=pipeline.outcomes)
     runs = Runs(client, keys, pipeline, payload_limit=65536)
     first, entry = await runs.submit(REQUEST)
-    second, _ = await runs.submit(REQUEST)
+    # A run id after any generated one: two runs started in one millisecond tie on their
+    # score, and the index orders a tie by run id, so "newest first" holds either way.
+    second, _ = await runs.submit(REQUEST, run_id=f"{first}-next")
     [again, _] = await runs.submit(REQUEST, run_id=first)  # the same run: indexed once
     assert again == first
     rows, total = await index.page(client)
