@@ -26,7 +26,7 @@ import os
 import signal
 from abc import ABC, abstractmethod
 
-from printery._util import log_failure, wait_event
+from printery._util import log_failure, stop_tasks, wait_event, where
 from printery.config import Settings
 from printery.errors import describe
 from printery.logging import configure_logging, get_logger
@@ -43,6 +43,8 @@ EXIT_FAILED = 1
 EXIT_CONFIG = 2
 EXIT_INTERRUPTED = 130
 
+#: Seconds the tasks still running at exit get to end once cancelled.
+EXIT_TASK_TIMEOUT = 5.0
 #: Seconds between checks that the embedded server still runs.
 SERVER_CHECK_INTERVAL = 1.0
 
@@ -115,9 +117,17 @@ class ProcessLifecycle(ABC):
         try:
             code = await self.main()
         finally:
-            watch.cancel()
-            await asyncio.gather(watch, return_exceptions=True)
+            await self._stop_leftovers()
         return EXIT_FAILED if self.server_lost is not None else code
+
+    async def _stop_leftovers(self) -> None:
+        """End every task still running once :meth:`main` is done (the server watch, and
+        any a stop left behind), each named in the log if it will not end: after this
+        the event loop closes, and it would wait on them without bound."""
+        current = asyncio.current_task()
+        leftovers = [task for task in asyncio.all_tasks() if task is not current]
+        for task in await stop_tasks(leftovers, timeout=EXIT_TASK_TIMEOUT):
+            log.error("task did not stop at exit: left behind", task=task.get_name(), at=where(task))
 
     async def _watch_server(self) -> None:
         """Every :data:`SERVER_CHECK_INTERVAL`, the embedded server is checked and

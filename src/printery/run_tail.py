@@ -29,6 +29,7 @@ from typing import Any
 import redis.asyncio as aioredis
 import structlog
 
+from printery._util import idle, stop_tasks, where
 from printery.backoff import compute_backoff
 from printery.history import id_order
 from printery.transport.streams import CONNECTION_ERRORS
@@ -39,6 +40,8 @@ log = structlog.get_logger("printery.run_tail")
 
 #: Longest a read blocks: how long a partition's read outlives its last follower.
 BLOCK_MS = 1000
+#: Seconds the reads get to end when the tail is closed.
+CLOSE_TIMEOUT = 5.0
 #: Entries one read takes at most.
 COUNT = 1000
 
@@ -144,9 +147,8 @@ class RunTail:
     async def close(self) -> None:
         """End every read now (its followers get :class:`ConnectionError`)."""
         tasks = [read.task for read in self._reads.values() if read.task is not None]
-        for task in tasks:
-            task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
+        for task in await stop_tasks(tasks, timeout=CLOSE_TIMEOUT):
+            log.error("run read did not stop: left behind", at=where(task))
 
     async def _read(self, partition: int, read: _PartitionRead) -> None:
         """The partition's read loop; whatever ends it reaches its followers."""
@@ -218,4 +220,4 @@ class RunTail:
                 delay = compute_backoff(attempt, base_ms=100, cap_ms=2000)
                 log.warning("server unreachable while following runs; retrying",
                             attempt=attempt, error=str(exc))
-                await asyncio.sleep(delay)
+                await idle(delay)

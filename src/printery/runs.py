@@ -26,6 +26,7 @@ import redis.asyncio as aioredis
 import structlog
 
 from printery import _json
+from printery._util import idle
 from printery.backoff import compute_backoff
 from printery.cost import CallTally
 from printery.envelope import correlation_of
@@ -229,7 +230,7 @@ class RunReader:
                     raise TimeoutError(f"server unreachable: {exc}") from exc
                 log.warning("server unreachable while following a run; retrying",
                             attempt=attempt, error=str(exc))
-                await asyncio.sleep(delay)
+                await idle(delay)
 
 
 def _before(entry_id: str) -> str:

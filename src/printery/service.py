@@ -38,7 +38,7 @@ from redis.exceptions import RedisError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from printery import _json, telemetry
-from printery._util import hostname, log_failure, now_rfc3339, settle_gc, wait_event
+from printery._util import hostname, log_failure, now_rfc3339, settle_gc, stop_tasks, wait_event, where
 from printery.api import service_api
 from printery.backoff import compute_backoff
 from printery.client import Runs
@@ -265,12 +265,9 @@ class Service(ProcessLifecycle):
     async def _shutdown(self) -> None:
         if self.manager is not None:
             await self.manager.stop_all(self.settings.shutdown_timeout)
-        for task in self._tasks:
-            task.cancel()
-        if self._tasks:  # failures: logged by their done callbacks
-            _, stuck = await asyncio.wait(self._tasks, timeout=OBSERVER_STOP_TIMEOUT)
-            for task in stuck:  # never seen; but a stop must not wait on an observer
-                log.warning("observer did not stop: left behind", task=task.get_name())
+        # Failures: logged by their done callbacks. A stop never waits on an observer.
+        for task in await stop_tasks(self._tasks, timeout=OBSERVER_STOP_TIMEOUT):
+            log.error("observer did not stop: left behind", task=task.get_name(), at=where(task))
         if self.registry is not None and self.client is not None:
             await self.registry.remove()
             await remove_consumers(self.client, self.keys, self.pipeline,

@@ -46,7 +46,7 @@ from prometheus_client.core import Metric
 from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.registry import Collector
 
-from printery._util import hostname, log_failure, now_rfc3339
+from printery._util import hostname, idle, log_failure, now_rfc3339
 from printery.api import service_api
 from printery.client import Runs
 from printery.config import Settings
@@ -236,7 +236,7 @@ class Parent(ProcessLifecycle):
                 if not child.alive:
                     child.metrics_text = ""  # a dead child's series go with it
             await asyncio.gather(*(self._scrape(c) for c in self.children if c.alive))
-            await asyncio.sleep(SCRAPE_INTERVAL)
+            await idle(SCRAPE_INTERVAL)
 
     async def _scrape(self, child: _Child) -> None:
         assert self._http_client is not None

@@ -24,6 +24,7 @@ from aiohttp import web
 from redis.exceptions import RedisError
 
 from printery import _json, dead_letters, reviews
+from printery._util import idle
 from printery.console.auth import ConsoleAuth
 from printery.console.views import Views
 from printery.errors import (
@@ -369,7 +370,7 @@ def _live_routes(app: web.Application, console: Console, page: Guard) -> None:
             if html != last:
                 await send(response, html)
                 last = html
-            await asyncio.sleep(POLL_SECONDS)
+            await idle(POLL_SECONDS)
         return response
 
     app.router.add_get("/live/run/{run_id}", page(run_live, live=True))

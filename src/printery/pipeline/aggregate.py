@@ -13,7 +13,6 @@ the hash), then goes to ``dlq`` (``merge_failed``) under the result's ``once`` g
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import inspect
 import time
@@ -25,7 +24,7 @@ from typing import Any, cast
 import structlog
 
 from printery import _json
-from printery._util import parse_rfc3339
+from printery._util import idle, parse_rfc3339
 from printery.backoff import compute_backoff
 from printery.errors import PipelineError
 from printery.fields import dlq_fields
@@ -257,7 +256,7 @@ class Aggregator:
     async def sweep(self, worker: StreamWorker) -> None:
         """Finish joins whose deadline passed, with the missing branches named."""
         while True:
-            await asyncio.sleep(self.sweep_interval)
+            await idle(self.sweep_interval)
             with contextlib.suppress(*CONNECTION_ERRORS):
                 await self.sweep_once(worker)
 

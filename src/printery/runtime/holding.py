@@ -16,6 +16,7 @@ import contextlib
 from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 
+from printery._util import idle
 from printery.runtime.consumer import Consumer, ConsumerSettings
 from printery.runtime.limit_gate import LimitGate
 from printery.transport.streams import CONNECTION_ERRORS, Leases
@@ -36,7 +37,7 @@ class Holdings:
         of the visibility timeout, until ``closing`` is set."""
         interval = max(0.05, self.settings.visibility_timeout / 3)
         while not closing.is_set():
-            await asyncio.sleep(interval)
+            await idle(interval)
             if self.gate is not None:
                 self.gate.renew()  # the slots of handlers running now, with their leases
             for consumer in self.consumers:

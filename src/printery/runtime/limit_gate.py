@@ -27,7 +27,7 @@ from typing import Any
 
 import structlog
 
-from printery._util import wait_event
+from printery._util import stop_tasks, wait_event, where
 from printery.errors import PipelineError
 from printery.keys import StreamKeys
 from printery.limits import WINDOW_SECONDS, Limit
@@ -239,8 +239,8 @@ class LimitGate:
         if flusher is not None:
             _, late = await asyncio.wait([flusher], timeout=2.0)
             if late:  # the server is not answering: what it holds lapses with its lease
-                flusher.cancel()
-                await asyncio.gather(flusher, return_exceptions=True)
+                for task in await stop_tasks(late, timeout=2.0):
+                    log.error("limit flusher did not stop: left behind", at=where(task))
         await self.store.close()
 
     # -- internals -----------------------------------------------------------------------

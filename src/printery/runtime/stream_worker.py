@@ -28,7 +28,7 @@ from typing import Any
 import redis.asyncio as aioredis
 import structlog
 
-from printery._util import consumer_name, log_failure
+from printery._util import consumer_name, log_failure, stop_tasks, where
 from printery.envelope import Codec
 from printery.keys import StreamKeys
 from printery.limits import Limit
@@ -192,13 +192,13 @@ class StreamWorker:
         finally:
             stop.cancel()
             self._closing.set()
-            for task in [*loops, *self._batches]:
-                task.cancel()
-            # On Python 3.11 redis-py can lose a cancellation that lands in its connection
-            # health check (``asyncio.timeout(0)``); a loop that lost one still ends after
-            # its current command, since it checks ``_closing``. Bounded either way.
+            # A cancellation redis-py lost is asked again (stop_tasks); a loop that lost
+            # one also ends after its current command (it checks ``_closing``).
             tasks = [*loops, *self._batches]
-            await asyncio.wait(tasks, timeout=self.settings.block_ms / 1000 + 5)
+            stuck = await stop_tasks(tasks, timeout=self.settings.block_ms / 1000 + 5)
+            for task in stuck:
+                log.error("worker task did not stop: left behind", worker=self.name,
+                          task=task.get_name(), at=where(task))
             for task in tasks:  # a failure while stopping is logged, never lost
                 task.add_done_callback(log_failure)
             await holdings.hand_back()

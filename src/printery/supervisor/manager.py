@@ -16,13 +16,16 @@ from typing import Any
 
 import structlog
 
-from printery._util import wait_event
+from printery._util import stop_tasks, wait_event, where
 from printery.backoff import compute_backoff
 from printery.errors import SupervisorError, WorkerFailed
 from printery.supervisor.graph import topological_levels
 from printery.worker import Observable, RunContext, Worker, WorkerState
 
 log = structlog.get_logger("printery.manager")
+
+#: Seconds a worker cancelled after its drain overran gets to end.
+CANCEL_TIMEOUT = 5.0
 
 
 @dataclass(slots=True)
@@ -256,10 +259,10 @@ class WorkerManager:
         if not slot.task.done():
             # The worker drains within ``timeout``; the margin covers its hand-back and close.
             done, _ = await asyncio.wait([slot.task], timeout=timeout + 2.0)
-            if not done:
-                slot.task.cancel()
-                with contextlib.suppress(BaseException):
-                    await slot.task
+            if not done:  # its drain overran: cancelled (its failures are its _run's)
+                for task in await stop_tasks([slot.task], timeout=CANCEL_TIMEOUT):
+                    log.error("worker did not stop: left behind", worker=slot.worker.name,
+                              at=where(task))
         slot.task = None
 
     async def stop_all(self, timeout: float | None = None) -> None:

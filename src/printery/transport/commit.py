@@ -24,7 +24,7 @@ from typing import Any, NamedTuple, cast
 import redis.asyncio as aioredis
 from redis.exceptions import ResponseError
 
-from printery._util import fail_waiters
+from printery._util import check_cancelled, fail_waiters
 from printery.transport.channel import Command, DirectChannel
 
 Fields = Mapping[str, str]
@@ -319,6 +319,7 @@ class Committer:
                 self._wake.clear()
                 if not self._busy and self._queue:
                     await self._drain()
+                    check_cancelled()  # a cancellation the flush's commands lost
         finally:
             queued, self._queue = self._queue, []
             for _, future in queued:
