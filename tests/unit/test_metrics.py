@@ -6,7 +6,7 @@ import prometheus_client
 from prometheus_client import CollectorRegistry, Counter, Histogram
 from prometheus_client.parser import text_string_to_metric_families
 
-from printery.metrics import CONTENT_TYPE, PROCESSING_BUCKETS, Metrics
+from printery.metrics import CONTENT_TYPE, PROCESSING_BUCKETS, Metrics, MetricsObserver
 
 CONTRACT_SERIES = {
     "printery_messages_total": "counter",
@@ -83,22 +83,36 @@ def test_per_entry_series_match_what_prometheus_client_would_write() -> None:
     bucket bounds included (a value on a bound counts in that bucket)."""
     values = [0.0005, 0.0004, 0.001, 0.003, 7.0, 120.0, 500.0, 0.0]
     metrics = Metrics(process_metrics=False)
+    observer = MetricsObserver(metrics)
     reference = CollectorRegistry()
     counter = Counter("printery_messages_total", "m", ["worker", "outcome"], registry=reference)
     histogram = Histogram("printery_processing_seconds", "h", ["worker"],
                           buckets=PROCESSING_BUCKETS, registry=reference)
+    cost = Counter("printery_step_cost_total", "c", ["worker", "unit"], registry=reference)
+    waits = Histogram("printery_limit_wait_seconds", "w", ["limit"], buckets=PROCESSING_BUCKETS,
+                      registry=reference)
     for n, value in enumerate(values):
         outcome = "ok" if n % 3 else "retry"
         metrics.observe_message("w", outcome, value)
         counter.labels("w", outcome).inc()
         histogram.labels("w").observe(value)
+        observer.cost("w", "usd", value)
+        if value > 0:  # a counter never goes down; zero adds nothing
+            cost.labels("w", "usd").inc(value)
+    observer.cost("w", "usd", -1.0)
+    observer.limit_waited("w", "rpm", values)
+    for value in values:
+        waits.labels("rpm").observe(value)
     metrics.observe_message("w", "dead_letter")
     counter.labels("w", "dead_letter").inc()
     ours = {key: value for key, value in samples(metrics.render().decode()).items()
-            if key[0].startswith(("printery_messages_total", "printery_processing_seconds"))
+            if key[0].startswith(("printery_messages_total", "printery_processing_seconds",
+                                  "printery_step_cost", "printery_limit_wait"))
             and not key[0].endswith("_created")}
     theirs = {key: value for key, value in samples(
         prometheus_client.generate_latest(reference).decode()).items()
         if not key[0].endswith("_created")}
-    assert ours == theirs and len(ours) == len(PROCESSING_BUCKETS) + 1 + 2 + 3
+    assert ours == theirs
+    assert len(ours) == 2 * (len(PROCESSING_BUCKETS) + 1 + 2) + 3 + 1
     assert ours[("printery_processing_seconds_bucket", (("le", "0.0005"), ("worker", "w")))] == 3
+    assert ours[("printery_limit_wait_seconds_bucket", (("le", "0.0005"), ("limit", "rpm")))] == 3
