@@ -24,8 +24,11 @@ from printery.worker import Observable, RunContext, Worker, WorkerState
 
 log = structlog.get_logger("printery.manager")
 
-#: Seconds a worker cancelled after its drain overran gets to end.
-CANCEL_TIMEOUT = 5.0
+#: Seconds a worker cancelled after its drain overran gets to end: its hand-back and
+#: close run as it unwinds, so it is cancelled again only after :data:`CANCEL_AGAIN_AFTER`
+#: (a cancellation redis-py lost, see :func:`printery._util.check_cancelled`).
+CANCEL_TIMEOUT = 15.0
+CANCEL_AGAIN_AFTER = 5.0
 
 
 @dataclass(slots=True)
@@ -260,7 +263,8 @@ class WorkerManager:
             # The worker drains within ``timeout``; the margin covers its hand-back and close.
             done, _ = await asyncio.wait([slot.task], timeout=timeout + 2.0)
             if not done:  # its drain overran: cancelled (its failures are its _run's)
-                for task in await stop_tasks([slot.task], timeout=CANCEL_TIMEOUT):
+                for task in await stop_tasks([slot.task], timeout=CANCEL_TIMEOUT,
+                                             again_after=CANCEL_AGAIN_AFTER):
                     log.error("worker did not stop: left behind", worker=slot.worker.name,
                               at=where(task))
         slot.task = None
