@@ -26,10 +26,11 @@ from printery.errors import (
     SupervisorError,
     TransportError,
     UnknownRun,
+    WorkerCrashed,
     WorkerFailed,
 )
 from printery.fields import review_fields
-from printery.keys import DLQ, REVIEW, REVIEW_DECIDED, PartitionError, StreamKeys, partition_of
+from printery.keys import DLQ, REVIEW, REVIEW_DECIDED, RUN_FAILED, PartitionError, StreamKeys, partition_of
 from printery.limits import Limit
 from printery.pipeline.aggregate import (
     Aggregator,
@@ -60,6 +61,7 @@ __all__ = [
     "DLQ",
     "REVIEW",
     "REVIEW_DECIDED",
+    "RUN_FAILED",
     "Aggregator",
     "AppConfig",
     "BlobMissing",
@@ -112,6 +114,7 @@ __all__ = [
     "TransportError",
     "UnknownRun",
     "Worker",
+    "WorkerCrashed",
     "WorkerFailed",
     "WorkerManager",
     "WorkerState",

@@ -96,6 +96,9 @@ class WorkerSettings(SettingsTable):
     concurrency: int | None = Field(default=None, ge=1)
     #: Entries fetched per read (``XREADGROUP COUNT``).
     prefetch: int | None = Field(default=None, ge=1)
+    #: Seconds one handler call may run before it is cancelled (CONTRACT §16); unset:
+    #: the step's own ``timeout``, else 300.
+    timeout: float | None = Field(default=None, gt=0)
 
 
 class ReviewSettings(SettingsTable):

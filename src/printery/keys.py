@@ -23,6 +23,9 @@ from dataclasses import dataclass, field
 DLQ = "dlq"
 REVIEW = "review"
 REVIEW_DECIDED = "review:decided"
+#: The outcome of a run one of whose entries was dead-lettered (CONTRACT §16), written
+#: by the runtime in the dead letter's transaction; any step may consume it.
+RUN_FAILED = "run:failed"
 #: The commands' and the client's stream prefix for an app that declares none (CONTRACT
 #: §1); the framework's own :class:`~printery.Settings` default is ``printery``.
 COMMAND_STREAM_PREFIX = "materi:events:deployment"

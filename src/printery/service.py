@@ -342,13 +342,16 @@ class Service(ProcessLifecycle):
         }
 
 
-def worker_overrides(settings: Settings, names: Mapping[str, int]) -> dict[str, dict[str, int]]:
-    """``[workers.<name>]`` tuning as ``build_workers`` overrides (concurrency, prefetch)."""
-    out: dict[str, dict[str, int]] = {}
+def worker_overrides(settings: Settings, names: Mapping[str, int]) -> dict[str, dict[str, float]]:
+    """``[workers.<name>]`` tuning as ``build_workers`` overrides (concurrency, prefetch,
+    timeout)."""
+    out: dict[str, dict[str, float]] = {}
     for name, default in names.items():
-        fields = {"concurrency": settings.concurrency(name, default)}
+        fields: dict[str, float] = {"concurrency": settings.concurrency(name, default)}
         tuning = settings.workers.get(name)
         if tuning is not None and tuning.prefetch is not None:
             fields["prefetch"] = tuning.prefetch
+        if tuning is not None and tuning.timeout is not None:
+            fields["timeout"] = tuning.timeout
         out[name] = fields
     return out

@@ -31,6 +31,8 @@ EXPECTED = {
     "Loop",
     # partitioned streams (CONTRACT §15)
     "PartitionError", "partition_of",
+    # failure semantics (CONTRACT §16)
+    "RUN_FAILED", "WorkerCrashed",
 }
 
 

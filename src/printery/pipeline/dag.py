@@ -14,7 +14,7 @@ from pydantic import BaseModel
 
 from printery.envelope import Codec
 from printery.errors import PipelineError
-from printery.keys import DLQ, REVIEW, REVIEW_DECIDED, StreamKeys
+from printery.keys import DLQ, REVIEW, REVIEW_DECIDED, RUN_FAILED, StreamKeys
 from printery.limits import Limit
 from printery.pipeline.budget import (
     BUDGET_EXCEEDED,
@@ -83,7 +83,7 @@ class Pipeline:
         and in either case every loop's exhausted type and, with budgets,
         ``budget:exceeded`` (CONTRACT §11)."""
         exhausted = [s.loop.exhausted for s in self.steps.values() if s.loop is not None]
-        ended = [*exhausted, *((BUDGET_EXCEEDED,) if self.has_budgets else ())]
+        ended = [*exhausted, *((BUDGET_EXCEEDED,) if self.has_budgets else ()), RUN_FAILED]
         if self._outcomes is not None:
             return tuple(dict.fromkeys([*self._outcomes, *ended]))
         consumed = {t for step in self.steps.values() for t in step.consumes}
@@ -155,6 +155,7 @@ class Pipeline:
         input_check: Callable[[Any], Sequence[Reason]] | None = None,
         budget: Budget | None = None,
         limits: Iterable[Limit] = (),
+        timeout: float | None = None,
         **settings: Any,
     ) -> Callable[[Handler], Handler]:
         """Decorator form of :meth:`add`."""
@@ -168,6 +169,7 @@ class Pipeline:
                     settings=settings, cost_units=tuple(cost_units), input_check=input_check,
                     budget=budget,
                     limits=tuple(limits),
+                    timeout=timeout,
                 )
             )
             return handler
@@ -222,7 +224,8 @@ class Pipeline:
             raise PipelineError(f"pipeline {self.name!r} has no steps")
         for step in self.steps.values():
             for event_type in step.consumes:
-                if event_type not in self.ingress and not self.producers_of(event_type):
+                if (event_type not in self.ingress and event_type != RUN_FAILED
+                        and not self.producers_of(event_type)):
                     raise PipelineError(
                         f"step {step.name!r} consumes {event_type!r}, which no step produces "
                         "and which is not declared as ingress"
@@ -317,7 +320,9 @@ class Pipeline:
         for step in self.steps.values():
             if step.name not in chosen:
                 continue
-            fields = {"concurrency": step.concurrency, **step.settings,
+            fields = {"concurrency": step.concurrency,
+                      **({} if step.timeout is None else {"timeout": step.timeout}),
+                      **step.settings,
                       **(overrides or {}).get(step.name, {})}
             worker = StreamWorker(
                 step.name, client=client, keys=keys, consumes=step.consumes,

@@ -47,6 +47,17 @@ def check_concurrency(what: str, concurrency: object) -> None:
         )
 
 
+def check_timeout(what: str, timeout: object) -> None:
+    """Refuse a step timeout that is not a positive number of seconds (None: the default)."""
+    if timeout is None:
+        return
+    if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not timeout > 0:
+        raise PipelineError(
+            f"{what}: timeout={timeout!r} is not a number of seconds; write a number > 0 "
+            "(e.g. timeout=60), or leave it out for the default of 300"
+        )
+
+
 @dataclass(frozen=True, slots=True)
 class LoopShape:
     """What makes a step a declared validation loop (:class:`~printery.Loop`): the stream
@@ -102,6 +113,10 @@ class Step:
     limits: Sequence[Limit] = ()
     #: Set on the step of a declared validation loop (built by :class:`~printery.Loop`).
     loop: LoopShape | None = None
+    #: Seconds a handler call may run before it is cancelled and the attempt fails with
+    #: ``reason_code`` ``timeout`` (CONTRACT §16); None: ``[workers.<step>] timeout``,
+    #: else the default (300 s).
+    timeout: float | None = None
 
     def input_reasons(self, data: Any) -> list[Reason]:
         """Why ``data`` is not valid input of this step (empty: it is)."""
@@ -116,6 +131,7 @@ class Step:
 
     def __post_init__(self) -> None:
         check_concurrency(f"step {self.name!r}", self.concurrency)
+        check_timeout(f"step {self.name!r}", self.timeout)
         self.limits = tuple(self.limits)
         for limit in self.limits:
             if not isinstance(limit, Limit):

@@ -40,6 +40,9 @@ class ConsumerSettings:
     record_ttl: float = 7 * 86400.0
     handler_timeout: float | None = None
     stall_timeout: float = 30.0
+    #: Seconds a handler call may run: then it is cancelled and the attempt fails with
+    #: ``reason_code`` ``timeout`` (CONTRACT §16).
+    timeout: float = 300.0
 
 
     @property

@@ -54,6 +54,15 @@ class Message:
     started: float = field(default_factory=time.monotonic)
     attempt: int = 1
     feedback: Sequence[Mapping[str, Any]] = ()
+    #: The step's ``max_deliveries``: a handler call with ``deliveries`` at it is the
+    #: last before the entry is dead-lettered (a loop turns that failure into a failed
+    #: attempt, CONTRACT §16).
+    max_deliveries: int = 5
+
+    @property
+    def last_delivery(self) -> bool:
+        """Whether a failure of this call dead-letters the entry (no retry is left)."""
+        return self.deliveries >= self.max_deliveries
 
     @property
     def data(self) -> Any:
