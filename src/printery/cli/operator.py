@@ -16,6 +16,7 @@ from printery.cli.ops_common import OpsContext
 from printery.cli.ops_dlq import dlq
 from printery.cli.ops_emit import emit
 from printery.cli.ops_inspect import pipeline_group, status, streams
+from printery.cli.ops_pending import pending
 from printery.cli.ops_review import review
 from printery.cli.ops_trace import cost, replay, trace
 from printery.cli.ops_watch import watch
@@ -82,8 +83,8 @@ def printery(
     })
 
 
-for _command in (emit, status, streams, dlq, review, trace, watch, pipeline_group, replay, cost,
-                 bench):
+for _command in (emit, status, streams, pending, dlq, review, trace, watch, pipeline_group, replay,
+                 cost, bench):
     printery.add_command(_command)
 
 

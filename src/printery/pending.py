@@ -1,0 +1,177 @@
+"""Pending entries (CONTRACT §16): entries a consumer group was delivered and has not
+acknowledged, for ``printery pending``.
+
+Read from the server alone (``XPENDING`` of every group of the pipeline on every stream
+and partition, then each entry's fields for its run), so it answers whether or not a
+worker runs. An entry is named as commands name entries (``<id>@p<k>`` with several
+partitions, :meth:`~printery.keys.StreamKeys.entry_ref`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import redis.asyncio as aioredis
+from redis.exceptions import RedisError, ResponseError
+
+from printery.envelope import correlation_of
+from printery.history import id_order
+from printery.keys import StreamKeys
+from printery.transport.streams import CONNECTION_ERRORS
+
+__all__ = ["PendingEntry", "find_pending", "pending_entries"]
+
+#: Entries asked for per XPENDING call (a page; every page is read).
+PAGE = 1000
+
+
+@dataclass(frozen=True, slots=True)
+class PendingEntry:
+    """One entry pending in one group: ``worker`` is the group (the step), ``consumer``
+    the consumer holding it, ``deliveries`` how often Redis delivered it, ``idle_ms``
+    since its last delivery (or lease renewal), ``run_id`` the run it belongs to ("" when
+    it names none, or when the entry itself is gone from its stream)."""
+
+    keys: StreamKeys
+    event_type: str
+    entry_id: str
+    worker: str
+    consumer: str
+    deliveries: int
+    idle_ms: int
+    run_id: str = ""
+
+    @property
+    def ref(self) -> str:
+        """The entry as commands name it."""
+        return self.keys.entry_ref(self.entry_id)
+
+    @property
+    def stream(self) -> str:
+        return self.keys.stream(self.event_type)
+
+    def view(self) -> dict[str, Any]:
+        """As ``printery pending --json`` shows it."""
+        row: dict[str, Any] = {
+            "id": self.ref, "stream": self.stream, "type": self.event_type,
+            "worker": self.worker, "consumer": self.consumer, "deliveries": self.deliveries,
+            "idle_ms": self.idle_ms, "run_id": self.run_id,
+        }
+        if self.keys.partitioned:
+            row["partition"] = self.keys.partition
+        return row
+
+
+def _pairs(
+    groups: Mapping[str, Sequence[str]], worker: str | None
+) -> list[tuple[str, str]]:
+    """``(event type, group)`` of every group reading a stream (of ``worker`` only)."""
+    return [(event_type, group) for event_type, names in groups.items() for group in names
+            if worker is None or group == worker]
+
+
+async def _page(
+    client: aioredis.Redis, stream: str, group: str, start: str, count: int
+) -> list[dict[str, Any]]:
+    """One page of ``XPENDING stream group start + count``; empty when the stream or
+    the group does not exist (no worker ever started on it)."""
+    try:
+        rows: list[dict[str, Any]] = await client.xpending_range(
+            stream, group, min=start, max="+", count=count)
+    except ResponseError as exc:
+        if isinstance(exc, CONNECTION_ERRORS) or "NOGROUP" not in str(exc):
+            raise
+        return []
+    return rows
+
+
+def _entry(part: StreamKeys, event_type: str, group: str, row: Mapping[str, Any]) -> PendingEntry:
+    return PendingEntry(part, event_type, _text(row["message_id"]), group,
+                        _text(row["consumer"]), int(row["times_delivered"]),
+                        int(row["time_since_delivered"]))
+
+
+async def _with_runs(
+    client: aioredis.Redis, entries: list[PendingEntry], correlation_field: str
+) -> list[PendingEntry]:
+    """``entries`` with the run each belongs to, read from its fields (one pipelined
+    round trip per page)."""
+    done: list[PendingEntry] = []
+    for start in range(0, len(entries), PAGE):
+        chunk = entries[start:start + PAGE]
+        pipe = client.pipeline(transaction=False)
+        for entry in chunk:
+            pipe.xrange(entry.stream, entry.entry_id, entry.entry_id, count=1)
+        replies = await pipe.execute(raise_on_error=False)
+        for entry, found in zip(chunk, replies, strict=True):
+            if isinstance(found, CONNECTION_ERRORS):
+                raise found
+            run_id = ""
+            if isinstance(found, list) and found:
+                run_id = correlation_of(found[0][1], correlation_field) or ""
+            done.append(PendingEntry(entry.keys, entry.event_type, entry.entry_id,
+                                     entry.worker, entry.consumer, entry.deliveries,
+                                     entry.idle_ms, run_id))
+    return done
+
+
+async def pending_entries(
+    client: aioredis.Redis,
+    keys: StreamKeys,
+    groups: Mapping[str, Sequence[str]],
+    correlation_field: str,
+    *,
+    worker: str | None = None,
+) -> list[PendingEntry]:
+    """Every entry pending in a group of ``groups`` (event type -> the groups reading its
+    stream, :meth:`Pipeline.groups <printery.Pipeline.groups>`), of ``worker``'s group
+    only when given, on every partition; oldest first (by entry id, then stream and
+    group)."""
+    found: list[PendingEntry] = []
+    for event_type, group in _pairs(groups, worker):
+        for part in keys.each():
+            stream, start = part.stream(event_type), "-"
+            while True:
+                rows = await _page(client, stream, group, start, PAGE)
+                found += [_entry(part, event_type, group, row) for row in rows]
+                if len(rows) < PAGE:
+                    break
+                start = "(" + _text(rows[-1]["message_id"])
+    found = await _with_runs(client, found, correlation_field)
+    found.sort(key=lambda e: (id_order(e.entry_id), e.stream, e.worker))
+    return found
+
+
+async def find_pending(
+    client: aioredis.Redis,
+    keys: StreamKeys,
+    groups: Mapping[str, Sequence[str]],
+    correlation_field: str,
+    ref: str,
+    *,
+    worker: str | None = None,
+) -> list[PendingEntry]:
+    """The entry named ``ref`` (``<id>`` or ``<id>@p<k>``) in every group (of ``worker``
+    only when given) that holds it pending: none, one, or several when groups of several
+    steps hold the same entry (or, with a bare id, entries of several partitions)."""
+    parts, entry_id = keys.resolve_ref(ref)
+    if id_order(entry_id) == (0, 0) and entry_id not in ("0-0", "0"):
+        return []  # not an entry id at all
+    found: list[PendingEntry] = []
+    for event_type, group in _pairs(groups, worker):
+        for part in parts:
+            try:
+                rows = await client.xpending_range(part.stream(event_type), group,
+                                                   min=entry_id, max=entry_id, count=1)
+            except RedisError as exc:
+                if isinstance(exc, CONNECTION_ERRORS):
+                    raise
+                continue  # no such stream or group, or an id the server refuses
+            found += [_entry(part, event_type, group, row) for row in rows]
+    return await _with_runs(client, found, correlation_field)
+
+
+def _text(value: object) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)

@@ -1,0 +1,131 @@
+"""``printery pending`` (CONTRACT §16) as a subprocess against the real server, with no
+worker running: entries are made pending the way a worker that died would leave them
+(``XREADGROUP`` of the pipeline's groups, never acknowledged)."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+from typing import Any
+
+import pytest
+import redis
+
+from printery.keys import StreamKeys, partition_of
+from printery.transport.server import ServerProcess
+from support.operator_cli import cli_sync
+
+STARTED, VALIDATED = "deployment:started", "deployment:validated"
+#: The deployment pipeline's groups on deployment:validated.
+VALIDATED_GROUPS = ("dependency-checker", "health-monitor", "aggregator")
+
+
+@pytest.fixture
+def r(server: ServerProcess) -> redis.Redis:
+    return redis.Redis.from_url(server.url, decode_responses=True)
+
+
+def fields(cid: str, *, in_data_only: bool = False) -> dict[str, str]:
+    base = {"data": json.dumps({"deployment_id": cid, "service": "api"}),
+            "type": "x", "event_id": f"e-{cid}", "idempotency_key": f"k-{cid}",
+            "attempt": "1", "produced_at": "2026-01-01T00:00:00.000Z", "producer": "test"}
+    if not in_data_only:
+        base["deployment_id"] = cid
+    return base
+
+
+def deliver(r: redis.Redis, stream: str, group: str, consumer: str, count: int = 10) -> list[str]:
+    """Read what ``group`` has not read yet as ``consumer``, never acknowledging it."""
+    with contextlib.suppress(redis.ResponseError):  # the group exists
+        r.xgroup_create(stream, group, id="0", mkstream=True)
+    reply = r.xreadgroup(group, consumer, {stream: ">"}, count=count)
+    return [entry_id for _, entries in reply for entry_id, _ in entries]
+
+
+def pending(server: ServerProcess, prefix: str, *args: str,
+            partitions: int = 1) -> Any:
+    proc = cli_sync(server.url, prefix, "pending", *args,
+                    env={"PRINTERY_PARTITIONS": str(partitions)})
+    assert proc.returncode == 0, proc.stderr
+    return json.loads(proc.stdout) if "--json" in args else proc.stdout
+
+
+def test_lists_every_groups_unacknowledged_entries_with_their_runs(
+    server: ServerProcess, prefix: str, r: redis.Redis
+) -> None:
+    started, validated = f"{prefix}:{STARTED}", f"{prefix}:{VALIDATED}"
+    assert pending(server, prefix, "--json") == []
+    assert pending(server, prefix).strip() == "no pending entries"
+
+    first = r.xadd(started, fields("dep-1"))
+    second = r.xadd(started, fields("dep-2", in_data_only=True))
+    acked = r.xadd(started, fields("dep-3"))
+    assert deliver(r, started, "validator", "validator-0") == [first, second, acked]
+    r.xack(started, "validator", acked)
+    shared = r.xadd(validated, fields("dep-1"))
+    deliver(r, validated, "dependency-checker", "dependency-checker-2")
+    deliver(r, validated, "aggregator", "aggregator-0")
+    deliver(r, validated, "aggregator", "aggregator-1")  # nothing left: nothing pending
+    # Delivered twice to health-monitor (a claim after a crash counts a delivery).
+    deliver(r, validated, "health-monitor", "health-monitor-0")
+    r.xclaim(validated, "health-monitor", "health-monitor-1", 0, [shared])
+    # An entry trimmed away while pending: still listed, its run unknown.
+    gone = r.xadd(started, fields("dep-4"))
+    deliver(r, started, "validator", "validator-1")
+    r.xdel(started, gone)
+
+    rows = pending(server, prefix, "--json")
+    assert [(row["id"], row["worker"]) for row in rows] == [
+        (first, "validator"), (second, "validator"),
+        *sorted(((shared, group) for group in ("aggregator", "dependency-checker",
+                                               "health-monitor")),
+                key=lambda pair: pair[1]),
+        (gone, "validator")]
+    by = {(row["id"], row["worker"]): row for row in rows}
+    assert by[(first, "validator")] == {
+        "id": first, "stream": started, "type": STARTED, "worker": "validator",
+        "consumer": "validator-0", "deliveries": 1,
+        "idle_ms": by[(first, "validator")]["idle_ms"], "run_id": "dep-1"}
+    assert isinstance(by[(first, "validator")]["idle_ms"], int)
+    assert by[(second, "validator")]["run_id"] == "dep-2", "the run read from data"
+    assert by[(gone, "validator")]["run_id"] == ""
+    assert by[(shared, "health-monitor")]["deliveries"] == 2
+    assert by[(shared, "health-monitor")]["consumer"] == "health-monitor-1"
+    assert by[(shared, "dependency-checker")]["stream"] == validated
+
+    # --worker takes names and the aliases printery-workers takes.
+    for name in ("dependency", "dependency-checker", "DEPENDENCY"):
+        only = pending(server, prefix, "--worker", name, "--json")
+        assert [(row["id"], row["worker"]) for row in only] == [(shared, "dependency-checker")]
+    assert pending(server, prefix, "--worker", "notifier", "--json") == []
+    refused = cli_sync(server.url, prefix, "pending", "--worker", "nobody")
+    assert refused.returncode == 2
+    assert "nobody" in refused.stderr and "dependency-checker" in refused.stderr
+
+    text = pending(server, prefix).splitlines()
+    assert text[0].split() == ["id", "worker", "stream", "consumer", "deliveries", "idle",
+                               "deployment_id"]
+    assert text[2].split()[:5] == [first, "validator", STARTED, "validator-0", "1"]
+    assert text[2].split()[-1] == "dep-1"
+    assert len(text) == 2 + len(rows)
+
+
+def test_lists_every_partition_by_the_ids_commands_take(
+    server: ServerProcess, prefix: str, r: redis.Redis
+) -> None:
+    n = 3
+    keys = StreamKeys(prefix, n)
+    runs: dict[int, str] = {}
+    i = 0
+    while len(runs) < n:
+        runs.setdefault(partition_of(f"dep-{i}", n), f"dep-{i}")
+        i += 1
+    made = {}
+    for k, cid in runs.items():
+        stream = keys.at(k).stream(STARTED)
+        made[k] = r.xadd(stream, fields(cid))
+        deliver(r, stream, "validator", "validator-0")
+    rows = pending(server, prefix, "--json", partitions=n)
+    assert sorted((row["id"], row["run_id"], row["partition"]) for row in rows) == sorted(
+        (f"{made[k]}@p{k}", runs[k], k) for k in range(n))
+    assert {row["stream"] for row in rows} == {keys.at(k).stream(STARTED) for k in range(n)}
