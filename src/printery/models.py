@@ -12,7 +12,11 @@ raise :class:`~printery.Retry` (the entry is delivered again later); a ``Retry-A
 longer than ``max_retry_delay`` too, with that delay, so no handler sleeps for minutes
 holding a slot; 401 and 403 as well (a key an operator can fix); any other 4xx is
 :class:`~printery.Reject` (the same request would be
-refused again), reason code ``model_request_refused``.
+refused again), reason code ``model_request_refused``. A 2xx body with no
+completion in it (no choice, or a message without content) raises
+:class:`~printery.Retry` too: the entry fails and is delivered again. A body without
+``usage`` reports no cost at all (its tokens are unknown, not zero) and logs a warning
+once per step.
 """
 
 from __future__ import annotations
@@ -92,6 +96,8 @@ class OpenAICompatible:
         self.max_attempts = max_attempts
         self.max_retry_delay = max_retry_delay
         self._http = http
+        #: Steps already told that this model's responses carry no usage.
+        self._unmetered: set[str] = set()
         self._key()  # registered for redaction as soon as it is known
 
     async def complete(
@@ -150,21 +156,57 @@ class OpenAICompatible:
     def _completed(self, message: Message, response: httpx.Response) -> Completion:
         try:
             body = response.json()
-            usage = body.get("usage") or {}
-            prompt = int(usage.get("prompt_tokens", 0))
-            completion = int(usage.get("completion_tokens", 0))
-            choices = body.get("choices") or [{}]
-            text = (choices[0].get("message") or {}).get("content") or ""
+            usage = body.get("usage")
+            counted = isinstance(usage, dict) and (
+                "prompt_tokens" in usage or "completion_tokens" in usage)
+            prompt = int(usage.get("prompt_tokens") or 0) if counted else 0
+            completion = int(usage.get("completion_tokens") or 0) if counted else 0
+            text = _text_of(body.get("choices"))
         except (ValueError, AttributeError, TypeError) as exc:
             raise Retry(self._clean(f"{self.url} answered a body that is not a chat "
                                     f"completion: {exc}")) from None
+        if text is None:
+            raise Retry(self._clean(
+                f"{self.url} answered no completion (model {self.model}): no choice with a "
+                f"message content in {response.text[:200]}"))
+        if not counted:
+            self._no_usage(message)
+            return Completion(text, 0, 0, body)
         if prompt or completion:
             message.report_cost("tokens", prompt + completion)
         if self.prices:
             usd = (prompt * self.prices.get("input", 0.0)
                    + completion * self.prices.get("output", 0.0)) / 1000
             message.report_cost("usd", usd)
-        return Completion(str(text), prompt, completion, body)
+        return Completion(text, prompt, completion, body)
+
+    def _no_usage(self, message: Message) -> None:
+        """A response without ``usage``: its cost is unknown, so none is reported (not a
+        free call: zero would pass for a count); said once per step of this model."""
+        if message.worker in self._unmetered:
+            return
+        self._unmetered.add(message.worker)
+        log.warning("model response without usage: its tokens and usd are not counted "
+                    "(budgets and token limits do not see this step's calls)",
+                    url=self.url, model=self.model, step=message.worker)
+
+
+def _text_of(choices: Any) -> str | None:
+    """The first choice's message content; "" for a message that answers with tool
+    calls or a refusal instead; None when there is no choice or no content."""
+    if not isinstance(choices, list) or not choices or not isinstance(choices[0], dict):
+        return None
+    answer = choices[0].get("message")
+    if not isinstance(answer, dict):
+        return None
+    content = answer.get("content")
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list) and content:  # content parts: their text, in order
+        return "".join(str(part.get("text") or "") for part in content if isinstance(part, dict))
+    if content is None and (answer.get("tool_calls") or answer.get("refusal")):
+        return ""
+    return None
 
 
 def _retry_after(value: str | None) -> float | None:

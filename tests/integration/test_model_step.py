@@ -38,6 +38,8 @@ class Reply:
     headers: dict[str, str] = field(default_factory=dict)
     body: str | None = None
     sleep: float = 0.0
+    #: A 200's whole JSON body instead of the usual completion (``usage`` and all).
+    payload: dict[str, Any] | None = None
 
 
 class FakeModel:
@@ -59,6 +61,8 @@ class FakeModel:
         if reply.status != 200:
             return web.Response(status=reply.status, headers=reply.headers,
                                 text=reply.body or f"status {reply.status}")
+        if reply.payload is not None:
+            return web.json_response(reply.payload)
         return web.json_response({
             "id": "cmpl-1", "model": body["model"],
             "choices": [{"index": 0, "message": {"role": "assistant",
@@ -211,3 +215,82 @@ async def test_tokens_per_minute_charged_by_real_usage(
         await wait_for(three, timeout=10, message="3 outputs")
     starts = [at for at, _, _ in model.requests]
     assert starts[2] - starts[0] >= 2.0 - 0.2
+
+
+def completion_without_usage(text: str) -> dict[str, Any]:
+    return {"id": "cmpl-2", "model": "tiny-1",
+            "choices": [{"index": 0, "message": {"role": "assistant", "content": text}}]}
+
+
+async def test_a_response_without_usage_reports_no_cost_and_warns_once(
+    client: aioredis.Redis, prefix: str, model: FakeModel
+) -> None:
+    """No ``usage``: the tokens are unknown, so nothing is reported (not 0 tokens and
+    0 usd, which budgets would count as free calls), and the operator is told once."""
+    keys = StreamKeys(prefix)
+    model.default = Reply(payload=completion_without_usage("hi"))
+    log = io.StringIO()
+    configure_logging("info", json=True, stream=log)
+    llm = OpenAICompatible(model.url, "tiny-1", api_key_env="TEST_MODEL_KEY", prices=PRICES)
+    seen: list[int] = []
+    outs = await run_until(client, keys, model_pipeline(llm, seen), 2)
+    for out in outs:
+        assert orjson.loads(out.get("cost") or "{}") == {}
+        assert CODEC.decode(out, "out").data["text"] == "hi"
+    warnings = [orjson.loads(line) for line in log.getvalue().splitlines()
+                if "without usage" in line]
+    assert len(warnings) == 1, warnings
+    assert warnings[0]["level"] == "warning"
+    assert (warnings[0]["model"], warnings[0]["step"]) == ("tiny-1", "draft")
+
+
+@pytest.mark.parametrize("payload", [
+    {"choices": []},
+    {"choices": [{"index": 0, "message": {"role": "assistant"}}]},
+    {"choices": [{"index": 0, "finish_reason": "stop"}]},
+    {"id": "cmpl-3"},
+], ids=["no-choices", "no-content", "no-message", "no-choices-key"])
+async def test_a_response_without_a_completion_fails_the_entry_and_is_retried(
+    client: aioredis.Redis, prefix: str, model: FakeModel, payload: dict[str, Any]
+) -> None:
+    keys = StreamKeys(prefix)
+    model.script = [Reply(payload={**payload, "usage": {"prompt_tokens": 1,
+                                                        "completion_tokens": 0}})]
+    llm = OpenAICompatible(model.url, "tiny-1", api_key_env="TEST_MODEL_KEY")
+    seen: list[int] = []
+    (out,) = await run_until(client, keys, model_pipeline(llm, seen), 1)
+    assert seen == [1, 2], "the empty answer failed the first delivery"
+    assert CODEC.decode(out, "out").data["text"] == "echo 0"
+    assert orjson.loads(out["cost"]) == {"tokens": 42}, "the failed call reported nothing"
+
+
+async def test_an_empty_completion_says_so_in_its_dead_letter(
+    client: aioredis.Redis, prefix: str, model: FakeModel
+) -> None:
+    keys = StreamKeys(prefix)
+    model.default = Reply(payload={"choices": []})
+    llm = OpenAICompatible(model.url, "tiny-1", api_key_env="TEST_MODEL_KEY")
+    seen: list[int] = []
+    (dead,) = await run_until(client, keys, model_pipeline(llm, seen, max_deliveries=1), 1,
+                              event_type="dlq")
+    assert "answered no completion (model tiny-1)" in dead["error"], dead["error"]
+    assert await entries(client, keys, "out") == []
+
+
+async def test_a_completion_of_tool_calls_or_content_parts_is_an_answer(
+    client: aioredis.Redis, prefix: str, model: FakeModel
+) -> None:
+    keys = StreamKeys(prefix)
+    usage = {"prompt_tokens": 3, "completion_tokens": 4}
+    model.script = [
+        Reply(payload={"choices": [{"message": {"role": "assistant", "content": None,
+                                                "tool_calls": [{"id": "t1"}]}}],
+                       "usage": usage}),
+        Reply(payload={"choices": [{"message": {"role": "assistant", "content": [
+            {"type": "text", "text": "a"}, {"type": "text", "text": "b"}]}}], "usage": usage}),
+    ]
+    llm = OpenAICompatible(model.url, "tiny-1", api_key_env="TEST_MODEL_KEY")
+    seen: list[int] = []
+    outs = await run_until(client, keys, model_pipeline(llm, seen, concurrency=1), 2)
+    assert sorted(CODEC.decode(out, "out").data["text"] for out in outs) == ["", "ab"]
+    assert seen == [1, 1]
