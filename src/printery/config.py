@@ -315,6 +315,26 @@ class Settings(SettingsTable):
             canonical[name] = table
         return canonical
 
+    @field_validator("review", mode="before")
+    @classmethod
+    def _review(cls, value: object, info: ValidationInfo) -> object:
+        """``[review.<kind>]`` names a kind of the pipeline, as ``[workers.<name>]`` names
+        a worker; checked once the pipeline is known and names kinds at all (a pipeline
+        declaring none writes only kinds its steps make up, which no table can check)."""
+        context = info.context if isinstance(info.context, Mapping) else {}
+        kinds = frozenset(context.get("review_kinds") or ())
+        if not kinds or not isinstance(value, Mapping):
+            return value
+        for key, table in value.items():
+            if str(key) not in kinds:
+                allowed = ("a review kind of the pipeline: " + ", ".join(sorted(kinds))
+                           + " (a kind a step writes by itself is declared with "
+                           "Pipeline.review_kind)")
+                raise PydanticCustomError(
+                    "printery_key", "{allowed}", {"allowed": allowed, "key": key, "value": table}
+                )
+        return value
+
     def for_app(self, config: AppConfig) -> Settings:
         """These settings as loaded for ``config``'s application (the loader's last step:
         :attr:`app_config` and :meth:`table` answer from it)."""

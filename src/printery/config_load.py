@@ -96,7 +96,7 @@ def _describe_error(root: type[BaseModel], error: ErrorDetails) -> tuple[str, ob
     loc = list(error["loc"])
     ctx = error.get("ctx") or {}
     value = None if error["type"] == "missing" else error["input"]
-    if "key" in ctx:  # an unknown [workers.<name>] table
+    if "key" in ctx:  # an unknown [workers.<name>] or [review.<kind>] table
         loc.append(str(ctx["key"]))
         value = ctx["value"]
     setting = "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in loc).lstrip(".")
@@ -156,6 +156,7 @@ def load_settings(
     *,
     app: AppConfig | None = None,
     worker_names: Collection[str] = (),
+    review_kinds: Collection[str] = (),
     app_pending: bool = False,
 ) -> Settings:
     """Merge flag > env var > config file > default and validate everything at once.
@@ -166,10 +167,11 @@ def load_settings(
     application's :class:`AppConfig`: its defaults sit between the config file and the
     framework's defaults, its tables are validated with the rest, its worker aliases
     are accepted. ``worker_names`` are the pipeline's workers; ``--worker`` and
-    ``[workers.*]`` are checked against them. ``app_pending``: the application is not
-    known yet (this pass finds ``app``), so top-level tables the framework does not know,
-    and ``[workers.*]`` (which may use the app's aliases), are set aside for the next
-    pass instead of refused.
+    ``[workers.*]`` are checked against them; ``review_kinds`` the pipeline's review
+    kinds, which ``[review.*]`` is checked against (when there are any).
+    ``app_pending``: the application is not known yet (this pass finds ``app``), so
+    top-level tables the framework does not know, and ``[workers.*]`` (which may use the
+    app's aliases), are set aside for the next pass instead of refused.
     Raises :class:`ConfigError` with a one-line message on any bad setting.
     """
     given: dict[str, object] = {}
@@ -202,7 +204,8 @@ def load_settings(
         _put(data, sources, name, value, SETTINGS_DOC[name].flag)
 
     model = _settings_model(tuple(config.tables.items()))
-    context = {"worker_names": list(worker_names), "worker_aliases": config.worker_aliases}
+    context = {"worker_names": list(worker_names), "worker_aliases": config.worker_aliases,
+               "review_kinds": list(review_kinds)}
     try:
         settings: Settings = model.model_validate(data, context=context)
     except ValidationError as exc:

@@ -177,3 +177,71 @@ def test_the_commands_give_every_app_the_contracts_prefix_unless_it_declares_one
     assert plain.settings.stream_prefix == "materi:events:deployment"
     given = load_app_settings({"app": "examples.docflow:pipeline"}, {"STREAM_PREFIX": "docs"})
     assert given.settings.stream_prefix == "docs"
+
+
+@pytest.mark.parametrize(("app", "table"), [
+    (None, "aproval"),  # the deployment pipeline: approval, delivery_failed, branch_timeout
+    ("examples.support:pipeline", "support_anwser"),  # a Loop's review_kind
+])
+def test_a_review_table_of_a_kind_the_pipeline_does_not_have_is_refused(
+    tmp_path: Path, app: str | None, table: str
+) -> None:
+    """As ``[workers.<name>]`` names a worker, ``[review.<kind>]`` names a kind of the
+    pipeline: a typo is one line naming the table, not a deadline that never applies."""
+    from printery.cli.workers import resolve
+
+    env = {**config_file(tmp_path, f"[review.{table}]\ntimeout = 60\n"),
+           **({"PRINTERY_APP": app} if app else {})}
+    with pytest.raises(ConfigError) as info:
+        resolve({}, env)
+    message = str(info.value)
+    assert message.startswith(f"invalid review.{table} (config file "), message
+    assert "\n" not in message
+    assert ("approval" if app is None else "support_answer") in message
+
+
+def test_review_tables_of_the_pipelines_kinds_are_taken(tmp_path: Path) -> None:
+    from printery.cli.workers import resolve
+
+    env = config_file(tmp_path, "[review.approval]\ntimeout = 60\n[review.branch_timeout]\n")
+    settings, _ = resolve({}, env)
+    assert settings.review_timeouts() == {"approval": 60.0}
+    env = {**config_file(tmp_path, "[review.support_answer]\ntimeout = 5\n"),
+           "PRINTERY_APP": "examples.support:pipeline"}
+    assert resolve({}, env)[0].review_timeouts() == {"support_answer": 5.0}
+    # A pipeline that declares no kind (its steps write kinds of their own) cannot be
+    # checked: any table is taken.
+    env = {**config_file(tmp_path, "[review.low_confidence]\ntimeout = 1\n"),
+           "PRINTERY_APP": "examples.docflow:pipeline"}
+    assert resolve({}, env)[0].review_timeouts() == {"low_confidence": 1.0}
+
+
+def test_a_budget_review_kind_is_a_kind_of_the_pipeline(tmp_path: Path) -> None:
+    from printery import Budget
+    from printery.cli.workers import review_kinds
+
+    pipeline = Pipeline("b", ingress=["in"], cost_units=["usd"],
+                        budget=Budget(usd=1.0, on_exceeded="review"))
+    assert review_kinds(pipeline) == ["budget_exceeded"]
+    assert load_settings({}, config_file(tmp_path, "[review.budget_exceeded]\ntimeout = 9\n"),
+                         review_kinds=review_kinds(pipeline)).review_timeouts() == {
+        "budget_exceeded": 9.0}
+    with pytest.raises(ConfigError, match=r"^invalid review\.budget \(config file .*"
+                                          r"a review kind of the pipeline: budget_exceeded"):
+        load_settings({}, config_file(tmp_path, "[review.budget]\ntimeout = 9\n"),
+                      review_kinds=review_kinds(pipeline))
+
+
+def test_printery_workers_exits_2_on_a_review_table_typo(tmp_path: Path) -> None:
+    import subprocess
+    import sys
+
+    cfg = tmp_path / "printery.toml"
+    cfg.write_text("[review.aproval]\ntimeout = 60\n")
+    done = subprocess.run(
+        [sys.executable, "-m", "printery.cli.workers", "--config", str(cfg),
+         "--redis-url", "redis://127.0.0.1:1", "--http-addr", "off"],
+        capture_output=True, text=True, timeout=60, cwd=tmp_path, check=False)
+    assert done.returncode == 2, done.stderr
+    (line,) = done.stderr.strip().splitlines()
+    assert line.startswith("invalid review.aproval (config file "), line

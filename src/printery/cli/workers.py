@@ -10,9 +10,9 @@ does not hide ``SUPERVISED_MODE=true``.
 Settings are validated before anything connects, in the order of
 :mod:`printery.apps`: the framework's (to find ``--app``), then with the app's
 :class:`~printery.AppConfig` (its tables, defaults and worker aliases), then once more
-with the pipeline's worker names, so ``--worker`` and ``[workers.<name>]`` are checked
-against the pipeline actually run. Any :class:`ConfigError` becomes exit 2 with exactly
-one line on stderr.
+with the pipeline's worker names and review kinds, so ``--worker``, ``[workers.<name>]``
+and ``[review.<kind>]`` are checked against the pipeline actually run. Any
+:class:`ConfigError` becomes exit 2 with exactly one line on stderr.
 """
 
 from __future__ import annotations
@@ -82,9 +82,19 @@ def resolve(
     loaded = load_app_settings(flags, env)
     pipeline = loaded.pipeline()
     names = list(pipeline.steps)
-    settings = load_settings(flags, env, app=loaded.settings.app_config, worker_names=names)
+    settings = load_settings(flags, env, app=loaded.settings.app_config, worker_names=names,
+                             review_kinds=review_kinds(pipeline))
     settings.selected_workers(names)
     return settings, pipeline
+
+
+def review_kinds(pipeline: Pipeline) -> list[str]:
+    """The review kinds ``pipeline`` declares: registered (``Pipeline.review_kind``, the
+    budget's), and each validation loop's."""
+    kinds = set(pipeline.review_kinds)
+    kinds.update(step.loop.review_kind for step in pipeline.steps.values()
+                 if step.loop is not None and step.loop.review_kind)
+    return sorted(kinds)
 
 
 def _child_args(flags: dict[str, object | None]) -> list[str]:
