@@ -5,6 +5,7 @@ fallback, review with resume, replay from the loop, and a handler failing mid-lo
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
@@ -12,12 +13,15 @@ import pytest
 import redis.asyncio as aioredis
 
 from printery import (
+    Budget,
     Client,
     ConsumerSettings,
+    Limit,
     Loop,
     Message,
     Pipeline,
     Reason,
+    Reject,
     StreamKeys,
     WorkerManager,
     replay,
@@ -246,3 +250,152 @@ async def test_replay_from_the_loop_starts_it_afresh(
     assert result.data == {"text": "draft 2"}
     calls = drafts.calls(again.new_id)
     assert [(c["attempt"], c["feedback"]) for c in calls] == [(1, []), (2, earlier(1))]
+
+
+# -- loops compose (CONTRACT §16) ------------------------------------------------------------
+
+
+class Down:
+    """A worker whose model is down for the attempts in ``down`` (every delivery of them
+    raises), a fallback that is down too when ``fallback_down``, a validator that passes
+    anything; every call is recorded as ``(attempt, deliveries)``."""
+
+    def __init__(self, down: set[int], *, fallback_down: bool = False, hang: bool = False) -> None:
+        self.down = down
+        self.fallback_down = fallback_down
+        self.hang = hang
+        self.calls: list[tuple[int, int]] = []
+        self.fallback_calls: list[list[dict[str, Any]]] = []
+
+    async def work(self, message: Message) -> dict[str, Any]:
+        self.calls.append((message.attempt, message.deliveries))
+        if message.attempt in self.down:
+            if self.hang:
+                await asyncio.Event().wait()  # never answers: the loop's timeout ends it
+            raise RuntimeError("the model is down")
+        return {"text": f"draft {message.attempt}"}
+
+    async def fallback(self, message: Message) -> dict[str, Any]:
+        self.fallback_calls.append(list(message.feedback))
+        if self.fallback_down:
+            raise ConnectionError("the fallback is down too")
+        return {"text": "fallback"}
+
+    def validate(self, message: Message) -> list[Reason]:
+        return []
+
+
+def down_pipeline(down: Down, **loop: Any) -> Pipeline:
+    pipeline = Pipeline("answers", ingress=["request"], cost_units=["tokens"])
+    pipeline.add(Loop("draft", consumes="request", produces="answer", work=down.work,
+                      validate=down.validate, exhausted="answer:exhausted",
+                      cost_units=["tokens"], **loop))
+    return pipeline
+
+
+def failed(n: int, message: str, **more: Any) -> dict[str, Any]:
+    return {"attempt": n, **more, "data": None,
+            "reasons": [{"code": "work_failed", "field": "", "message": message}]}
+
+
+async def test_work_failing_every_delivery_is_a_failed_attempt_and_the_next_one_runs(
+    running: Any
+) -> None:
+    down = Down({1})
+    client = await running(down_pipeline(down, max_attempts=3))
+    run_id = await client.submit({"question": "q"})
+    result = await client.result(run_id, timeout=30)
+    assert result.status == "answer" and result.data == {"text": "draft 2"}
+    # Attempt 1 was retried as a delivery (max_deliveries=3), then it failed as an attempt.
+    assert down.calls == [(1, 1), (1, 2), (1, 3), (2, 1)]
+    trace = await client.entries(run_id)
+    verdicts = [e["data"] for e in trace if e["type"] == "draft:verdict"]
+    assert verdicts[0]["reasons"] == failed(1, "work raised RuntimeError: the model is down")[
+        "reasons"] and verdicts[0]["next"] == "retry"
+    assert not await client.redis.xlen(client.keys.dlq)
+
+
+async def test_a_model_that_is_down_reaches_the_fallback_not_the_dlq(running: Any) -> None:
+    down = Down({1, 2})
+    client = await running(down_pipeline(down, max_attempts=2, fallback=down.fallback))
+    run_id = await client.submit({"question": "q"})
+    result = await client.result(run_id, timeout=30)
+    assert result.status == "answer" and result.data == {"text": "fallback"}
+    said = "work raised RuntimeError: the model is down"
+    assert down.fallback_calls == [[failed(1, said), failed(2, said)]]
+    assert not await client.redis.xlen(client.keys.dlq)
+
+
+async def test_a_fallback_that_is_down_too_ends_exhausted_or_in_review(
+    running: Any, client: aioredis.Redis, prefix: str
+) -> None:
+    down = Down({1}, fallback_down=True)
+    submitter = await running(down_pipeline(down, max_attempts=1, fallback=down.fallback))
+    run_id = await submitter.submit({"question": "q"})
+    result = await submitter.result(run_id, timeout=30)
+    assert result.status == "exhausted"
+    assert result.data["attempts"] == [
+        failed(1, "work raised RuntimeError: the model is down"),
+        failed(2, "fallback raised ConnectionError: the fallback is down too", fallback=True)]
+    assert len(down.fallback_calls) == 3  # the fallback's own deliveries
+
+    keys = StreamKeys(prefix)
+    reviewed = Down({1, 2}, fallback_down=True)
+    pipeline = Pipeline("reviewed", ingress=["ask"])
+    pipeline.add(Loop("think", consumes="ask", produces="told", work=reviewed.work,
+                      validate=reviewed.validate, fallback=reviewed.fallback, max_attempts=2,
+                      review_kind="think_review"))
+    second = await running(pipeline)
+    run_id = await second.submit({"question": "q"})
+    review = await _open_review(client, keys, pipeline, run_id)
+    assert review["data"] is None  # no attempt produced an output
+    assert "work_failed" in review["reason"]
+    await reviews.approve(client, keys, pipeline, review["id"], by="ana", data={"text": "mine"})
+    assert (await second.result(run_id, timeout=30)).data == {"text": "mine"}
+
+
+async def test_a_work_call_past_the_loops_timeout_is_a_failed_attempt(running: Any) -> None:
+    down = Down({1}, hang=True)
+    client = await running(down_pipeline(down, max_attempts=2, timeout=0.2))
+    run_id = await client.submit({"question": "q"})
+    result = await client.result(run_id, timeout=30)
+    assert result.data == {"text": "draft 2"}
+    assert down.calls == [(1, 1), (1, 2), (1, 3), (2, 1)]
+    trace = await client.entries(run_id)
+    (first, _) = [e["data"] for e in trace if e["type"] == "draft:verdict"]
+    assert first["reasons"] == failed(
+        1, "work did not finish within its timeout of 0.2 s")["reasons"]
+
+
+async def test_a_reject_from_work_still_dead_letters_at_once(running: Any) -> None:
+    async def work(message: Message) -> Any:
+        raise Reject("not_a_question", "no")
+
+    pipeline = Pipeline("answers", ingress=["request"])
+    pipeline.add(Loop("draft", consumes="request", produces="answer", work=work,
+                      validate=Drafts().validate, max_attempts=3))
+    client = await running(pipeline)
+    run_id = await client.submit({"question": "q"})
+    await wait_for(lambda: client.redis.xlen(client.keys.dlq), timeout=20, message="dlq")
+    ((_, letter),) = await client.redis.xrange(client.keys.dlq)
+    assert letter["reason_code"] == "not_a_question" and letter["deliveries"] == "1"
+    assert letter["correlation_id"] == run_id
+
+
+async def test_a_loops_budget_and_limits_apply_to_every_attempt(running: Any) -> None:
+    drafts = Drafts(pass_on="never")  # attempt n reports 10 n tokens
+    keyed: list[str] = []
+
+    def per_run(message: Message) -> str:
+        keyed.append(message.type)
+        return f"run:{message.correlation_id}"
+
+    client = await running(loop_pipeline(
+        drafts, max_attempts=5, budget=Budget(tokens=25),
+        limits=[Limit(per_run, concurrency=1)]))
+    run_id = await client.submit({"question": "q"})
+    result = await client.result(run_id, timeout=30)
+    # Attempts 1 and 2 spent 30 tokens: attempt 3 never ran.
+    assert result.status == "budget_exceeded" and result.data["spent"] == 30
+    assert [c["attempt"] for c in drafts.calls(run_id)] == [1, 2]
+    assert {"request", "draft:attempt", "draft:verdict"} <= set(keyed)

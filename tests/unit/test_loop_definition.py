@@ -9,7 +9,18 @@ from typing import Any
 
 import pytest
 
-from printery import Loop, Message, Pipeline, PipelineError, Reason, Step, to_mermaid, to_text
+from printery import (
+    Budget,
+    Limit,
+    Loop,
+    Message,
+    Pipeline,
+    PipelineError,
+    Reason,
+    Step,
+    to_mermaid,
+    to_text,
+)
 
 
 async def _noop(message: Message) -> None:
@@ -87,11 +98,12 @@ def test_types_must_be_distinct() -> None:
 
 
 def test_the_exhausted_type_ends_a_run_even_when_consumed_or_outcomes_are_declared() -> None:
-    assert _pipeline(_loop(exhausted="gave_up")).outcomes == ("answer", "gave_up")
+    # run:failed ends every run (CONTRACT §16)
+    assert _pipeline(_loop(exhausted="gave_up")).outcomes == ("answer", "gave_up", "run:failed")
     consumed = _pipeline(_loop(), Step("notify", ("draft:exhausted",), ("sent",), _noop))
     assert "draft:exhausted" in consumed.outcomes and "draft:loop" not in consumed.outcomes
     declared = _pipeline(_loop(), outcomes=["answer"])
-    assert declared.outcomes == ("answer", "draft:exhausted")
+    assert declared.outcomes == ("answer", "draft:exhausted", "run:failed")
 
 
 def test_review_adds_the_review_stream_and_describe_shows_the_loop() -> None:
@@ -118,3 +130,25 @@ def test_pipeline_show_draws_the_loop() -> None:
     assert 'draft -->|"retry with feedback, at most 3"| draft' in chart
     assert "draft -->|answer| publish" in chart
     assert "draft:loop" not in chart
+
+
+def test_limits_budget_and_timeout_go_on_the_loops_step() -> None:
+    limit = Limit("model", requests_per_minute=60)
+    budget = Budget(tokens=1000)
+    pipeline = Pipeline("p", ingress=["request"], cost_units=["tokens"])
+    pipeline.add(_loop(limits=[limit], budget=budget, timeout=20, cost_units=["tokens"]))
+    step = pipeline.steps["draft"]
+    assert step.limits == (limit,) and step.budget == budget
+    # The runtime's cancel comes a little after the loop's own deadline (a failed attempt).
+    assert step.timeout == 21
+    assert pipeline.budget_plan(step) is not None
+    assert _loop().step().timeout == 301  # the default deadline of a work call: 300 s
+
+
+@pytest.mark.parametrize(("kw", "match"), [
+    ({"timeout": 0}, "timeout=0"), ({"timeout": "5"}, "timeout='5'"),
+    ({"limits": ["model"]}, "not a Limit"), ({"budget": 5}, "not a Budget"),
+])
+def test_bad_loop_limits_budget_or_timeout_are_refused(kw: dict[str, Any], match: str) -> None:
+    with pytest.raises(PipelineError, match=match):
+        _loop(**kw).step()

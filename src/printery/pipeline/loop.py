@@ -11,6 +11,13 @@ it is):
   ``produces`` when it passed, a review or the exhausted outcome when it was the last;
 - a verdict that did not pass with attempts left runs the next attempt (or the fallback).
 
+An attempt whose ``work`` (or fallback) raises is retried as a delivery like any handler
+call; on the entry's last delivery (``message.last_delivery``) the failure becomes the
+attempt's outcome instead: a failed attempt with the reason ``work_failed`` (its message
+the error), judged like one that did not pass, so a model that is down reaches the
+fallback, the review and the exhausted outcome rather than the dead-letter stream
+(CONTRACT §16). A ``Reject`` from ``work`` still dead-letters at once: it is deliberate.
+
 Each handler call is an ordinary entry, committed atomically with what it writes (its
 own ``duration_ms`` and ``cost``), so a crash repeats at most a call that did not commit
 and never an attempt: what an attempt sees comes from the entry it handles (every
@@ -21,22 +28,35 @@ never taken for duplicates of each other.
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import inspect
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
+import structlog
 from pydantic import BaseModel, ValidationError
 
 from printery import _json
-from printery.errors import PipelineError, Reject
+from printery.errors import PipelineError, Reject, WorkerCrashed, describe
 from printery.keys import REVIEW
+from printery.limits import Limit
+from printery.pipeline.budget import Budget
 from printery.pipeline.escalation import review_output
 from printery.pipeline.reason import Reason
-from printery.pipeline.step import LoopShape, Step, check_concurrency, validation_reasons
+from printery.pipeline.step import (
+    LoopShape,
+    Step,
+    check_concurrency,
+    check_timeout,
+    checked_reasons,
+    validation_reasons,
+)
 from printery.runtime.handler import HandlerResult, Message, Output
 
 __all__ = ["Check", "Loop", "Work"]
+
+log = structlog.get_logger("printery.loop")
 
 #: A loop's worker (or fallback): the attempt's output data, or an awaitable of it.
 Work = Callable[[Message], Any]
@@ -46,6 +66,15 @@ Check = Callable[[Message], Any]
 
 #: What a verdict leads to (its ``next`` field).
 PASSED, RETRY, FALLBACK, REVIEWED, EXHAUSTED = "passed", "retry", "fallback", "review", "exhausted"
+#: The reason code of an attempt whose ``work`` (or fallback) raised on its last delivery.
+WORK_FAILED = "work_failed"
+#: Seconds one ``work`` or fallback call may take when the loop names no ``timeout``
+#: (the default step timeout, CONTRACT §16).
+DEFAULT_TIMEOUT = 300.0
+#: How much later than the loop's own deadline the runtime cancels the call (its step
+#: timeout): the loop sees its deadline first, as a failed attempt; the runtime's cancel
+#: is the backstop of a call that ignores its cancellation.
+TIMEOUT_GRACE = 1.0
 
 
 class Loop:
@@ -57,7 +86,9 @@ class Loop:
     of its review when ``review_kind`` is set (an approval writes ``produces`` with the
     reviewer's data, default the last output). ``input_model`` checks the loop's input
     (a bad one is dead-lettered with ``invalid_input``); ``cost_units`` declares what the
-    worker and validator may report.
+    worker and validator may report. ``limits``, ``budget`` and ``timeout`` (seconds, default
+    300) apply to every attempt and to the fallback, as they do to a step's handler (a
+    ``work`` call past ``timeout`` is a failed attempt).
     """
 
     def __init__(
@@ -75,12 +106,18 @@ class Loop:
         concurrency: int = 1,
         cost_units: Iterable[str] = (),
         input_model: type[BaseModel] | None = None,
+        limits: Iterable[Limit] = (),
+        budget: Budget | None = None,
+        timeout: float | None = None,
     ) -> None:
         what = f"loop {name!r}"
         if isinstance(max_attempts, bool) or not isinstance(max_attempts, int) or max_attempts < 1:
             raise PipelineError(f"{what}: max_attempts={max_attempts!r} is not a number of "
                                 "attempts; write an integer >= 1 (e.g. max_attempts=3)")
         check_concurrency(what, concurrency)
+        check_timeout(what, timeout)
+        if budget is not None and not isinstance(budget, Budget):
+            raise PipelineError(f"{what}: budget={budget!r} is not a Budget")
         for label, handler in (("work", work), ("validate", validate), ("fallback", fallback)):
             if handler is not None and not callable(handler):
                 raise PipelineError(f"{what}: {label}={handler!r} is not callable; write a "
@@ -103,6 +140,11 @@ class Loop:
         self.concurrency = concurrency
         self.cost_units = tuple(cost_units)
         self.input_model = input_model
+        self.limits = tuple(limits)  # checked by the Step
+        self.budget = budget
+        self.timeout = float(timeout) if timeout is not None else None
+        #: Seconds one ``work`` or fallback call may take before it is a failed attempt.
+        self.call_timeout = self.timeout if self.timeout is not None else DEFAULT_TIMEOUT
 
     def step(self) -> Step:
         """The loop as a pipeline step (what :meth:`Pipeline.add <printery.Pipeline.add>`
@@ -116,7 +158,8 @@ class Loop:
             name=self.name, consumes=(self.consumes, *shape.internal), produces=tuple(produces),
             handler=self.handle, concurrency=self.concurrency, cost_units=self.cost_units,
             input_check=(lambda data: _model_reasons(model, data)) if model is not None else None,
-            loop=shape,
+            loop=shape, limits=self.limits, budget=self.budget,
+            timeout=self.call_timeout + TIMEOUT_GRACE,
         )
 
     async def handle(self, message: Message) -> HandlerResult:
@@ -141,16 +184,36 @@ class Loop:
         run = self.fallback if fallback else self.work
         assert run is not None  # a FALLBACK verdict is only written when there is one
         seen = _seen(message, given, self.consumes, n, feedback)
-        output = await _settled(run(seen))
-        return _entry(self.shape, self.shape.attempt_type, message.correlation_id, n,
-                      {"attempt": n, "fallback": fallback, "data": output, "input": given,
-                       "feedback": list(feedback)})
+        entry: dict[str, Any] = {"attempt": n, "fallback": fallback, "data": None,
+                                 "input": given, "feedback": list(feedback)}
+        label = "fallback" if fallback else "work"
+        try:
+            async with asyncio.timeout(self.call_timeout):
+                entry["data"] = await _settled(run(seen))
+        except (Reject, WorkerCrashed):
+            raise  # deliberate: dead-lettered at once / the worker crashes
+        except TimeoutError as exc:
+            if not message.last_delivery:
+                raise  # retried as a delivery, like any failure
+            entry["failed"] = _failure(message, exc, f"{label} did not finish within its "
+                                                     f"timeout of {self.call_timeout:g} s")
+        except (Exception, SystemExit, KeyboardInterrupt) as exc:
+            if not message.last_delivery:
+                raise
+            entry["failed"] = _failure(message, exc, f"{label} raised {describe(exc)}")
+        return _entry(self.shape, self.shape.attempt_type, message.correlation_id, n, entry)
 
     async def _judge(self, message: Message, attempt: Mapping[str, Any]) -> list[Output]:
         shape, n, output = self.shape, attempt["attempt"], attempt["data"]
         fallback, feedback = bool(attempt.get("fallback")), attempt["feedback"]
-        seen = _seen(message, output, shape.attempt_type, n, feedback)
-        reasons = [r.as_dict() for r in _reasons(await _settled(self.validate(seen)))]
+        failed = attempt.get("failed")
+        if failed:  # its work raised on its last delivery: failed, nothing to validate
+            reasons = [dict(failed)]
+        else:
+            seen = _seen(message, output, shape.attempt_type, n, feedback)
+            found = await _settled(self.validate(seen))
+            reasons = [r.as_dict() for r in checked_reasons(
+                found, f"loop {self.name!r}: validate")]
         record: dict[str, Any] = {"attempt": n, "data": output, "reasons": reasons}
         if fallback:
             record["fallback"] = True
@@ -171,9 +234,11 @@ class Loop:
             outputs.append(Output(shape.produces, output))
         elif then == REVIEWED:
             assert shape.review_kind is not None
+            last = _last_output(attempts)  # None when no attempt produced one
             outputs.append(review_output(
-                message, kind=shape.review_kind, reason=_summary(attempts), data=output,
-                on_approve=shape.produces, on_reject=shape.exhausted))
+                _seen(message, last, shape.attempt_type, n, feedback), kind=shape.review_kind,
+                reason=_summary(attempts), data=last, on_approve=shape.produces,
+                on_reject=shape.exhausted))
         elif then == EXHAUSTED:
             outputs.append(Output(shape.exhausted, {"status": "exhausted", "attempts": attempts}))
         return outputs
@@ -199,22 +264,23 @@ async def _settled(value: Any) -> Any:
     return await value if inspect.isawaitable(value) else value
 
 
-def _reasons(found: Any) -> list[Reason]:
-    """A validator's answer as reasons; anything else is its bug, said clearly."""
-    if found is None:
-        return []
-    if isinstance(found, (str, bytes, Mapping)) or not isinstance(found, Iterable):
-        raise TypeError(f"a loop's validate must return a list of Reason, not {found!r}")
-    reasons = []
-    for item in found:
-        if isinstance(item, Reason):
-            reasons.append(item)
-        elif isinstance(item, Mapping):
-            reasons.append(Reason(str(item.get("code", "")), str(item.get("field", "")),
-                                  str(item.get("message", ""))))
-        else:
-            raise TypeError(f"a loop's validate returned {item!r}, which is not a Reason")
-    return reasons
+def _failure(message: Message, exc: BaseException, said: str) -> dict[str, str]:
+    """The reason of a failed attempt (what its verdict and feedback show), logged with
+    its traceback: the runtime does not see this failure."""
+    log.warning("loop attempt failed", worker=message.worker, entry_id=message.entry_id,
+                correlation_id=message.correlation_id, deliveries=message.deliveries,
+                error=said, exc_info=exc)
+    return {"code": WORK_FAILED, "field": "", "message": said}
+
+
+def _last_output(attempts: Sequence[Mapping[str, Any]]) -> Any:
+    """The output of the last attempt that produced one (a failed attempt has none)."""
+    for record in reversed(attempts):
+        reasons = record["reasons"]
+        if not (len(reasons) == 1 and reasons[0]["code"] == WORK_FAILED
+                and record["data"] is None):
+            return record["data"]
+    return None
 
 
 def _model_reasons(model: type[BaseModel] | None, data: Any) -> list[Reason]:

@@ -8,6 +8,7 @@ a bad output is a handler bug and fails loudly (counted, retried, then dead-lett
 
 from __future__ import annotations
 
+import reprlib
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -35,6 +36,49 @@ def validation_reasons(error: ValidationError) -> list[Reason]:
         code = "missing_field" if item["type"] == "missing" else "invalid_field"
         reasons.append(Reason(code=code, field=path, message=item["msg"]))
     return reasons
+
+
+#: The ``reason_code`` of an entry whose validator answered something that is not a list
+#: of reasons (CONTRACT §16: a gate fails closed).
+VALIDATOR_ERROR = "validator_error"
+_MAPPING_KEYS = frozenset({"code", "field", "message"})
+
+
+def checked_reasons(found: Any, what: str) -> list[Reason]:
+    """A validator's answer as reasons, failing closed (CONTRACT §16): a list (or any
+    sequence but a string) of :class:`Reason`, each with a non-empty string ``code``,
+    or of ``{"code", "field", "message"}`` mappings whose values are strings (``code``
+    non-empty; ``field`` and ``message`` may be left out). Anything else, ``None``
+    included (a forgotten ``return``), raises :class:`~printery.errors.Reject` with
+    ``validator_error``: never a pass, never a guess (``1`` is not taken for ``"1"``).
+    ``what`` names the validator in the error."""
+    if not isinstance(found, Sequence) or isinstance(found, (str, bytes, bytearray)):
+        raise _refused(what, found, "it must return a list of Reason (empty: passed)")
+    reasons = []
+    for item in found:
+        if isinstance(item, Reason):
+            if not isinstance(item.code, str) or not item.code.strip():
+                raise _refused(what, found, f"{item!r} has no code")
+            if not isinstance(item.field, str) or not isinstance(item.message, str):
+                raise _refused(what, found, f"{item!r}: field and message must be strings")
+            reasons.append(item)
+        elif isinstance(item, Mapping):
+            code = item.get("code")
+            if not isinstance(code, str) or not code.strip():
+                raise _refused(what, found, f"{item!r} has no code (a non-empty string)")
+            unknown = set(item) - _MAPPING_KEYS
+            wrong = [k for k in ("field", "message") if not isinstance(item.get(k, ""), str)]
+            if unknown or wrong:
+                raise _refused(what, found, f"{item!r}: a reason is a code, a field and a "
+                                            "message, each a string")
+            reasons.append(Reason(code, item.get("field", ""), item.get("message", "")))
+        else:
+            raise _refused(what, found, f"{item!r} is not a Reason")
+    return reasons
+
+
+def _refused(what: str, found: Any, why: str) -> Reject:
+    return Reject(VALIDATOR_ERROR, f"{what} returned {reprlib.repr(found)}: {why}")
 
 
 def check_concurrency(what: str, concurrency: object) -> None:
@@ -121,7 +165,10 @@ class Step:
     def input_reasons(self, data: Any) -> list[Reason]:
         """Why ``data`` is not valid input of this step (empty: it is)."""
         if self.input_check is not None:
-            return list(self.input_check(data))
+            try:  # fails closed (CONTRACT §16): an answer that is no list of reasons refuses
+                return checked_reasons(self.input_check(data), f"step {self.name!r}: input_check")
+            except Reject as exc:
+                return [Reason(exc.reason_code, "", str(exc))]
         if self.input_model is not None:
             try:
                 self.input_model.model_validate(data)

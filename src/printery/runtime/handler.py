@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import reprlib
 import time
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from printery.envelope import Envelope
+from printery.errors import OutputContractError
 
 
 @dataclass(slots=True)
@@ -86,9 +88,36 @@ Handler = Callable[[Message], Awaitable[HandlerResult]]
 
 
 def outputs_of(result: HandlerResult) -> list[Output]:
-    """A handler's result as a list (a list is taken as it is: printery only reads it)."""
+    """A handler's result as a list (a list is taken as it is: printery only reads it).
+
+    Raises :class:`~printery.errors.OutputContractError` for anything else (a string, a
+    dict, a list holding something that is not an :class:`Output`): a handler bug, which
+    fails its entry (retried, then dead-lettered), never its worker."""
     if result is None:
         return []
     if isinstance(result, Output):
         return [result]
-    return result if type(result) is list else list(result)
+    if type(result) is list:
+        for out in result:
+            if type(out) is not Output:
+                return _checked(result)
+        return result
+    return _checked(result)
+
+
+def _checked(result: object) -> list[Output]:
+    """``result`` as a list of outputs, or the error that says what a handler returns."""
+    if isinstance(result, (str, bytes, bytearray, Mapping)) or not isinstance(result, Iterable):
+        raise OutputContractError(_wrong(result))
+    found = list(result)
+    for out in found:
+        if not isinstance(out, Output):
+            raise OutputContractError(_wrong(result, out))
+    return found
+
+
+def _wrong(result: object, item: object = None) -> str:
+    said = reprlib.repr(result)
+    what = "" if item is None else f", holding {reprlib.repr(item)} ({type(item).__name__})"
+    return (f"a handler returns an Output, a list of Output, or None; it returned {said} "
+            f"({type(result).__name__}){what}")
