@@ -15,8 +15,9 @@
      |    +-- Reject            never retry: dead-letter at once with a reason code
      +-- OutputContractError    a step emitted what its contract does not allow (a bug:
      |                          retried like any handler error, then dead-lettered)
-     +-- WorkerCrashed          a handler raised a BaseException that is not an Exception,
-     |                          or the runtime itself failed: the worker crashes (§5)
+     +-- WorkerCrashed          raised by a handler to crash its worker on purpose, or the
+     |                          runtime itself failed: the worker crashes (§5, §16)
+     +-- StepTimeout            a handler call ran past its step's timeout (`timeout`)
      +-- SupervisorError
      |    +-- DependencyCycle   the declared worker graph has a cycle
      |    +-- WorkerFailed      a worker exhausted its restarts (or failed standalone)
@@ -138,8 +139,16 @@ class OutputContractError(PrinteryError):
 
 
 class WorkerCrashed(PrinteryError):
-    """Raised in a worker when a handler raised a ``BaseException`` that is not an
-    ``Exception`` (or the runtime failed): the worker stops and its supervisor decides."""
+    """Raise it in a handler to crash its worker on purpose (a client it holds is beyond
+    repair): the entry is handed back unacknowledged and the supervisor restarts the
+    worker or marks it failed (CONTRACT §5, §16). Anything else a handler raises,
+    ``SystemExit`` and ``KeyboardInterrupt`` included, fails its entry only. The runtime
+    raises it too when it fails itself."""
+
+
+class StepTimeout(PrinteryError):
+    """A handler call ran past its step's ``timeout`` and was cancelled (reason code
+    ``timeout``, CONTRACT §16): retried, then dead-lettered."""
 
 
 class SupervisorError(PrinteryError):

@@ -175,6 +175,11 @@ class StreamKeys:
         current generation; the records are members of ``<index>:r<generation>`` sets."""
         return f"{self.scope}:idem:{worker}"
 
+    def last_error(self, worker: str, stream: str, entry_id: str) -> str:
+        """The last error of an entry's handler (kept across restarts, so the dead letter
+        of an entry delivered once too often says why: CONTRACT §16)."""
+        return f"{self.scope}:lasterr:{worker}:{stream}:{entry_id}"
+
     def once(self, key: str) -> str:
         """Guard that makes an output unique (written at most once, ever)."""
         return f"{self.scope}:once:{key}"

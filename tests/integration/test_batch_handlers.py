@@ -56,7 +56,8 @@ async def _all_outputs(client: aioredis.Redis, keys: StreamKeys) -> dict[int, di
 async def _run(client: aioredis.Redis, prefix: str, handler: Handler) -> dict[int, dict[str, object]]:
     keys = StreamKeys(prefix)
     await publish(client, keys, "in", N // 2)
-    worker = stream_worker("w", client, keys, ["in"], handler, prefetch=64)
+    # in_flight: how many handlers may run at once (every one of a batch here).
+    worker = stream_worker("w", client, keys, ["in"], handler, prefetch=64, in_flight=N)
     async with running(worker):
         await wait_for(lambda: _outputs_at_least(client, keys, N // 2), message="first half")
         await publish(client, keys, "in", N // 2, start=N // 2, transaction=True)

@@ -122,6 +122,9 @@ async def main() -> None:
         settings=ConsumerSettings(
             block_ms=100, visibility_timeout=args.visibility, prefetch=args.prefetch,
             parallel=args.parallel or None, claim_interval=0.1,
+            # Every prefetched entry's handler may run at once (what the lease tests
+            # need); the one consumer reads them.
+            in_flight=args.prefetch,
             max_deliveries=args.max_deliveries, retry_backoff_ms=20,
         ),
     )

@@ -14,6 +14,7 @@ from printery.runtime.consumer import Delivery
 from printery.runtime.handler import Message
 from printery.runtime.observe import Observer
 from printery.transport.commit import DUPLICATE, FENCED, EntryCommit
+from printery.transport.dead_letter import DeadLetterWrite
 from printery.worker import WorkerStats
 
 __all__ = ["Accounting", "Decided"]
@@ -36,6 +37,8 @@ class Decided:
     error: str = ""
     traceback: str = ""
     span: Any = None  # its span while tracing is on (runtime.spans), ended once committed
+    #: A dead letter's writes (written by a script of their own, not the commit).
+    letter: DeadLetterWrite | None = None
 
 
 class Accounting:

@@ -9,14 +9,18 @@
    hard limit writes what its budget says instead of running (:mod:`.budgets`);
 3. **handle**: a step with flow-control limits first waits for them (the batch is
    admitted in one request; see :mod:`printery.runtime.limit_gate`); each entry's handler
-   runs once it has a slot: one after another in the batch's task while the step's
-   handlers neither wait on I/O nor set context variables, else each in a task of its
-   own (:mod:`printery.runtime.run_handlers`); a handler that raises is retried after
-   a backoff (each retry a counted delivery) until it succeeds or goes to the dead-letter
-   stream with its traceback; :class:`Reject` dead-letters at once; a ``BaseException``
-   that is not an ``Exception`` crashes the worker (CONTRACT §4, §5);
+   runs once it has a slot and a place among the worker's running calls (its
+   ``concurrency``): one after another in the batch's task while the step's handlers
+   neither wait on I/O nor set context variables, else each in a task of its own
+   (:mod:`printery.runtime.run_handlers`); whatever the handler raises (``SystemExit``
+   included) or a call past the step's ``timeout`` is retried after a backoff (each
+   retry a counted delivery) until it succeeds or goes to the dead-letter stream with
+   its error; :class:`Reject`, an output that cannot be encoded and a validator's error
+   dead-letter at once; only :class:`WorkerCrashed` crashes the worker (CONTRACT §16);
 4. **commit**: the entries that are decided by the same turn of the event loop commit
    together (one group commit), each atomically: its outputs, ack and idempotency record;
+   a dead letter with its run's ``run:failed`` by a script of its own
+   (:mod:`printery.transport.dead_letter`);
 5. **account**: metrics, counters, log lines (and a span, tracing on), once the commit says what happened.
 
 A read batch and a single entry take the same path: one entry is a batch of one. The
@@ -34,12 +38,14 @@ from typing import Any
 
 import structlog
 
+from printery import _json
 from printery.backoff import compute_backoff
 from printery.envelope import Codec
 from printery.errors import (
     MessageError,
     Reject,
     Retry,
+    StepTimeout,
     WorkerCrashed,
     bounded_traceback,
     describe,
@@ -59,7 +65,8 @@ from printery.runtime.route import Router
 from printery.runtime.run_handlers import HandlerRunner
 from printery.runtime.spans import bind_spans
 from printery.runtime.writes import Writes
-from printery.transport.commit import Append, Committer, EntryCommit
+from printery.transport.commit import FENCED, Append, Committer, EntryCommit
+from printery.transport.dead_letter import write_dead_letter
 from printery.transport.records import RecordLookup
 from printery.transport.streams import Leases, public_api
 from printery.worker import WorkerStats
@@ -166,16 +173,16 @@ class EntryPipeline:
                 decided.append(Decided(delivery, commit, "routed" if routed else "skipped"))
                 continue
             if delivery.deliveries > limit:
-                decided.append(self._dead_letter(
-                    delivery, fields, "max_deliveries_exceeded",
-                    f"delivered {delivery.deliveries} times (limit {limit})",
-                ))
+                decided.append(await self._over_delivered(delivery, fields))
                 continue
             admitted.append((delivery, Message(
                 envelope=envelope, stream=delivery.stream, entry_id=delivery.entry_id,
                 deliveries=delivery.deliveries, worker=self.worker,
                 consumer=delivery.consumer.name, fields=fields, started=now,
+                max_deliveries=limit,
             )))
+        if not admitted:  # every entry settled before any handler: nothing to look up
+            return admitted
         keys = [message.envelope.idempotency_key for _, message in admitted]
         budget, over = self.budget, dict[int, Any]()
         if budget is None:
@@ -230,7 +237,15 @@ class EntryPipeline:
         entry's commit, or None when the entry was lost to another consumer meanwhile.
         ``ticket``: the step's limits, waited for before each call (before the entry takes
         a slot, so a waiting entry has not started: the drain hands it back at once).
-        The slot taken here is given back once the entry is committed. Outputs carry traceparent ``tp``."""
+        The slot taken here is given back once the entry is committed; a place among the
+        worker's running calls (``in_flight``) only for the call itself. Outputs carry
+        traceparent ``tp``.
+
+        Whatever user code raises fails this entry only (CONTRACT §16), ``SystemExit``
+        and ``KeyboardInterrupt`` included; :class:`WorkerCrashed` is the one way it
+        crashes the worker on purpose. A call past the step's timeout is cancelled
+        (:meth:`~printery.runtime.holding.Holdings.watch_timeouts`) and fails with
+        ``timeout``."""
         gate = self.gate
         while True:
             if ticket is not None and not ticket.admitted:
@@ -239,36 +254,112 @@ class EntryPipeline:
             if not delivery.slot and not delivery.try_take_slot():
                 await delivery.take_slot()
             begun = time.perf_counter()
-            try:
+            called = await self._call(delivery, message, ticket)
+            if isinstance(called, Reject):
+                return self._dead_letter(delivery, message.fields, called.reason_code,
+                                         str(called), deliveries=message.deliveries)
+            if not isinstance(called, BaseException):
                 try:
-                    outputs = outputs_of(await self.handler(message))
-                finally:
-                    if gate is not None and ticket is not None:  # then a retry's claim
-                        gate.release(ticket, message.costs)
-            except Reject as exc:
-                return self._dead_letter(delivery, message.fields, exc.reason_code, str(exc),
-                                         deliveries=message.deliveries)
-            except Exception as exc:
-                self._failed(message, exc)
-                if message.deliveries >= self.settings.max_deliveries:
+                    appends = self.writes.appends(called, message, time.perf_counter() - begun,
+                                                  traceparent=tp)
+                except Exception as exc:  # the handler's data, not the runtime
                     return self._dead_letter(
-                        delivery, message.fields, "max_deliveries_exceeded", describe(exc),
-                        deliveries=message.deliveries, traceback=bounded_traceback(exc),
-                    )
-                message = await self._again(delivery, message, exc)
-                if message.deliveries < 0:
-                    return None
-                continue
-            except asyncio.CancelledError:
-                raise
-            except BaseException as exc:
-                raise WorkerCrashed(f"handler raised {describe(exc)}") from exc
-            appends = self.writes.appends(outputs, message, time.perf_counter() - begun, traceparent=tp)
-            if self.writes.has_large(appends):
-                appends = await self.writes.store_large(appends)
-            return self._handled(delivery, message, appends)
+                        delivery, message.fields, "output_not_serializable",
+                        f"{self.worker}'s output cannot be encoded as JSON: {describe(exc)}",
+                        deliveries=message.deliveries)
+                if self.writes.has_large(appends):
+                    appends = await self.writes.store_large(appends)
+                return self._handled(delivery, message, appends)
+            self._failed(message, called)
+            timed_out = isinstance(called, StepTimeout)
+            if message.deliveries >= self.settings.max_deliveries:
+                return self._dead_letter(
+                    delivery, message.fields, "timeout" if timed_out else "max_deliveries_exceeded",
+                    describe(called), deliveries=message.deliveries,
+                    traceback="" if timed_out else bounded_traceback(called),
+                )
+            await self._remember(delivery, called, "timeout" if timed_out else "")
+            message = await self._again(delivery, message, called)
+            if message.deliveries < 0:
+                return None
 
-    def _failed(self, message: Message, exc: Exception) -> None:
+    async def _call(
+        self, delivery: Delivery, message: Message, ticket: Ticket | None,
+    ) -> list[Output] | BaseException:
+        """One handler call, holding a place among the worker's running calls: its
+        outputs, or what it raised (a :class:`StepTimeout` when it was cancelled at its
+        timeout). Raises only :class:`WorkerCrashed` and a cancellation that is a stop."""
+        in_flight, gate = delivery.consumer.in_flight, self.gate
+        if in_flight.running < in_flight.limit:
+            in_flight.running += 1
+        else:
+            await in_flight.enter()
+        delivery.began = time.monotonic()
+        try:
+            try:
+                result = await self.handler(message)
+            finally:
+                delivery.began = 0.0
+                in_flight.leave()
+                if gate is not None and ticket is not None:  # then a retry's claim
+                    gate.release(ticket, message.costs)
+            if delivery.timed_out:  # it swallowed its cancellation and returned
+                raise asyncio.CancelledError
+            return outputs_of(result)
+        except WorkerCrashed:
+            raise
+        except asyncio.CancelledError as exc:
+            if not self._timed_out(delivery):
+                raise
+            timeout = StepTimeout(f"{self.worker} ran past its timeout of "
+                                  f"{self.settings.timeout:g} s and was cancelled")
+            timeout.__cause__ = exc
+            return timeout
+        except BaseException as exc:  # user code: it fails its entry only (CONTRACT §16)
+            return exc
+
+    @staticmethod
+    def _timed_out(delivery: Delivery) -> bool:
+        """Whether a cancellation of this entry's call was its timeout (then taken back:
+        the task goes on with the next delivery) rather than a stop."""
+        if not delivery.timed_out:
+            return False
+        delivery.timed_out = False
+        task = asyncio.current_task()
+        return task is None or task.uncancel() == 0
+
+    async def _remember(self, delivery: Delivery, failure: BaseException, reason_code: str) -> None:
+        """Keep the entry's last error in the server (for its record ttl), so its dead
+        letter says why even when a later delivery of it only finds it delivered once
+        too often (a process that died meanwhile: CONTRACT §16)."""
+        record = _json.dumps({"error": describe(failure), "reason_code": reason_code,
+                              "traceback": "" if reason_code else bounded_traceback(failure)})
+        key = self.keys.last_error(self.worker, delivery.stream, delivery.entry_id)
+        ttl = int(self.settings.record_ttl * 1000)
+        await self.connectivity.retrying(
+            lambda: self.leases.scripts.client.set(key, record, px=ttl))
+
+    async def _over_delivered(self, delivery: Delivery, fields: dict[str, str]) -> Decided:
+        """The dead letter of an entry delivered more than ``max_deliveries`` times: with
+        the last error its handler raised, when one was kept, else what is known (a
+        process that handled it died each time)."""
+        limit = self.settings.max_deliveries
+        key = self.keys.last_error(self.worker, delivery.stream, delivery.entry_id)
+        raw = await self.connectivity.retrying(lambda: self.leases.scripts.client.get(key))
+        said = f"delivered {delivery.deliveries} times (limit {limit})"
+        if raw:
+            try:
+                last = _json.loads(raw)
+                return self._dead_letter(
+                    delivery, fields, last.get("reason_code") or "max_deliveries_exceeded",
+                    f"{last['error']} ({said})", traceback=last.get("traceback") or "")
+            except (ValueError, KeyError, TypeError, AttributeError):
+                pass
+        return self._dead_letter(delivery, fields, "max_deliveries_exceeded",
+                                 f"{said}; no handler error was recorded: the process "
+                                 "handling it died or was killed each time")
+
+    def _failed(self, message: Message, exc: BaseException) -> None:
         self.stats.errors += 1
         self.stats.last_error = describe(exc)
         self.observer.processed(self.worker, "error", 0.0)
@@ -278,7 +369,7 @@ class EntryPipeline:
             deliveries=message.deliveries, error=describe(exc), exc_info=exc,
         )
 
-    async def _again(self, delivery: Delivery, message: Message, exc: Exception) -> Message:
+    async def _again(self, delivery: Delivery, message: Message, exc: BaseException) -> Message:
         """Wait the backoff (or the handler's ``Retry(delay=...)``) without holding a slot,
         then take the entry again as a counted delivery (``deliveries`` -1: lost); the
         caller takes a slot again."""
@@ -295,7 +386,7 @@ class EntryPipeline:
         return Message(
             envelope=message.envelope, stream=message.stream, entry_id=message.entry_id,
             deliveries=deliveries, worker=self.worker, consumer=message.consumer,
-            fields=message.fields,
+            fields=message.fields, max_deliveries=message.max_deliveries,
         )
 
     # -- build the commit ----------------------------------------------------------------------
@@ -321,24 +412,38 @@ class EntryPipeline:
         self, delivery: Delivery, fields: dict[str, str], reason_code: str, error: str, *,
         deliveries: int | None = None, traceback: str = "",
     ) -> Decided:
-        """The commit that moves an entry to ``dlq`` with its original fields and why,
-        and acks it (no record: a fixed producer may send the same key again)."""
+        """The decision that moves an entry to ``dlq`` with its original fields and why,
+        ends its run (``run:failed``) and acks it (no record: a fixed producer may send
+        the same key again); written by :meth:`_commit` as a dead letter of its own."""
         letter = self.writes.dead_letter(
-            delivery.stream, delivery.entry_id, fields, reason_code=reason_code, error=error,
+            delivery.stream, delivery.entry_id, delivery.consumer.name, fields,
+            reason_code=reason_code, error=error,
             deliveries=delivery.deliveries if deliveries is None else deliveries,
-            traceback=traceback)
-        commit = EntryCommit(delivery.stream, delivery.consumer.name, delivery.entry_id, "",
-                             (letter,))
+            traceback=traceback, index=self.index)
+        commit = EntryCommit(delivery.stream, delivery.consumer.name, delivery.entry_id, "", ())
         return Decided(delivery, commit, "dead_lettered", reason_code=reason_code,
-                       error=error, traceback=traceback)
+                       error=error, traceback=traceback, letter=letter)
 
     # -- commit and account --------------------------------------------------------------------
 
     async def _commit(self, decided: list[Decided], begun: float) -> None:
         if not decided:
             return
-        commits = [item.commit for item in decided]
-        results = await self.connectivity.retrying(lambda: self.committer.commit(commits))
+        commits = [item.commit for item in decided if item.letter is None]
+        written = await self.connectivity.retrying(lambda: self.committer.commit(commits)) \
+            if commits else []
+        if len(commits) == len(decided):
+            results: list[Any] = written
+        else:  # dead letters: a script run each (rare), in order with the rest
+            results, rest = [], iter(written)
+            for item in decided:
+                letter = item.letter
+                if letter is None:
+                    results.append(next(rest))
+                    continue
+                dlq_id = await self.connectivity.retrying(
+                    functools.partial(write_dead_letter, self.leases.scripts, letter))
+                results.append(FENCED if dlq_id is None else 2)
         for item, result in zip(decided, results, strict=True):
             try:
                 self._settle(item, result, time.perf_counter() - begun)

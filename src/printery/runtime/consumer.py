@@ -20,10 +20,13 @@ class ConsumerSettings:
     the consumer adapts it: it starts at 16 and doubles up to 256 while its handlers
     finish without waiting on I/O, halving again when they do not (see
     :meth:`Consumer.adapt`);
-    ``parallel`` bounds the handlers one consumer runs at once (``None``: the window);
-    entries read past ``parallel`` wait for a slot, and are handed back at once on
-    shutdown. A slot is held until the entry's commit, so ``parallel=1`` means one entry
-    at a time from read to commit (an aggregator relies on it). ``record_ttl`` is how long
+    ``parallel`` bounds the entries one consumer has between a handler's start and the
+    commit (``None``: the window); entries read past ``parallel`` wait for a slot, and
+    are handed back at once on shutdown. A slot is held until the entry's commit, so
+    ``parallel=1`` means one entry at a time from read to commit (an aggregator relies
+    on it). Whatever the window, at most ``concurrency`` handler calls of the worker run
+    at once (CONTRACT §16: prefetch reads ahead, never runs ahead; :class:`InFlight`).
+    ``timeout``: seconds one handler call may run before it is cancelled. ``record_ttl`` is how long
     an idempotency record is kept at least (seconds); ``claim_interval`` unset means a
     quarter of the visibility timeout, at least 50 ms and at most 5 s.
     """
@@ -43,6 +46,10 @@ class ConsumerSettings:
     #: Seconds a handler call may run: then it is cancelled and the attempt fails with
     #: ``reason_code`` ``timeout`` (CONTRACT §16).
     timeout: float = 300.0
+    #: The most handler calls of the worker at once in this process; None: as many as
+    #: ``concurrency`` (what a step's ``concurrency`` means, CONTRACT §16). A worker built
+    #: by hand may run more calls at once than it has consumers.
+    in_flight: int | None = None
 
 
     @property
@@ -52,11 +59,38 @@ class ConsumerSettings:
         return max(0.05, min(self.visibility_timeout / 4, 5.0))
 
 
-class Consumer:
-    """One consumer name of a group: the entries it holds and its handler slots."""
+class InFlight:
+    """The handler calls of one worker running now, at most ``limit`` (its
+    ``concurrency``): a call holds its place from its start to its return, not through
+    a retry's backoff or the commit, so a step of fast handlers keeps its batches.
+    A counter rather than a semaphore: taking a free place costs no coroutine."""
 
-    def __init__(self, name: str, settings: ConsumerSettings) -> None:
+    __slots__ = ("_freed", "limit", "running")
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self.running = 0
+        self._freed = asyncio.Event()
+
+    async def enter(self) -> None:
+        while self.running >= self.limit:
+            self._freed.clear()
+            await self._freed.wait()
+        self.running += 1
+
+    def leave(self) -> None:
+        self.running -= 1
+        self._freed.set()
+
+
+class Consumer:
+    """One consumer name of a group: the entries it holds and its handler slots
+    (``in_flight``: the worker's running handler calls, shared by its consumers)."""
+
+    def __init__(self, name: str, settings: ConsumerSettings,
+                 in_flight: InFlight | None = None) -> None:
         self.name = name
+        self.in_flight = in_flight or InFlight(settings.in_flight or settings.concurrency)
         self.floor = settings.prefetch or ADAPTIVE_PREFETCH[0]
         self.limit = settings.prefetch or ADAPTIVE_PREFETCH[1]
         #: How many entries the consumer holds at most right now (see :meth:`adapt`).
@@ -125,11 +159,15 @@ class Consumer:
         now = time.monotonic()
         return any(d.started is not None and now - d.started > seconds for d in self.held.values())
 
-    def held_ids(self, *, started: bool | None = None) -> dict[str, list[str]]:
+    def held_ids(self, *, started: bool | None = None,
+                 overdue: float | None = None) -> dict[str, list[str]]:
         """Held entry ids by stream (``started``: only those whose handler did or did
-        not start)."""
+        not start; ``overdue``: leaving out those whose handler call began before that
+        monotonic time, past their timeout)."""
         grouped: dict[str, list[str]] = {}
         for delivery in self.held.values():
+            if overdue is not None and 0.0 < delivery.began < overdue:
+                continue
             if started is None or (delivery.started is not None) == started:
                 grouped.setdefault(delivery.stream, []).append(delivery.entry_id)
         return grouped
@@ -138,8 +176,8 @@ class Consumer:
 class Delivery:
     """One entry a consumer holds, from read (or claim) to commit or hand-back."""
 
-    __slots__ = ("consumer", "deliveries", "entry_id", "fields", "released", "slot", "started",
-                 "stream", "task")
+    __slots__ = ("began", "consumer", "deliveries", "entry_id", "fields", "released", "slot",
+                 "started", "stream", "task", "timed_out")
 
     def __init__(
         self, consumer: Consumer, stream: str, entry_id: str, fields: dict[str, str], deliveries: int
@@ -154,6 +192,12 @@ class Delivery:
         self.slot = False
         self.released = False
         self.task: asyncio.Task[object] | None = None
+        #: When the handler call running now began (monotonic; 0.0: none runs), for its
+        #: timeout (:meth:`~printery.runtime.holding.Holdings.watch_timeouts`).
+        self.began = 0.0
+        #: Set when that call was cancelled at its timeout (the cancellation is then
+        #: the attempt's failure, not a stop).
+        self.timed_out = False
 
     def try_take_slot(self) -> bool:
         """Take a free handler slot of the consumer, if there is one (held until

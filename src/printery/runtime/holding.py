@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import time
 from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 
@@ -34,16 +35,38 @@ class Holdings:
 
     async def keep(self, closing: asyncio.Event) -> None:
         """Renew every held entry's lease (and the slots of running handlers) every third
-        of the visibility timeout, until ``closing`` is set."""
+        of the visibility timeout, until ``closing`` is set; not the lease of a handler
+        call past its timeout (one that ignores its cancellation: its entry is then
+        claimed by another consumer, CONTRACT §16)."""
         interval = max(0.05, self.settings.visibility_timeout / 3)
         while not closing.is_set():
             await idle(interval)
             if self.gate is not None:
                 self.gate.renew()  # the slots of handlers running now, with their leases
+            overdue = time.monotonic() - self.settings.timeout
             for consumer in self.consumers:
-                for stream, ids in consumer.held_ids().items():
+                for stream, ids in consumer.held_ids(overdue=overdue).items():
                     with contextlib.suppress(*CONNECTION_ERRORS):
                         await self.leases.renew(stream, consumer.name, ids)
+
+    async def watch_timeouts(self, closing: asyncio.Event) -> None:
+        """Cancel every handler call that has run past the step's timeout (CONTRACT §16),
+        until ``closing`` is set: the entry pipeline sees the cancellation as the
+        attempt's failure (``reason_code`` ``timeout``). One sweep a second (or four per
+        timeout when that is shorter) rather than a timer per call: the common call
+        costs nothing but noting when it began."""
+        timeout = self.settings.timeout
+        interval = max(0.01, min(1.0, timeout / 4))
+        while not closing.is_set():
+            await idle(interval)
+            overdue = time.monotonic() - timeout
+            for consumer in self.consumers:
+                for delivery in list(consumer.held.values()):
+                    if 0.0 < delivery.began < overdue and not delivery.timed_out:
+                        task = delivery.task
+                        if task is not None and not task.done():
+                            delivery.timed_out = True
+                            task.cancel()
 
     async def hand_back(self, *, started: bool | None = None) -> None:
         """Make held entries (``started``: only those whose handler did or did not start)

@@ -37,7 +37,7 @@ from printery.run_index import RunIndex
 from printery.runtime.budgets import BudgetGuard
 from printery.runtime.connectivity import Connectivity
 from printery.runtime.consume import EntryPipeline
-from printery.runtime.consumer import Consumer, ConsumerSettings
+from printery.runtime.consumer import Consumer, ConsumerSettings, InFlight
 from printery.runtime.handler import Handler, Output
 from printery.runtime.holding import Holdings
 from printery.runtime.intake import Intake
@@ -149,7 +149,8 @@ class StreamWorker:
         #: still stops at its next turn.
         self._closing = asyncio.Event()
         connectivity = self._connectivity = Connectivity(self.name, ctx.stopping)
-        self._consumers = [Consumer(consumer_name(self.name, i), self.settings)
+        in_flight = InFlight(self.settings.in_flight or self.settings.concurrency)
+        self._consumers = [Consumer(consumer_name(self.name, i), self.settings, in_flight)
                            for i in range(self.settings.concurrency)]
         if self.limits:
             store = LimitStore(self.client, window_ms=int(window_seconds() * 1000),
@@ -170,6 +171,8 @@ class StreamWorker:
             *(asyncio.create_task(lane.committer.run(), name=f"{self.name}:commit")
               for lane in lanes),
             asyncio.create_task(holdings.keep(self._closing), name=f"{self.name}:lease"),
+            asyncio.create_task(holdings.watch_timeouts(self._closing),
+                                name=f"{self.name}:timeouts"),
             asyncio.create_task(intake.claim(self.streams), name=f"{self.name}:claim"),
             *(asyncio.ensure_future(companion(self)) for companion in self.companions),
             *readers,

@@ -1,6 +1,7 @@
 """What a step writes: the entries for a handler call's outputs (in the one wire format,
 :meth:`~printery.envelope.Codec.new_fields`), large ``data`` moved to blobs, and the
-``dlq`` entry of an entry that cannot be handled. The entry pipeline
+dead letter of an entry that cannot be handled (its ``dlq`` entry and its run's
+``run:failed``). The entry pipeline
 (:mod:`printery.runtime.consume`) decides when; this module says what."""
 
 from __future__ import annotations
@@ -8,12 +9,15 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 
 from printery import _json
-from printery.envelope import Codec
+from printery.envelope import Codec, correlation_of
 from printery.fields import TRACEPARENT, dlq_fields
-from printery.keys import StreamKeys
+from printery.keys import RUN_FAILED, StreamKeys
+from printery.run_index import RunIndex
 from printery.runtime.handler import Message, Output
 from printery.runtime.payloads import PayloadStore
+from printery.transport.channel import Command
 from printery.transport.commit import Append
+from printery.transport.dead_letter import DeadLetterWrite
 
 
 class Writes:
@@ -82,13 +86,55 @@ class Writes:
         return stored
 
     def dead_letter(
-        self, stream: str, entry_id: str, fields: Mapping[str, str], *, reason_code: str,
-        error: str, deliveries: int, traceback: str = "",
-    ) -> Append:
-        """The ``dlq`` entry of an entry of ``stream``: its original fields and why."""
-        entry = {**fields, **dlq_fields(
-            error=error, reason_code=reason_code, worker=self.worker, deliveries=deliveries,
-            source_stream=stream, source_id=entry_id, traceback=traceback,
-        )}
-        entry.setdefault("type", self.keys.event_type(stream))
-        return Append(self.keys.dlq, entry)
+        self, stream: str, entry_id: str, consumer: str, fields: Mapping[str, str], *,
+        reason_code: str, error: str, deliveries: int, traceback: str = "",
+        index: RunIndex | None = None,
+    ) -> DeadLetterWrite:
+        """What dead-lettering an entry of ``stream`` held by ``consumer`` writes."""
+        return dead_letter_write(
+            self.keys, self.codec, group=self.worker, stream=stream, entry_id=entry_id,
+            consumer=consumer, fields=fields, reason_code=reason_code, error=error,
+            deliveries=deliveries, traceback=traceback, index=index)
+
+
+def dead_letter_write(
+    keys: StreamKeys, codec: Codec, *, group: str, stream: str, entry_id: str, consumer: str,
+    fields: Mapping[str, str], reason_code: str, error: str, deliveries: int,
+    traceback: str = "", index: RunIndex | None = None,
+) -> DeadLetterWrite:
+    """What dead-lettering the entry ``entry_id`` of ``stream`` (under ``keys``, its
+    partition's), held by ``consumer`` of ``group`` ("": by whoever holds it), writes:
+    the ``dlq`` entry (its original fields and why) and, when the entry names a run,
+    that run's ``run:failed`` outcome (CONTRACT §16) with the run index's writes for it
+    (``index``; None: no index is kept). Written by
+    :func:`~printery.transport.dead_letter.write_dead_letter`."""
+    entry = {**fields, **dlq_fields(
+        error=error, reason_code=reason_code, worker=group, deliveries=deliveries,
+        source_stream=stream, source_id=entry_id, traceback=traceback,
+    )}
+    entry.setdefault("type", keys.event_type(stream))
+    last_error = keys.last_error(group, stream, entry_id)
+    run = correlation_of(fields, codec.correlation_field)
+    if not run:
+        return DeadLetterWrite(stream, group, consumer, entry_id, keys.dlq, entry,
+                               last_error=last_error)
+    body = _json.dumps({"status": "failed", "step": group, "reason_code": reason_code,
+                        "error": error[:2000]})
+    before, after = body[:-1] + ',"dlq_id":"', '"}'
+    extra = {}
+    if TRACEPARENT in fields:
+        extra[TRACEPARENT] = fields[TRACEPARENT]
+    if fields.get("replay_of"):
+        extra["replay_of"] = fields["replay_of"]
+    outcome = codec.new_fields(RUN_FAILED, None, correlation_id=run, producer=group,
+                               idempotency_key=f"{RUN_FAILED}:{run}:{stream}:{entry_id}",
+                               extra=extra)
+    outcome_stream = keys.stream(RUN_FAILED)
+    writes: list[Command] = []
+    if index is not None:
+        mark = index.mark(stream, run, [(outcome_stream, {**outcome, "data": before + after})])
+        writes = index.writes([mark]) if mark is not None else []
+    return DeadLetterWrite(
+        stream, group, consumer, entry_id, keys.dlq, entry, outcome=outcome_stream,
+        outcome_fields={**outcome, "data": ""}, data_before=before, data_after=after,
+        run_info=keys.run_info(run), index=writes, last_error=last_error)

@@ -1,0 +1,54 @@
+-- Dead-letter one entry (CONTRACT §4, §16), atomically: its dlq entry, the outcome that
+-- ends its run (`run:failed`, whose data names the dlq entry's id: known only once the
+-- XADD made it, hence a script), the ack, and the run index's writes; or nothing when
+-- the entry is no longer held (acked meanwhile, or held by another consumer).
+--
+-- KEYS[1] the source stream, KEYS[2] the dlq stream; with a run: KEYS[3] the run:failed
+--         stream, KEYS[4] the run's info hash of the run index
+-- ARGV[1] group, ARGV[2] consumer ('' = whoever holds it: an operator), ARGV[3] entry id,
+-- ARGV[4] nd: arguments of the dlq entry's fields (name, value, ...), ARGV[5] nf: the
+-- run:failed entry's (0: no run), ARGV[6] its data before the dlq id, ARGV[7] after it,
+-- ARGV[8] nx: arguments of the index writes, ARGV[9] the key of the entry's last-error
+-- record ('' none); then the dlq fields, the run:failed fields (its `data` value is
+-- replaced) and the index writes (per command its argument count, then the command).
+-- Returns the dlq entry's id, or -1 when the entry is not held as the arguments say.
+--
+-- A run already ended with another status (its index says so) gets no run:failed: an
+-- entry written after the outcome (a notification) ends nothing. A run that ended
+-- `failed` and was continued by a replay may end `failed` again.
+
+local group, consumer, id = ARGV[1], ARGV[2], ARGV[3]
+local nd, nf, nx = tonumber(ARGV[4]), tonumber(ARGV[5]), tonumber(ARGV[8])
+local pending = redis.call('XPENDING', KEYS[1], group, id, id, 1)
+if #pending == 0 or (consumer ~= '' and pending[1][2] ~= consumer) then
+  return -1
+end
+local a = 10
+local letter = {}
+for j = a, a + nd - 1 do letter[#letter + 1] = ARGV[j] end
+a = a + nd
+local dlq_id = redis.call('XADD', KEYS[2], '*', unpack(letter))
+if nf > 0 then
+  local status = redis.call('HGET', KEYS[4], 'status')
+  if not status or status == 'failed' then
+    local fields = {}
+    for j = a, a + nf - 1, 2 do
+      fields[#fields + 1] = ARGV[j]
+      if ARGV[j] == 'data' then
+        fields[#fields + 1] = ARGV[6] .. dlq_id .. ARGV[7]
+      else
+        fields[#fields + 1] = ARGV[j + 1]
+      end
+    end
+    redis.call('XADD', KEYS[3], '*', unpack(fields))
+    local i = a + nf
+    while i < a + nf + nx do
+      local n = tonumber(ARGV[i])
+      redis.pcall(unpack(ARGV, i + 1, i + n))
+      i = i + n + 1
+    end
+  end
+end
+redis.call('XACK', KEYS[1], group, id)
+if ARGV[9] ~= '' then redis.call('DEL', ARGV[9]) end
+return dlq_id
