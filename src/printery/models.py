@@ -32,6 +32,7 @@ from typing import Any
 import httpx
 import structlog
 
+from printery import telemetry
 from printery.backoff import compute_backoff
 from printery.errors import PipelineError, Reject, Retry
 from printery.redact import MASK, register_secret
@@ -40,6 +41,9 @@ from printery.runtime.handler import Message
 __all__ = ["Completion", "OpenAICompatible"]
 
 log = structlog.get_logger("printery.models")
+
+#: The name of a model call's span while tracing is on.
+SPAN_NAME = "model.complete"
 
 #: Status codes worth asking again: rate limited, and the server's own failures.
 _RETRYABLE = frozenset({408, 409, 429, 500, 502, 503, 504})
@@ -89,6 +93,7 @@ class OpenAICompatible:
         if max_attempts < 1:
             raise PipelineError(f"OpenAICompatible max_attempts={max_attempts!r}: at least 1")
         self.url = base_url.rstrip("/") + "/chat/completions"
+        self._host = httpx.URL(self.url).host
         self.model = model
         self.api_key_env = api_key_env
         self.prices = dict(prices or {})
@@ -104,17 +109,37 @@ class OpenAICompatible:
         self, message: Message, *, messages: Sequence[Mapping[str, Any]], **params: Any
     ) -> Completion:
         """One chat completion of ``messages`` (``params``: ``temperature``,
-        ``max_tokens``...); its usage is reported on ``message`` as ``tokens`` and ``usd``."""
+        ``max_tokens``...); its usage is reported on ``message`` as ``tokens`` and ``usd``.
+        While tracing is on (CONTRACT §14) the call is a span ``model.complete``, a child
+        of the entry's, with the model, the attempts and the tokens."""
+        with telemetry.call_span(SPAN_NAME, {"printery.model": self.model,
+                                             "gen_ai.request.model": self.model,
+                                             "server.address": self._host}) as span:
+            done = await self._complete(message, messages, params, span)
+            if span is not None:
+                span.set_attribute("printery.tokens", done.tokens)
+                span.set_attribute("gen_ai.usage.input_tokens", done.prompt_tokens)
+                span.set_attribute("gen_ai.usage.output_tokens", done.completion_tokens)
+            return done
+
+    async def _complete(
+        self, message: Message, messages: Sequence[Mapping[str, Any]], params: dict[str, Any],
+        span: Any,
+    ) -> Completion:
         key = self._key()
         headers = {"Authorization": f"Bearer {key}"} if key else {}
         body = {**params, "model": self.model, "messages": list(messages)}
         for attempt in range(1, self.max_attempts + 1):
+            if span is not None:
+                span.set_attribute("printery.model.attempts", attempt)
             try:
                 response = await self._post(body, headers)
             except httpx.TimeoutException:
                 raise Retry(f"model call to {self.url} timed out after {self.timeout} s") from None
             except httpx.TransportError as exc:
                 raise Retry(self._clean(f"model call to {self.url} failed: {exc}")) from None
+            if span is not None:
+                span.set_attribute("http.response.status_code", response.status_code)
             if response.status_code < 300:
                 return self._completed(message, response)
             detail = self._clean(f"{self.url} answered {response.status_code}: {response.text[:300]}")

@@ -16,7 +16,8 @@ loop); :func:`shutdown` flushes them on a graceful stop.
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 from typing import Any
 
 from printery.errors import ConfigError
@@ -26,6 +27,7 @@ from printery.redact import redact_url
 __all__ = [
     "TRACEPARENT",
     "StepTracer",
+    "call_span",
     "endpoint",
     "is_on",
     "shutdown",
@@ -104,6 +106,30 @@ def shutdown() -> None:
 def step_tracer(step: str) -> StepTracer | None:
     """The tracer for ``step``'s entries, or None while tracing is off."""
     return StepTracer(step, _active) if _active is not None else None
+
+
+@contextmanager
+def call_span(name: str, attributes: Mapping[str, Any]) -> Iterator[Any]:
+    """A span of a call a handler makes (a model's, say), a child of the span current
+    now (the entry's, while its handler runs); yields it to add attributes to, or None
+    while tracing is off (nothing of OpenTelemetry is touched then). An exception that
+    leaves the block marks the span failed with its message (which printery's own
+    errors keep free of secrets) and goes on."""
+    active = _active
+    if active is None:
+        yield None
+        return
+    from opentelemetry.trace import SpanKind, Status, StatusCode
+
+    with active.tracer.start_as_current_span(
+        name, kind=SpanKind.CLIENT, attributes=dict(attributes), record_exception=False,
+        set_status_on_exception=False,
+    ) as span:
+        try:
+            yield span
+        except BaseException as exc:
+            span.set_status(Status(StatusCode.ERROR, f"{type(exc).__name__}: {exc}"[:500]))
+            raise
 
 
 class _Tracing:

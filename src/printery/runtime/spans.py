@@ -53,11 +53,38 @@ def bind_spans(
     return spans, functools.partial(spans.run, run), functools.partial(spans.account, account)
 
 
+#: What a validation loop's verdict says comes next when the turn that handles it runs
+#: another attempt (:mod:`printery.pipeline.loop`): the next one, or the fallback.
+_NEXT_ATTEMPT = frozenset({"retry", "fallback"})
+
+
 class EntrySpans:
     """Spans of one step's entries."""
 
     def __init__(self, tracer: StepTracer) -> None:
         self.tracer = tracer
+        #: The types of the entries a validation loop of this step writes itself (a
+        #: loop's are named after it: ``<loop>:attempt``, ``<loop>:verdict``).
+        self._attempt_type = f"{tracer.step}:attempt"
+        self._verdict_type = f"{tracer.step}:verdict"
+
+    def attempt(self, message: Message) -> int:
+        """The attempt a span of ``message``'s turn is: in a validation loop the loop's
+        attempt it runs or judges, read from the entry it handles (the turn's span is
+        made before the loop reads it): an attempt entry's ``attempt``, or for a verdict
+        that asks for another attempt, the one after; elsewhere the entry's
+        ``attempt``."""
+        envelope = message.envelope
+        kind = envelope.type
+        if kind != self._attempt_type and kind != self._verdict_type:
+            return envelope.attempt if message.attempt == 1 else message.attempt
+        data = envelope.data
+        n = data.get("attempt") if isinstance(data, dict) else None
+        if not isinstance(n, int) or isinstance(n, bool):
+            return envelope.attempt
+        if kind == self._verdict_type and data.get("next") in _NEXT_ATTEMPT:
+            return n + 1
+        return n
 
     async def run(
         self, run: RunEntry[D], delivery: Delivery, message: Message, ticket: Ticket | None
@@ -67,7 +94,7 @@ class EntrySpans:
         here when the entry is lost or the worker stops or crashes meanwhile."""
         tracer, envelope = self.tracer, message.envelope
         span = tracer.start(envelope.extra.get(TRACEPARENT), envelope.correlation_id,
-                            envelope.attempt, message.deliveries)
+                            self.attempt(message), message.deliveries)
         try:
             with tracer.use(span):
                 decided = await run(delivery, message, ticket, tracer.traceparent(span))
