@@ -61,3 +61,30 @@ def test_process_killing_entry_is_dead_lettered_after_max_deliveries(
     outs = sorted(int(CODEC.decode(f, "out").data["n"]) for _, f in r.xrange(keys.stream("out")))
     assert outs == list(range(1, OK_ENTRIES + 1)), "later entries processed, exactly once"
     print(f"crashes: {crashes}, dlq deliveries: {dead['deliveries']}, processed: {len(outs)}")
+
+
+def test_a_process_killing_entry_settles_without_waiting_out_the_visibility_timeout(
+    server: ServerProcess, prefix: str, relays: Relays
+) -> None:
+    """Before: `os._exit` poison took 5 crashes x the visibility timeout to reach the
+    dlq. A process that starts claims at once what a dead process of its host held, so
+    with a visibility timeout of 60 s the poison settles within a restart per delivery
+    (the wait below is bounded far under one visibility timeout)."""
+    keys = StreamKeys(prefix)
+    r = redis.Redis.from_url(server.url, decode_responses=True)
+    poison = CODEC.new("in", {"n": 0, "crash": True}, correlation_id="poison", producer="t")
+    r.xadd(keys.stream("in"), CODEC.encode(poison))
+    crashes = 0
+    while not r.xlen(keys.dlq):
+        assert crashes <= MAX_DELIVERIES, f"too many crashes: {crashes}"
+        proc = relays.start(prefix, "--visibility", "60", "--prefetch", "1",
+                            "--max-deliveries", str(MAX_DELIVERIES), ready=False)
+        wait_for_sync(lambda p=proc: p.popen.poll() is not None or r.xlen(keys.dlq) > 0,  # type: ignore[misc]
+                      timeout=20, message="a crash or the dead letter")
+        if proc.popen.poll() is not None:
+            crashes += 1
+    assert crashes == MAX_DELIVERIES
+    (_, dead), = r.xrange(keys.dlq)
+    assert dead["reason_code"] == "max_deliveries_exceeded"
+    assert "died or was killed" in dead["error"]
+    wait_for_sync(lambda: r.xpending(keys.stream("in"), "w")["pending"] == 0, timeout=10)

@@ -201,7 +201,8 @@ class EntryPipeline:
                 decided.append(Decided(delivery, commit, "duplicate"))
             elif over and (exceeded := over.get(n)) is not None:
                 assert budget is not None
-                appends = self.writes.appends([budget.held(message, exceeded)], message, 0.0)
+                appends = self.writes.appends(outputs_of(budget.held(message, exceeded)),
+                                              message, 0.0)
                 commit = EntryCommit(delivery.stream, delivery.consumer.name, delivery.entry_id,
                                      message.envelope.idempotency_key, appends,
                                      mark=self._mark(message, appends))

@@ -18,12 +18,15 @@ its next read recreates it.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Awaitable, Callable, Iterable
 from importlib import resources
 from typing import Any, cast
 
 import redis.asyncio as aioredis
 from redis.exceptions import ResponseError
+
+from printery._util import hostname
 
 DELCONSUMER_LUA = resources.files("printery.transport").joinpath("delconsumer.lua").read_text()
 
@@ -35,6 +38,28 @@ def owner(consumer: str) -> str | None:
     if len(parts) != 4 or not parts[1].isdigit() or not parts[3].isdigit():
         return None
     return f"{parts[0]}:{parts[1]}"
+
+
+def died_here(consumer: str) -> bool:
+    """Whether ``consumer`` belonged to another process of this host that no longer
+    exists (its pid is gone): its pending entries can be claimed at once rather than
+    after the visibility timeout (a handler that kills its process, ``os._exit``, then
+    costs a restart per delivery, not a visibility timeout each: CONTRACT §16). A pid
+    that was reused, or a zombie not yet reaped, counts as alive: the visibility timeout
+    still settles those."""
+    who = owner(consumer)
+    if who is None:
+        return False
+    host, pid = who.rsplit(":", 1)
+    if host != hostname() or int(pid) == os.getpid():
+        return False
+    try:
+        os.kill(int(pid), 0)
+    except ProcessLookupError:
+        return True
+    except (PermissionError, OverflowError):
+        return False
+    return False
 
 
 def live_owners(processes: Iterable[dict[str, Any]]) -> set[str]:

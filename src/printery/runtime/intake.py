@@ -23,6 +23,7 @@ from redis.exceptions import ResponseError
 from printery._util import wait_event
 from printery.runtime.connectivity import Connectivity
 from printery.runtime.consumer import Consumer, ConsumerSettings
+from printery.runtime.departed import died_here
 from printery.transport.streams import CONNECTION_ERRORS, delivery_counts
 from printery.worker import RunContext, WorkerStats
 
@@ -84,15 +85,42 @@ class Intake:
                 self.accept(consumer, stream, [(eid, fields, 1) for eid, fields in entries])
 
     async def claim(self, streams: Sequence[str]) -> None:
-        """Claim entries of ``streams`` idle past the visibility timeout, every claim
-        interval, and count what the group has pending."""
+        """Claim entries of ``streams`` idle past the visibility timeout, and at once
+        those of a consumer whose process on this host died, every claim interval (the
+        first at start), and count what the group has pending."""
         min_idle = int(self.settings.visibility_timeout * 1000)
         while not (self.ctx.stopping.is_set() or self.closing.is_set()):
             with contextlib.suppress(*CONNECTION_ERRORS):
                 await self._claim_once(streams, min_idle)
-                self.stats.pending = sum([int((await self.client.xpending(s, self.group))["pending"])
-                                          for s in streams])
+                pending = 0
+                for stream in streams:
+                    summary = await self.client.xpending(stream, self.group)
+                    pending += int(summary["pending"])
+                    for holder in summary.get("consumers") or ():
+                        if died_here(holder["name"]):
+                            await self._claim_from(stream, holder["name"])
+                self.stats.pending = pending
             await wait_event(self.ctx.stopping, self.settings.effective_claim_interval)
+
+    async def _claim_from(self, stream: str, dead: str) -> None:
+        """Claim the entries of ``stream`` that the consumer ``dead`` (of a process of
+        this host that is gone) holds, as much as our consumers have room for."""
+        for consumer in self.consumers:
+            if consumer.free == 0 or self.ctx.stopping.is_set():
+                continue
+            rows = await self.client.xpending_range(
+                stream, self.group, min="-", max="+", count=consumer.free, consumername=dead)
+            if not rows:
+                return
+            ids = [row["message_id"] for row in rows]
+            reply = await self.client.xclaim(stream, self.group, consumer.name, 0, ids)
+            claimed = [(eid, fields) for eid, fields in reply if fields is not None]
+            if not claimed:
+                continue
+            counts = await delivery_counts(self.client, stream, self.group, [e for e, _ in claimed])
+            log.info("claimed the entries of a process that died", worker=self.group,
+                     consumer=consumer.name, died=dead, count=len(claimed))
+            self.accept(consumer, stream, [(eid, f, counts.get(eid, 1)) for eid, f in claimed])
 
     async def _claim_once(self, streams: Sequence[str], min_idle: int) -> None:
         for stream in streams:
