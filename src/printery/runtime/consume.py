@@ -36,18 +36,12 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-import structlog
-
-from printery import _json
-from printery.backoff import compute_backoff
 from printery.envelope import Codec
 from printery.errors import (
     MessageError,
     Reject,
-    Retry,
     StepTimeout,
     WorkerCrashed,
-    bounded_traceback,
     describe,
 )
 from printery.fields import REPLAY_FOR
@@ -57,6 +51,7 @@ from printery.runtime.accounting import Accounting, Decided
 from printery.runtime.budgets import BudgetGuard
 from printery.runtime.connectivity import Connectivity
 from printery.runtime.consumer import ConsumerSettings, Delivery
+from printery.runtime.failures import Failures
 from printery.runtime.handler import Handler, Message, Output, outputs_of
 from printery.runtime.limit_gate import LimitGate, Ticket
 from printery.runtime.observe import Observer
@@ -65,13 +60,11 @@ from printery.runtime.route import Router
 from printery.runtime.run_handlers import HandlerRunner
 from printery.runtime.spans import bind_spans
 from printery.runtime.writes import Writes
-from printery.transport.commit import FENCED, Append, Committer, EntryCommit
-from printery.transport.dead_letter import write_dead_letter
+from printery.transport.commit import Append, Committer, EntryCommit
 from printery.transport.records import RecordLookup
 from printery.transport.streams import Leases, public_api
 from printery.worker import WorkerStats
 
-log = structlog.get_logger("printery.worker")
 
 class EntryPipeline:
     """Takes the entries of one consumer group through the pipeline (one per worker run)."""
@@ -116,6 +109,9 @@ class EntryPipeline:
         self.index = index
         #: Each stream's event type (the default of an entry that names none).
         self._types: dict[str, str] = {}
+        self.failures = Failures(worker, keys=keys, writes=self.writes, leases=leases,
+                                 settings=settings, observer=observer, stats=stats,
+                                 connectivity=connectivity, index=index)
         account = Accounting(worker, observer, stats).account
         self.spans, handle, self._settle = bind_spans(worker, self._run, account)
         self.handlers = HandlerRunner(handle, self._commit, connectivity)
@@ -161,7 +157,7 @@ class EntryPipeline:
                     stream_type = types[delivery.stream] = self.keys.event_type(delivery.stream)
                 envelope = self.codec.decode(fields, stream_type)
             except MessageError as exc:
-                decided.append(self._dead_letter(delivery, fields, exc.reason_code, str(exc)))
+                decided.append(self.failures.dead_letter(delivery, fields, exc.reason_code, str(exc)))
                 continue
             targets = envelope.extra.get(REPLAY_FOR)
             routed = self.router is not None and await self.router.placed(delivery, fields, envelope)
@@ -173,7 +169,7 @@ class EntryPipeline:
                 decided.append(Decided(delivery, commit, "routed" if routed else "skipped"))
                 continue
             if delivery.deliveries > limit:
-                decided.append(await self._over_delivered(delivery, fields))
+                decided.append(await self.failures.over_delivered(delivery, fields))
                 continue
             admitted.append((delivery, Message(
                 envelope=envelope, stream=delivery.stream, entry_id=delivery.entry_id,
@@ -225,7 +221,7 @@ class EntryPipeline:
         if failed:
             for n, exc in failed.items():
                 delivery, message = admitted[n]
-                decided.append(self._dead_letter(delivery, message.fields, "invalid_limit_key",
+                decided.append(self.failures.dead_letter(delivery, message.fields, "invalid_limit_key",
                                                  str(exc)))
             admitted[:] = [entry for n, entry in enumerate(admitted) if n not in failed]
         await self.connectivity.retrying(lambda: gate.try_admit(tickets))
@@ -257,32 +253,24 @@ class EntryPipeline:
             begun = time.perf_counter()
             called = await self._call(delivery, message, ticket)
             if isinstance(called, Reject):
-                return self._dead_letter(delivery, message.fields, called.reason_code,
+                return self.failures.dead_letter(delivery, message.fields, called.reason_code,
                                          str(called), deliveries=message.deliveries)
             if not isinstance(called, BaseException):
                 try:
                     appends = self.writes.appends(called, message, time.perf_counter() - begun,
                                                   traceparent=tp)
                 except Exception as exc:  # the handler's data, not the runtime
-                    return self._dead_letter(
+                    return self.failures.dead_letter(
                         delivery, message.fields, "output_not_serializable",
                         f"{self.worker}'s output cannot be encoded as JSON: {describe(exc)}",
                         deliveries=message.deliveries)
                 if self.writes.has_large(appends):
                     appends = await self.writes.store_large(appends)
                 return self._handled(delivery, message, appends)
-            self._failed(message, called)
-            timed_out = isinstance(called, StepTimeout)
-            if message.deliveries >= self.settings.max_deliveries:
-                return self._dead_letter(
-                    delivery, message.fields, "timeout" if timed_out else "max_deliveries_exceeded",
-                    describe(called), deliveries=message.deliveries,
-                    traceback="" if timed_out else bounded_traceback(called),
-                )
-            await self._remember(delivery, called, "timeout" if timed_out else "")
-            message = await self._again(delivery, message, called)
-            if message.deliveries < 0:
-                return None
+            next_try = await self.failures.failed(delivery, message, called)
+            if not isinstance(next_try, Message):
+                return next_try  # its dead letter, or None: lost to another consumer
+            message = next_try
 
     async def _call(
         self, delivery: Delivery, message: Message, ticket: Ticket | None,
@@ -310,7 +298,7 @@ class EntryPipeline:
         except WorkerCrashed:
             raise
         except asyncio.CancelledError as exc:
-            if not self._timed_out(delivery):
+            if not self.failures.timed_out(delivery):
                 raise
             timeout = StepTimeout(f"{self.worker} ran past its timeout of "
                                   f"{self.settings.timeout:g} s and was cancelled")
@@ -318,77 +306,6 @@ class EntryPipeline:
             return timeout
         except BaseException as exc:  # user code: it fails its entry only (CONTRACT §16)
             return exc
-
-    @staticmethod
-    def _timed_out(delivery: Delivery) -> bool:
-        """Whether a cancellation of this entry's call was its timeout (then taken back:
-        the task goes on with the next delivery) rather than a stop."""
-        if not delivery.timed_out:
-            return False
-        delivery.timed_out = False
-        task = asyncio.current_task()
-        return task is None or task.uncancel() == 0
-
-    async def _remember(self, delivery: Delivery, failure: BaseException, reason_code: str) -> None:
-        """Keep the entry's last error in the server (for its record ttl), so its dead
-        letter says why even when a later delivery of it only finds it delivered once
-        too often (a process that died meanwhile: CONTRACT §16)."""
-        record = _json.dumps({"error": describe(failure), "reason_code": reason_code,
-                              "traceback": "" if reason_code else bounded_traceback(failure)})
-        key = self.keys.last_error(self.worker, delivery.stream, delivery.entry_id)
-        ttl = int(self.settings.record_ttl * 1000)
-        await self.connectivity.retrying(
-            lambda: self.leases.scripts.client.set(key, record, px=ttl))
-
-    async def _over_delivered(self, delivery: Delivery, fields: dict[str, str]) -> Decided:
-        """The dead letter of an entry delivered more than ``max_deliveries`` times: with
-        the last error its handler raised, when one was kept, else what is known (a
-        process that handled it died each time)."""
-        limit = self.settings.max_deliveries
-        key = self.keys.last_error(self.worker, delivery.stream, delivery.entry_id)
-        raw = await self.connectivity.retrying(lambda: self.leases.scripts.client.get(key))
-        said = f"delivered {delivery.deliveries} times (limit {limit})"
-        if raw:
-            try:
-                last = _json.loads(raw)
-                return self._dead_letter(
-                    delivery, fields, last.get("reason_code") or "max_deliveries_exceeded",
-                    f"{last['error']} ({said})", traceback=last.get("traceback") or "")
-            except (ValueError, KeyError, TypeError, AttributeError):
-                pass
-        return self._dead_letter(delivery, fields, "max_deliveries_exceeded",
-                                 f"{said}; no handler error was recorded: the process "
-                                 "handling it died or was killed each time")
-
-    def _failed(self, message: Message, exc: BaseException) -> None:
-        self.stats.errors += 1
-        self.stats.last_error = describe(exc)
-        self.observer.processed(self.worker, "error", 0.0)
-        log.error(
-            "handler failed", worker=self.worker, consumer=message.consumer,
-            entry_id=message.entry_id, event_id=message.envelope.event_id,
-            deliveries=message.deliveries, error=describe(exc), exc_info=exc,
-        )
-
-    async def _again(self, delivery: Delivery, message: Message, exc: BaseException) -> Message:
-        """Wait the backoff (or the handler's ``Retry(delay=...)``) without holding a slot,
-        then take the entry again as a counted delivery (``deliveries`` -1: lost); the
-        caller takes a slot again."""
-        self.observer.retried(self.worker)
-        delivery.give_slot()
-        delay = exc.delay if isinstance(exc, Retry) and exc.delay is not None else compute_backoff(
-            message.deliveries, base_ms=self.settings.retry_backoff_ms,
-            cap_ms=self.settings.retry_backoff_cap_ms,
-        )
-        await asyncio.sleep(delay)
-        deliveries = await self.connectivity.retrying(
-            lambda: self.leases.redeliver(delivery.stream, delivery.consumer.name, delivery.entry_id)
-        )
-        return Message(
-            envelope=message.envelope, stream=message.stream, entry_id=message.entry_id,
-            deliveries=deliveries, worker=self.worker, consumer=message.consumer,
-            fields=message.fields, max_deliveries=message.max_deliveries,
-        )
 
     # -- build the commit ----------------------------------------------------------------------
 
@@ -409,22 +326,6 @@ class EntryPipeline:
         return None if index is None else index.mark(
             message.stream, message.correlation_id, appends, message.costs)
 
-    def _dead_letter(
-        self, delivery: Delivery, fields: dict[str, str], reason_code: str, error: str, *,
-        deliveries: int | None = None, traceback: str = "",
-    ) -> Decided:
-        """The decision that moves an entry to ``dlq`` with its original fields and why,
-        ends its run (``run:failed``) and acks it (no record: a fixed producer may send
-        the same key again); written by :meth:`_commit` as a dead letter of its own."""
-        letter = self.writes.dead_letter(
-            delivery.stream, delivery.entry_id, delivery.consumer.name, fields,
-            reason_code=reason_code, error=error,
-            deliveries=delivery.deliveries if deliveries is None else deliveries,
-            traceback=traceback, index=self.index)
-        commit = EntryCommit(delivery.stream, delivery.consumer.name, delivery.entry_id, "", ())
-        return Decided(delivery, commit, "dead_lettered", reason_code=reason_code,
-                       error=error, traceback=traceback, letter=letter)
-
     # -- commit and account --------------------------------------------------------------------
 
     async def _commit(self, decided: list[Decided], begun: float) -> None:
@@ -439,12 +340,7 @@ class EntryPipeline:
             results, rest = [], iter(written)
             for item in decided:
                 letter = item.letter
-                if letter is None:
-                    results.append(next(rest))
-                    continue
-                dlq_id = await self.connectivity.retrying(
-                    functools.partial(write_dead_letter, self.leases.scripts, letter))
-                results.append(FENCED if dlq_id is None else 2)
+                results.append(next(rest) if letter is None else await self.failures.write(letter))
         for item, result in zip(decided, results, strict=True):
             try:
                 self._settle(item, result, time.perf_counter() - begun)

@@ -1,0 +1,175 @@
+"""The one failure model of an entry (CONTRACT §4, §16): what a failure becomes.
+
+An entry's handling ends in one of: **done** (its outputs commit), **retry** (after a
+backoff, or the handler's ``Retry(delay=...)``, as a counted delivery), **dead letter**
+(with a reason code: its ``dlq`` entry and its run's ``run:failed``, written by
+:mod:`printery.transport.dead_letter`), or **held** (a limit, a budget, a review:
+:mod:`printery.runtime.limit_gate`, :mod:`printery.runtime.budgets`). Whatever decides
+that an entry failed (the decode, a limit's key function, the handler, its timeout, the
+encoding of its outputs, the loop's and the gate's checks by raising
+:class:`~printery.Reject`) hands the failure here; nothing else decides what a failure
+is. The last error of an entry that will be retried is kept in the server, so a dead
+letter says why even after the process that saw it died.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+
+import structlog
+
+from printery import _json
+from printery.backoff import compute_backoff
+from printery.errors import Retry, StepTimeout, bounded_traceback, describe
+from printery.keys import StreamKeys
+from printery.run_index import RunIndex
+from printery.runtime.accounting import Decided
+from printery.runtime.connectivity import Connectivity
+from printery.runtime.consumer import ConsumerSettings, Delivery
+from printery.runtime.handler import Message
+from printery.runtime.observe import Observer
+from printery.runtime.writes import Writes
+from printery.transport.commit import FENCED, EntryCommit
+from printery.transport.dead_letter import DeadLetterWrite, write_dead_letter
+from printery.transport.streams import Leases
+from printery.worker import WorkerStats
+
+__all__ = ["Failures"]
+
+log = structlog.get_logger("printery.worker")
+
+#: The reason code of an entry whose handler kept failing (its last error says how).
+EXHAUSTED = "max_deliveries_exceeded"
+#: The reason code of a handler call cancelled at its step's timeout.
+TIMEOUT = "timeout"
+
+
+class Failures:
+    """What the failures of one step's entries become."""
+
+    def __init__(
+        self, worker: str, *, keys: StreamKeys, writes: Writes, leases: Leases,
+        settings: ConsumerSettings, observer: Observer, stats: WorkerStats,
+        connectivity: Connectivity, index: RunIndex | None,
+    ) -> None:
+        self.worker = worker
+        self.keys = keys
+        self.writes = writes
+        self.leases = leases
+        self.settings = settings
+        self.observer = observer
+        self.stats = stats
+        self.connectivity = connectivity
+        self.index = index
+
+    def dead_letter(
+        self, delivery: Delivery, fields: dict[str, str], reason_code: str, error: str, *,
+        deliveries: int | None = None, traceback: str = "",
+    ) -> Decided:
+        """The decision that moves an entry to ``dlq`` with its original fields and why,
+        ends its run (``run:failed``) and acks it (no idempotency record: a fixed
+        producer may send the same key again); written by :meth:`write`."""
+        letter = self.writes.dead_letter(
+            delivery.stream, delivery.entry_id, delivery.consumer.name, fields,
+            reason_code=reason_code, error=error,
+            deliveries=delivery.deliveries if deliveries is None else deliveries,
+            traceback=traceback, index=self.index)
+        commit = EntryCommit(delivery.stream, delivery.consumer.name, delivery.entry_id, "", ())
+        return Decided(delivery, commit, "dead_lettered", reason_code=reason_code,
+                       error=error, traceback=traceback, letter=letter)
+
+    async def write(self, letter: DeadLetterWrite) -> int:
+        """Write one dead letter: what its commit result is (2: its dlq entry and its
+        outcome; :data:`FENCED`: the entry is no longer ours)."""
+        dlq_id = await self.connectivity.retrying(
+            functools.partial(write_dead_letter, self.leases.scripts, letter))
+        return FENCED if dlq_id is None else 2
+
+    async def over_delivered(self, delivery: Delivery, fields: dict[str, str]) -> Decided:
+        """The dead letter of an entry delivered more than ``max_deliveries`` times: with
+        the last error its handler raised when one was kept, else what is known (the
+        process that handled it died each time)."""
+        limit = self.settings.max_deliveries
+        key = self.keys.last_error(self.worker, delivery.stream, delivery.entry_id)
+        raw = await self.connectivity.retrying(lambda: self.leases.scripts.client.get(key))
+        said = f"delivered {delivery.deliveries} times (limit {limit})"
+        if raw:
+            try:
+                last = _json.loads(raw)
+                return self.dead_letter(
+                    delivery, fields, last.get("reason_code") or EXHAUSTED,
+                    f"{last['error']} ({said})", traceback=last.get("traceback") or "")
+            except (ValueError, KeyError, TypeError, AttributeError):
+                pass  # a record of another shape: said as if there were none
+        return self.dead_letter(delivery, fields, EXHAUSTED,
+                                f"{said}; no handler error was recorded: the process "
+                                "handling it died or was killed each time")
+
+    async def failed(
+        self, delivery: Delivery, message: Message, failure: BaseException,
+    ) -> Decided | Message | None:
+        """A handler call of ``message`` failed: its dead letter when that was its last
+        delivery, else (after the backoff) the message of its next delivery, or None
+        when the entry was lost to another consumer meanwhile."""
+        self._log(message, failure)
+        timed_out = isinstance(failure, StepTimeout)
+        if message.deliveries >= self.settings.max_deliveries:
+            return self.dead_letter(
+                delivery, message.fields, TIMEOUT if timed_out else EXHAUSTED,
+                describe(failure), deliveries=message.deliveries,
+                traceback="" if timed_out else bounded_traceback(failure))
+        await self._remember(delivery, failure, TIMEOUT if timed_out else "")
+        again = await self._again(delivery, message, failure)
+        return None if again.deliveries < 0 else again
+
+    @staticmethod
+    def timed_out(delivery: Delivery) -> bool:
+        """Whether a cancellation of this entry's call was its timeout (then taken back:
+        its task goes on with the next delivery) rather than a stop."""
+        if not delivery.timed_out:
+            return False
+        delivery.timed_out = False
+        task = asyncio.current_task()
+        return task is None or task.uncancel() == 0
+
+    def _log(self, message: Message, exc: BaseException) -> None:
+        self.stats.errors += 1
+        self.stats.last_error = describe(exc)
+        self.observer.processed(self.worker, "error", 0.0)
+        log.error(
+            "handler failed", worker=self.worker, consumer=message.consumer,
+            entry_id=message.entry_id, event_id=message.envelope.event_id,
+            deliveries=message.deliveries, error=describe(exc), exc_info=exc,
+        )
+
+    async def _remember(self, delivery: Delivery, failure: BaseException, reason_code: str) -> None:
+        """Keep the entry's last error in the server (for its record ttl), so its dead
+        letter says why even when a later delivery of it only finds it delivered once
+        too often (a process that died meanwhile)."""
+        record = _json.dumps({"error": describe(failure), "reason_code": reason_code,
+                              "traceback": "" if reason_code else bounded_traceback(failure)})
+        key = self.keys.last_error(self.worker, delivery.stream, delivery.entry_id)
+        ttl = int(self.settings.record_ttl * 1000)
+        await self.connectivity.retrying(
+            lambda: self.leases.scripts.client.set(key, record, px=ttl))
+
+    async def _again(self, delivery: Delivery, message: Message, exc: BaseException) -> Message:
+        """Wait the backoff (or the handler's ``Retry(delay=...)``) without holding a slot,
+        then take the entry again as a counted delivery (``deliveries`` -1: lost); the
+        caller takes a slot again."""
+        self.observer.retried(self.worker)
+        delivery.give_slot()
+        delay = exc.delay if isinstance(exc, Retry) and exc.delay is not None else compute_backoff(
+            message.deliveries, base_ms=self.settings.retry_backoff_ms,
+            cap_ms=self.settings.retry_backoff_cap_ms,
+        )
+        await asyncio.sleep(delay)
+        deliveries = await self.connectivity.retrying(
+            lambda: self.leases.redeliver(delivery.stream, delivery.consumer.name, delivery.entry_id)
+        )
+        return Message(
+            envelope=message.envelope, stream=message.stream, entry_id=message.entry_id,
+            deliveries=deliveries, worker=self.worker, consumer=message.consumer,
+            fields=message.fields, max_deliveries=message.max_deliveries,
+        )
