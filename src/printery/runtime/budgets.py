@@ -28,7 +28,7 @@ from typing import Any
 import redis.asyncio as aioredis
 
 from printery.envelope import Codec
-from printery.fields import review_fields
+from printery.fields import REPLAY_FOR, TRACEPARENT, review_fields
 from printery.keys import REVIEW, StreamKeys
 from printery.pipeline.budget import (
     BUDGET_EXCEEDED,
@@ -39,10 +39,14 @@ from printery.pipeline.budget import (
     BUDGET_SPENT,
     BUDGET_UNIT,
     BUDGET_WARNING,
+    HELD_FROM,
+    HELD_IN,
     HELD_KEY,
     BudgetPlan,
     Exceeded,
     exceeded_data,
+    held_type,
+    review_guard,
 )
 from printery.runtime.handler import Message, Output
 from printery.transport.channel import Command
@@ -53,6 +57,11 @@ from printery.transport.commit import (
     encode_amount,
     encode_limit,
 )
+
+#: Fields of a held entry's envelope it does not keep: what its producing call cost and
+#: took (the held copy is not that call), and the steps it was meant for (now this one);
+#: its trace and replay mark come with every output of the hold.
+_NOT_KEPT = frozenset({"cost", "duration_ms", REPLAY_FOR, TRACEPARENT, "replay_of"})
 
 BUDGET_CHECK_LUA = resources.files("printery.transport").joinpath("budget_check.lua").read_text()
 
@@ -122,24 +131,37 @@ class BudgetGuard:
                 limit.budget.on_exceeded, limit.step)
         return over
 
-    def held(self, message: Message, exceeded: Exceeded) -> Output:
-        """What a held entry writes instead of running: the run's terminal
-        ``budget:exceeded`` (once per run), or a ``budget_exceeded`` review whose
-        approval runs it again."""
+    def held(self, message: Message, exceeded: Exceeded) -> list[Output]:
+        """What a held entry writes instead of running, committed with its ack: the run's
+        terminal ``budget:exceeded`` (once per run); or, for a ``review`` budget, the
+        entry itself kept in its run's held stream (what it goes back to its step with,
+        and where from) and the ``budget_exceeded`` review of this breach, written by the
+        first hold of the run and limit only (a ``once`` guard): one decision releases
+        every entry it held (CONTRACT §16)."""
         run = message.correlation_id
         if exceeded.on_exceeded == "stop":
-            return Output(
+            return [Output(
                 BUDGET_EXCEEDED,
                 {**exceeded_data(exceeded.unit, exceeded.limit, exceeded.spent),
                  **({"step": exceeded.step} if exceeded.step else {})},
                 idempotency_key=f"{BUDGET_EXCEEDED}:{run}", once=f"budget-exceeded:{run}",
-            )
+            )]
         budget = self.plan.own if exceeded.step else self.plan.run
         assert budget is not None
         where = f"step {exceeded.step}" if exceeded.step else "run"
-        return Output(
+        envelope = message.envelope
+        kept = {name: value for name, value in envelope.extra.items()
+                if name not in _NOT_KEPT}
+        entry = Output(
+            held_type(run), message.data,
+            idempotency_key=f"{envelope.idempotency_key}:held",
+            extra={**kept, "type": message.type, "attempt": str(envelope.attempt),
+                   REPLAY_FOR: self.worker, HELD_FROM: message.stream},
+        )
+        review = Output(
             REVIEW, message.data,
-            idempotency_key=f"{REVIEW}:{BUDGET_REVIEW_KIND}:{message.envelope.idempotency_key}",
+            idempotency_key=f"{REVIEW}:{BUDGET_REVIEW_KIND}:{run}:{exceeded.field}",
+            once=review_guard(run, exceeded.field),
             extra={**review_fields(
                 kind=BUDGET_REVIEW_KIND, step=self.worker,
                 reason=f"{where} budget of {exceeded.unit} reached: spent "
@@ -149,8 +171,9 @@ class BudgetGuard:
                 BUDGET_UNIT: exceeded.unit, BUDGET_FIELD: exceeded.field,
                 BUDGET_LIMIT: repr(exceeded.limit), BUDGET_SPENT: repr(exceeded.spent),
                 BUDGET_RAISE: repr(budget.limits[exceeded.unit]),
-                HELD_KEY: message.envelope.idempotency_key},
+                HELD_KEY: envelope.idempotency_key, HELD_IN: self.keys.stream(held_type(run))},
         )
+        return [entry, review]
 
     def charge(self, message: Message) -> BudgetCharge | None:
         """What the commit of ``message``'s outputs adds to its run (None: nothing)."""
