@@ -227,7 +227,7 @@ class EntryPipeline:
         await self.connectivity.retrying(lambda: gate.try_admit(tickets))
         return tickets
 
-    async def _run(
+    async def _run(  # noqa: C901 - the hot path: one coroutine per entry, not one per part
         self, delivery: Delivery, message: Message, ticket: Ticket | None = None, tp: str = "",
     ) -> Decided | None:
         """Run the handler until it succeeds, is rejected, or runs out of deliveries; the
@@ -244,20 +244,43 @@ class EntryPipeline:
         (:meth:`~printery.runtime.holding.Holdings.watch_timeouts`) and fails with
         ``timeout``."""
         gate = self.gate
+        in_flight = delivery.consumer.in_flight
         while True:
             if ticket is not None and not ticket.admitted:
                 assert gate is not None
                 await self.connectivity.retrying(functools.partial(gate.admit, ticket))
             if not delivery.slot and not delivery.try_take_slot():
                 await delivery.take_slot()
+            if in_flight.running < in_flight.limit:
+                in_flight.running += 1
+            else:
+                await in_flight.enter()
             begun = time.perf_counter()
-            called = await self._call(delivery, message, ticket)
-            if isinstance(called, Reject):
-                return self.failures.dead_letter(delivery, message.fields, called.reason_code,
-                                         str(called), deliveries=message.deliveries)
-            if not isinstance(called, BaseException):
+            delivery.began = time.monotonic()
+            failure: BaseException
+            try:
                 try:
-                    appends = self.writes.appends(called, message, time.perf_counter() - begun,
+                    result = await self.handler(message)
+                finally:
+                    delivery.began = 0.0
+                    in_flight.leave()
+                    if gate is not None and ticket is not None:  # then a retry's claim
+                        gate.release(ticket, message.costs)
+                if delivery.timed_out:  # it swallowed its cancellation and returned
+                    raise asyncio.CancelledError
+                outputs = outputs_of(result)
+            except WorkerCrashed:
+                raise
+            except asyncio.CancelledError as exc:
+                failure = self._timeout(delivery, exc)
+            except Reject as exc:
+                return self.failures.dead_letter(delivery, message.fields, exc.reason_code,
+                                                 str(exc), deliveries=message.deliveries)
+            except BaseException as exc:  # user code: it fails its entry only (CONTRACT §16)
+                failure = exc
+            else:
+                try:
+                    appends = self.writes.appends(outputs, message, time.perf_counter() - begun,
                                                   traceparent=tp)
                 except Exception as exc:  # the handler's data, not the runtime
                     return self.failures.dead_letter(
@@ -267,45 +290,20 @@ class EntryPipeline:
                 if self.writes.has_large(appends):
                     appends = await self.writes.store_large(appends)
                 return self._handled(delivery, message, appends)
-            next_try = await self.failures.failed(delivery, message, called)
+            next_try = await self.failures.failed(delivery, message, failure)
             if not isinstance(next_try, Message):
                 return next_try  # its dead letter, or None: lost to another consumer
             message = next_try
 
-    async def _call(
-        self, delivery: Delivery, message: Message, ticket: Ticket | None,
-    ) -> list[Output] | BaseException:
-        """One handler call, holding a place among the worker's running calls: its
-        outputs, or what it raised (a :class:`StepTimeout` when it was cancelled at its
-        timeout). Raises only :class:`WorkerCrashed` and a cancellation that is a stop."""
-        in_flight, gate = delivery.consumer.in_flight, self.gate
-        if in_flight.running < in_flight.limit:
-            in_flight.running += 1
-        else:
-            await in_flight.enter()
-        delivery.began = time.monotonic()
-        try:
-            try:
-                result = await self.handler(message)
-            finally:
-                delivery.began = 0.0
-                in_flight.leave()
-                if gate is not None and ticket is not None:  # then a retry's claim
-                    gate.release(ticket, message.costs)
-            if delivery.timed_out:  # it swallowed its cancellation and returned
-                raise asyncio.CancelledError
-            return outputs_of(result)
-        except WorkerCrashed:
-            raise
-        except asyncio.CancelledError as exc:
-            if not self.failures.timed_out(delivery):
-                raise
-            timeout = StepTimeout(f"{self.worker} ran past its timeout of "
-                                  f"{self.settings.timeout:g} s and was cancelled")
-            timeout.__cause__ = exc
-            return timeout
-        except BaseException as exc:  # user code: it fails its entry only (CONTRACT §16)
-            return exc
+    def _timeout(self, delivery: Delivery, cancelled: asyncio.CancelledError) -> StepTimeout:
+        """The failure of a call cancelled at its timeout; a cancellation that is a stop
+        is raised on."""
+        if not self.failures.timed_out(delivery):
+            raise cancelled
+        timeout = StepTimeout(f"{self.worker} ran past its timeout of "
+                              f"{self.settings.timeout:g} s and was cancelled")
+        timeout.__cause__ = cancelled
+        return timeout
 
     # -- build the commit ----------------------------------------------------------------------
 
