@@ -158,3 +158,6 @@ async def test_a_validator_answering_anything_but_reasons_fails_closed(
     attempts = json.loads(exhausted[1]["data"])["attempts"]
     assert attempts[0]["reasons"] == [{"code": "too_short", "field": "answer",
                                        "message": "longer"}]
+    # Each of those runs ended failed (CONTRACT §16), its validator named.
+    ended = [json.loads(f["data"]) for _, f in await client.xrange(keys.stream("run:failed"))]
+    assert sorted(e["reason_code"] for e in ended) == ["validator_error"] * len(ANSWERS)

@@ -7,7 +7,7 @@ from collections.abc import Callable
 
 import structlog
 
-from printery.errors import Reject
+from printery.errors import Reject, WorkerCrashed
 from printery.fields import review_fields
 from printery.keys import REVIEW
 from printery.pipeline.review_kinds import Escalation, mark_escalation
@@ -47,12 +47,13 @@ def escalate(
     """Wrap ``handler`` so that its failures escalate instead of dead-lettering.
 
     Deliveries before ``attempts`` re-raise (the runtime redelivers after a backoff). At
-    the last attempt the ``fallback`` runs; if there is none or it fails too, a review
-    entry of ``review_kind`` is written (when given) together with the ``terminal``
-    outputs, and the entry is acknowledged: the escalation is recorded, not retried.
-    A reviewer's approval writes ``on_approve`` (the run resumes there), a rejection
-    ``on_reject``; the pipeline refuses, at build time, a step that escalates without
-    declaring ``review`` and both types in its ``produces``.
+    the last attempt the ``fallback`` runs (``Reject`` and ``WorkerCrashed`` are
+    deliberate: they are raised through, from the handler or the fallback); if there is
+    none or it fails too, a review entry of ``review_kind`` is written (when given)
+    together with the ``terminal`` outputs, and the entry is acknowledged: the
+    escalation is recorded, not retried. A reviewer's approval writes ``on_approve`` (the
+    run resumes there), a rejection ``on_reject``; the pipeline refuses, at build time, a
+    step that escalates without declaring ``review`` and both types in its ``produces``.
     """
     if (on_approve or on_reject) and not review_kind:
         raise ValueError("escalate: on_approve/on_reject need a review_kind")
@@ -60,16 +61,18 @@ def escalate(
     async def handle(message: Message) -> HandlerResult:
         try:
             return await handler(message)
-        except Reject:
-            raise
-        except Exception as exc:
+        except (Reject, WorkerCrashed):
+            raise  # deliberate: dead-lettered at once / the worker crashes
+        except (Exception, SystemExit, KeyboardInterrupt) as exc:
             if message.deliveries < attempts:
                 raise
             failure: BaseException = exc
         if fallback is not None:
             try:
                 return await fallback(message)
-            except Exception as exc:
+            except (Reject, WorkerCrashed):
+                raise
+            except (Exception, SystemExit, KeyboardInterrupt) as exc:
                 failure = exc
                 log.warning("fallback failed", worker=message.worker, error=str(exc))
         outputs: list[Output] = []

@@ -1,0 +1,51 @@
+"""``escalate`` at its last attempt (CONTRACT §16): what it escalates and what it raises
+through (``Reject`` and ``WorkerCrashed`` are deliberate), on the wrapped handler alone."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from printery import Message, Output, Reject, WorkerCrashed, escalate
+from printery.envelope import Codec
+
+
+def _message(deliveries: int) -> Message:
+    envelope = Codec().new("task", {}, producer="test", correlation_id="run-1")
+    return Message(envelope=envelope, stream="p:task", entry_id="1-0", deliveries=deliveries,
+                   worker="work", consumer="c", fields={})
+
+
+async def _fallback(message: Message) -> Output:
+    return Output("result", {"via": "fallback"})
+
+
+@pytest.mark.parametrize("error", [WorkerCrashed("client beyond repair"), Reject("bad", "no")])
+async def test_deliberate_errors_are_raised_through_not_escalated(error: Exception) -> None:
+    async def handler(message: Message) -> Any:
+        raise error
+
+    wrapped = escalate(handler, attempts=2, fallback=_fallback)
+    with pytest.raises(type(error)):
+        await wrapped(_message(2))
+
+    async def failing(message: Message) -> Any:
+        raise RuntimeError("down")
+
+    async def deliberate_fallback(message: Message) -> Any:
+        raise error
+
+    wrapped = escalate(failing, attempts=1, fallback=deliberate_fallback)
+    with pytest.raises(type(error)):
+        await wrapped(_message(1))
+
+
+async def test_a_system_exit_at_the_last_attempt_escalates_like_any_failure() -> None:
+    async def handler(message: Message) -> Any:
+        raise SystemExit(3)
+
+    wrapped = escalate(handler, attempts=2, fallback=_fallback)
+    with pytest.raises(SystemExit):
+        await wrapped(_message(1))  # retried first, as any failure
+    assert await wrapped(_message(2)) == Output("result", {"via": "fallback"})
