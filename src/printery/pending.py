@@ -16,12 +16,20 @@ from typing import Any
 import redis.asyncio as aioredis
 from redis.exceptions import RedisError, ResponseError
 
-from printery.envelope import correlation_of
-from printery.history import id_order
+from printery.envelope import Codec, correlation_of
+from printery.history import get_entry, id_order
 from printery.keys import StreamKeys
-from printery.transport.streams import CONNECTION_ERRORS
+from printery.run_index import RunIndex
+from printery.runtime.writes import dead_letter_write
+from printery.transport.dead_letter import write_dead_letter
+from printery.transport.streams import CONNECTION_ERRORS, Scripts
 
-__all__ = ["PendingEntry", "find_pending", "pending_entries"]
+__all__ = ["OPERATOR", "PendingEntry", "dead_letter_pending", "find_pending", "pending_entries"]
+
+#: The ``reason_code`` of an entry an operator dead-lettered (``printery pending dlq``).
+OPERATOR = "operator"
+#: Its ``error`` when the operator gave no reason.
+OPERATOR_ERROR = "dead-lettered by an operator"
 
 #: Entries asked for per XPENDING call (a page; every page is read).
 PAGE = 1000
@@ -171,6 +179,33 @@ async def find_pending(
                 continue  # no such stream or group, or an id the server refuses
             found += [_entry(part, event_type, group, row) for row in rows]
     return await _with_runs(client, found, correlation_field)
+
+
+async def dead_letter_pending(
+    client: aioredis.Redis,
+    entry: PendingEntry,
+    codec: Codec,
+    *,
+    reason: str = "",
+    ingress: Sequence[str] = (),
+    outcomes: Sequence[str] = (),
+) -> str | None:
+    """Dead-letter one pending ``entry`` by hand (CONTRACT §16): its ``dlq`` entry
+    (``reason_code`` :data:`OPERATOR`, ``error`` the ``reason`` or
+    :data:`OPERATOR_ERROR`), its run's ``run:failed`` outcome and the run index's writes
+    (``ingress`` and ``outcomes`` are the pipeline's), and its acknowledgement, in the
+    one script the workers dead-letter with, fenced on the entry still being pending in
+    its group (whoever holds it). The dlq entry's id as commands name it, or None when
+    the entry is no longer pending (acknowledged or dead-lettered meanwhile)."""
+    part = entry.keys
+    fields = await get_entry(client, entry.stream, entry.entry_id) or {}
+    write = dead_letter_write(
+        part, codec, group=entry.worker, stream=entry.stream, entry_id=entry.entry_id,
+        consumer="", fields=fields, reason_code=OPERATOR, error=reason or OPERATOR_ERROR,
+        deliveries=entry.deliveries,
+        index=RunIndex(part, ingress=ingress, outcomes=outcomes))
+    dlq_id = await write_dead_letter(Scripts(client), write)
+    return None if dlq_id is None else part.entry_ref(dlq_id)
 
 
 def _text(value: object) -> str:

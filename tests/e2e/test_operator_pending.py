@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import contextlib
 import json
+import subprocess
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import pytest
@@ -18,6 +20,7 @@ from support.operator_cli import cli_sync
 STARTED, VALIDATED = "deployment:started", "deployment:validated"
 #: The deployment pipeline's groups on deployment:validated.
 VALIDATED_GROUPS = ("dependency-checker", "health-monitor", "aggregator")
+TRACEPARENT = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
 
 
 @pytest.fixture
@@ -129,3 +132,99 @@ def test_lists_every_partition_by_the_ids_commands_take(
     assert sorted((row["id"], row["run_id"], row["partition"]) for row in rows) == sorted(
         (f"{made[k]}@p{k}", runs[k], k) for k in range(n))
     assert {row["stream"] for row in rows} == {keys.at(k).stream(STARTED) for k in range(n)}
+    # Settled by the id listed: the dead letter and the run's outcome in its partition.
+    done = dlq_cli(server, prefix, f"{made[1]}@p1", "--json", partitions=n)
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout)["dlq_id"].endswith("@p1")
+    assert r.xlen(keys.at(1).dlq) == 1 and r.xlen(keys.at(1).stream("run:failed")) == 1
+    assert sorted(row["partition"] for row in pending(server, prefix, "--json",
+                                                      partitions=n)) == [0, 2]
+
+
+def dlq_cli(server: ServerProcess, prefix: str, *args: str,
+            partitions: int = 1) -> subprocess.CompletedProcess[str]:
+    return cli_sync(server.url, prefix, "pending", "dlq", *args,
+                    env={"PRINTERY_PARTITIONS": str(partitions)})
+
+
+def test_dlq_dead_letters_one_entry_ends_its_run_and_acknowledges_it(
+    server: ServerProcess, prefix: str, r: redis.Redis
+) -> None:
+    keys = StreamKeys(prefix)
+    started = keys.stream(STARTED)
+    stuck = r.xadd(started, {**fields("dep-1"), "traceparent": TRACEPARENT})
+    other = r.xadd(started, fields("dep-2"))
+    deliver(r, started, "validator", "validator-0")
+    r.xclaim(started, "validator", "validator-1", 0, [stuck])  # a second delivery
+
+    done = dlq_cli(server, prefix, stuck, "--reason", "poisons the validator", "--json")
+    assert done.returncode == 0, done.stderr
+    shown = json.loads(done.stdout)
+    [(dlq_id, letter)] = r.xrange(keys.dlq)
+    assert shown["dlq_id"] == dlq_id and shown["id"] == stuck and shown["run_id"] == "dep-1"
+    assert {k: letter[k] for k in ("reason_code", "error", "worker", "deliveries",
+                                   "source_stream", "source_id", "deployment_id")} == {
+        "reason_code": "operator", "error": "poisons the validator", "worker": "validator",
+        "deliveries": "2", "source_stream": started, "source_id": stuck,
+        "deployment_id": "dep-1"}
+    assert letter["data"] == fields("dep-1")["data"], "the original entry travels with it"
+    # The run ended failed, in the same step: its outcome names the dlq entry.
+    [(_, outcome)] = r.xrange(keys.stream("run:failed"))
+    assert outcome["deployment_id"] == "dep-1"
+    assert json.loads(outcome["data"]) == {
+        "status": "failed", "step": "validator", "reason_code": "operator",
+        "error": "poisons the validator", "dlq_id": dlq_id}
+    assert outcome["traceparent"] == TRACEPARENT
+    assert r.hget(keys.run_info("dep-1"), "status") == "failed"
+    # Acknowledged: no longer pending; the other entry still is.
+    assert [row["id"] for row in pending(server, prefix, "--json")] == [other]
+    again = dlq_cli(server, prefix, stuck)
+    assert again.returncode == 1 and f"no pending entry {stuck}" in again.stderr
+    assert r.xlen(keys.dlq) == 1
+
+    text = dlq_cli(server, prefix, other)
+    assert text.returncode == 0, text.stderr
+    assert text.stdout.split()[:2] == ["dead-lettered", other] and "dep-2" in text.stdout
+    [_, (_, letter)] = r.xrange(keys.dlq)
+    assert (letter["reason_code"], letter["error"]) == ("operator", "dead-lettered by an operator")
+    assert pending(server, prefix, "--json") == []
+
+
+def test_dlq_of_an_unknown_or_shared_entry(
+    server: ServerProcess, prefix: str, r: redis.Redis
+) -> None:
+    keys = StreamKeys(prefix)
+    validated = keys.stream(VALIDATED)
+    shared = r.xadd(validated, fields("dep-7"))
+    for group in VALIDATED_GROUPS:
+        deliver(r, validated, group, f"{group}-0")
+    for unknown in ("1-1", "not-an-id", f"{shared}@p3"):
+        done = dlq_cli(server, prefix, unknown)
+        assert done.returncode == 1, (unknown, done.stderr)
+        assert "no pending entry" in done.stderr and done.stderr.count("\n") == 1
+    several = dlq_cli(server, prefix, shared)
+    assert several.returncode == 2
+    assert "--worker" in several.stderr
+    assert all(group in several.stderr for group in VALIDATED_GROUPS)
+    assert r.xlen(keys.dlq) == 0
+    done = dlq_cli(server, prefix, shared, "--worker", "health", "--json")
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout)["worker"] == "health-monitor"
+    [(_, letter)] = r.xrange(keys.dlq)
+    assert letter["worker"] == "health-monitor"
+    assert sorted(row["worker"] for row in pending(server, prefix, "--json")) == [
+        "aggregator", "dependency-checker"]
+    assert dlq_cli(server, prefix, shared, "--worker", "notifier").returncode == 1
+
+
+def test_two_operators_dead_letter_one_entry_once(
+    server: ServerProcess, prefix: str, r: redis.Redis
+) -> None:
+    keys = StreamKeys(prefix)
+    started = keys.stream(STARTED)
+    stuck = r.xadd(started, fields("dep-9"))
+    deliver(r, started, "validator", "validator-0")
+    with ThreadPoolExecutor(4) as pool:
+        codes = sorted(pool.map(lambda _: dlq_cli(server, prefix, stuck).returncode, range(4)))
+    assert codes == [0, 1, 1, 1]
+    assert r.xlen(keys.dlq) == 1 and r.xlen(keys.stream("run:failed")) == 1

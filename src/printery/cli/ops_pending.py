@@ -4,6 +4,8 @@ so both work while no worker runs."""
 
 from __future__ import annotations
 
+from typing import Any
+
 import click
 import redis.asyncio as aioredis
 
@@ -17,7 +19,13 @@ from printery.cli.ops_common import (
     print_json,
     table,
 )
-from printery.pending import PendingEntry, pending_entries
+from printery.pending import (
+    OPERATOR,
+    PendingEntry,
+    dead_letter_pending,
+    find_pending,
+    pending_entries,
+)
 
 worker_option = click.option(
     "--worker", "worker", metavar="W", default=None,
@@ -105,3 +113,38 @@ def _one(found: list[PendingEntry], ref: str, worker: str | None) -> PendingEntr
         raise Failure(f"entry {ref} is pending in several partitions ({refs}): "
                       "name one as listed", EXIT_USAGE)
     return found[0]
+
+
+@pending.command("dlq")
+@click.argument("ref", metavar="ID")
+@click.option("--reason", metavar="TEXT", default=None,
+              help="why (the dlq entry's error; default: dead-lettered by an operator)")
+@worker_option
+@json_option
+def pending_dlq(ref: str, reason: str | None, worker: str | None, as_json: bool) -> None:
+    """Dead-letter one pending entry (ID as `printery pending` lists it): its dlq entry
+    (reason_code operator), its run ended failed, and its acknowledgement, in one atomic
+    step; works while no worker runs. An entry pending in several groups needs --worker."""
+    ops = get_ctx()
+    chosen = resolve_worker(ops, worker)
+    pipeline = ops.pipeline
+
+    async def body(client: aioredis.Redis) -> dict[str, Any]:
+        found = await find_pending(client, ops.keys, pipeline.groups(),
+                                   pipeline.correlation_field, ref, worker=chosen)
+        entry = _one(found, ref, chosen)
+        dlq_id = await dead_letter_pending(
+            client, entry, pipeline.codec(), reason=reason or "",
+            ingress=pipeline.ingress, outcomes=pipeline.outcomes)
+        if dlq_id is None:
+            raise Failure(f"entry {entry.ref} of {entry.worker} is no longer pending "
+                          "(acknowledged or dead-lettered meanwhile)")
+        return {**entry.view(), "dlq_id": dlq_id, "reason_code": OPERATOR}
+
+    done = ops.run(body)
+    if as_json:
+        print_json(done)
+        return
+    ended = f"; run {done['run_id']} ended failed" if done["run_id"] else ""
+    click.echo(f"dead-lettered {done['id']} of {done['worker']} as dlq entry "
+               f"{done['dlq_id']}{ended}")
