@@ -19,7 +19,11 @@ from printery.errors import TransportError
 from printery.fields import DLQ_FIELDS, REPLAYED_FROM, SOURCE_STREAM
 from printery.history import decode_fields, get_entry, id_order
 from printery.keys import StreamKeys
+from printery.run_index import RUNNING, now_ms
 from printery.transport.streams import CONNECTION_ERRORS, WATCH_RETRIES, public_api
+
+#: The status of a run a dead letter ended (its ``run:failed`` outcome, CONTRACT §16).
+FAILED = "failed"
 
 __all__ = ["dead_letter", "dead_letter_ids", "dead_letters", "purge", "replay_dead_letter"]
 
@@ -69,10 +73,16 @@ async def dead_letter(
 
 
 @public_api
-async def replay_dead_letter(client: aioredis.Redis, keys: StreamKeys, entry_id: str) -> dict[str, Any]:
+async def replay_dead_letter(
+    client: aioredis.Redis, keys: StreamKeys, entry_id: str, correlation_field: str = "",
+) -> dict[str, Any]:
     """Move one dead letter back to its source stream (``attempt`` + 1, ``replayed_from``);
     a result: ``replayed`` true with ``new_id``, or false with an ``error``. The source
-    stream is of the dead letter's partition: one transaction, one slot."""
+    stream is of the dead letter's partition: one transaction, one slot.
+
+    With the pipeline's ``correlation_field``, a run the dead letter ended (``failed`` in
+    the run index) is running again in the same transaction: the replay continues it,
+    and its status becomes that of its next outcome (CONTRACT §16)."""
     ref, found = entry_id, await _find(client, keys, entry_id)
     if found is None:
         return {"id": ref, "replayed": False, "error": "no such dlq entry"}
@@ -99,10 +109,17 @@ async def replay_dead_letter(client: aioredis.Redis, keys: StreamKeys, entry_id:
                     attempt = 1
                 original["attempt"] = str(attempt + 1)
                 original[REPLAYED_FROM] = entry_id
+                run = correlation_of(original, correlation_field) if correlation_field else None
+                failed = bool(run) and await pipe.hget(  # type: ignore[misc]
+                    part.run_info(run or ""), "status") == FAILED
                 pipe.multi()  # type: ignore[no-untyped-call]
                 pipe.xadd(source, original)  # type: ignore[arg-type]
                 pipe.xdel(dlq_key, entry_id)
-                new_id, _deleted = await pipe.execute()
+                if failed and run:
+                    pipe.zrem(part.run_index(FAILED), run)
+                    pipe.zadd(part.run_index(RUNNING), {run: now_ms()})
+                    pipe.hdel(part.run_info(run), "status", "ended")
+                new_id, *_ = await pipe.execute()
             except WatchError:
                 continue
         return {"id": ref, "replayed": True, "source_stream": source,

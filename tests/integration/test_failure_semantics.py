@@ -30,7 +30,9 @@ from printery import (
     WorkerManager,
     WorkerState,
 )
+from printery.dead_letters import replay_dead_letter
 from printery.keys import StreamKeys
+from printery.run_index import RunIndex
 from printery.testing import wait_for
 
 
@@ -331,3 +333,38 @@ async def test_a_dead_letter_after_the_outcome_ends_nothing(
         assert (await runs.result(run, timeout=10)).status == "succeeded"
         await dead_letters(client, keys, 1)
     assert await failed_runs(client, keys) == []
+
+
+async def test_a_dead_letter_replayed_continues_its_run(
+    client: aioredis.Redis, prefix: str, redis_url: str
+) -> None:
+    """A run ended `failed` by a dead letter goes on when the dead letter is replayed
+    (once its cause is fixed): the run index files it as running again, then under the
+    status of its next outcome, and no longer under `failed`."""
+    keys = StreamKeys(prefix)
+    p = Pipeline("r", ingress=["in"], outcomes=["done"])
+    broken = True
+
+    @p.step("step", consumes=["in"], produces=["done"])
+    async def step(message: Message) -> Output:
+        if broken:
+            raise RuntimeError("model down")
+        return Output("done", {"status": "succeeded"})
+
+    index = RunIndex(keys, ingress=p.ingress, outcomes=p.outcomes)
+    async with running(client, keys, p), \
+            Client(redis_url, stream_prefix=prefix, app=p) as runs:
+        run = await runs.submit({})
+        assert (await runs.result(run, timeout=15)).status == "failed"
+        assert [r["status"] for r in await index.find(client, run)] == ["failed"]
+        (letter,) = await dead_letters(client, keys, 1)
+        broken = False
+        replayed = await replay_dead_letter(client, keys, letter["id"], p.correlation_field)
+        assert replayed["replayed"]
+
+        async def succeeded() -> bool:
+            return [r["status"] for r in await index.find(client, run)] == ["succeeded"]
+
+        await wait_for(succeeded, timeout=15, message="the run's next outcome")
+    failed_page, _ = await index.page(client, status="failed")
+    assert run not in [r["run_id"] for r in failed_page]
