@@ -23,6 +23,7 @@ from printery import (
     Budget,
     Client,
     ConsumerSettings,
+    Limit,
     Message,
     Output,
     Pipeline,
@@ -72,11 +73,12 @@ async def test_a_budget_step_survives_a_batch_of_entries_settled_before_any_hand
 ) -> None:
     """Before: a batch holding only entries settled before any handler (no `data`, a
     replay's copy for another step) crashed a worker with a budget (`not enough values
-    to unpack`) and the entry never reached the dlq."""
+    to unpack`) and the entry never reached the dlq. With a limit too."""
     keys = StreamKeys(prefix)
     p = Pipeline("b", ingress=["in"], cost_units=["usd"], budget=Budget(usd=10.0))
 
-    @p.step("work", consumes=["in"], produces=["out"], cost_units=["usd"])
+    @p.step("work", consumes=["in"], produces=["out"], cost_units=["usd"],
+            limits=[Limit("model", concurrency=2)])
     async def work(message: Message) -> Output:
         message.report_cost("usd", 1.0)
         return Output("out", message.data)

@@ -128,7 +128,7 @@ class EntryPipeline:
         if self.connectivity.stopping.is_set():
             await self._commit(decided, begun)  # what was admitted never starts
             return
-        tickets = await self._limit(admitted, decided) if self.gate is not None else None
+        tickets = await self._limit(admitted, decided) if self.gate is not None and admitted else None
         left_held = await self.handlers.run(admitted, decided, begun, tickets, read=len(batch))
         if not left_held:
             for delivery in batch:
