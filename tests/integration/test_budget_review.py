@@ -24,11 +24,12 @@ from printery import (
     WorkerManager,
     reviews,
 )
-from printery.keys import StreamKeys
+from printery.keys import StreamKeys, partition_of
 from printery.pipeline.budget import held_type
 from printery.testing import wait_for
 from printery.transport.commit import decode_spent
 from printery.transport.server import ServerProcess
+from support.spine import running_pipeline
 
 Start = Callable[[Pipeline], Awaitable[Client]]
 
@@ -213,3 +214,27 @@ async def test_a_budget_review_of_an_earlier_version_puts_back_the_entry_it_show
     assert json.loads(back["data"]) == {"attempt": 1} and back["correlation_id"] == "run-old"
     raised = await client.hget(keys.budget("run-old"), "raise:tokens")
     assert decode_spent(raised) == 25
+
+
+async def test_a_breach_is_held_and_released_in_its_runs_partition(
+    client: aioredis.Redis, prefix: str
+) -> None:
+    keys = StreamKeys(prefix, partitions=3)
+    run = next(f"run-{n}" for n in range(100) if partition_of(f"run-{n}", 3) == 2)
+    part = keys.of(run)
+    pipeline = two_steps()
+    async with running_pipeline(pipeline, client=client, keys=keys,
+                                settings=ConsumerSettings(block_ms=100)):
+        for n in range(3):
+            await _submit(client, part, run, n)
+            await wait_for(lambda: _settled(client, part.stream("job")), message="job settled")
+        await _submit(client, part, run, 3)
+        await wait_for(lambda: _settled(client, part.stream("job")), message="job held")
+        assert await client.xlen(part.stream(held_type(run))) == 2
+        (review,) = await reviews.list_reviews(client, keys, pipeline)
+        assert review["id"].endswith("@p2")
+        await reviews.approve(client, keys, pipeline, review["id"], by="ops")
+        await wait_for(lambda: _settled(client, part.stream("job")), message="released")
+        assert await _ns(client, part, "done") == [0, 1, 2, 3]
+        assert await _ns(client, part, "audited") == [0, 1, 2, 3]
+        assert not await client.exists(part.stream(held_type(run)))
