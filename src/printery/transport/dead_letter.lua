@@ -9,9 +9,14 @@
 -- ARGV[4] nd: arguments of the dlq entry's fields (name, value, ...), ARGV[5] nf: the
 -- run:failed entry's (0: no run), ARGV[6] its data before the dlq id, ARGV[7] after it,
 -- ARGV[8] nx: arguments of the index writes, ARGV[9] the key of the entry's last-error
--- record ('' none); then the dlq fields, the run:failed fields (its `data` value is
--- replaced) and the index writes (per command its argument count, then the command).
--- Returns the dlq entry's id, or -1 when the entry is not held as the arguments say.
+-- record ('' none), ARGV[10] a once key that makes this dead letter written at most once
+-- ('' none; a join's, whose failure no entry holds), ARGV[11] its ttl in ms; then the
+-- dlq fields, the run:failed fields (its `data` value is replaced) and the index writes
+-- (per command its argument count, then the command).
+-- An entry id '' dead-letters what no entry holds (a join decided by a sweep): no fence,
+-- no ack; KEYS[1] is then any key of the partition.
+-- Returns the dlq entry's id, or -1 when the entry is not held as the arguments say (or
+-- the once key was taken).
 --
 -- A run already ended with another status (its index says so) gets no run:failed: an
 -- entry written after the outcome (a notification) ends nothing. A run that ended
@@ -19,11 +24,16 @@
 
 local group, consumer, id = ARGV[1], ARGV[2], ARGV[3]
 local nd, nf, nx = tonumber(ARGV[4]), tonumber(ARGV[5]), tonumber(ARGV[8])
-local pending = redis.call('XPENDING', KEYS[1], group, id, id, 1)
-if #pending == 0 or (consumer ~= '' and pending[1][2] ~= consumer) then
+if id ~= '' then
+  local pending = redis.call('XPENDING', KEYS[1], group, id, id, 1)
+  if #pending == 0 or (consumer ~= '' and pending[1][2] ~= consumer) then
+    return -1
+  end
+end
+if ARGV[10] ~= '' and not redis.call('SET', ARGV[10], '1', 'NX', 'PX', ARGV[11]) then
   return -1
 end
-local a = 10
+local a = 12
 local letter = {}
 for j = a, a + nd - 1 do letter[#letter + 1] = ARGV[j] end
 a = a + nd
@@ -49,6 +59,6 @@ if nf > 0 then
     end
   end
 end
-redis.call('XACK', KEYS[1], group, id)
+if id ~= '' then redis.call('XACK', KEYS[1], group, id) end
 if ARGV[9] ~= '' then redis.call('DEL', ARGV[9]) end
 return dlq_id

@@ -31,7 +31,9 @@ class DeadLetterWrite:
     entry (its ``data`` is ``data_before`` + the dlq id + ``data_after``), ``run_info``
     the run's index hash (a run ended with another status gets no outcome) and
     ``index`` the index's writes for it. ``last_error`` the key of the entry's last
-    error record, removed with it ("" none)."""
+    error record, removed with it ("" none). ``entry_id`` "" dead-letters what no entry
+    holds (a join a sweep decided: no fence, no ack); ``once`` a key that makes it
+    written at most once (kept ``once_ttl_ms``), "" none."""
 
     source: str
     group: str
@@ -46,6 +48,8 @@ class DeadLetterWrite:
     run_info: str = ""
     index: Sequence[Command] = ()
     last_error: str = ""
+    once: str = ""
+    once_ttl_ms: int = 0
 
     def script_keys(self) -> list[str]:
         keys = [self.source, self.dlq]
@@ -62,7 +66,7 @@ class DeadLetterWrite:
                 index += (len(command), *command)
         return [self.group, self.consumer, self.entry_id, len(letter), len(outcome),
                 self.data_before, self.data_after, len(index), self.last_error,
-                *letter, *outcome, *index]
+                self.once, self.once_ttl_ms, *letter, *outcome, *index]
 
 
 async def write_dead_letter(scripts: Scripts, write: DeadLetterWrite) -> str | None:
