@@ -176,6 +176,9 @@ def test_dlq_dead_letters_one_entry_ends_its_run_and_acknowledges_it(
         "error": "poisons the validator", "dlq_id": dlq_id}
     assert outcome["traceparent"] == TRACEPARENT
     assert r.hget(keys.run_info("dep-1"), "status") == "failed"
+    watched = cli_sync(server.url, prefix, "watch", "dep-1", "--timeout", "10")
+    assert watched.returncode == 1, (watched.stdout, watched.stderr)
+    assert "run:failed" in watched.stdout and "operator" in watched.stdout
     # Acknowledged: no longer pending; the other entry still is.
     assert [row["id"] for row in pending(server, prefix, "--json")] == [other]
     again = dlq_cli(server, prefix, stuck)
