@@ -121,6 +121,13 @@ async def test_policy_failing_at_deadline_goes_to_dlq_once_and_worker_keeps_goin
         assert "in __call__" in trace and "raise self.error" in trace, trace
         assert len(trace) <= 4000
         assert not await client.zscore(keys.join_deadlines("join"), "bad-1")
+        # The run ends failed with it (CONTRACT §16), naming its dead letter.
+        (ended,) = [f for _, f in await client.xrange(keys.stream("run:failed"))]
+        dlq_id = (await client.xrange(keys.dlq))[0][0]
+        assert ended["correlation_id"] == "bad-1"
+        assert json.loads(ended["data"]) == {
+            "status": "failed", "step": "join", "reason_code": "merge_failed",
+            "error": entry["error"], "dlq_id": dlq_id}
 
         # The dead letter took the join's result guard: a branch arriving now is late.
         envelope = CODEC.new("left-done", {"side": "left"}, correlation_id="bad-1", producer="test")

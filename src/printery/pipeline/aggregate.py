@@ -18,7 +18,7 @@ import inspect
 import time
 import traceback
 from collections.abc import Awaitable, Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, cast
 
 import structlog
@@ -27,12 +27,13 @@ from printery import _json
 from printery._util import idle, parse_rfc3339
 from printery.backoff import compute_backoff
 from printery.errors import PipelineError
-from printery.fields import dlq_fields
-from printery.keys import DLQ, StreamKeys
+from printery.keys import StreamKeys
 from printery.pipeline.step import Step, check_concurrency
 from printery.runtime.handler import HandlerResult, Message, Output
 from printery.runtime.stream_worker import StreamWorker
-from printery.transport.streams import CONNECTION_ERRORS
+from printery.runtime.writes import dead_letter_write
+from printery.transport.dead_letter import write_dead_letter
+from printery.transport.streams import CONNECTION_ERRORS, Scripts
 
 log = structlog.get_logger("printery.aggregate")
 
@@ -191,6 +192,7 @@ class Aggregator:
         self.on_timeout = on_timeout
         self.extra_produces = tuple(extra_produces)
         self._worker: StreamWorker | None = None
+        self._script_runner: Scripts | None = None
 
     def step(self) -> Step:
         return Step(
@@ -208,6 +210,11 @@ class Aggregator:
 
     async def _bind(self, worker: StreamWorker) -> None:
         self._worker = worker
+
+    def _scripts(self, worker: StreamWorker) -> Scripts:
+        if self._script_runner is None:
+            self._script_runner = Scripts(worker.client)
+        return self._script_runner
 
     def _once(self, correlation_id: str) -> str:
         return f"{self.emits}:{correlation_id}"
@@ -324,14 +331,19 @@ class Aggregator:
                                      {cid: int((time.time() + delay) * 1000)}, xx=True)
             return
         # Still leased by this sweep: no one else takes it; due again if the dlq write fails.
-        fields = dlq_fields(error=error, reason_code=MERGE_FAILED, worker=self.name,
-                            deliveries=attempt, source_stream=keys.stream(self.opens), source_id="",
-                            traceback="".join(traceback.format_exception(exc))[-TRACEBACK_LIMIT:])
-        entry = Output(DLQ, self._state(cid, raw).arrived, correlation_id=cid,
-                       idempotency_key=f"{self.emits}:{cid}", once=self._once(cid),
-                       extra={"type": self.emits, **fields})
+        # Its dead letter ends the run (``run:failed``), once (the join's own guard).
+        fields = worker.codec.new_fields(
+            self.emits, self._state(cid, raw).arrived, correlation_id=cid, producer=self.name,
+            idempotency_key=f"{self.emits}:{cid}")
+        letter = replace(dead_letter_write(
+            keys, worker.codec, group=self.name, stream=keys.stream(self.opens), entry_id="",
+            consumer="", fields=fields, reason_code=MERGE_FAILED, error=error,
+            deliveries=attempt,
+            traceback="".join(traceback.format_exception(exc))[-TRACEBACK_LIMIT:],
+            index=None if worker.index is None else worker.index.within(keys),
+        ), once=keys.once(self._once(cid)), once_ttl_ms=int(settings.record_ttl * 1000))
         try:
-            written = await worker.emit([entry], correlation_id=cid)
+            written = await write_dead_letter(self._scripts(worker), letter) is not None
         except CONNECTION_ERRORS:
             raise
         except Exception:
