@@ -135,8 +135,10 @@ def check(analysis: dict[str, Any]) -> list[Reason]:
     return reasons
 
 
-#: The review kind of a document the classifier is unsure of.
+#: The review kind of a document the classifier is unsure of (declared, so that a typo in
+#: its `[review.low_confidence]` table is refused).
 UNSURE = "low_confidence"
+pipeline.review_kind(UNSURE)
 
 
 @pipeline.step("gate", consumes=["doc:analyzed"],

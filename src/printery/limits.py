@@ -31,9 +31,9 @@ class Limit:
 
     ``key`` is a string, or a function of the :class:`~printery.Message` returning one
     (e.g. a limit per tenant); limits with the same key share their state, whichever
-    step declares them. ``name`` labels ``printery_limit_wait_seconds`` and ``/status``;
-    by default the key, or the function's name (a per-message key would make a label per
-    tenant).
+    step declares them. ``printery_limit_wait_seconds`` and ``/status`` name a limit by
+    its key; a limit whose key is a function by ``name``, else ``<step>:<function name>``
+    (a per-message key would make a label per tenant).
 
     Tokens are known only once a handler reports them, so a handler starts while the
     tokens of the window are below ``tokens_per_minute``: the window can go over by what
@@ -68,7 +68,8 @@ class Limit:
 
     @property
     def label(self) -> str:
-        """The limit's name in metrics and ``/status``."""
+        """The limit's name in its error messages (metrics and ``/status`` name it as
+        :func:`printery.runtime.limit_gate.limit_labels` says)."""
         if self.name:
             return self.name
         if isinstance(self.key, str):
