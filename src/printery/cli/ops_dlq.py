@@ -87,7 +87,8 @@ def dlq_replay(entry_ids: tuple[str, ...], replay_all: bool, as_json: bool) -> N
 
     async def body(client: aioredis.Redis) -> list[dict[str, Any]]:
         ids = list(entry_ids) or await dead_letter_ids(client, ops.keys)
-        return [await replay_dead_letter(client, ops.keys, entry_id) for entry_id in ids]
+        field = ops.pipeline.correlation_field
+        return [await replay_dead_letter(client, ops.keys, entry_id, field) for entry_id in ids]
 
     results = ops.run(body)
     _report(results, as_json, ["id", "replayed", "source_stream", "new_id", "error"])
