@@ -13,10 +13,11 @@ from __future__ import annotations
 
 import hmac
 import ipaddress
+import re
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
-from urllib.parse import quote
+from urllib.parse import quote, unquote
 
 import redis.asyncio as aioredis
 from aiohttp import web
@@ -35,7 +36,6 @@ from printery.errors import (
     UnknownRun,
 )
 from printery.fields import STEP, TRACEPARENT, WORKER
-from printery.history import id_order
 from printery.keys import DLQ, REVIEW, StreamKeys
 from printery.logging import get_logger
 from printery.pipeline.dag import Pipeline
@@ -51,6 +51,8 @@ _SUBMIT_KEYS = frozenset({"data", "event_type", "run_id", "idempotency_key"})
 _MAX_ID = 256
 #: The most reviews one ``GET /v1/reviews`` page returns.
 MAX_REVIEW_PAGE = 1000
+#: Milliseconds an ``EventSource`` waits before it reconnects (the ``retry:`` hint).
+RETRY_MS = 2000
 
 
 @dataclass(frozen=True, slots=True)
@@ -182,6 +184,40 @@ def decision_arguments(body: Any, decision: str) -> dict[str, Any]:
     return arguments
 
 
+def _ref(event_type: str, entry_id: str) -> str:
+    return f"{quote(event_type, safe=':')}/{entry_id}"
+
+
+def event_id(entry: Mapping[str, Any], positions: Mapping[str, str]) -> str:
+    """The ``id:`` of ``entry`` on a run's event stream, unique within the run: its event
+    type and entry id (``deployment:finished/1700000000123-0``), then, comma-separated,
+    the last entry id given of each other stream of the run (``positions``, this one's
+    included): everything a reconnect with it as ``Last-Event-ID`` has been given, so
+    the stream goes on after exactly that event (:func:`parse_event_id`). Event types
+    are percent-encoded (``/``, ``,`` and spaces never appear raw)."""
+    own = str(entry["stream"])
+    return ",".join([_ref(own, str(entry["id"])),
+                     *(_ref(t, positions[t]) for t in sorted(positions) if t != own)])
+
+
+_ENTRY_ID = re.compile(r"\d{1,20}-\d{1,20}")
+
+
+def parse_event_id(text: str) -> dict[str, str] | None:
+    """The positions an :func:`event_id` names (event type -> last entry id given);
+    None for no id or one this server did not write (the stream starts from the first
+    entry)."""
+    if not text.strip():
+        return None
+    positions: dict[str, str] = {}
+    for item in text.strip().split(","):
+        event_type, _, entry_id = item.rpartition("/")
+        if not event_type or not _ENTRY_ID.fullmatch(entry_id):
+            return None
+        positions[unquote(event_type)] = entry_id
+    return positions
+
+
 def step_summary(runs: Runs, entries: list[dict[str, Any]],
                  figures: Mapping[str, Any]) -> list[dict[str, Any]]:
     """Each step of the pipeline for one run: ``done`` when it wrote an entry of the run
@@ -270,30 +306,43 @@ def _run_routes(api: web.Application, runs: Runs, body_limit: int) -> None:
             entries = await runs.entries(run_id)
         except UnknownRun as exc:
             return error(404, "unknown_run", str(exc))
-        outcome = next((e for e in entries if runs.reader.is_outcome(e)), None)
         spent = run_cost(runs.pipeline, entries)
-        return respond({"run_id": run_id, "status": run_status(outcome), "entries": entries,
+        return respond({"run_id": run_id, "status": run_status(runs.reader.outcome_of(entries)),
+                        "entries": entries,
                         "cost": spent["total"]["cost"],
                         "steps": step_summary(runs, entries, spent["steps"])})
 
     async def run_events(request: web.Request) -> web.StreamResponse:
+        """The run's entries as server-sent events (see :func:`event_id`): 404 for an
+        unknown run; on a reconnect (``Last-Event-ID``) the events after that one, or
+        204 (which stops an ``EventSource``) when the outcome was given already."""
         run_id = request.match_info["run_id"]
-        after = request.headers.get("Last-Event-ID", "")
+        seen = parse_event_id(request.headers.get("Last-Event-ID", ""))
         response = web.StreamResponse(headers={
             "Content-Type": "text/event-stream", "Cache-Control": "no-store",
             "X-Accel-Buffering": "no"})
-        await response.prepare(request)
 
         def alive() -> bool:
             transport = request.transport
             return transport is not None and not transport.is_closing()
 
-        async for entry in runs.reader.follow(run_id, alive=alive):
-            if after and id_order(entry["id"]) <= id_order(after):
-                continue
-            await response.write(f"id: {entry['id']}\ndata: ".encode()
-                                 + _json.dumps(entry).encode() + b"\n\n")
-        await response.write_eof()
+        try:
+            async with runs.reader.open(run_id, seen=seen) as run:
+                if not run.known:
+                    return error(404, "unknown_run", f"no entries of "
+                                 f"{runs.pipeline.correlation_field} {run_id!r}")
+                if run.ended:
+                    return web.Response(status=204, headers={"Cache-Control": "no-store"})
+                await response.prepare(request)
+                await response.write(f"retry: {RETRY_MS}\n\n".encode())
+                positions = dict(seen or {})
+                async for entry in run.entries(alive):
+                    positions[entry["stream"]] = entry["id"]
+                    await response.write(f"id: {event_id(entry, positions)}\ndata: ".encode()
+                                         + _json.dumps(entry).encode() + b"\n\n")
+                await response.write_eof()
+        except ConnectionResetError:  # the client went away: nothing to report
+            log.debug("event stream client went away", run_id=run_id)
         return response
 
     api.router.add_post("/runs", submit)

@@ -2,10 +2,10 @@
 
 It only reads: every answer comes from a :class:`StatusProvider` that the service wires
 in, so this module knows nothing of workers, Redis or pipelines. Every answer is JSON
-(except ``/metrics``), errors included: unknown paths give 404, other methods on a known
-path 405 (with ``Allow``), and a provider that raises or hangs gives a JSON 500 or a
-503 instead of a stuck scrape, because each provider call is bounded by
-``probe_timeout``.
+(except ``/metrics``), errors included, in the API's shape ``{"error", "detail"}``:
+unknown paths give 404, other methods on a known path 405 (with ``Allow``), and a
+provider that raises or hangs gives a JSON 500 or a 503 instead of a stuck scrape,
+because each provider call is bounded by ``probe_timeout``.
 """
 
 from __future__ import annotations
@@ -57,24 +57,38 @@ def _json_response(body: object, status: int = 200, headers: dict[str, str] | No
     )
 
 
+def _detail(request: web.Request, exc: web.HTTPException) -> str:
+    """What an aiohttp error says, in words (never the request's body)."""
+    if exc.status == 404:
+        return f"no route {request.method} {request.path}"
+    if exc.status == 405:
+        allowed = exc.headers.get("Allow", "")
+        return f"{request.method} is not allowed on {request.path}" + (
+            f"; allowed: {allowed}" if allowed else "")
+    return exc.text if exc.text and not exc.text.startswith(f"{exc.status}:") else exc.reason
+
+
 @web.middleware
 async def _json_errors(request: web.Request, handler: Handler) -> web.StreamResponse:
-    """Turn aiohttp's HTML error pages and unexpected exceptions into JSON."""
+    """Turn aiohttp's HTML error pages and unexpected exceptions into the API's error
+    shape, ``{"error", "detail"}``. A client that went away is no error (logged at
+    debug): its answer goes nowhere."""
     try:
         return await handler(request)
     except web.HTTPException as exc:
         if exc.status < 400:
             raise
-        headers = {k: v for k, v in exc.headers.items() if k.lower() == "allow"}
+        headers = {k: v for k, v in exc.headers.items()
+                   if k.lower() in ("allow", "www-authenticate")}
         error = exc.reason.lower().replace(" ", "_")
-        return _json_response(
-            {"status": "error", "error": error, "path": request.path}, exc.status, headers
-        )
+        return _json_response({"error": error, "detail": _detail(request, exc)}, exc.status,
+                              headers)
+    except ConnectionResetError:  # aiohttp's ClientConnectionResetError: a write failed
+        _log.debug("client went away", path=request.path)
+        return web.Response(status=499)  # nothing is sent: the connection is gone
     except Exception as exc:
         _log.exception("http handler failed", path=request.path)
-        return _json_response(
-            {"status": "error", "error": "internal", "detail": redact_text(str(exc))}, 500
-        )
+        return _json_response({"error": "internal", "detail": redact_text(str(exc))}, 500)
 
 
 def build_app(
@@ -109,7 +123,7 @@ def build_app(
             document = await asyncio.wait_for(provider.status(), probe_timeout)
         except TimeoutError:
             detail = f"status timed out after {probe_timeout:g}s"
-            return _json_response({"status": "error", "error": "timeout", "detail": detail}, 503)
+            return _json_response({"error": "timeout", "detail": detail}, 503)
         return _json_response(document)
 
     async def metrics(_: web.Request) -> web.Response:

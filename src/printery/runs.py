@@ -10,6 +10,19 @@ the one read of each partition that every run followed in the process shares
 start record, so reading it starts at its first entry instead of at the beginning of
 every stream.
 
+**Order** (:class:`RunOrder`, the one rule ``trace``, ``watch``, ``result``, the event
+stream and the console share): by the entry id's millisecond; within one millisecond
+(entries of several streams committed together, or close together) causally, by the
+depth in the pipeline's graph of what wrote the entry (an entry of an ingress type 0, a
+step's output one more than the deepest of its inputs), a record (``dlq``, ``review``,
+``review:decided``) before what was written with it and an outcome after; then the
+entry id within one stream (one stream's entries always keep their id order).
+
+**Status** (:meth:`RunReader.outcome_of`): a run's outcome entry is its first outcome
+entry in that order, except that a ``run:failed`` followed by a later outcome (a
+dead letter replayed, CONTRACT §16) gives way to it: the outcome is the first one that
+is not ``run:failed``, else the last ``run:failed``.
+
 Reading survives a server restart: a connection failure is retried with backoff (the
 streams are on disk with the AOF) until the caller's deadline.
 """
@@ -18,7 +31,8 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator, Callable, Iterable, Mapping
+from collections.abc import AsyncIterator, Callable, Iterable, Mapping, Sequence
+from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -30,14 +44,16 @@ from printery._util import idle
 from printery.backoff import compute_backoff
 from printery.cost import CallTally
 from printery.envelope import correlation_of
+from printery.fields import STEP, WORKER
 from printery.history import decode_fields, id_order
-from printery.keys import DLQ, REVIEW, REVIEW_DECIDED, StreamKeys, partition_of
+from printery.keys import DLQ, REVIEW, REVIEW_DECIDED, RUN_FAILED, StreamKeys, partition_of
 from printery.pipeline.dag import Pipeline
 from printery.run_index import RUNNING, run_status
-from printery.run_tail import RunTail
+from printery.run_tail import Following, RunTail
 from printery.transport.streams import CONNECTION_ERRORS
 
-__all__ = ["RUNNING", "RunReader", "RunResult", "run_cost", "run_status"]
+__all__ = ["RUNNING", "RunFollow", "RunOrder", "RunReader", "RunResult", "run_cost",
+           "run_status"]
 
 log = structlog.get_logger("printery.runs")
 
@@ -77,6 +93,126 @@ def run_cost(pipeline: Pipeline, entries: Iterable[Mapping[str, Any]]) -> dict[s
     return tally.summary()
 
 
+#: Streams of records about a step's entries (written beside its outputs, or instead).
+_RECORDS = frozenset({DLQ, REVIEW, REVIEW_DECIDED})
+
+#: A run's place of one entry: (millisecond, depth, kind, sequence, type).
+Place = tuple[int, int, int, int, int]
+
+
+class RunOrder:
+    """The order of a run's entries (see the module doc): one rule for every reader.
+
+    Entry ids order the entries of one stream only; entries of several streams committed
+    together (or in one millisecond) share the millisecond, and their sequence numbers
+    are per stream. Within a millisecond an entry goes after what caused it: by the
+    depth of its writer in the pipeline's graph. An entry of a pipeline type is placed
+    by its type (the deepest of the steps that produce it; ingress types 0); a record
+    (``dlq``, ``review``), ``run:failed``, ``budget:exceeded`` and any other type no step
+    declares by the step that wrote it (its ``worker``, ``step``, ``producer`` or
+    ``data.step``); a ``review:decided`` just before the types the decision wrote.
+    Among entries of one depth, records go first and outcomes last."""
+
+    def __init__(self, pipeline: Pipeline, types: Sequence[str]) -> None:
+        self.outcomes = frozenset(pipeline.outcomes)
+        self.index = {event_type: n for n, event_type in enumerate(types)}
+        self.steps, self.types = self._depths(pipeline, 0)
+        deepest = max(self.steps.values(), default=0)
+        #: The depth of an entry whose writer is unknown: after every step's own outputs.
+        self.floor = deepest + 1
+        # Steps that consume what any step may write (run:failed) come after that.
+        self.steps, self.types = self._depths(pipeline, self.floor)
+
+    @staticmethod
+    def _depths(pipeline: Pipeline, floor: int) -> tuple[dict[str, int], dict[str, int]]:
+        """Each step's depth (one more than its deepest input; a type no step produces
+        nor comes from outside is at ``floor``) and each produced or ingress type's."""
+        steps: dict[str, int] = {}
+        types: dict[str, int] = {}
+        visiting: set[str] = set()
+
+        def of_type(event_type: str) -> int:
+            if event_type not in types:
+                makers = pipeline.producers_of(event_type)
+                if not makers and event_type not in pipeline.ingress:
+                    return floor
+                types[event_type] = max((of_step(name) for name in makers), default=0)
+            return types[event_type]
+
+        def of_step(name: str) -> int:
+            if name in steps:
+                return steps[name]
+            if name in visiting or name not in pipeline.steps:  # a cycle: refused elsewhere
+                return 0
+            visiting.add(name)
+            step = pipeline.steps[name]
+            internal = step.loop.internal if step.loop is not None else ()
+            depth = 1 + max((of_type(t) for t in step.consumes if t not in internal),
+                            default=0)
+            depth = max([depth, *(of_step(dep) + 1 for dep in step.depends_on)])
+            visiting.discard(name)
+            steps[name] = depth
+            return depth
+
+        for name in pipeline.steps:
+            of_step(name)
+        for event_type in pipeline.event_types():
+            of_type(event_type)
+        return steps, types
+
+    def depth(self, entry: Mapping[str, Any]) -> int:
+        """The depth of what wrote ``entry`` (an entry as the reader shows it)."""
+        stream = str(entry.get("stream", ""))
+        if stream not in _RECORDS and stream in self.types:
+            return self.types[stream]
+        data = entry.get("data")
+        named = [entry.get(WORKER) if stream == DLQ else entry.get(STEP),
+                 entry.get("producer"), data.get("step") if isinstance(data, dict) else None]
+        for name in named:
+            if isinstance(name, str) and name in self.steps:
+                return self.steps[name]
+        if stream == REVIEW_DECIDED and isinstance(data, dict):
+            written = [self.types[t] for t in data.get("outputs") or ()
+                       if isinstance(t, str) and t in self.types]
+            if written:
+                return min(written)
+        return self.floor
+
+    def place(self, entry: Mapping[str, Any]) -> Place:
+        ms, seq = id_order(str(entry.get("id", "")))
+        stream = str(entry.get("stream", ""))
+        kind = 0 if stream in _RECORDS else 2 if stream in self.outcomes else 1
+        return ms, self.depth(entry), kind, seq, self.index.get(stream, len(self.index))
+
+    def sort(self, entries: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
+        """``entries`` (of one run) in order. One stream's entries keep their id order:
+        two records of one millisecond written by steps of different depths take each
+        other's places."""
+        ordered = sorted(entries, key=self.place)
+        slots: dict[str, list[int]] = {}
+        for n, entry in enumerate(ordered):
+            slots.setdefault(str(entry.get("stream", "")), []).append(n)
+        for places in slots.values():
+            if len(places) > 1:
+                mine = sorted((ordered[n] for n in places), key=lambda e: id_order(e["id"]))
+                for n, entry in zip(places, mine, strict=True):
+                    ordered[n] = entry
+        return ordered
+
+
+#: Where a follower has been (the event stream's ``Last-Event-ID``): per event type, the
+#: id of the last entry of that stream it was given.
+Seen = Mapping[str, str]
+
+
+def delivered(entry: Mapping[str, Any], seen: Seen | None) -> bool:
+    """Whether ``entry`` is one a follower that has ``seen`` those positions was given."""
+    if not seen:
+        return False
+    last = seen.get(str(entry.get("stream", "")))
+    return last is not None and id_order(str(entry["id"])) <= id_order(last)
+
+
 class RunReader:
     """Finds and follows runs of ``pipeline`` under ``keys``."""
 
@@ -86,8 +222,10 @@ class RunReader:
         self.pipeline = pipeline
         self.field = pipeline.correlation_field
         self.outcomes = frozenset(pipeline.outcomes)
+        # Every outcome type is read (``run:failed`` too, which no step need declare).
         self.event_types = list(dict.fromkeys(
-            [*pipeline.event_types(), DLQ, REVIEW, REVIEW_DECIDED]))
+            [*pipeline.event_types(), *pipeline.outcomes, DLQ, REVIEW, REVIEW_DECIDED]))
+        self.order = RunOrder(pipeline, self.event_types)
         #: Stream key -> event type, of every partition (a run's are in one of them).
         self.streams = {part.stream(t): t for part in keys.each() for t in self.event_types}
         self.tail = RunTail(client, lambda k: [keys.at(k).stream(t) for t in self.event_types],
@@ -121,19 +259,25 @@ class RunReader:
         return {"id": entry_id, "stream": self.streams.get(stream, stream),
                 **decode_fields(fields)}
 
-    def _placed(
-        self, entry_id: str, stream: str, fields: Mapping[str, str]
-    ) -> tuple[tuple[int, int, int], dict[str, Any]]:
-        """An entry with its place in the run: entry ids order entries of one stream
-        only, and entries of several streams committed together (or in one millisecond)
-        share the millisecond; within it an outcome goes last, so an entry written with
-        it or before it is never read as coming after it."""
-        ms, seq = id_order(entry_id)
-        entry = self.view(entry_id, stream, fields)
-        return (ms, 1 if self.is_outcome(entry) else 0, seq), entry
-
     def is_outcome(self, entry: Mapping[str, Any]) -> bool:
         return entry.get("stream") in self.outcomes
+
+    def ending(self, entries: Sequence[Mapping[str, Any]]) -> int | None:
+        """Where in ``entries`` (in order) the run's outcome entry is, None before it:
+        the first outcome entry that is not ``run:failed``, else the last ``run:failed``
+        (a replayed dead letter continues a failed run: its next outcome counts)."""
+        failed = None
+        for n, entry in enumerate(entries):
+            if self.is_outcome(entry):
+                if entry.get("stream") != RUN_FAILED:
+                    return n
+                failed = n
+        return failed
+
+    def outcome_of(self, entries: Sequence[Mapping[str, Any]]) -> Mapping[str, Any] | None:
+        """The run's outcome entry among ``entries`` (in order; see :meth:`ending`)."""
+        n = self.ending(entries)
+        return None if n is None else entries[n]
 
     async def start_of(self, run_id: str) -> str:
         """Where the run's entries begin: its start record, else the beginning."""
@@ -141,12 +285,12 @@ class RunReader:
         return str(start) if start else "-"
 
     async def history(self, run_id: str) -> tuple[list[dict[str, Any]], dict[str, str]]:
-        """The run's entries so far in id order, and per stream the last id read (where
-        following it live goes on)."""
+        """The run's entries so far in order (:class:`RunOrder`), and per stream the
+        last id read (where following it live goes on)."""
         start = await self.start_of(run_id)
         if start != "-":  # another stream's entry of the same millisecond may sort lower
             start = f"{id_order(start)[0]}-0"
-        found: list[tuple[tuple[int, int, int], dict[str, Any]]] = []
+        found: list[dict[str, Any]] = []
         last: dict[str, str] = {}
         for stream in self.streams_of(run_id):
             lower, last[stream] = start, "0-0" if start == "-" else _before(start)
@@ -154,58 +298,49 @@ class RunReader:
                 batch = await self.client.xrange(stream, lower, "+", count=_CHUNK)
                 for entry_id, fields in batch:
                     if self.belongs(fields, run_id):
-                        found.append(self._placed(entry_id, stream, fields))
+                        found.append(self.view(entry_id, stream, fields))
                 if batch:
                     last[stream] = batch[-1][0]
                 if len(batch) < _CHUNK:
                     break
                 lower = "(" + batch[-1][0]
-        found.sort(key=lambda item: item[0])
-        return [entry for _, entry in found], last
+        return self.order.sort(found), last
 
     async def exists(self, run_id: str) -> bool:
         entries, _ = await self.history(run_id)
         return bool(entries)
 
-    async def follow(
-        self, run_id: str, *, deadline: float | None = None,
-        alive: Callable[[], bool] | None = None,
-    ) -> AsyncIterator[dict[str, Any]]:
-        """Every entry of the run in order, from the first, live, ending after the
-        outcome entry. Raises :class:`TimeoutError` at ``deadline`` (monotonic); ends
-        early once ``alive()`` is false (checked at least once a second: a reader that
-        went away stops waiting). Live entries come from the process's shared read of
-        the run's partition (:class:`~printery.run_tail.RunTail`), joined before the
-        history is read."""
+    @asynccontextmanager
+    async def open(
+        self, run_id: str, *, deadline: float | None = None, seen: Seen | None = None,
+    ) -> AsyncIterator[RunFollow]:
+        """Start following the run: join the process's shared read of its partition
+        (:class:`~printery.run_tail.RunTail`), then read its history; what it has to
+        give (less what a follower that has ``seen`` those positions was given) is
+        known before anything is given (:class:`RunFollow`)."""
         partition = partition_of(run_id, self.keys.partitions)
         joining = self.tail.follow(run_id, partition)
         following = await (joining if deadline is None else
                            asyncio.wait_for(joining, max(0.0, deadline - time.monotonic())))
         try:
             entries, last = await self._retrying(lambda: self.history(run_id), deadline)
-            for entry in entries:
-                yield entry
-                if self.is_outcome(entry):
-                    return
-            while alive is None or alive():
-                wait = _FOLLOW_WAIT_S
-                if deadline is not None:
-                    left = deadline - time.monotonic()
-                    if left <= 0:
-                        raise TimeoutError(f"run {run_id} did not end in time")
-                    wait = min(wait, left)
-                rows = await following.next_batch(wait)
-                if rows is None:
-                    continue
-                batch = [self._placed(entry_id, stream, fields)
-                         for stream, entry_id, fields in following.after(rows, last)]
-                batch.sort(key=lambda item: item[0])
-                for _, entry in batch:
-                    yield entry
-                    if self.is_outcome(entry):
-                        return
+            yield RunFollow(self, following, entries, last, deadline=deadline, seen=seen)
         finally:
             self.tail.leave(following)
+
+    async def follow(
+        self, run_id: str, *, deadline: float | None = None,
+        alive: Callable[[], bool] | None = None, seen: Seen | None = None,
+    ) -> AsyncIterator[dict[str, Any]]:
+        """Every entry of the run in order, from the first, live, ending after the
+        outcome entry (:meth:`ending`: of the history, else the first one that comes).
+        Raises :class:`TimeoutError` at ``deadline`` (monotonic); ends early once
+        ``alive()`` is false (checked at least once a second: a reader that went away
+        stops waiting). ``seen``: skip the entries a follower with those positions was
+        given (a reconnecting event stream)."""
+        async with self.open(run_id, deadline=deadline, seen=seen) as run:
+            async for entry in run.entries(alive):
+                yield entry
 
     async def result(self, run_id: str, *, timeout: float | None = None) -> RunResult:
         """The run once it has ended (see :meth:`follow`)."""
@@ -237,3 +372,55 @@ def _before(entry_id: str) -> str:
     """The id just before ``entry_id`` (XREAD reads after the id it is given)."""
     ms, seq = id_order(entry_id)
     return f"{ms}-{seq - 1}" if seq else f"{ms - 1}-18446744073709551615"
+
+
+class RunFollow:
+    """One follower of one run (:meth:`RunReader.open`), its history read: ``known``
+    (the run has any entry), ``ended`` (nothing is left to give: the outcome entry and
+    everything before it were given already), then :meth:`entries`."""
+
+    def __init__(
+        self, reader: RunReader, following: Following, history: list[dict[str, Any]],
+        last: dict[str, str], *, deadline: float | None, seen: Seen | None,
+    ) -> None:
+        self.reader = reader
+        self.following = following
+        self.last = last
+        self.deadline = deadline
+        self.seen = seen
+        self.known = bool(history)
+        end = reader.ending(history)
+        self.outcome_known = end is not None
+        self.pending = [entry for entry in (history if end is None else history[: end + 1])
+                        if not delivered(entry, seen)]
+        self.ended = self.outcome_known and not self.pending
+
+    async def entries(self, alive: Callable[[], bool] | None = None) -> AsyncIterator[
+        dict[str, Any]
+    ]:
+        """The entries to give, in order, live, up to the outcome entry (see
+        :meth:`RunReader.follow`)."""
+        reader, run_id = self.reader, self.following.run_id
+        for entry in self.pending:
+            yield entry
+        if self.outcome_known:
+            return
+        while alive is None or alive():
+            wait = _FOLLOW_WAIT_S
+            if self.deadline is not None:
+                left = self.deadline - time.monotonic()
+                if left <= 0:
+                    raise TimeoutError(f"run {run_id} did not end in time")
+                wait = min(wait, left)
+            rows = await self.following.next_batch(wait)
+            if rows is None:
+                continue
+            batch = reader.order.sort(
+                reader.view(entry_id, stream, fields)
+                for stream, entry_id, fields in self.following.after(rows, self.last))
+            for entry in batch:
+                if delivered(entry, self.seen):
+                    continue
+                yield entry
+                if reader.is_outcome(entry):
+                    return

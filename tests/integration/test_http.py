@@ -130,16 +130,28 @@ async def test_metrics(client: httpx.AsyncClient, provider: FakeProvider) -> Non
 
 
 async def test_unknown_path_is_json_404(client: httpx.AsyncClient) -> None:
+    """Every error answer has the API's shape, ``{"error", "detail"}`` (CONTRACT §11)."""
     response = await client.get("/nope")
     assert response.status_code == 404
-    assert response.json()["path"] == "/nope"
+    assert response.headers["content-type"].startswith("application/json")
+    assert response.json() == {"error": "not_found", "detail": "no route GET /nope"}
 
 
 async def test_wrong_method_is_json_405(client: httpx.AsyncClient) -> None:
     response = await client.post("/healthz")
     assert response.status_code == 405
     assert "GET" in response.headers["allow"]
-    assert response.json()["status"] == "error"
+    body = response.json()
+    assert set(body) == {"error", "detail"} and body["error"] == "method_not_allowed"
+    assert body["detail"].startswith("POST is not allowed on /healthz; allowed: ")
+
+
+async def test_a_failing_status_is_an_error_of_the_api_shape(
+    client: httpx.AsyncClient, provider: FakeProvider
+) -> None:
+    provider.fail = True
+    failed = (await client.get("/status")).json()
+    assert set(failed) == {"error", "detail"}
 
 
 async def test_start_twice_and_port_in_use(provider: FakeProvider) -> None:

@@ -70,7 +70,8 @@ class Views:
         """Each stream of the pipeline (and ``dlq``, ``review``), over every partition:
         length, and per group its pending entries and lag (seconds its oldest owed entry
         has waited: :mod:`printery.lag`). Two round trips whatever the partitions."""
-        types = [*self.pipeline.event_types(), DLQ, REVIEW]
+        # Once each: a pipeline that escalates lists ``review`` among its own types.
+        types = list(dict.fromkeys([*self.pipeline.event_types(), DLQ, REVIEW]))
         streams = [(event_type, part.stream(event_type))
                    for event_type in types for part in self.keys.each()]
         async with self.client.pipeline(transaction=False) as pipe:
@@ -124,7 +125,7 @@ class Views:
         return self.run_view(run_id, entries)
 
     def run_view(self, run_id: str, entries: list[dict[str, Any]]) -> dict[str, Any]:
-        outcome = next((e for e in entries if self.runs.reader.is_outcome(e)), None)
+        outcome = self.runs.reader.outcome_of(entries)
         spent = run_cost(self.pipeline, entries)
         steps = step_summary(self.runs, entries, spent["steps"])
         start = id_order(entries[0]["id"])[0] if entries else 0
