@@ -6,7 +6,7 @@ console read it from here.
 
 The age is the server's clock minus the millisecond part of the entry's id (the server
 wrote both), so a host whose clock is off does not skew it. Cost per stream: one round
-trip for ``XINFO GROUPS``, then one for ``TIME`` with, per group, an ``XPENDING``
+trip for ``XINFO GROUPS``, then one for ``TIME`` (on its own on a cluster) with, per group, an ``XPENDING``
 summary when it has pending entries and an ``XRANGE ... COUNT 1`` when it has
 undelivered ones; never a scan of the stream.
 """
@@ -21,6 +21,7 @@ from redis.exceptions import ResponseError
 
 from printery._util import stream_id_ms
 from printery.keys import StreamKeys
+from printery.transport.streams import one_slot
 
 __all__ = ["event_type_lags", "lags_of_groups", "queue_lag_seconds", "stream_lags"]
 
@@ -55,9 +56,13 @@ async def lags_of_groups(
     client: aioredis.Redis, infos: dict[str, list[dict[str, Any]]]
 ) -> dict[str, dict[str, float]]:
     """Per stream, each group's lag in seconds, given the streams' ``XINFO GROUPS``
-    replies (``infos``): one round trip for them all."""
+    replies (``infos``): one round trip for them all (two on a cluster, whose client
+    refuses ``TIME`` in a pipeline: it is asked first, on its own)."""
+    clustered = one_slot(client)
+    clock: Any = await client.time() if clustered else None
     async with client.pipeline(transaction=False) as pipe:
-        pipe.time()
+        if not clustered:
+            pipe.time()
         asks: list[tuple[str, str, str]] = []  # (stream, group, "pending" | "undelivered")
         for stream, groups in infos.items():
             for info in groups:
@@ -69,7 +74,9 @@ async def lags_of_groups(
                     after = _next_id(_text(info["last-delivered-id"]))
                     pipe.xrange(stream, min=after, count=1)
                     asks.append((stream, name, "undelivered"))
-        clock, *replies = await pipe.execute()
+        replies = await pipe.execute()
+    if not clustered:
+        clock, *replies = replies
     now_ms = int(clock[0]) * 1000 + int(clock[1]) // 1000
     oldest = {stream: {_text(info["name"]): now_ms for info in groups}
               for stream, groups in infos.items()}

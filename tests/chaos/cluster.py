@@ -187,3 +187,82 @@ async def run_cluster_chaos(
         for step in (client.aclose, sandbox.stop):
             with contextlib.suppress(Exception):
                 await step()
+
+
+async def run_master_failover(
+    workdir: Path, *, deployments: int = 200, partitions: int = 9, url_nodes: str = "all",
+    processes: int = 1, kill_after: int = 20, within: float = 100.0, node_timeout_ms: int = 1000,
+    log: Any = print,
+) -> tuple[Figures, float]:
+    """Issue 31's scenario: ``deployments`` submitted to ``processes`` services on a fresh
+    3+3 cluster with ``partitions`` partitions; once ``kill_after`` have finished, kill -9
+    the master that holds most partitions, wait for its replica's promotion, start the
+    killed node again (it rejoins as a replica). Returns the figures and the seconds from
+    the kill until everything finished with nothing pending (``inf``: not within
+    ``within`` seconds of the kill). ``url_nodes`` "all" names the six nodes in the URL,
+    "one" only the master that is killed (the hardest single node to name)."""
+    await asyncio.to_thread(workdir.mkdir, parents=True, exist_ok=True)
+    figures = Figures(deployments=deployments)
+    cluster = ValkeyCluster(workdir / "cluster", node_timeout_ms=node_timeout_ms)
+    await asyncio.to_thread(cluster.start)
+    sandbox = Sandbox(slow_seconds=5)
+    config = workdir / "printery.toml"
+    await asyncio.to_thread(config.write_text, CONFIG.replace(
+        "[transport]\n", f"[transport]\npartitions = {partitions}\n"))
+    prefix = f"failover:{random.Random(deployments).randrange(16**8):08x}"
+    keys = StreamKeys(prefix, partitions)
+    held = await asyncio.to_thread(
+        cluster.partition_masters, [keys.at(k).stream(STARTED) for k in range(partitions)])
+    victim_port = max(held, key=lambda port: len(held[port]))
+    victim = next(node for node in cluster.nodes if node.port == victim_port)
+    url = cluster.url if url_nodes == "all" else f"redis+cluster://{victim.address}"
+    client = connect(cluster.url)
+    services = [Service(i, url, prefix, workdir, config) for i in range(processes)]
+    begun = time.monotonic()
+    publisher: asyncio.Task[None] | None = None
+    after_kill = float("inf")
+    try:
+        await sandbox.start()
+        for service in services:
+            service.start()
+        publisher = asyncio.create_task(_publish(cluster.url, keys, sandbox, deployments, over=1.0))
+        deadline = begun + 60
+        while await _length(client, keys, FINISHED) < kill_after:
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"fewer than {kill_after} finished in 60 s before the kill")
+            await asyncio.sleep(0.1)
+        finished_before = await _length(client, keys, FINISHED)
+        killed_at = time.monotonic()
+        log(f"kill -9 of {victim.address} (holds {len(held[victim_port])} of {partitions} "
+            f"partitions) with {finished_before} finished")
+        promoted = await asyncio.to_thread(cluster.kill_master, victim)
+        figures.master_failovers = 1
+        log(f"replica {promoted.address} promoted after {time.monotonic() - killed_at:.1f}s")
+        rejoin = asyncio.create_task(asyncio.to_thread(cluster.rejoin, victim))
+        rejoin.add_done_callback(lambda t: t.cancelled() or t.exception() or log(
+            f"{victim.address} back as a replica after {time.monotonic() - killed_at:.1f}s"))
+        await publisher
+        while time.monotonic() < killed_at + within:
+            with contextlib.suppress(*CONNECTION_ERRORS):
+                if (await _length(client, keys, FINISHED) >= deployments
+                        and await _length(client, keys, SENT) >= deployments
+                        and await pending_entries(client, prefix) == 0):
+                    after_kill = time.monotonic() - killed_at
+                    break
+            await asyncio.sleep(0.25)
+        await rejoin  # the node's return is part of the scenario: it must have happened
+        figures.seconds = time.monotonic() - begun
+        await _tally(figures, client, keys, sandbox)
+        log(f"finished {after_kill:.1f}s after the kill: {figures.line()}")
+        return figures, after_kill
+    finally:
+        if publisher is not None:
+            publisher.cancel()
+        for service in services:
+            service.terminate()
+        for service in services:
+            service.stop()
+        await asyncio.to_thread(cluster.stop)
+        for step in (client.aclose, sandbox.stop):
+            with contextlib.suppress(Exception):
+                await step()

@@ -206,6 +206,22 @@ class ValkeyCluster:
                           for node in self.nodes if node.alive), timeout)
         return replica
 
+    def rejoin(self, node: Node, timeout: float = 30.0) -> None:
+        """Start a killed ``node`` again (same port, same ``nodes.conf``): it learns that its
+        replica was promoted and rejoins as that node's replica; wait until the cluster is
+        healthy again (every replica in sync)."""
+        node.server.start()
+        _wait(f"{node.address} back as a replica",
+              lambda: node.info("replication")["role"] == "slave", timeout)
+        self.wait_healthy(timeout)
+
+    def partition_masters(self, keys: list[str]) -> dict[int, list[str]]:
+        """Which of ``keys`` each live master (by port) holds now."""
+        held: dict[int, list[str]] = {}
+        for key in keys:
+            held.setdefault(self.master_of(key).port, []).append(key)
+        return held
+
     def stop(self) -> None:
         for node in self.nodes:
             with contextlib.suppress(Exception):

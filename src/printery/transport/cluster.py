@@ -23,16 +23,34 @@ client's ``_determine_slot`` and ``response_callbacks``, the ``NodesManager`` an
 * inside a cluster transaction a read command's ``keys=`` option reaches its reply
   callback, which does not take it (``HGETALL``: a ``TypeError`` after ``EXEC``; redis-py
   issue 3401); the plain client drops it, and so does this one.
+* every node a command fails on with a connection error or a timeout is removed from the
+  startup nodes, and only a successful read of the slot map fills them again (redis-py
+  issue 3693). A failover breaks connections to every node at once (the client's own
+  refresh closes them all, under the blocking reads of every partition), so the list
+  ends empty and every later command fails for good with ``Redis Cluster cannot be
+  connected. Please provide at least one reachable node: None``. Here each read of the
+  slot map is tried on the nodes still listed, then on the URL's nodes, then on every
+  node the last good map named (the failed ones last, as redis-py 8.1 does): the view is
+  rebuilt from the URL whenever every known node is gone. A cluster that cannot be read
+  is a connection error, as on one server, on every path that reads the map (commands,
+  pipelines and transactions, the commit channel), never a ``RedisClusterException``
+  that nothing retries. Reads of the map are one at a time, and a read that waited for
+  another one that succeeded is not made again (in a failover every consumer asks at
+  once; without this the reads replaced each other's nodes, leaking connections).
+  redis-py 8.1 fixes both (it keeps a failed node, moving it last, and locks the
+  refresh); the pin stays 6.4, see pyproject.toml.
 """
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Callable, Sequence
 from typing import Any
 
 from redis.asyncio.cluster import ClusterNode, NodesManager, RedisCluster
 from redis.asyncio.retry import Retry
 from redis.backoff import ExponentialBackoff
+from redis.cluster import get_node_name
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import MovedError, RedisClusterException
 
@@ -45,11 +63,60 @@ _STREAM_READS = ("XREADGROUP", "XREAD")
 
 
 class _NodesManager(NodesManager):
-    __slots__ = ()
+    """``_seeds``: the URL's nodes; ``_known``: the nodes of the last slot map read;
+    ``_reads``: how many reads of the map succeeded, under ``_lock`` (of ``_loop``)."""
+
+    __slots__ = ("_known", "_lock", "_loop", "_reads", "_seeds")
+
+    _seeds: tuple[tuple[str, int], ...]
+    _known: tuple[tuple[str, int], ...]
+    _lock: asyncio.Lock | None
+    _loop: asyncio.AbstractEventLoop | None
+    _reads: int
+
+    @classmethod
+    def replacing(cls, manager: NodesManager, seeds: Sequence[tuple[str, int]]) -> _NodesManager:
+        """This manager in place of redis-py's ``manager`` (its state taken over)."""
+        new = cls.__new__(cls)
+        for name in NodesManager.__slots__:
+            setattr(new, name, getattr(manager, name))
+        new._seeds = tuple(seeds)
+        new._known = ()
+        new._lock = new._loop = None
+        new._reads = 0
+        return new
 
     def update_moved_exception(self, exception: Exception) -> None:
         if isinstance(exception, MovedError):
             super().update_moved_exception(exception)  # type: ignore[no-untyped-call]
+
+    async def initialize(self) -> None:
+        """Read the slot map; one read at a time, and none when another one succeeded
+        while this one waited (a failover has every consumer ask at once)."""
+        loop = asyncio.get_running_loop()
+        if self._lock is None or self._loop is not loop:
+            self._lock, self._loop = asyncio.Lock(), loop
+        reads = self._reads
+        async with self._lock:
+            if self._reads != reads:
+                return
+            self._reseed()
+            try:
+                await super().initialize()
+            except RedisClusterException as exc:
+                # No node answered, or the slots are not all covered (a failover in
+                # progress): the cluster is unreachable for now, like a server that is down.
+                raise RedisConnectionError(f"cluster unavailable: {exc}") from exc
+            self._known = tuple((node.host, int(node.port)) for node in self.nodes_cache.values())
+            self._reads += 1
+
+    def _reseed(self) -> None:
+        """Append to the startup nodes the URL's nodes and those of the last map read
+        that a failed command removed (tried after the nodes still listed)."""
+        for host, port in (*self._seeds, *self._known):
+            name = get_node_name(host, port)
+            if name not in self.startup_nodes:
+                self.startup_nodes[name] = ClusterNode(host, port, **self.connection_kwargs)
 
 
 class _RedisCluster(RedisCluster):
@@ -125,7 +192,7 @@ def cluster_client(nodes: Sequence[tuple[str, int]], **settings: Any) -> RedisCl
         retry=Retry(ExponentialBackoff(cap=0.5, base=0.05), RETRIES),
         **settings,
     )
-    client.nodes_manager.__class__ = _NodesManager
+    client.nodes_manager = _NodesManager.replacing(client.nodes_manager, nodes)
     for command, callback in list(client.response_callbacks.items()):
         client.set_response_callback(command, _without_keys(callback))
     return client
