@@ -210,3 +210,49 @@ def test_5_pipeline_and_phone_size(service: tuple[ServiceHandle, str], browser: 
         shot(phone, "phone-run")
     finally:
         phone.quit()
+
+
+def test_6_ids_an_operator_can_take_to_the_cli(
+    service: tuple[ServiceHandle, str], browser: Any, server: ServerProcess
+) -> None:
+    """The overview counts each open review once; a review card shows the review's id
+    and a dead letter's card its own id and its run's (what `printery review show ID`
+    and `printery dlq show ID` take); a run a dead letter ended is ``failed``."""
+    handle, prefix = service
+    headers = {"Authorization": f"Bearer {TOKEN}"}
+    run_id = submit(handle, deployment("production", "3.1.0"))  # held for an approval
+    open_page(browser, handle, "/reviews")
+    card = wait_for(browser, lambda d: [c for c in css(d, "section.review")
+                                        if run_id in c.text], "the review, live")[0]
+    review_id = card.get_attribute("id").removeprefix("review-")
+    shown = [c.text for c in card.find_elements("css selector", "code.review-id")]
+    assert shown == [review_id]
+    assert httpx.get(f"{handle.http_base}/v1/reviews/{review_id}", headers=headers,
+                     timeout=10).json()["deployment_id"] == run_id
+    assert card.find_elements("css selector", "a.run-id")[0].get_attribute("href").endswith(
+        f"/runs/{run_id}")
+    shot(browser, "reviews")
+
+    open_reviews = len(httpx.get(f"{handle.http_base}/v1/reviews?limit=1000", headers=headers,
+                                 timeout=10).json())
+    assert open_reviews >= 1
+    open_page(browser, handle, "/")
+    wait_for(browser, lambda d: css(d, "#review-count")[0].text == str(open_reviews),
+             f"{open_reviews} open reviews on the overview, counted once")
+
+    conn = redis.Redis.from_url(server.url, decode_responses=True)
+    dead_run = f"dep-dead-{unique_prefix()[-6:]}"
+    conn.xadd(f"{prefix}:deployment:started", {"deployment_id": dead_run, "data": "{not json"})
+    open_page(browser, handle, "/dlq")
+    card = wait_for(browser, lambda d: [c for c in css(d, "section.letter")
+                                        if dead_run in c.text], "the dead letter, live")[0]
+    letter_id = card.get_attribute("id").removeprefix("letter-")
+    assert [c.text for c in card.find_elements("css selector", "code.letter-id")] == [letter_id]
+    letters = httpx.get(f"{handle.http_base}/v1/dlq", headers=headers, timeout=10).json()
+    assert [d["deployment_id"] for d in letters if d["id"] == letter_id] == [dead_run]
+    shot(browser, "dlq")
+    click(browser, f"[id='letter-{letter_id}'] a.run-id")
+    wait_for(browser, lambda d: css(d, "#run-status")[0].text == "failed",
+             "the run the dead letter ended: failed")
+    shot(browser, "run-failed")
+    conn.close()
