@@ -108,6 +108,35 @@ async def test_watch_live_delivers_every_entry_in_order_and_ends(
     assert [e["id"] for e in seen] == upto
 
 
+async def test_a_dead_lettered_entry_ends_its_run_failed(
+    server: ServerProcess, service: tuple[ServiceHandle, str]
+) -> None:
+    """CONTRACT §16: the dead letter's ``run:failed`` ends the run: ``watch`` (live) ends
+    with it, ``result`` is ``failed`` with the outcome's data, naming the dlq entry."""
+    _, prefix = service
+    run_id = f"dep-dead-{unique_prefix()[-8:]}"
+    async with Client(server.url, stream_prefix=prefix) as client:
+        seen: list[dict[str, Any]] = []
+
+        async def watch() -> None:
+            async for entry in client.watch(run_id, timeout=40):
+                seen.append(entry)
+
+        watcher = asyncio.create_task(watch())
+        conn = aioredis.Redis.from_url(server.url, decode_responses=True)
+        bad = await conn.xadd(f"{prefix}:deployment:started",
+                              {"deployment_id": run_id, "data": "{not json"})
+        await asyncio.wait_for(watcher, 40)
+        result = await client.result(run_id, timeout=30)
+        await conn.aclose()
+    assert [e["stream"] for e in seen] == ["deployment:started", "dlq", "run:failed"]
+    assert seen[0]["id"] == bad
+    assert result.status == "failed"
+    assert result.data["reason_code"] == "undecodable" and result.data["step"] == "validator"
+    assert result.data["dlq_id"] == seen[1]["id"]
+    assert [e["id"] for e in result.entries] == [e["id"] for e in seen]
+
+
 async def test_invalid_input_raises_with_reasons_and_writes_nothing(
     server: ServerProcess, client: aioredis.Redis
 ) -> None:
