@@ -1,7 +1,8 @@
 """The service's periodic sweeps, each a loop of its own that the service supervises:
 the per-worker gauges, consumers left by processes that died, stream retention, and
 review deadlines. A sweep that fails logs why and tries again at its next interval; none
-of them is ever given up."""
+of them is ever given up, whatever it raised (on a cluster in a failover redis-py's
+cluster client also raises errors that are not ``RedisError``s: issue 31)."""
 
 from __future__ import annotations
 
@@ -53,6 +54,9 @@ async def remove_consumers(
         removed = await remove_departed(client, readers, gone, min_idle=min_idle)
     except (RedisError, OSError) as exc:
         log.warning("could not remove stopped consumers", error=describe(exc))
+        return
+    except Exception as exc:
+        log.error("could not remove stopped consumers", error=describe(exc), exc_info=exc)
         return
     if removed:
         log.info("removed consumers of stopped processes", count=len(removed),
@@ -112,6 +116,9 @@ class Housekeeping:
                     counts = await pipe.execute()
             except (RedisError, OSError) as exc:
                 log.warning("backlog sweep failed: retrying next interval", error=describe(exc))
+            except Exception as exc:
+                log.error("backlog sweep failed: retrying next interval", error=describe(exc),
+                          exc_info=exc)
             else:
                 self.metrics.reviews_open.set(sum(counts[0::2]))
                 self.metrics.dlq_entries.set(sum(counts[1::2]))
@@ -122,6 +129,10 @@ class Housekeeping:
                     lags = await event_type_lags(self.client, self.keys, event_type, groups)
                 except (RedisError, OSError) as exc:
                     log.warning("lag sweep failed: retrying next interval", error=describe(exc))
+                    break
+                except Exception as exc:
+                    log.error("lag sweep failed: retrying next interval", error=describe(exc),
+                              exc_info=exc)
                     break
                 for group, seconds in lags.items():
                     self.metrics.queue_lag.labels(event_type, group).set(seconds)
@@ -137,6 +148,10 @@ class Housekeeping:
                 live = live_owners(await list_processes(self.client, self.keys))
             except (RedisError, OSError) as exc:
                 log.warning("consumer sweep failed: retrying next interval", error=describe(exc))
+                continue
+            except Exception as exc:
+                log.error("consumer sweep failed: retrying next interval", error=describe(exc),
+                          exc_info=exc)
                 continue
             live.add(self.owner)
             await remove_consumers(self.client, self.keys, self.pipeline,
@@ -160,6 +175,9 @@ class Housekeeping:
                 forgotten = await index.forget_ended(self.client, transport.retention, scripts)
             except (RedisError, OSError) as exc:
                 log.warning("retention sweep failed: retrying next interval", error=str(exc))
+            except Exception as exc:
+                log.error("retention sweep failed: retrying next interval", error=describe(exc),
+                          exc_info=exc)
             else:
                 removed = {event_type: n for event_type, n in trimmed.items() if n}
                 for event_type, n in removed.items():

@@ -2,8 +2,8 @@
 processes on ``redis+cluster://`` with partitioned streams, real health endpoints and a
 real webhook sink. While deployments flow: kill -9 a random service process every few
 seconds and start it again, and kill -9 the master holding partition 0 once (its replica
-is promoted by the cluster). The counts are those of the single-server run
-(:mod:`tests.chaos.driver`), over every partition.
+is promoted by the cluster), then start it again (it rejoins as a replica). The counts
+are those of the single-server run (:mod:`tests.chaos.driver`), over every partition.
 
 No TCP proxy here: cluster nodes announce their own addresses, so clients reconnect to
 the nodes themselves; a killed master's connections break the way a cut does.
@@ -30,7 +30,7 @@ from tests.chaos.driver import (
     pending_entries,
     status_of,
 )
-from tests.support.cluster import ValkeyCluster
+from tests.support.cluster import Node, ValkeyCluster
 
 from printery.deploy.delivery import IDEMPOTENCY_HEADER
 from printery.deploy.sandbox import Sandbox
@@ -109,9 +109,21 @@ async def _tally(figures: Figures, client: Any, keys: StreamKeys, sandbox: Sandb
     figures.pending = await pending_entries(client, keys.prefix)
 
 
+def _fail_over(cluster: ValkeyCluster, master: Node, *, rejoin: bool, log: Any) -> Node:
+    """kill -9 ``master``, wait for its replica's promotion and, with ``rejoin``, start it
+    again and wait until it is back as a replica (issue 31); the promoted node."""
+    promoted = cluster.kill_master(master)
+    log(f"replica {promoted.address} promoted")
+    if rejoin:
+        cluster.rejoin(master)
+        log(f"{master.address} back as a replica")
+    return promoted
+
+
 async def run_cluster_chaos(
     workdir: Path, *, deployments: int, duration: float, partitions: int = 3, seed: int = 1,
     kill_every: float = 3.0, kill_master: bool = True, processes: int = 3, log: Any = print,
+    rejoin_master: bool = True,
 ) -> Figures:
     """Run the scenario on a fresh cluster; ``kill_every`` 0 kills no service process,
     ``kill_master`` False kills no master (the plain end-to-end run). ``duration`` bounds
@@ -152,12 +164,12 @@ async def run_cluster_chaos(
                 next_kill = now + kill_every * rng.uniform(0.6, 1.4)
             if failover is None and now >= master_kill_at:
                 master = await asyncio.to_thread(cluster.master_of, keys.at(0).stream(STARTED))
-                failover = asyncio.create_task(asyncio.to_thread(cluster.kill_master, master))
+                failover = asyncio.create_task(asyncio.to_thread(
+                    _fail_over, cluster, master, rejoin=rejoin_master, log=log))
                 log(f"master {master.address} killed")
             if failover is not None and failover.done() and not figures.master_failovers:
-                promoted = failover.result()  # raises when the promotion did not happen
+                failover.result()  # raises when the promotion (or the return) did not happen
                 figures.master_failovers += 1
-                log(f"replica {promoted.address} promoted")
             if publisher.done() and publisher.exception() is not None:
                 raise RuntimeError("publishing failed") from publisher.exception()
             chaos_done = ((not kill_master or figures.master_failovers)
