@@ -16,7 +16,8 @@ stream and the console share): by the entry id's millisecond; within one millise
 depth in the pipeline's graph of what wrote the entry (an entry of an ingress type 0, a
 step's output one more than the deepest of its inputs), a record (``dlq``, ``review``,
 ``review:decided``) before what was written with it and an outcome after; then the
-entry id within one stream (one stream's entries always keep their id order).
+entry id. One stream's entries always keep their id order: an entry that would sort
+before an earlier one of its own stream (two records of one millisecond) waits behind it.
 
 **Status** (:meth:`RunReader.outcome_of`): a run's outcome entry is its first outcome
 entry in that order, except that a ``run:failed`` followed by a later outcome (a
@@ -30,6 +31,7 @@ streams are on disk with the AOF) until the caller's deadline.
 from __future__ import annotations
 
 import asyncio
+import heapq
 import time
 from collections.abc import AsyncIterator, Callable, Iterable, Mapping, Sequence
 from contextlib import asynccontextmanager
@@ -185,18 +187,25 @@ class RunOrder:
         return ms, self.depth(entry), kind, seq, self.index.get(stream, len(self.index))
 
     def sort(self, entries: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
-        """``entries`` (of one run) in order. One stream's entries keep their id order:
-        two records of one millisecond written by steps of different depths take each
-        other's places."""
-        ordered = sorted(entries, key=self.place)
-        slots: dict[str, list[int]] = {}
-        for n, entry in enumerate(ordered):
-            slots.setdefault(str(entry.get("stream", "")), []).append(n)
-        for places in slots.values():
-            if len(places) > 1:
-                mine = sorted((ordered[n] for n in places), key=lambda e: id_order(e["id"]))
-                for n, entry in zip(places, mine, strict=True):
-                    ordered[n] = entry
+        """``entries`` (of one run) in order: each stream's entries in their id order,
+        merged by :meth:`place` (so a record of one millisecond written by a shallower
+        step than the one before it in its stream waits behind that one, never goes
+        before what caused either)."""
+        streams: dict[str, list[dict[str, Any]]] = {}
+        for entry in entries:
+            streams.setdefault(str(entry.get("stream", "")), []).append(entry)
+        lists = list(streams.values())
+        heads: list[tuple[Place, int, int]] = []
+        for n, mine in enumerate(lists):
+            mine.sort(key=lambda e: id_order(str(e["id"])))
+            heads.append((self.place(mine[0]), n, 0))
+        heapq.heapify(heads)
+        ordered: list[dict[str, Any]] = []
+        while heads:
+            _, n, i = heapq.heappop(heads)
+            ordered.append(lists[n][i])
+            if i + 1 < len(lists[n]):
+                heapq.heappush(heads, (self.place(lists[n][i + 1]), n, i + 1))
         return ordered
 
 
