@@ -207,14 +207,16 @@ def test_sse_client_that_disconnects_costs_nothing(
     run_id = call(handle, "POST", "/v1/runs", json={"data": production}).json()["run_id"]
     _wait_review(handle, run_id)
     logged = len(handle.log())
-    with httpx.stream("GET", f"{handle.http_base}/v1/runs/{run_id}/events",
-                      headers={"Authorization": f"Bearer {TOKEN}"}, timeout=10) as response:
-        assert response.status_code == 200
-        lines = response.iter_lines()
-        assert any(line.startswith("data: ") for line in lines)  # an event came
-        handle.wait_until(lambda: blocked_reads() >= 1, what="a blocked XREAD for the stream")
-    # Disconnected: the service stops reading for it within its block time.
-    handle.wait_until(lambda: blocked_reads() == 0, timeout=10, what="no XREAD left")
+    # The API's event stream, and the console's live run page (same server, same rule).
+    for path in (f"/v1/runs/{run_id}/events", f"/live/run/{run_id}"):
+        with httpx.stream("GET", f"{handle.http_base}{path}",
+                          headers={"Authorization": f"Bearer {TOKEN}"}, timeout=10) as response:
+            assert response.status_code == 200
+            lines = response.iter_lines()
+            assert any(line.startswith("data: ") for line in lines)  # an event came
+            handle.wait_until(lambda: blocked_reads() >= 1, what="a blocked XREAD for it")
+        # Disconnected: the service stops reading for it within its block time.
+        handle.wait_until(lambda: blocked_reads() == 0, timeout=10, what="no XREAD left")
     since = handle.log()[logged:]
     for sign in ("Traceback", "ConnectionResetError", "http handler failed", '"level":"error"'):
         assert sign not in since, since
