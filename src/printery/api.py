@@ -411,7 +411,8 @@ def _dlq_routes(api: web.Application, runs: Runs) -> None:
         return respond(await dead_letters.dead_letters(runs.redis, keys, field))
 
     async def dlq_replay(request: web.Request) -> web.Response:
-        result = await dead_letters.replay_dead_letter(runs.redis, keys, request.match_info["id"])
+        result = await dead_letters.replay_dead_letter(runs.redis, keys, request.match_info["id"],
+                                                       field)
         return respond(result) if result["replayed"] else error(404, "unknown_dead_letter",
                                                                result["error"])
 

@@ -297,7 +297,8 @@ def _action_routes(app: web.Application, console: Console, page: Guard) -> None:
 
     async def replay(request: web.Request) -> web.Response:
         result = await dead_letters.replay_dead_letter(views.client, views.keys,
-                                                       request.match_info["id"])
+                                                       request.match_info["id"],
+                                                       views.pipeline.correlation_field)
         if not result["replayed"]:
             raise _back("/dlq", error=str(result["error"])[:300])
         raise _back("/dlq", ok=f"Replayed as {result['new_id']}.")
