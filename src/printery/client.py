@@ -27,6 +27,7 @@ from printery.envelope import Codec
 from printery.errors import ConfigError, InvalidInput, PayloadTooLarge, UnknownRun
 from printery.fields import TRACEPARENT
 from printery.keys import StreamKeys, new_id_in, partition_of
+from printery.layout import resolve_keys
 from printery.pipeline.dag import Pipeline
 from printery.pipeline.reason import Reason
 from printery.run_index import RUNNING
@@ -221,6 +222,12 @@ class Client:
                     f"a Redis URL, or a running embedded server for data dir "
                     f"{self.settings.data_dir} (start `printery-workers`)")
             self._client = connect(url, max_connections=64)
+            try:  # the partition count recorded in the server (CONTRACT v1.5 §15)
+                self.keys = await public_api(resolve_keys)(self._client, self.settings)
+            except BaseException:
+                client, self._client = self._client, None
+                await client.aclose()
+                raise
             self._run_ops = Runs(self._client, self.keys, self.pipeline, producer=self.producer,
                                  payload_limit=self.settings.transport.payload_limit_bytes)
         return self

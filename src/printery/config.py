@@ -390,8 +390,14 @@ class Settings(SettingsTable):
 
     @property
     def keys(self) -> StreamKeys:
-        """Every key name of this deployment: the stream prefix in its partitions."""
-        return StreamKeys(self.stream_prefix, self.transport.partitions)
+        """Every key name of this deployment: the stream prefix in its partitions (the
+        setting; unset, 1 until the recorded layout is read: :mod:`printery.layout`)."""
+        return StreamKeys(self.stream_prefix, self.transport.partitions or 1)
+
+    def with_partitions(self, partitions: int) -> Settings:
+        """These settings with the partition count of the recorded layout."""
+        transport = self.transport.model_copy(update={"partitions": partitions})
+        return self.model_copy(update={"transport": transport})
 
     @property
     def http_bind(self) -> tuple[str, int] | None:
@@ -405,7 +411,7 @@ class Settings(SettingsTable):
         One partition keeps the keys of §2, which carry no hash tag: a commit's keys would
         be in several slots, which a cluster refuses (CROSSSLOT)."""
         if (self.redis_url and urlsplit(self.redis_url).scheme in CLUSTER_SCHEMES
-                and self.transport.partitions < 2):
+                and self.transport.partitions is not None and self.transport.partitions < 2):
             return ("2 or more on a cluster (redis+cluster://): one partition's keys carry "
                     "no hash tag; 3 x the master count is a good start")
         return None

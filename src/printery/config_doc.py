@@ -86,8 +86,9 @@ def settings_doc(default_of: Callable[[str], object]) -> dict[str, SettingDoc]:
                 "worker processes to run"),
             row("api_token_env", "--api-token-env", "PRINTERY_API_TOKEN_ENV", "NAME",
                 "name of the env var holding the bearer token of the HTTP API (/v1)"),
-            SettingDoc("transport.partitions", "--partitions", "PRINTERY_PARTITIONS", "1",
-                      "partitions of every stream (CONTRACT §15); the same everywhere", "N"),
+            SettingDoc("transport.partitions", "--partitions", "PRINTERY_PARTITIONS", "recorded",
+                      "partitions of every stream (CONTRACT §15); unset: the count recorded in "
+                      "<prefix>:layout (first start: 3 x masters on a cluster, else 1)", "N"),
             SettingDoc("config", "--config", "PRINTERY_CONFIG", "none", "TOML config file", "FILE"),
         )
     }

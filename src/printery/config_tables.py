@@ -86,8 +86,10 @@ class TransportSettings(SettingsTable):
     claim_interval: float | None = Field(default=None, gt=0)
     #: Partitions of every stream (CONTRACT §15): ``<prefix>:{p<k>}:<event type>``, a
     #: run in partition ``crc32(correlation id) % partitions``; 1 keeps the keys of §2.
-    #: Every process, producer and command of one deployment must use the same number.
-    partitions: int = Field(default=1, ge=1, le=MAX_PARTITIONS)
+    #: Unset: the count recorded in ``<prefix>:layout`` (:mod:`printery.layout`), or on
+    #: the very first start 3 x the master count on a cluster, 1 on one server; a setting
+    #: that disagrees with the record is refused.
+    partitions: int | None = Field(default=None, ge=1, le=MAX_PARTITIONS)
 
 
 class WorkerSettings(SettingsTable):

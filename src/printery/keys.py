@@ -261,6 +261,12 @@ class StreamKeys:
         return f"{self.prefix}:pipeline"
 
     @property
+    def layout(self) -> str:
+        """The key layout of the prefix (a hash; ``partitions``: the partition count),
+        written once by the first worker process (CONTRACT v1.5 §15, :mod:`printery.layout`)."""
+        return f"{self.prefix}:layout"
+
+    @property
     def processes(self) -> str:
         """Sorted set: process id -> its last heartbeat (ms); lists the registry without
         a SCAN of the keyspace."""

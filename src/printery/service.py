@@ -47,6 +47,7 @@ from printery.console import service_console
 from printery.errors import ConfigError, describe
 from printery.housekeeping import Housekeeping, remove_consumers
 from printery.http import HttpServer
+from printery.layout import resolve_keys
 from printery.lifecycle import (
     EXIT_CONFIG,
     EXIT_FAILED,
@@ -151,6 +152,7 @@ class Service(ProcessLifecycle):
         attempt = 0
         while True:
             try:
+                await self._read_layout(client)
                 for event_type, groups in self.pipeline.groups().items():
                     for group in groups:
                         for part in self.keys.each():
@@ -175,6 +177,24 @@ class Service(ProcessLifecycle):
                 await wait_event(self.stopping, delay)
                 if self.stopping.is_set():
                     raise
+
+    async def _read_layout(self, client: aioredis.Redis) -> None:
+        """The partition count recorded in the server, recorded now by the first process
+        (:mod:`printery.layout`); the HTTP API, started before the server answered, is
+        started again over the recorded keys when they are not the ones it was given."""
+        keys = await resolve_keys(client, self.settings, event_types=self.pipeline.event_types(),
+                                  writer=f"printery-workers {self.process_id}")
+        if keys == self.keys:
+            return
+        log.info("partitions of the recorded layout", partitions=keys.partitions, key=keys.layout)
+        self.settings = self.settings.with_partitions(keys.partitions)
+        self.keys = keys
+        if self.http is not None:
+            http, self.http = self.http, None
+            await http.stop()
+            if self.runs is not None:
+                await self.runs.close()
+            await self._start_http(port=self.http_port)
 
     def _build_manager(self, client: aioredis.Redis) -> WorkerManager:
         s = self.settings
@@ -217,11 +237,14 @@ class Service(ProcessLifecycle):
         m.retries.labels(name)
         m.set_worker(name, up=False, uptime_s=0.0, pending=0)
 
-    async def _start_http(self) -> None:
+    async def _start_http(self, port: int | None = None) -> None:
         """Before the server is reached: ``/healthz`` answers and ``/readyz`` says why
-        the service is not ready while it waits."""
+        the service is not ready while it waits (``port``: the one it had, when it is
+        started again)."""
         bind = self.settings.http_bind
         if bind is not None:
+            if port is not None:
+                bind = (bind[0], port)
             assert self.client is not None
             api, self.runs = service_api(self.client, self.keys, self.pipeline, self.settings,
                                          os.environ)

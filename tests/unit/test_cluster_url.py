@@ -53,13 +53,15 @@ def test_stream_read_keys_from_the_arguments() -> None:
 
 
 def test_one_partition_on_a_cluster_is_refused_naming_the_setting() -> None:
-    """One partition keeps the §2 keys, without a hash tag: CROSSSLOT on a cluster."""
+    """One partition keeps the §2 keys, without a hash tag: CROSSSLOT on a cluster. No
+    setting is the recorded layout, read from the server (issue 31)."""
     with pytest.raises(ConfigError) as refused:
-        load_settings({"redis_url": "redis+cluster://127.0.0.1:7000"}, {})
+        load_settings({"redis_url": "redis+cluster://127.0.0.1:7000"}, {"PRINTERY_PARTITIONS": "1"})
     assert "transport.partitions" in str(refused.value) and "2 or more on a cluster" in str(refused.value)
     env = {"PRINTERY_PARTITIONS": "3"}
     assert load_settings({"redis_url": "redis+cluster://127.0.0.1:7000"}, env).transport.partitions == 3
-    assert load_settings({"redis_url": "redis://127.0.0.1:7000"}, {}).transport.partitions == 1
+    assert load_settings({"redis_url": "redis+cluster://127.0.0.1:7000"}, {}).transport.partitions is None
+    assert load_settings({"redis_url": "redis://127.0.0.1:7000"}, {}).transport.partitions is None
 
 
 async def test_an_unreachable_cluster_is_a_connection_error() -> None:

@@ -27,6 +27,7 @@ from printery.cli.term import escape_c1, printable
 from printery.config import Settings
 from printery.errors import ConfigError, TransportError
 from printery.keys import StreamKeys
+from printery.layout import resolve_keys
 from printery.pipeline.dag import Pipeline
 from printery.redact import redact_text
 from printery.transport.connection import connect
@@ -72,7 +73,10 @@ class OpsContext:
 
     @property
     def keys(self) -> StreamKeys:
-        return self.settings.keys
+        """The keys in the layout recorded in the server, once :meth:`run` read it (the
+        settings' until then)."""
+        keys = self.extra.get("keys")
+        return keys if isinstance(keys, StreamKeys) else self.settings.keys
 
     @property
     def pipeline(self) -> Pipeline:
@@ -106,6 +110,10 @@ class OpsContext:
         async def main() -> T:
             client = connect(url, max_connections=16)
             try:
+                try:  # the partition count recorded in the server (CONTRACT v1.5 §15)
+                    self.extra["keys"] = await resolve_keys(client, self.settings)
+                except ConfigError as exc:
+                    raise Failure(str(exc), EXIT_USAGE) from exc
                 return await body(client)
             finally:
                 await client.aclose()

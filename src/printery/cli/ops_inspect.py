@@ -53,9 +53,10 @@ def streams(as_json: bool) -> None:
     """Each stream of the pipeline plus dlq and review: length, groups, pending, lag; with
     several partitions, each partition's stream (CONTRACT §15)."""
     ops = get_ctx()
-    pipeline, keys = ops.pipeline, ops.keys
+    pipeline = ops.pipeline
 
     async def body(client: aioredis.Redis) -> list[dict[str, Any]]:
+        keys = ops.keys  # the recorded layout, read once connected
         found = []
         event_types = dict.fromkeys([*pipeline.event_types(), DLQ, REVIEW, REVIEW_DECIDED])
         for event_type in event_types:

@@ -45,13 +45,17 @@ from prometheus_client import CollectorRegistry, Counter, generate_latest
 from prometheus_client.core import Metric
 from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.registry import Collector
+from redis.exceptions import RedisError
 
 from printery._util import hostname, idle, log_failure, now_rfc3339
 from printery.api import service_api
 from printery.client import Runs
 from printery.config import Settings
 from printery.console import service_console
+from printery.errors import ConfigError
 from printery.http import HttpServer
+from printery.keys import StreamKeys
+from printery.layout import resolve_keys
 from printery.lifecycle import EXIT_CONFIG, EXIT_OK, ProcessLifecycle
 from printery.logging import get_logger
 from printery.pipeline.dag import Pipeline
@@ -191,7 +195,7 @@ class Parent(ProcessLifecycle):
         if bind is not None:
             api, console = None, None
             if client is not None:  # the API and console are served here, over a client of its own
-                api, runs = service_api(client, self.settings.keys,
+                api, runs = service_api(client, await self._keys(client),
                                         self.pipeline, self.settings, os.environ)
                 console = service_console(runs, self.settings, os.environ)
             http = HttpServer(self, api=api, console=console)
@@ -220,6 +224,16 @@ class Parent(ProcessLifecycle):
         await self._http_client.aclose()
         log.info("all processes stopped", exit_code=code)
         return code
+
+    async def _keys(self, client: Any) -> StreamKeys:
+        """The keys of the layout recorded in the server (the children record it); the
+        settings' when the server does not answer yet (logged)."""
+        try:
+            return await resolve_keys(client, self.settings)
+        except (RedisError, OSError, ConfigError) as exc:  # a ConfigError stops the children
+            log.warning("the recorded layout could not be read: the HTTP API uses the "
+                        "partitions setting", error=str(exc))
+            return self.settings.keys
 
     def interrupted(self) -> None:
         log.warning("second SIGINT: killing children")
