@@ -222,15 +222,20 @@ def test_6_ids_an_operator_can_take_to_the_cli(
     headers = {"Authorization": f"Bearer {TOKEN}"}
     run_id = submit(handle, deployment("production", "3.1.0"))  # held for an approval
     open_page(browser, handle, "/reviews")
-    card = wait_for(browser, lambda d: [c for c in css(d, "section.review")
-                                        if run_id in c.text], "the review, live")[0]
-    review_id = card.get_attribute("id").removeprefix("review-")
-    shown = [c.text for c in card.find_elements("css selector", "code.review-id")]
+    # The page updates live: each card is read whole inside the wait (a card replaced
+    # under the read is read again), never kept across it.
+
+    def review_card(d: Any) -> list[tuple[str, list[str], str]]:
+        return [(c.get_attribute("id").removeprefix("review-"),
+                 [x.text for x in c.find_elements("css selector", "code.review-id")],
+                 c.find_elements("css selector", "a.run-id")[0].get_attribute("href"))
+                for c in css(d, "section.review") if run_id in c.text]
+
+    ((review_id, shown, href),) = wait_for(browser, review_card, "the review, live")
     assert shown == [review_id]
     assert httpx.get(f"{handle.http_base}/v1/reviews/{review_id}", headers=headers,
                      timeout=10).json()["deployment_id"] == run_id
-    assert card.find_elements("css selector", "a.run-id")[0].get_attribute("href").endswith(
-        f"/runs/{run_id}")
+    assert href.endswith(f"/runs/{run_id}")
     shot(browser, "reviews")
 
     open_reviews = len(httpx.get(f"{handle.http_base}/v1/reviews?limit=1000", headers=headers,
@@ -244,10 +249,13 @@ def test_6_ids_an_operator_can_take_to_the_cli(
     dead_run = f"dep-dead-{unique_prefix()[-6:]}"
     conn.xadd(f"{prefix}:deployment:started", {"deployment_id": dead_run, "data": "{not json"})
     open_page(browser, handle, "/dlq")
-    card = wait_for(browser, lambda d: [c for c in css(d, "section.letter")
-                                        if dead_run in c.text], "the dead letter, live")[0]
-    letter_id = card.get_attribute("id").removeprefix("letter-")
-    assert [c.text for c in card.find_elements("css selector", "code.letter-id")] == [letter_id]
+    def letter_card(d: Any) -> list[tuple[str, list[str]]]:
+        return [(c.get_attribute("id").removeprefix("letter-"),
+                 [x.text for x in c.find_elements("css selector", "code.letter-id")])
+                for c in css(d, "section.letter") if dead_run in c.text]
+
+    ((letter_id, shown),) = wait_for(browser, letter_card, "the dead letter, live")
+    assert shown == [letter_id]
     letters = httpx.get(f"{handle.http_base}/v1/dlq", headers=headers, timeout=10).json()
     assert [d["deployment_id"] for d in letters if d["id"] == letter_id] == [dead_run]
     shot(browser, "dlq")
