@@ -263,7 +263,8 @@ def service_api(
         log.warning("the HTTP API listens beyond loopback without a token: /v1 answers "
                     f"403 until {settings.api_token_env} is set", http_addr=settings.http_addr)
     limit = settings.transport.payload_limit_bytes
-    runs = Runs(client, keys, pipeline, payload_limit=limit, producer="printery-api")
+    runs = Runs(client, keys, pipeline, payload_limit=limit, producer="printery-api",
+                replicated=settings.transport.submit_wait)
     return build_api(runs, access, body_limit=limit), runs
 
 

@@ -28,6 +28,7 @@ from printery.errors import ConfigError, InvalidInput, PayloadTooLarge, UnknownR
 from printery.fields import TRACEPARENT
 from printery.keys import StreamKeys, new_id_in, partition_of
 from printery.layout import resolve_keys
+from printery.logging import get_logger
 from printery.pipeline.dag import Pipeline
 from printery.pipeline.reason import Reason
 from printery.run_index import RUNNING
@@ -45,6 +46,10 @@ SUBMIT_LUA = resources.files("printery.transport").joinpath("submit.lua").read_t
 SUBMIT_RECORD_TTL = 7 * 86400
 #: Who wrote an entry submitted through the client (the ``producer`` field).
 PRODUCER = "printery-client"
+#: Seconds a submit waits for a replica by default (``[transport] submit_wait``).
+SUBMIT_WAIT = 1.0
+
+log = get_logger("printery.client")
 
 T = TypeVar("T")
 
@@ -55,7 +60,7 @@ class Runs:
 
     def __init__(
         self, redis: aioredis.Redis, keys: StreamKeys, pipeline: Pipeline, *,
-        payload_limit: int, producer: str = PRODUCER,
+        payload_limit: int, producer: str = PRODUCER, replicated: float = SUBMIT_WAIT,
     ) -> None:
         self.redis = redis
         self.keys = keys
@@ -63,7 +68,7 @@ class Runs:
         self.codec: Codec = pipeline.codec(payload_limit)
         self.producer = producer
         self.reader = RunReader(redis, keys, pipeline)
-        self._submits = _SubmitBatcher(redis)
+        self._submits = _SubmitBatcher(redis, replicated)
 
     def prepare(
         self, data: Any, *, event_type: str | None = None, run_id: str | None = None,
@@ -145,8 +150,10 @@ class _SubmitBatcher:
     at a time (the lock is fair); a caller whose submit went with another's write just
     takes its reply."""
 
-    def __init__(self, redis: aioredis.Redis) -> None:
+    def __init__(self, redis: aioredis.Redis, replicated: float = SUBMIT_WAIT) -> None:
         self._channel = DirectChannel(redis)
+        #: Seconds each write waits for a replica (``WAIT``) when its master has one.
+        self._replicated = replicated
         self._queue: list[tuple[tuple[list[str], list[Any]], asyncio.Future[Any]]] = []
         self._lock = asyncio.Lock()
 
@@ -164,7 +171,12 @@ class _SubmitBatcher:
 
     async def _flush(self, batch: list[tuple[tuple[list[str], list[Any]], asyncio.Future[Any]]]) -> None:
         try:
-            replies = await self._channel.scripts(SUBMIT_LUA, [call for call, _ in batch])
+            unconfirmed = self._channel.unreplicated
+            replies = await self._channel.scripts(SUBMIT_LUA, [call for call, _ in batch],
+                                                  replicated=self._replicated)
+            if self._channel.unreplicated > unconfirmed:
+                log.warning("submits not confirmed by a replica in time: acknowledged, "
+                            "on the master only", count=len(batch), wait_s=self._replicated)
         except BaseException as exc:
             # Every caller of the batch learns of it through its future (this one's too).
             fail_waiters((future for _, future in batch), exc, "submit")
@@ -229,6 +241,7 @@ class Client:
                 await client.aclose()
                 raise
             self._run_ops = Runs(self._client, self.keys, self.pipeline, producer=self.producer,
+                                 replicated=self.settings.transport.submit_wait,
                                  payload_limit=self.settings.transport.payload_limit_bytes)
         return self
 

@@ -90,6 +90,10 @@ class TransportSettings(SettingsTable):
     #: the very first start 3 x the master count on a cluster, 1 on one server; a setting
     #: that disagrees with the record is refused.
     partitions: int | None = Field(default=None, ge=1, le=MAX_PARTITIONS)
+    #: Seconds an acknowledged submit (``Client.submit``, ``POST /v1/runs``, ``printery
+    #: emit``) waits for a replica to have it (``WAIT 1``) when the master it was written
+    #: to has one, so a failover cannot lose it; 0 turns the wait off.
+    submit_wait: float = Field(default=1.0, ge=0)
 
 
 class WorkerSettings(SettingsTable):

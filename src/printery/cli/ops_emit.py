@@ -146,6 +146,7 @@ def emit(
 
     async def body(client: aioredis.Redis) -> tuple[str, str, dict[str, Any] | None]:
         runs = Runs(client, ops.keys, pipeline, producer=PRODUCER,
+                    replicated=ops.settings.transport.submit_wait,
                     payload_limit=ops.settings.transport.payload_limit_bytes)
         try:
             cid, entry_id = await runs.submit(request, event_type=event_type)

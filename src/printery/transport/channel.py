@@ -29,6 +29,7 @@ import asyncio
 import contextlib
 import functools
 import hashlib
+import time
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, cast
 
@@ -67,6 +68,8 @@ Command = tuple[Any, ...]
 _REDIRECTS = (MovedError, AskError, TryAgainError, ClusterDownError)
 #: Rounds of "read the slot map again and resend" before a redirect raises.
 _REDIRECT_ROUNDS = 4
+#: Seconds between checks whether a master has a replica (``WAIT`` after submits).
+_REPLICA_CHECK = 10.0
 
 
 @functools.cache
@@ -89,6 +92,10 @@ class DirectChannel:
         self._cluster = cluster if isinstance(cluster, RedisCluster) else None
         self._conns: dict[str, AbstractConnection] = {}
         self._timeout: float | None = None
+        #: Rounds sent with ``WAIT`` that no replica confirmed in time (see :meth:`commands`).
+        self.unreplicated = 0
+        #: Node name ("" on one server) -> (when asked, its connected replicas).
+        self._replicas: dict[str, tuple[float, int]] = {}
 
     async def transactions(self, transactions: Sequence[Sequence[Command]]) -> list[Any]:
         """Send transactions (each its commands, ``MULTI`` first and ``EXEC`` last) in one
@@ -98,12 +105,48 @@ class DirectChannel:
             return await self._transactions_on(None, transactions)
         return await self._routed(transactions, self._transactions_on, _transaction_key)
 
-    async def commands(self, commands: Sequence[Command]) -> list[Any]:
+    async def commands(self, commands: Sequence[Command], *, replicated: float = 0.0) -> list[Any]:
         """Send commands (no transaction) in one write; each one's reply, or the
-        :class:`ResponseError` it answered with."""
+        :class:`ResponseError` it answered with. ``replicated`` > 0: each node whose
+        writes have a replica is also sent ``WAIT 1`` with that many seconds, on the same
+        connection, so the replies come once a replica has the writes (or the time is up:
+        :attr:`unreplicated` counts those rounds)."""
+        if replicated <= 0:
+            if self._cluster is None:
+                return await self._commands_on(None, commands)
+            return await self._routed(commands, self._commands_on, _command_key)
+
+        async def send(node: ClusterNode | None, batch: Sequence[Command]) -> list[Any]:
+            if not await self._has_replica(node):
+                return await self._commands_on(node, batch)
+            wait = ("WAIT", 1, max(1, int(replicated * 1000)))
+            *replies, acked = await self._commands_on(node, [*batch, wait])
+            if not isinstance(acked, int) or acked < 1:
+                self.unreplicated += 1
+            return replies
+
         if self._cluster is None:
-            return await self._commands_on(None, commands)
-        return await self._routed(commands, self._commands_on, _command_key)
+            return await send(None, commands)
+        return await self._routed(commands, send, _command_key)
+
+    async def _has_replica(self, node: ClusterNode | None) -> bool:
+        """Whether ``node`` (None: the one server) has a replica to wait for, from its
+        ``INFO replication``, asked again every :data:`_REPLICA_CHECK` seconds (the slot
+        map lists a replica only once every node sees it in sync, and is not read again
+        when one joins)."""
+        name = node.name if node is not None else ""
+        checked, replicas = self._replicas.get(name, (float("-inf"), 0))
+        now = time.monotonic()
+        if now >= checked + _REPLICA_CHECK:
+            client: Any = self.client
+            try:
+                info = await (client.info("replication") if node is None
+                              else client.info("replication", target_nodes=node))
+            except ResponseError:  # an ACL without INFO: nothing known to wait for
+                info = {}
+            replicas = int(info.get("connected_slaves", 0))
+            self._replicas[name] = (now, replicas)
+        return replicas > 0
 
     async def _transactions_on(
         self, node: ClusterNode | None, transactions: Sequence[Sequence[Command]]
@@ -150,17 +193,18 @@ class DirectChannel:
             await self._drop(node)  # the unread replies would be read as the next call's
             raise
 
-    async def scripts(self, source: str, calls: Sequence[tuple[Sequence[str], Sequence[Any]]]) -> list[Any]:
+    async def scripts(self, source: str, calls: Sequence[tuple[Sequence[str], Sequence[Any]]],
+                      *, replicated: float = 0.0) -> list[Any]:
         """Run the Lua ``source`` once per ``(keys, args)`` of ``calls``, by its SHA, in one
-        write; each run's reply or error. A server that does not know the script (a
-        restart) gets it loaded and the calls again: a call refused with NOSCRIPT did not
-        run, so sending it again is safe."""
+        write; each run's reply or error (``replicated``: as :meth:`commands`). A server
+        that does not know the script (a restart) gets it loaded and the calls again: a
+        call refused with NOSCRIPT did not run, so sending it again is safe."""
         sha = _sha(source)
         commands = [("EVALSHA", sha, len(keys), *keys, *args) for keys, args in calls]
-        replies = await self.commands(commands)
+        replies = await self.commands(commands, replicated=replicated)
         if any(isinstance(reply, NoScriptError) for reply in replies):
             await self.client.script_load(source)
-            replies = await self.commands(commands)
+            replies = await self.commands(commands, replicated=replicated)
         return replies
 
     async def close(self) -> None:
