@@ -130,8 +130,8 @@ class DirectChannel:
         return await self._routed(commands, send, _command_key)
 
     async def _has_replica(self, node: ClusterNode | None) -> bool:
-        """Whether ``node`` (None: the one server) has a replica to wait for, from its
-        ``INFO replication``, asked again every :data:`_REPLICA_CHECK` seconds (the slot
+        """Whether ``node`` (None: the one server) has a replica to wait for (one in sync:
+        ``online``), from its ``INFO replication``, asked again every :data:`_REPLICA_CHECK` seconds (the slot
         map lists a replica only once every node sees it in sync, and is not read again
         when one joins)."""
         name = node.name if node is not None else ""
@@ -144,7 +144,9 @@ class DirectChannel:
                               else client.info("replication", target_nodes=node))
             except ResponseError:  # an ACL without INFO: nothing known to wait for
                 info = {}
-            replicas = int(info.get("connected_slaves", 0))
+            # Replicas still in their first sync cannot confirm anything yet.
+            replicas = sum(1 for key, value in info.items() if key.startswith("slave")
+                           and isinstance(value, dict) and value.get("state") == "online")
             self._replicas[name] = (now, replicas)
         return replicas > 0
 
