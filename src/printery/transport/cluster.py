@@ -2,8 +2,9 @@
 
 Like :mod:`printery.transport.channel`, this module reaches past redis-py's public API,
 and names what it reaches for so that moving the client pin means reading it: the
-client's ``_determine_slot`` and ``response_callbacks``, the ``NodesManager`` and its
-``update_moved_exception``. Each is a defect of redis-py 6.4 met in the cluster chaos run
+client's ``_determine_slot`` and ``response_callbacks``, the ``NodesManager`` (its
+``__slots__``, ``startup_nodes``, ``nodes_cache``, ``initialize`` and
+``update_moved_exception``). Each is a defect of redis-py 6.4 met in the cluster chaos run
 (tests/chaos/cluster.py), fixed here rather than worked around in every caller:
 
 * a connection error or CLUSTERDOWN inside a cluster transaction is stored as if it were
@@ -36,9 +37,9 @@ client's ``_determine_slot`` and ``response_callbacks``, the ``NodesManager`` an
   pipelines and transactions, the commit channel), never a ``RedisClusterException``
   that nothing retries. Reads of the map are one at a time, and a read that waited for
   another one that succeeded is not made again (in a failover every consumer asks at
-  once; without this the reads replaced each other's nodes, leaking connections).
-  redis-py 8.1 fixes both (it keeps a failed node, moving it last, and locks the
-  refresh); the pin stays 6.4, see pyproject.toml.
+  once, and concurrent reads replaced each other's node objects). redis-py 8.1 fixes
+  both (it keeps a failed node, moving it last, and locks the refresh); the pin stays
+  6.4 (pyproject.toml) until 8.1 is measured here.
 """
 
 from __future__ import annotations
@@ -98,8 +99,8 @@ class _NodesManager(NodesManager):
             self._lock, self._loop = asyncio.Lock(), loop
         reads = self._reads
         async with self._lock:
-            if self._reads != reads:
-                return
+            if self._reads != reads and self.default_node is not None:
+                return  # read while this one waited, and not closed since
             self._reseed()
             try:
                 await super().initialize()
