@@ -1,7 +1,8 @@
 """Failures in the consume path as users hit them, under ``printery-workers --app``
-(CONTRACT §4, §5): a handler that raises a ``BaseException`` crashes its worker (never
-lost in a background task), and a handler's ordinary error keeps its traceback in the
-log and in its ``dlq`` entry."""
+(CONTRACT §4, §5, §16): a handler that raises ``WorkerCrashed`` crashes its worker on
+purpose (never lost in a background task), one that raises any other ``BaseException``
+fails its entry only, and a handler's ordinary error keeps its traceback in the log and
+in its ``dlq`` entry."""
 
 from __future__ import annotations
 
@@ -16,24 +17,32 @@ from printery.testing import unique_prefix
 from printery.transport.server import ServerProcess
 from support.service import spawn
 
-# Only the public API, as the README shows. `fatal` raises a BaseException that is not an
-# Exception; `steady` is a second worker of the same process that must go on regardless;
-# `buggy` has an ordinary bug (a KeyError).
+# Only the public API, as the README shows. `fatal` crashes its worker on purpose
+# (WorkerCrashed: its client is beyond repair); `exits` calls sys.exit, a BaseException
+# that is not an Exception, which fails its entry only; `steady` is a second worker of
+# the same process that must go on regardless; `buggy` has an ordinary bug (a KeyError).
 APP = textwrap.dedent(
     """
-    from printery import Message, Output, Pipeline
+    import sys
+
+    from printery import Message, Output, Pipeline, WorkerCrashed
 
 
-    class Fatal(BaseException):
+    class Fatal(WorkerCrashed):
         pass
 
 
-    pipeline = Pipeline("fatal", ingress=["job", "work", "bug"])
+    pipeline = Pipeline("fatal", ingress=["job", "work", "bug", "exit"])
 
 
     @pipeline.step("fatal", consumes=["job"])
     async def fatal(msg: Message) -> None:
         raise Fatal("the handler gave up the ghost")
+
+
+    @pipeline.step("exits", consumes=["exit"])
+    async def exits(msg: Message) -> None:
+        sys.exit("argparse inside a library")
 
 
     @pipeline.step("steady", consumes=["work"], produces=["done"])
@@ -53,7 +62,7 @@ def _app(tmp_path: Path) -> Path:
     return tmp_path
 
 
-def test_a_base_exception_crashes_the_worker_which_is_restarted_then_failed(
+def test_worker_crashed_crashes_the_worker_which_is_restarted_then_failed(
     server: ServerProcess, tmp_path: Path
 ) -> None:
     prefix = unique_prefix("fatal")
@@ -97,7 +106,7 @@ def test_a_base_exception_crashes_the_worker_which_is_restarted_then_failed(
     [],  # standalone
     ["--supervised", "--max-restarts", "1", "--backoff", "50", "--exit-on-failure"],
 ], ids=["standalone", "exit-on-failure"])
-def test_a_base_exception_ends_the_process_with_1(
+def test_worker_crashed_ends_the_process_with_1(
     server: ServerProcess, tmp_path: Path, mode: list[str]
 ) -> None:
     prefix = unique_prefix("fatal-exit")
@@ -131,6 +140,14 @@ def test_a_handler_error_keeps_its_traceback_in_the_log_and_the_dlq_entry(
         r.xadd(f"{prefix}:bug", {"data": '{"n": 7}'})
         svc.wait_until(lambda: r.xlen(f"{prefix}:dlq") == 1, timeout=30, what="dead letter")
         ((_, entry),) = r.xrange(f"{prefix}:dlq")
+        # sys.exit in a handler fails its entry only: retried, dead-lettered, the process
+        # and its workers go on.
+        r.xadd(f"{prefix}:exit", {"data": '{"n": 8}'})
+        svc.wait_until(lambda: r.xlen(f"{prefix}:dlq") == 2, timeout=30, what="dead letter")
+        ((_, exited),) = r.xrange(f"{prefix}:dlq", "(" + r.xrange(f"{prefix}:dlq")[0][0])
+        assert exited["error"] == "SystemExit: argparse inside a library"
+        assert exited["worker"] == "exits" and exited["deliveries"] == "2"
+        assert svc.json("/status")["workers"]["exits"]["state"] == "running"
         assert entry["error"] == "KeyError: 'missing_key'"
         assert entry["reason_code"] == "max_deliveries_exceeded"
         assert "fatalapp.py" in entry["traceback"] and ", line " in entry["traceback"]
@@ -138,6 +155,7 @@ def test_a_handler_error_keeps_its_traceback_in_the_log_and_the_dlq_entry(
         assert len(entry["traceback"]) <= 4100
         failures = [json.loads(line) for line in svc.log().splitlines()
                     if line.startswith("{") and '"handler failed"' in line]
+        failures = [f for f in failures if f["worker"] == "buggy"]
         assert len(failures) == 2, "each failed delivery is logged"
         assert all(f["level"] == "error" for f in failures)
         assert all("fatalapp.py" in f["exception"] for f in failures)
