@@ -265,6 +265,9 @@ async def run_master_failover(
         await rejoin  # the node's return is part of the scenario: it must have happened
         figures.seconds = time.monotonic() - begun
         await _tally(figures, client, keys, sandbox)
+        if after_kill == float("inf"):  # what the service said, for the failure's report
+            figures.notes += [f"{service.log}: {line}" for service in services
+                              for line in (await asyncio.to_thread(service.log.read_text)).splitlines()[-20:]]
         log(f"finished {after_kill:.1f}s after the kill: {figures.line()}")
         return figures, after_kill
     finally:

@@ -26,7 +26,7 @@ async def test_a_master_failover_is_a_pause(
     figures, after_kill = await run_master_failover(tmp_path, deployments=200, url_nodes=url_nodes,
                                                     node_timeout_ms=5000)
     report_figures(f"url naming {url_nodes}: finished {after_kill:.1f}s after the kill; {figures.line()}")
-    assert after_kill <= 100, figures.line()
+    assert after_kill <= 100, "\n".join([figures.line(), *figures.notes])
     assert figures.finished == figures.deployments, figures.line()
     assert figures.lost == 0 and figures.duplicates_finished == 0, figures.line()
     assert figures.sent_duplicates == 0, figures.line()
