@@ -19,7 +19,7 @@ from printery.errors import TransportError
 from printery.fields import DLQ_FIELDS, REPLAYED_FROM, SOURCE_STREAM
 from printery.history import decode_fields, get_entry, id_order
 from printery.keys import StreamKeys
-from printery.run_index import RUNNING, now_ms
+from printery.run_index import DEAD_LETTER, RUNNING, now_ms
 from printery.transport.streams import CONNECTION_ERRORS, WATCH_RETRIES, public_api
 
 #: The status of a run a dead letter ended (its ``run:failed`` outcome, CONTRACT §16).
@@ -80,8 +80,8 @@ async def replay_dead_letter(
     a result: ``replayed`` true with ``new_id``, or false with an ``error``. The source
     stream is of the dead letter's partition: one transaction, one slot.
 
-    With the pipeline's ``correlation_field``, a run the dead letter ended (``failed`` in
-    the run index) is running again in the same transaction: the replay continues it,
+    With the pipeline's ``correlation_field``, a run a dead letter ended (its run index
+    says so) is running again in the same transaction: the replay continues it,
     and its status becomes that of its next outcome (CONTRACT §16)."""
     ref, found = entry_id, await _find(client, keys, entry_id)
     if found is None:
@@ -110,15 +110,15 @@ async def replay_dead_letter(
                 original["attempt"] = str(attempt + 1)
                 original[REPLAYED_FROM] = entry_id
                 run = correlation_of(original, correlation_field) if correlation_field else None
-                failed = bool(run) and await pipe.hget(  # type: ignore[misc]
-                    part.run_info(run or ""), "status") == FAILED
+                failed = bool(run) and bool(await pipe.hget(  # type: ignore[misc]
+                    part.run_info(run or ""), DEAD_LETTER))
                 pipe.multi()  # type: ignore[no-untyped-call]
                 pipe.xadd(source, original)  # type: ignore[arg-type]
                 pipe.xdel(dlq_key, entry_id)
                 if failed and run:
                     pipe.zrem(part.run_index(FAILED), run)
                     pipe.zadd(part.run_index(RUNNING), {run: now_ms()})
-                    pipe.hdel(part.run_info(run), "status", "ended")
+                    pipe.hdel(part.run_info(run), "status", "ended", DEAD_LETTER)
                 new_id, *_ = await pipe.execute()
             except WatchError:
                 continue

@@ -12,6 +12,7 @@ for operator use, not for a hot path. Entries trimmed by retention cannot be rep
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -104,7 +105,11 @@ async def replay(
     originals: list[tuple[str, str, dict[str, str]]] = []
     source = keys.of(correlation_id)  # a run's entries are in its partition (§15)
     for event_type in pipeline.ingress if from_step is None else inputs:
-        found = await find_entries(client, source.stream(event_type), field, correlation_id)
+        # An entry that never decoded (a producer's garbage naming the run) ran nothing:
+        # what a step consumed is the first entry that did.
+        found = [entry for entry in
+                 await find_entries(client, source.stream(event_type), field, correlation_id)
+                 if _decodes(entry[1])]
         if found:
             originals.append((event_type, *found[0]))
             if from_step is None:
@@ -161,6 +166,18 @@ async def _new_id(
     while f"{original}-r{n}" in used:
         n += 1
     return f"{original}-r{n}"
+
+
+def _decodes(fields: Mapping[str, str]) -> bool:
+    """Whether an entry's ``data`` is there and is JSON (what a step could consume)."""
+    raw = fields.get("data")
+    if raw is None:
+        return False
+    try:
+        _json.loads(raw)
+    except ValueError:
+        return False
+    return True
 
 
 async def _data(client: aioredis.Redis, keys: StreamKeys, raw: str) -> Any:

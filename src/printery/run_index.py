@@ -44,11 +44,13 @@ from printery.keys import StreamKeys
 from printery.transport.channel import Command
 from printery.transport.streams import Scripts
 
-__all__ = ["COST_MINUTE_TTL", "FORGET_BATCH", "RUNNING", "RunIndex", "RunMark", "now_ms", "outcome_status",
-           "run_status"]
+__all__ = ["COST_MINUTE_TTL", "DEAD_LETTER", "FORGET_BATCH", "RUNNING", "RunIndex", "RunMark",
+           "now_ms", "outcome_status", "run_status"]
 
 #: A run's status before its outcome entry.
 RUNNING = "running"
+#: The field of a run's info hash set while the run's status comes from a dead letter.
+DEAD_LETTER = "dead_letter"
 #: Seconds a cost minute is kept: the last hour is always there.
 COST_MINUTE_TTL = 7200
 
@@ -112,6 +114,10 @@ class RunMark(NamedTuple):
     started: bool
     status: str
     costs: Mapping[str, float] | None = None
+    #: Ended by a dead letter (its ``run:failed``): the run's info then says so
+    #: (``dead_letter``), so that only such a run is ended again by a later dead letter or
+    #: continued by a replay of one; any other outcome clears it.
+    dead_letter: bool = False
 
 
 class RunIndex:
@@ -225,7 +231,8 @@ class RunIndex:
         for status, members in by_status.items():
             commands.append(("ZADD", self._status_set(status), *members))
         commands.append(("SADD", self.keys.run_statuses, *by_status))
-        commands += [("HSET", self.keys.run_info(mark.run_id), "status", mark.status, "ended", at)
+        commands += [("HSET", self.keys.run_info(mark.run_id), "status", mark.status, "ended", at,
+                      *(() if mark.dead_letter else (DEAD_LETTER, "")))
                      for mark in ended]
         return commands
 

@@ -113,9 +113,6 @@ def test_composition_fuzz_long_figures(report_figures: Callable[[str], None]) ->
 # -- what the fuzz found (minimal reproductions; the fuzz keeps the strategies) -------------
 
 
-@pytest.mark.xfail(strict=True, reason="a join finished by its deadline sweep writes the "
-                   "run's outcome without marking the run index (EntryPipeline.emit commits "
-                   "with no RunMark), so a later dead letter ends the ended run again")
 async def test_a_dead_letter_after_a_join_finished_at_its_deadline_ends_nothing(
     client: aioredis.Redis, prefix: str
 ) -> None:
@@ -151,9 +148,6 @@ async def test_a_dead_letter_after_a_join_finished_at_its_deadline_ends_nothing(
         await manager.stop_all(2)
 
 
-@pytest.mark.xfail(strict=True, reason="replay takes the run's first entry of the stream "
-                   "even when its data is not JSON (a dead-lettered entry) and raises "
-                   "orjson's JSONDecodeError rather than ReplayError or skipping it")
 async def test_replay_passes_over_an_entry_that_never_decoded(
     client: aioredis.Redis, prefix: str
 ) -> None:
@@ -205,11 +199,6 @@ def test_composition_fuzz_kill_figures(report_figures: Callable[[str], None]) ->
         report_figures(summary(_killed))
 
 
-@pytest.mark.xfail(strict=True, reason="a call past its timeout whose event loop was blocked "
-                   "past the visibility timeout is claimed by its own consumer while still held: "
-                   "Consumer.hold overwrites the held Delivery, the first one's release drops the "
-                   "second from `held`, its call (a third, after the dead letter) is never "
-                   "cancelled, and it keeps the step's one handler place: the worker wedges")
 async def test_a_worker_whose_loop_stalled_past_the_visibility_timeout_goes_on(
     client: aioredis.Redis, prefix: str
 ) -> None:

@@ -39,6 +39,7 @@ from typing import Any
 from printery.envelope import Codec
 from printery.errors import (
     MessageError,
+    PayloadTooLarge,
     Reject,
     StepTimeout,
     WorkerCrashed,
@@ -288,7 +289,12 @@ class EntryPipeline:
                         f"{self.worker}'s output cannot be encoded as JSON: {describe(exc)}",
                         deliveries=message.deliveries)
                 if self.writes.has_large(appends):
-                    appends = await self.writes.store_large(appends)
+                    try:
+                        appends = await self.writes.store_large(appends)
+                    except PayloadTooLarge as exc:
+                        return self.failures.dead_letter(
+                            delivery, message.fields, exc.reason_code, str(exc),
+                            deliveries=message.deliveries)
                 return self._handled(delivery, message, appends)
             next_try = await self.failures.failed(delivery, message, failure)
             if not isinstance(next_try, Message):
@@ -351,7 +357,10 @@ class EntryPipeline:
         ``once`` guards; how many were written. Raises :class:`TransportError` when the
         server cannot be reached."""
         appends = await self.writes.store_large(self.writes.appends(outputs, None, 0.0, correlation_id))
-        (result,) = await self.committer.commit([EntryCommit("", "", "", "", appends)])
+        # Its run's index learns an outcome written here (a join decided at its deadline),
+        # so that a dead letter after it ends nothing.
+        mark = None if self.index is None else self.index.mark("", correlation_id, appends)
+        (result,) = await self.committer.commit([EntryCommit("", "", "", "", appends, mark=mark)])
         if isinstance(result, Exception):
             raise result
         return max(0, int(result) - 1)

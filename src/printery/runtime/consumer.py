@@ -134,9 +134,16 @@ class Consumer:
         else:
             self.window = max(self.floor, self.window // 2)
 
-    def hold(self, stream: str, entry_id: str, fields: dict[str, str], deliveries: int) -> Delivery:
-        delivery = Delivery(self, stream, entry_id, fields, deliveries)
-        self.held[(stream, entry_id)] = delivery
+    def hold(self, stream: str, entry_id: str, fields: dict[str, str],
+             deliveries: int) -> Delivery | None:
+        """Hold an entry read or claimed; None when this consumer holds it already (its own
+        claim took it back: its lease lapsed while its loop stalled, or its call ran past
+        its timeout): the delivery it has goes on, and is never replaced by a second one
+        whose release would let go of the first."""
+        key = (stream, entry_id)
+        if key in self.held:
+            return None
+        delivery = self.held[key] = Delivery(self, stream, entry_id, fields, deliveries)
         return delivery
 
     def try_take(self) -> bool:

@@ -249,9 +249,10 @@ class StreamWorker:
     ) -> None:
         """Hold a read (or claimed) batch and start it through the pipeline."""
         assert self._lanes is not None and self._ctx is not None
-        batch = [consumer.hold(stream, eid, fields or {}, deliveries)
-                 for eid, fields, deliveries in entries]
-        if self._ctx.stopping.is_set():
+        held = [consumer.hold(stream, eid, fields or {}, deliveries)
+                for eid, fields, deliveries in entries]
+        batch = [delivery for delivery in held if delivery is not None]
+        if self._ctx.stopping.is_set() or not batch:
             return  # read after the stop signal: never started, handed back by the drain
         task = asyncio.create_task(self._lanes.of_stream(stream).pipeline.process(batch))
         self._batches.add(task)

@@ -10,6 +10,7 @@ from collections.abc import Mapping, Sequence
 
 from printery import _json
 from printery.envelope import Codec, correlation_of
+from printery.errors import PayloadTooLarge
 from printery.fields import TRACEPARENT, dlq_fields
 from printery.keys import RUN_FAILED, StreamKeys
 from printery.run_index import RunIndex
@@ -76,10 +77,16 @@ class Writes:
 
     async def store_large(self, appends: list[Append]) -> list[Append]:
         """``appends`` with every ``data`` over the inline limit moved to a blob (CONTRACT
-        §10) and replaced by its reference."""
+        §10) and replaced by its reference. Raises :class:`PayloadTooLarge` for a ``data``
+        over the payload limit: every step reading it would dead-letter it, so the step
+        that made it fails instead."""
         stored = []
         for append in appends:
             data = append.fields["data"]
+            if len(data) > self.payloads.limit:
+                raise PayloadTooLarge(f"{self.worker}'s output {append.fields.get('type', '')} "
+                                      f"is {len(data)} bytes, over the payload limit of "
+                                      f"{self.payloads.limit}")
             if len(data) > self.payloads.inline_limit:
                 append = append._replace(fields={**append.fields, "data": await self.payloads.store(data)})
             stored.append(append)
@@ -127,13 +134,13 @@ def dead_letter_write(
     if fields.get("replay_of"):
         extra["replay_of"] = fields["replay_of"]
     outcome = codec.new_fields(RUN_FAILED, None, correlation_id=run, producer=group,
-                               idempotency_key=f"{RUN_FAILED}:{run}:{stream}:{entry_id}",
+                               idempotency_key=f"{RUN_FAILED}:{run}:{group}:{stream}:{entry_id}",
                                extra=extra)
     outcome_stream = keys.stream(RUN_FAILED)
     writes: list[Command] = []
     if index is not None:
         mark = index.mark(stream, run, [(outcome_stream, {**outcome, "data": before + after})])
-        writes = index.writes([mark]) if mark is not None else []
+        writes = index.writes([mark._replace(dead_letter=True)]) if mark is not None else []
     return DeadLetterWrite(
         stream, group, consumer, entry_id, keys.dlq, entry, outcome=outcome_stream,
         outcome_fields={**outcome, "data": ""}, data_before=before, data_after=after,

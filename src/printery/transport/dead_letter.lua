@@ -18,9 +18,9 @@
 -- Returns the dlq entry's id, or -1 when the entry is not held as the arguments say (or
 -- the once key was taken).
 --
--- A run already ended with another status (its index says so) gets no run:failed: an
--- entry written after the outcome (a notification) ends nothing. A run that ended
--- `failed` and was continued by a replay may end `failed` again.
+-- A run already ended by an outcome (its index has a status, not set by a dead letter:
+-- the info's `dead_letter` field) gets no run:failed: an entry written after the outcome
+-- (a notification) ends nothing. A run a dead letter ended may end again (its replay).
 
 local group, consumer, id = ARGV[1], ARGV[2], ARGV[3]
 local nd, nf, nx = tonumber(ARGV[4]), tonumber(ARGV[5]), tonumber(ARGV[8])
@@ -39,8 +39,8 @@ for j = a, a + nd - 1 do letter[#letter + 1] = ARGV[j] end
 a = a + nd
 local dlq_id = redis.call('XADD', KEYS[2], '*', unpack(letter))
 if nf > 0 then
-  local status = redis.call('HGET', KEYS[4], 'status')
-  if not status or status == 'failed' then
+  local ended = redis.call('HMGET', KEYS[4], 'status', 'dead_letter')
+  if not ended[1] or (ended[2] and ended[2] ~= '') then
     local fields = {}
     for j = a, a + nf - 1, 2 do
       fields[#fields + 1] = ARGV[j]
@@ -57,6 +57,7 @@ if nf > 0 then
       redis.pcall(unpack(ARGV, i + 1, i + n))
       i = i + n + 1
     end
+    redis.call('HSET', KEYS[4], 'dead_letter', dlq_id)
   end
 end
 if id ~= '' then redis.call('XACK', KEYS[1], group, id) end
