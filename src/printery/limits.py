@@ -69,7 +69,7 @@ class Limit:
     @property
     def label(self) -> str:
         """The limit's name in its error messages (metrics and ``/status`` name it as
-        :func:`printery.runtime.limit_gate.limit_labels` says)."""
+        :func:`printery.runtime.limit_waits.limit_labels` says)."""
         if self.name:
             return self.name
         if isinstance(self.key, str):

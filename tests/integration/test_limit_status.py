@@ -16,7 +16,8 @@ from printery.keys import StreamKeys
 from printery.metrics import Metrics, MetricsObserver
 from printery.runtime.consumer import ConsumerSettings
 from printery.runtime.handler import Message, Output
-from printery.runtime.limit_gate import WINDOW_ENV, limit_labels
+from printery.runtime.limit_gate import WINDOW_ENV
+from printery.runtime.limit_waits import limit_labels
 from printery.testing import wait_for
 from support.spine import publish, running
 

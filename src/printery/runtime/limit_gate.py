@@ -32,6 +32,7 @@ from printery.errors import PipelineError
 from printery.keys import StreamKeys
 from printery.limits import WINDOW_SECONDS, Limit
 from printery.runtime.handler import Message
+from printery.runtime.limit_waits import HELD_BY_SLOT, HELD_BY_WINDOW, LimitWaits
 from printery.runtime.observe import Observer
 from printery.transport.limits import WAIT_FOR_SLOT, Ask, Bound, LimitStore, Report
 from printery.transport.streams import CONNECTION_ERRORS
@@ -56,29 +57,6 @@ WINDOW_ENV = "PRINTERY_TEST_LIMIT_WINDOW_S"
 
 def window_seconds() -> float:
     return float(os.environ.get(WINDOW_ENV) or WINDOW_SECONDS)
-
-
-#: What held a ticket back (:attr:`Ticket.held`, bits): a concurrency slot, a window.
-HELD_BY_SLOT, HELD_BY_WINDOW = 1, 2
-
-
-def limit_labels(limits: Sequence[Limit], worker: str) -> tuple[str, ...]:
-    """How ``/status`` and ``printery_limit_wait_seconds{limit}`` name each of a step's
-    ``limits``: a string key names its limit (whatever its ``name``: limits with the same
-    key are one limit, shared by every step declaring it, and two keys are never one
-    series); a key function's limit is its ``name``, else ``<step>:<function name>`` (a
-    label per key would be one per tenant). Two limits of one step never share a label:
-    a repeated one gets ``#<position>``."""
-    labels: list[str] = []
-    for n, limit in enumerate(limits, 1):
-        if isinstance(limit.key, str):
-            label = limit.key
-        else:
-            label = limit.name or f"{worker}:{getattr(limit.key, '__name__', 'key')}"
-        clash = label in labels and not (
-            isinstance(limit.key, str) and limits[labels.index(label)].key == limit.key)
-        labels.append(f"{label}#{n}" if clash else label)
-    return tuple(labels)
 
 
 class Ticket:
@@ -135,27 +113,8 @@ class LimitGate:
         self._slot_waiters = 0
         #: Whether a handler's reported tokens are counted (some limit has a token rate).
         self._counts_tokens = any(limit.tokens_per_minute for limit in self.limits)
-        #: Each limit's name in /status and the metric (:func:`limit_labels`), with what
-        #: may hold a call back there: its slots, its window (requests or tokens).
-        self._labels = limit_labels(self.limits, worker)
-        #: The same, each once (one key declared twice on a step is one limit).
-        self._names = tuple(dict.fromkeys(self._labels))
-        holds = [(HELD_BY_SLOT if limit.concurrency else 0)
-                 | (HELD_BY_WINDOW if limit.requests_per_minute or limit.tokens_per_minute else 0)
-                 for limit in self.limits]
-        #: The limits an entry waits for, by what holds it: a slot wait is a concurrency
-        #: limit's, a window wait a rate limit's (the server says which kind, not which
-        #: limit: with two of a kind, an entry waits on both).
-        self._held_by = {held: tuple(dict.fromkeys(
-            label for label, can in zip(self._labels, holds, strict=True) if can & held))
-            or self._names for held in (HELD_BY_SLOT, HELD_BY_WINDOW)}
-        #: The same for a call held back by either or both since it asked.
-        self._waited_on = {held: frozenset(label for bit in (HELD_BY_SLOT, HELD_BY_WINDOW)
-                                           if held & bit for label in self._held_by[bit])
-                           for held in (1, 2, 3)}
-        #: Per limit label: entries waiting for it now, and seconds waited for it in all.
-        self.waiting = dict.fromkeys(self._labels, 0)
-        self.waited = dict.fromkeys(self._labels, 0.0)
+        #: Which limit holds an entry, and how long entries waited for each.
+        self.waits = LimitWaits(self.limits, worker, observer)
 
     def tickets(
         self, count: int, messages: Iterable[Message]
@@ -214,9 +173,9 @@ class LimitGate:
                 held = HELD_BY_SLOT if ticket.wait == WAIT_FOR_SLOT else HELD_BY_WINDOW
                 if held != waiting:
                     if waiting:
-                        self._count_waiting(waiting, -1)
+                        self.waits.count_waiting(waiting, -1)
                     waiting = held
-                    self._count_waiting(held, 1)
+                    self.waits.count_waiting(held, 1)
                 if ticket.wait == WAIT_FOR_SLOT:
                     await wait_event(freed, SLOT_POLL_SECONDS * (1 + random.random()))
                 else:
@@ -229,7 +188,7 @@ class LimitGate:
         finally:
             self._slot_waiters -= 1
             if waiting:
-                self._count_waiting(waiting, -1)
+                self.waits.count_waiting(waiting, -1)
 
     def release(self, ticket: Ticket, costs: dict[str, float]) -> None:
         """The handler call is over: give back its slots and charge the tokens it
@@ -266,10 +225,9 @@ class LimitGate:
             self._kick()
 
     def status(self) -> dict[str, dict[str, float]]:
-        """Per limit (:func:`limit_labels`): the entries ``waiting`` for it now, and the
-        seconds ``waited_s`` for it in all."""
-        return {label: {"waiting": self.waiting[label], "waited_s": round(self.waited[label], 3)}
-                for label in self.waiting}
+        """Per limit (:func:`~printery.runtime.limit_waits.limit_labels`): the entries
+        ``waiting`` for it now, and the seconds ``waited_s`` for it in all."""
+        return self.waits.status()
 
     async def close(self) -> None:
         """Give back what is still held as the worker stops (best effort: what cannot
@@ -309,17 +267,7 @@ class LimitGate:
         slots = self._static_slots
         for base in _slot_bases(group[0].bounds) if slots is None else slots:
             self._held[base] = self._held.get(base, 0) + len(waits)
-        if not any(held):  # nothing held them back: each limit took that long to admit
-            total = sum(waits)
-            for label in self._names:
-                self.waited[label] += total
-                self.observer.limit_waited(self.worker, label, waits)
-        else:  # a call held back waited for the limits of what held it, not the others
-            for label in self._names:
-                mine = [w if not h or label in self._waited_on[h] else 0.0
-                        for w, h in zip(waits, held, strict=True)]
-                self.waited[label] += sum(mine)
-                self.observer.limit_waited(self.worker, label, mine)
+        self.waits.admitted(waits, held)
         if self._abandons:
             for ticket in group[:admitted]:
                 if ticket.abandoned:  # its caller is gone: give it back
@@ -330,11 +278,6 @@ class LimitGate:
         self._abandons = True
         if ticket.admitted:
             self.release(ticket, {})
-
-    def _count_waiting(self, held: int, change: int) -> None:
-        """Count a call waiting (``change`` 1) or no longer (-1) for what ``held`` it."""
-        for label in self._held_by[held]:
-            self.waiting[label] += change
 
     async def _ask(self, tickets: list[Ticket]) -> None:
         """Ask for ``tickets``; each one's reply is then its ``wait`` (and ``admitted``)."""
