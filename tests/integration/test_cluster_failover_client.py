@@ -100,3 +100,33 @@ async def test_queue_lag_on_a_cluster_asks_time_outside_the_pipeline(cluster: Va
         assert set(lags) == {"g"} and lags["g"] > 1e9
     finally:
         await client.aclose()
+
+
+async def test_a_script_loaded_before_a_failover_runs_on_the_promoted_replica(own_cluster: ValkeyCluster) -> None:
+    key = "script:{p0}:n"
+    victim = own_cluster.master_of(key)
+    client = connect(f"redis+cluster://{victim.address}")
+    source = "return redis.call('INCR', KEYS[1])"
+    try:
+        sha = await client.script_load(source)  # every master has it, no replica does
+        assert await client.evalsha(sha, 1, key) == 1
+        with victim.client() as conn:
+            assert conn.execute_command("WAIT", 1, 5000) == 1
+        promoted = await asyncio.to_thread(own_cluster.kill_master, victim)
+        with promoted.client() as conn:
+            assert conn.execute_command("SCRIPT", "EXISTS", sha) == [0]  # not replicated
+        # NOSCRIPT from the promoted replica: sent again as EVAL of the source, which the
+        # node then caches.
+        assert await client.evalsha(sha, 1, key) == 2
+        with promoted.client() as conn:
+            assert conn.execute_command("SCRIPT", "EXISTS", sha) == [1]
+        # A SCRIPT LOAD reaches every node the map routes a slot to, also one it still
+        # names a replica (as a map read during a failover may).
+        other = "return 7"
+        routed = client.nodes_manager.get_node_from_slot(client.keyslot(key))  # type: ignore[attr-defined]
+        routed.server_type = "replica"
+        other_sha = await client.script_load(other)
+        with promoted.client() as conn:
+            assert conn.execute_command("SCRIPT", "EXISTS", other_sha) == [1]
+    finally:
+        await client.aclose()

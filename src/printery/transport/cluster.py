@@ -2,10 +2,11 @@
 
 Like :mod:`printery.transport.channel`, this module reaches past redis-py's public API,
 and names what it reaches for so that moving the client pin means reading it: the
-client's ``_determine_slot`` and ``response_callbacks``, the ``NodesManager`` (its
-``__slots__``, ``startup_nodes``, ``nodes_cache``, ``initialize`` and
-``update_moved_exception``). Each is a defect of redis-py 6.4 met in the cluster chaos run
-(tests/chaos/cluster.py), fixed here rather than worked around in every caller:
+client's ``execute_command``, ``_determine_slot``, ``_determine_nodes`` and
+``response_callbacks``, the ``NodesManager`` (its ``__slots__``, ``startup_nodes``,
+``nodes_cache``, ``slots_cache``, ``initialize`` and ``update_moved_exception``). Each
+is a defect of redis-py 6.4 met in the cluster chaos run (tests/chaos/cluster.py) or
+failover test, fixed here rather than worked around in every caller:
 
 * a connection error or CLUSTERDOWN inside a cluster transaction is stored as if it were
   a MOVED redirect; every later command of the client then fails with
@@ -40,6 +41,14 @@ client's ``_determine_slot`` and ``response_callbacks``, the ``NodesManager`` (i
   once, and concurrent reads replaced each other's node objects). redis-py 8.1 fixes
   both (it keeps a failed node, moving it last, and locks the refresh); the pin stays
   6.4 (pyproject.toml) until 8.1 is measured here.
+* a replica promoted in a failover has none of the scripts loaded on its master (the
+  server does not replicate ``SCRIPT LOAD``), and redis-py sends ``SCRIPT LOAD`` only to
+  the nodes its map calls masters, which a map read during a failover may not name
+  (``ResponseError: script could not be loaded`` crashed a worker's lease loop in 2
+  of about 30 runs of tests/e2e/test_cluster_failover.py, URL naming one node; the
+  supervisor restarted it). An ``EVALSHA`` answered ``NOSCRIPT`` for a script loaded
+  through this client is sent again as ``EVAL`` of its source, and ``SCRIPT LOAD`` also
+  goes to every node the map routes a slot to.
 """
 
 from __future__ import annotations
@@ -53,7 +62,7 @@ from redis.asyncio.retry import Retry
 from redis.backoff import ExponentialBackoff
 from redis.cluster import get_node_name
 from redis.exceptions import ConnectionError as RedisConnectionError
-from redis.exceptions import MovedError, RedisClusterException
+from redis.exceptions import MovedError, NoScriptError, RedisClusterException
 
 #: Attempts of a command the cluster client refused or lost its node for, with a backoff
 #: capped at half a second: enough to ride out a master failover (node timeout plus
@@ -121,6 +130,43 @@ class _NodesManager(NodesManager):
 
 
 class _RedisCluster(RedisCluster):
+    #: Source of every script loaded through this client, by SHA (see ``execute_command``).
+    _sources: dict[str, str]
+
+    async def execute_command(self, *args: Any, **kwargs: Any) -> Any:
+        """The scripts a failover leaves behind: ``SCRIPT LOAD`` reaches the masters of
+        the slot map the client holds, and a replica promoted since has none of them
+        (the server does not replicate its script cache). An ``EVALSHA`` of a script
+        loaded here that is answered ``NOSCRIPT`` is sent again as ``EVAL`` of its
+        source, routed and redirected the same way; the node that runs it caches it."""
+        command = _word(args[0]) if args else ""
+        if command == "SCRIPT LOAD" and len(args) == 2:
+            sha = await super().execute_command(*args, **kwargs)
+            self._sources[str(sha)] = args[1].decode() if isinstance(args[1], bytes) else str(args[1])
+            return sha
+        try:
+            return await super().execute_command(*args, **kwargs)
+        except NoScriptError:
+            source = self._sources.get(str(args[1])) if command == "EVALSHA" and len(args) > 1 else None
+            if source is None:
+                raise
+            return await super().execute_command("EVAL", source, *args[2:], **kwargs)
+
+    async def _determine_nodes(
+        self, command: str, *args: Any, node_flag: str | None = None
+    ) -> list[ClusterNode]:
+        """``SCRIPT LOAD`` goes to every node the slot map routes a slot to, besides those
+        it calls masters: the two disagree for a moment after a failover (a node first
+        listed as a replica keeps that name), and a script must be where commands go."""
+        nodes: list[ClusterNode] = await super()._determine_nodes(command, *args, node_flag=node_flag)
+        if _word(command) == "SCRIPT LOAD" and node_flag is None:
+            found = {node.name: node for node in nodes}
+            for holders in self.nodes_manager.slots_cache.values():
+                if holders and holders[0].name not in found:
+                    found[holders[0].name] = holders[0]
+            nodes = list(found.values())
+        return nodes
+
     async def initialize(self) -> RedisCluster:
         try:
             return await super().initialize()
@@ -194,6 +240,7 @@ def cluster_client(nodes: Sequence[tuple[str, int]], **settings: Any) -> RedisCl
         **settings,
     )
     client.nodes_manager = _NodesManager.replacing(client.nodes_manager, nodes)
+    client._sources = {}
     for command, callback in list(client.response_callbacks.items()):
         client.set_response_callback(command, _without_keys(callback))
     return client
