@@ -146,6 +146,10 @@ class Consumer:
         delivery = self.held[key] = Delivery(self, stream, entry_id, fields, deliveries)
         return delivery
 
+    def has_slot(self) -> bool:
+        """Whether a handler slot is free now (:meth:`try_take` would take it)."""
+        return self.running < (self.parallel or self.window)
+
     def try_take(self) -> bool:
         if self.running < (self.parallel or self.window):
             self.running += 1

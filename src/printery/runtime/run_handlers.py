@@ -100,6 +100,12 @@ class HandlerRunner:
         try:
             while begun_here < len(admitted) and running is None:
                 delivery, message = admitted[begun_here]
+                if not delivery.slot and not delivery.consumer.has_slot():
+                    # No slot free: the ones this batch decided hold theirs until their
+                    # commit, which comes after this loop; waiting here for another
+                    # would wait for ever once every batch did the same. The rest start
+                    # in tasks of their own and the decided commit first.
+                    break
                 delivery.task = task
                 result = await self.handle(delivery, message,
                                             tickets[begun_here] if tickets else None)
