@@ -24,6 +24,7 @@ from typing import Any
 
 import redis
 
+from printery.errors import ServerStartError
 from printery.transport.server import ServerProcess, free_port
 
 SLOTS = 16384
@@ -141,13 +142,31 @@ class ValkeyCluster:
 
     def start(self, timeout: float = 30.0) -> None:
         try:
-            for node in self.nodes:
-                node.server.start()
+            for i in range(len(self.nodes)):
+                node = self._started(i)
                 node.id = str(node.call("CLUSTER", "MYID"))
             self._form(timeout)
         except BaseException:
             self.stop()
             raise
+
+    def _started(self, i: int) -> Node:
+        """Node ``i`` started. Its two ports were free when chosen, not reserved: a
+        server of another test may take one first (``Failed listening on port``); the
+        node then gets two other ports."""
+        for attempt in range(3):
+            node = self.nodes[i]
+            try:
+                node.server.start()
+                return node
+            except ServerStartError as exc:
+                if "Failed listening" not in str(exc) or attempt == 2:
+                    raise
+                node.server.stop()
+                data_dir = self.base_dir / f"node-{i}"
+                (data_dir / "nodes.conf").unlink(missing_ok=True)
+                self.nodes[i] = Node(data_dir, free_port(), self.node_timeout_ms)
+        raise AssertionError("unreachable")
 
     def _form(self, timeout: float) -> None:
         first = self.nodes[0]
