@@ -102,7 +102,7 @@ class WorkerSettings(SettingsTable):
     concurrency: int | None = Field(default=None, ge=1)
     #: Entries fetched per read (``XREADGROUP COUNT``).
     prefetch: int | None = Field(default=None, ge=1)
-    #: Seconds one handler call may run before it is cancelled (CONTRACT §16); unset:
+    #: Seconds one handler call may run before it is cancelled (reference: failures); unset:
     #: the step's own ``timeout``, else 300.
     timeout: float | None = Field(default=None, gt=0)
 

@@ -22,7 +22,7 @@ from printery.keys import StreamKeys
 from printery.run_index import DEAD_LETTER, RUNNING, now_ms
 from printery.transport.streams import CONNECTION_ERRORS, WATCH_RETRIES, public_api
 
-#: The status of a run a dead letter ended (its ``run:failed`` outcome, CONTRACT §16).
+#: The status of a run a dead letter ended (its ``run:failed`` outcome, docs/reference.md).
 FAILED = "failed"
 
 __all__ = ["dead_letter", "dead_letter_ids", "dead_letters", "purge", "replay_dead_letter"]
@@ -82,7 +82,7 @@ async def replay_dead_letter(
 
     With the pipeline's ``correlation_field``, a run a dead letter ended (its run index
     says so) is running again in the same transaction: the replay continues it,
-    and its status becomes that of its next outcome (CONTRACT §16)."""
+    and its status becomes that of its next outcome (reference: failures)."""
     ref, found = entry_id, await _find(client, keys, entry_id)
     if found is None:
         return {"id": ref, "replayed": False, "error": "no such dlq entry"}

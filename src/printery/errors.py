@@ -148,7 +148,7 @@ class WorkerCrashed(PrinteryError):
 
 class StepTimeout(PrinteryError):
     """A handler call ran past its step's ``timeout`` and was cancelled (reason code
-    ``timeout``, CONTRACT §16): retried, then dead-lettered."""
+    ``timeout``, docs/reference.md): retried, then dead-lettered."""
 
 
 class SupervisorError(PrinteryError):

@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 DLQ = "dlq"
 REVIEW = "review"
 REVIEW_DECIDED = "review:decided"
-#: The outcome of a run one of whose entries was dead-lettered (CONTRACT §16), written
+#: The outcome of a run one of whose entries was dead-lettered (reference: failures), written
 #: by the runtime in the dead letter's transaction; any step may consume it.
 RUN_FAILED = "run:failed"
 #: The commands' and the client's stream prefix for an app that declares none (CONTRACT
@@ -177,7 +177,7 @@ class StreamKeys:
 
     def last_error(self, worker: str, stream: str, entry_id: str) -> str:
         """The last error of an entry's handler (kept across restarts, so the dead letter
-        of an entry delivered once too often says why: CONTRACT §16)."""
+        of an entry delivered once too often says why: reference: failures)."""
         return f"{self.scope}:lasterr:{worker}:{stream}:{entry_id}"
 
     def once(self, key: str) -> str:

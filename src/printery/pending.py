@@ -1,4 +1,4 @@
-"""Pending entries (CONTRACT §16): entries a consumer group was delivered and has not
+"""Pending entries (reference: failures): entries a consumer group was delivered and has not
 acknowledged, for ``printery pending``.
 
 Read from the server alone (``XPENDING`` of every group of the pipeline on every stream
@@ -190,7 +190,7 @@ async def dead_letter_pending(
     ingress: Sequence[str] = (),
     outcomes: Sequence[str] = (),
 ) -> str | None:
-    """Dead-letter one pending ``entry`` by hand (CONTRACT §16): its ``dlq`` entry
+    """Dead-letter one pending ``entry`` by hand (reference: failures): its ``dlq`` entry
     (``reason_code`` :data:`OPERATOR`, ``error`` the ``reason`` or
     :data:`OPERATOR_ERROR`), its run's ``run:failed`` outcome and the run index's writes
     (``ingress`` and ``outcomes`` are the pipeline's), and its acknowledgement, in the

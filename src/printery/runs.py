@@ -21,7 +21,7 @@ before an earlier one of its own stream (two records of one millisecond) waits b
 
 **Status** (:meth:`RunReader.outcome_of`): a run's outcome entry is its first outcome
 entry in that order, except that a ``run:failed`` followed by a later outcome (a
-dead letter replayed, CONTRACT §16) gives way to it: the outcome is the first one that
+dead letter replayed, docs/reference.md) gives way to it: the outcome is the first one that
 is not ``run:failed``, else the last ``run:failed``.
 
 Reading survives a server restart: a connection failure is retried with backoff (the

@@ -1,5 +1,5 @@
 """``printery pending``: entries delivered and not acknowledged, and dead-lettering one by
-hand (CONTRACT §16). What is pending is read from the server (:mod:`printery.pending`),
+hand (reference: failures). What is pending is read from the server (:mod:`printery.pending`),
 so both work while no worker runs."""
 
 from __future__ import annotations

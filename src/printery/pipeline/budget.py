@@ -11,7 +11,7 @@ reviews added to that field's limit), each in whole billionths of the unit
 limits, what a step reads and charges, and what a decision on a ``budget_exceeded``
 review does.
 
-One decision per breach (CONTRACT §16): every entry a run over a ``review`` limit holds
+One decision per breach (reference: failures): every entry a run over a ``review`` limit holds
 is kept in the run's held stream (:func:`held_type`, in the run's partition), written by
 the commit that acknowledges it, with the fields it goes back to its step with and the
 stream it came from. The first hold of a run and limit field also writes the review; the

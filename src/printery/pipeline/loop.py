@@ -16,7 +16,7 @@ call; on the entry's last delivery (``message.last_delivery``) the failure becom
 attempt's outcome instead: a failed attempt with the reason ``work_failed`` (its message
 the error), judged like one that did not pass, so a model that is down reaches the
 fallback, the review and the exhausted outcome rather than the dead-letter stream
-(CONTRACT §16). A ``Reject`` from ``work`` still dead-letters at once: it is deliberate.
+(reference: failures). A ``Reject`` from ``work`` still dead-letters at once: it is deliberate.
 
 Each handler call is an ordinary entry, committed atomically with what it writes (its
 own ``duration_ms`` and ``cost``), so a crash repeats at most a call that did not commit
@@ -69,7 +69,7 @@ PASSED, RETRY, FALLBACK, REVIEWED, EXHAUSTED = "passed", "retry", "fallback", "r
 #: The reason code of an attempt whose ``work`` (or fallback) raised on its last delivery.
 WORK_FAILED = "work_failed"
 #: Seconds one ``work`` or fallback call may take when the loop names no ``timeout``
-#: (the default step timeout, CONTRACT §16).
+#: (the default step timeout, docs/reference.md).
 DEFAULT_TIMEOUT = 300.0
 #: How much later than the loop's own deadline the runtime cancels the call (its step
 #: timeout): the loop sees its deadline first, as a failed attempt; the runtime's cancel

@@ -39,13 +39,13 @@ def validation_reasons(error: ValidationError) -> list[Reason]:
 
 
 #: The ``reason_code`` of an entry whose validator answered something that is not a list
-#: of reasons (CONTRACT §16: a gate fails closed).
+#: of reasons (reference: failures: a gate fails closed).
 VALIDATOR_ERROR = "validator_error"
 _MAPPING_KEYS = frozenset({"code", "field", "message"})
 
 
 def checked_reasons(found: Any, what: str) -> list[Reason]:
-    """A validator's answer as reasons, failing closed (CONTRACT §16): a list (or any
+    """A validator's answer as reasons, failing closed (reference: failures): a list (or any
     sequence but a string) of :class:`Reason`, each with a non-empty string ``code``,
     or of ``{"code", "field", "message"}`` mappings whose values are strings (``code``
     non-empty; ``field`` and ``message`` may be left out). Anything else, ``None``
@@ -158,14 +158,14 @@ class Step:
     #: Set on the step of a declared validation loop (built by :class:`~printery.Loop`).
     loop: LoopShape | None = None
     #: Seconds a handler call may run before it is cancelled and the attempt fails with
-    #: ``reason_code`` ``timeout`` (CONTRACT §16); None: ``[workers.<step>] timeout``,
+    #: ``reason_code`` ``timeout`` (reference: failures); None: ``[workers.<step>] timeout``,
     #: else the default (300 s).
     timeout: float | None = None
 
     def input_reasons(self, data: Any) -> list[Reason]:
         """Why ``data`` is not valid input of this step (empty: it is)."""
         if self.input_check is not None:
-            try:  # fails closed (CONTRACT §16): an answer that is no list of reasons refuses
+            try:  # fails closed (reference: failures): an answer that is no list of reasons refuses
                 return checked_reasons(self.input_check(data), f"step {self.name!r}: input_check")
             except Reject as exc:
                 return [Reason(exc.reason_code, "", str(exc))]

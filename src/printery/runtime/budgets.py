@@ -137,7 +137,7 @@ class BudgetGuard:
         entry itself kept in its run's held stream (what it goes back to its step with,
         and where from) and the ``budget_exceeded`` review of this breach, written by the
         first hold of the run and limit only (a ``once`` guard): one decision releases
-        every entry it held (CONTRACT §16)."""
+        every entry it held (reference: failures)."""
         run = message.correlation_id
         if exceeded.on_exceeded == "stop":
             return [Output(

@@ -16,7 +16,7 @@
    included) or a call past the step's ``timeout`` is retried after a backoff (each
    retry a counted delivery) until it succeeds or goes to the dead-letter stream with
    its error; :class:`Reject`, an output that cannot be encoded and a validator's error
-   dead-letter at once; only :class:`WorkerCrashed` crashes the worker (CONTRACT §16);
+   dead-letter at once; only :class:`WorkerCrashed` crashes the worker (reference: failures);
 4. **commit**: the entries that are decided by the same turn of the event loop commit
    together (one group commit), each atomically: its outputs, ack and idempotency record;
    a dead letter with its run's ``run:failed`` by a script of its own
@@ -239,7 +239,7 @@ class EntryPipeline:
         worker's running calls (``in_flight``) only for the call itself. Outputs carry
         traceparent ``tp``.
 
-        Whatever user code raises fails this entry only (CONTRACT §16), ``SystemExit``
+        Whatever user code raises fails this entry only (reference: failures), ``SystemExit``
         and ``KeyboardInterrupt`` included; :class:`WorkerCrashed` is the one way it
         crashes the worker on purpose. A call past the step's timeout is cancelled
         (:meth:`~printery.runtime.holding.Holdings.watch_timeouts`) and fails with
@@ -277,7 +277,7 @@ class EntryPipeline:
             except Reject as exc:
                 return self.failures.dead_letter(delivery, message.fields, exc.reason_code,
                                                  str(exc), deliveries=message.deliveries)
-            except BaseException as exc:  # user code: it fails its entry only (CONTRACT §16)
+            except BaseException as exc:  # user code: it fails its entry only (reference: failures)
                 failure = exc
             else:
                 try:

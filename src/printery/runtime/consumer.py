@@ -25,7 +25,7 @@ class ConsumerSettings:
     are handed back at once on shutdown. A slot is held until the entry's commit, so
     ``parallel=1`` means one entry at a time from read to commit (an aggregator relies
     on it). Whatever the window, at most ``concurrency`` handler calls of the worker run
-    at once (CONTRACT §16: prefetch reads ahead, never runs ahead; :class:`InFlight`).
+    at once (reference: failures: prefetch reads ahead, never runs ahead; :class:`InFlight`).
     ``timeout``: seconds one handler call may run before it is cancelled. ``record_ttl`` is how long
     an idempotency record is kept at least (seconds); ``claim_interval`` unset means a
     quarter of the visibility timeout, at least 50 ms and at most 5 s.
@@ -44,10 +44,10 @@ class ConsumerSettings:
     handler_timeout: float | None = None
     stall_timeout: float = 30.0
     #: Seconds a handler call may run: then it is cancelled and the attempt fails with
-    #: ``reason_code`` ``timeout`` (CONTRACT §16).
+    #: ``reason_code`` ``timeout`` (reference: failures).
     timeout: float = 300.0
     #: The most handler calls of the worker at once in this process; None: as many as
-    #: ``concurrency`` (what a step's ``concurrency`` means, CONTRACT §16). A worker built
+    #: ``concurrency`` (what a step's ``concurrency`` means, docs/reference.md). A worker built
     #: by hand may run more calls at once than it has consumers.
     in_flight: int | None = None
 

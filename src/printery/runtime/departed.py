@@ -44,7 +44,7 @@ def died_here(consumer: str) -> bool:
     """Whether ``consumer`` belonged to another process of this host that no longer
     exists (its pid is gone): its pending entries can be claimed at once rather than
     after the visibility timeout (a handler that kills its process, ``os._exit``, then
-    costs a restart per delivery, not a visibility timeout each: CONTRACT §16). A pid
+    costs a restart per delivery, not a visibility timeout each: reference: failures). A pid
     that was reused, or a zombie not yet reaped, counts as alive: the visibility timeout
     still settles those."""
     who = owner(consumer)

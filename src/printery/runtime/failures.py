@@ -1,4 +1,4 @@
-"""The one failure model of an entry (CONTRACT §4, §16): what a failure becomes.
+"""The one failure model of an entry (reference: failures): what a failure becomes.
 
 An entry's handling ends in one of: **done** (its outputs commit), **retry** (after a
 backoff, or the handler's ``Retry(delay=...)``, as a counted delivery), **dead letter**

@@ -58,7 +58,7 @@ class Message:
     feedback: Sequence[Mapping[str, Any]] = ()
     #: The step's ``max_deliveries``: a handler call with ``deliveries`` at it is the
     #: last before the entry is dead-lettered (a loop turns that failure into a failed
-    #: attempt, CONTRACT §16).
+    #: attempt, docs/reference.md).
     max_deliveries: int = 5
 
     @property

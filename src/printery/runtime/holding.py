@@ -37,7 +37,7 @@ class Holdings:
         """Renew every held entry's lease (and the slots of running handlers) every third
         of the visibility timeout, until ``closing`` is set; not the lease of a handler
         call past its timeout (one that ignores its cancellation: its entry is then
-        claimed by another consumer, CONTRACT §16)."""
+        claimed by another consumer, docs/reference.md)."""
         interval = max(0.05, self.settings.visibility_timeout / 3)
         while not closing.is_set():
             await idle(interval)
@@ -50,7 +50,7 @@ class Holdings:
                         await self.leases.renew(stream, consumer.name, ids)
 
     async def watch_timeouts(self, closing: asyncio.Event) -> None:
-        """Cancel every handler call that has run past the step's timeout (CONTRACT §16),
+        """Cancel every handler call that has run past the step's timeout (reference: failures),
         until ``closing`` is set: the entry pipeline sees the cancellation as the
         attempt's failure (``reason_code`` ``timeout``). One sweep a second (or four per
         timeout when that is shorter) rather than a timer per call: the common call

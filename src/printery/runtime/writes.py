@@ -112,7 +112,7 @@ def dead_letter_write(
     """What dead-lettering the entry ``entry_id`` of ``stream`` (under ``keys``, its
     partition's), held by ``consumer`` of ``group`` ("": by whoever holds it), writes:
     the ``dlq`` entry (its original fields and why) and, when the entry names a run,
-    that run's ``run:failed`` outcome (CONTRACT §16) with the run index's writes for it
+    that run's ``run:failed`` outcome (reference: failures) with the run index's writes for it
     (``index``; None: no index is kept). Written by
     :func:`~printery.transport.dead_letter.write_dead_letter`."""
     entry = {**fields, **dlq_fields(

@@ -1,4 +1,4 @@
--- Dead-letter one entry (CONTRACT §4, §16), atomically: its dlq entry, the outcome that
+-- Dead-letter one entry (reference: failures), atomically: its dlq entry, the outcome that
 -- ends its run (`run:failed`, whose data names the dlq entry's id: known only once the
 -- XADD made it, hence a script), the ack, and the run index's writes; or nothing when
 -- the entry is no longer held (acked meanwhile, or held by another consumer).

@@ -1,4 +1,4 @@
-"""The one way an entry is dead-lettered (CONTRACT §4, §16): its ``dlq`` entry, the
+"""The one way an entry is dead-lettered (reference: failures): its ``dlq`` entry, the
 ``run:failed`` outcome that ends its run, the ack and the run index's writes, in one
 script run (``dead_letter.lua``), fenced on the entry still being held.
 
