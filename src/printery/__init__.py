@@ -1,6 +1,7 @@
 """printery: worker orchestration over Redis Streams."""
 
 from printery.backoff import compute_backoff
+from printery.budgets import Budget
 from printery.client import Client, SyncClient
 from printery.config import AppConfig, Settings, SettingsTable
 from printery.cost import cost_summary
@@ -40,7 +41,6 @@ from printery.pipeline.aggregate import (
     any_pass,
     first_wins,
 )
-from printery.pipeline.budget import Budget
 from printery.pipeline.dag import Pipeline
 from printery.pipeline.escalation import escalate, review_output
 from printery.pipeline.loop import Loop

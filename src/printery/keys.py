@@ -204,7 +204,7 @@ class StreamKeys:
     def budget(self, run_id: str) -> str:
         """Hash of what a run has spent, per unit (and per step with a budget of its
         own), and the raises of its limits (CONTRACT §13), counted in billionths of the
-        unit (see :mod:`printery.pipeline.budget`)."""
+        unit (see :mod:`printery.budgets`)."""
         return f"{self.budget_prefix}{run_id}"
 
     @property

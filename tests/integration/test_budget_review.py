@@ -24,8 +24,8 @@ from printery import (
     WorkerManager,
     reviews,
 )
+from printery.budgets import held_type
 from printery.keys import StreamKeys, partition_of
-from printery.pipeline.budget import held_type
 from printery.testing import wait_for
 from printery.transport.commit import decode_spent
 from printery.transport.server import ServerProcess

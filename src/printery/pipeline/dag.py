@@ -12,18 +12,18 @@ from typing import Any
 import redis.asyncio as aioredis
 from pydantic import BaseModel
 
-from printery.envelope import Codec
-from printery.errors import PipelineError
-from printery.keys import DLQ, REVIEW, REVIEW_DECIDED, RUN_FAILED, StreamKeys
-from printery.limits import Limit
-from printery.pipeline.budget import (
+from printery.budgets import (
     BUDGET_EXCEEDED,
     BUDGET_REVIEW_KIND,
     BUDGET_WARNING,
     Budget,
     BudgetPlan,
-    budget_review_kind,
 )
+from printery.envelope import Codec
+from printery.errors import PipelineError
+from printery.keys import DLQ, REVIEW, REVIEW_DECIDED, RUN_FAILED, StreamKeys
+from printery.limits import Limit
+from printery.pipeline.budget_review import budget_review_kind
 from printery.pipeline.reason import Reason
 from printery.pipeline.review_kinds import ReviewHook, ReviewKind, escalation_of
 from printery.pipeline.step import LoopShape, Step, StepSource

@@ -38,10 +38,10 @@ import structlog
 from pydantic import BaseModel, ValidationError
 
 from printery import _json
+from printery.budgets import Budget
 from printery.errors import PipelineError, Reject, WorkerCrashed, describe
 from printery.keys import REVIEW
 from printery.limits import Limit
-from printery.pipeline.budget import Budget
 from printery.pipeline.escalation import review_output
 from printery.pipeline.reason import Reason
 from printery.pipeline.step import (

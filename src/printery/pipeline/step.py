@@ -16,11 +16,11 @@ from typing import Any, Protocol
 from pydantic import BaseModel, ValidationError
 
 from printery import _json
+from printery.budgets import Budget
 from printery.errors import OutputContractError, PipelineError, Reject
 from printery.fields import REJECT_TYPE, RESUME_TYPE
 from printery.keys import REVIEW
 from printery.limits import Limit
-from printery.pipeline.budget import Budget
 from printery.pipeline.reason import Reason
 from printery.runtime.handler import Handler, HandlerResult, Message, outputs_of
 from printery.runtime.stream_worker import StreamWorker

@@ -49,7 +49,7 @@ from printery.fields import REPLAY_FOR
 from printery.keys import StreamKeys
 from printery.run_index import RunIndex, RunMark
 from printery.runtime.accounting import Accounting, Decided
-from printery.runtime.budgets import BudgetGuard
+from printery.runtime.budget_guard import BudgetGuard
 from printery.runtime.connectivity import Connectivity
 from printery.runtime.consumer import ConsumerSettings, Delivery
 from printery.runtime.failures import Failures

@@ -4,7 +4,7 @@ An entry's handling ends in one of: **done** (its outputs commit), **retry** (af
 backoff, or the handler's ``Retry(delay=...)``, as a counted delivery), **dead letter**
 (with a reason code: its ``dlq`` entry and its run's ``run:failed``, written by
 :mod:`printery.transport.dead_letter`), or **held** (a limit, a budget, a review:
-:mod:`printery.runtime.limit_gate`, :mod:`printery.runtime.budgets`). Whatever decides
+:mod:`printery.runtime.limit_gate`, :mod:`printery.runtime.budget_guard`). Whatever decides
 that an entry failed (the decode, a limit's key function, the handler, its timeout, the
 encoding of its outputs, the loop's and the gate's checks by raising
 :class:`~printery.Reject`) hands the failure here; nothing else decides what a failure

@@ -29,12 +29,12 @@ import redis.asyncio as aioredis
 import structlog
 
 from printery._util import consumer_name, log_failure, stop_tasks, where
+from printery.budgets import BudgetPlan
 from printery.envelope import Codec
 from printery.keys import StreamKeys
 from printery.limits import Limit
-from printery.pipeline.budget import BudgetPlan
 from printery.run_index import RunIndex
-from printery.runtime.budgets import BudgetGuard
+from printery.runtime.budget_guard import BudgetGuard
 from printery.runtime.connectivity import Connectivity
 from printery.runtime.consume import EntryPipeline
 from printery.runtime.consumer import Consumer, ConsumerSettings, InFlight

@@ -75,7 +75,7 @@ class ChargePlan(NamedTuple):
     event id and idempotency key of its own. A field with a ``hard`` limit (none when
     ``hard`` is empty or the field's is None) whose total reaches it puts the run in the
     sorted set ``over`` (scored by when its budget hash lapses at the latest): the runs a
-    check before handlers must read (see :mod:`printery.runtime.budgets`). ``columns``:
+    check before handlers must read (see :mod:`printery.runtime.budget_guard`). ``columns``:
     per field, which of a charge's amounts it adds (fields of one unit, the run's and
     the step's, share one: an argument less per entry); empty, field ``j`` adds the
     ``j``-th. ``soft`` and ``hard`` are in units; the hash counts billionths of one

@@ -1,4 +1,4 @@
-"""A step's budgets at run time (CONTRACT §13): the check before handlers run, what a
+"""A step's budgets at run time (reference: budgets): the check before handlers run, what a
 held entry writes instead, and what a commit charges to its run.
 
 The check is a ``ZMSCORE`` of the batch's runs in the sorted set of runs that reached a
@@ -27,10 +27,7 @@ from typing import Any
 
 import redis.asyncio as aioredis
 
-from printery.envelope import Codec
-from printery.fields import REPLAY_FOR, TRACEPARENT, review_fields
-from printery.keys import REVIEW, StreamKeys
-from printery.pipeline.budget import (
+from printery.budgets import (
     BUDGET_EXCEEDED,
     BUDGET_FIELD,
     BUDGET_LIMIT,
@@ -48,6 +45,9 @@ from printery.pipeline.budget import (
     held_type,
     review_guard,
 )
+from printery.envelope import Codec
+from printery.fields import REPLAY_FOR, TRACEPARENT, review_fields
+from printery.keys import REVIEW, StreamKeys
 from printery.runtime.handler import Message, Output
 from printery.transport.channel import Command
 from printery.transport.commit import (

@@ -1,5 +1,5 @@
-"""Budgets (CONTRACT §13): how much one run may spend, per cost unit, for the whole
-pipeline and for a step's own share.
+"""Budgets: how much one run may spend, per cost unit, for the whole pipeline and for a
+step's own share (reference: budgets).
 
 What a run has spent lives in one Redis hash per run (``StreamKeys.budget``), updated by
 the commit of each entry that spent it (``commit.lua``), so it is exact across processes
@@ -7,21 +7,17 @@ and crashes. Its fields: ``<unit>`` (the run's total), ``step:<step>:<unit>`` (a
 share, kept for steps with a budget of their own), ``raise:<field>`` (what approved
 reviews added to that field's limit), each in whole billionths of the unit
 (:data:`~printery.transport.commit.SPENT_SCALE`: integer adds, exact sums), and
-``warned:<field>`` (the soft warning was written). This module is the pure part: the
-limits, what a step reads and charges, and what a decision on a ``budget_exceeded``
-review does.
+``warned:<field>`` (the soft warning was written). This module is the pure part, low
+beside :mod:`printery.limits` so that the runtime reads it without reaching up into the
+pipeline: the limits, what a step reads and charges, and the names of what a breach
+writes. What a decision on a ``budget_exceeded`` review does is
+:mod:`printery.pipeline.budget_review`.
 
 One decision per breach (reference: failures): every entry a run over a ``review`` limit holds
 is kept in the run's held stream (:func:`held_type`, in the run's partition), written by
 the commit that acknowledges it, with the fields it goes back to its step with and the
 stream it came from. The first hold of a run and limit field also writes the review; the
-others find its ``once`` guard (:func:`review_guard`) taken. An approval raises the
-limit once and, in the decision's transaction, puts every held entry back on its source
-stream (:data:`RELEASE_LUA`), typed as it was (a loop's attempt goes back to
-``<loop>:loop`` as ``<loop>:attempt``), for its step alone; it frees the guard, so a
-later breach of the raised limit asks again. A rejection writes ``budget:exceeded`` and
-keeps the guard taken while the run's budget lives: the entries held after it wait for
-nothing, as they would with ``stop``.
+others find its ``once`` guard (:func:`review_guard`) taken.
 """
 
 from __future__ import annotations
@@ -32,16 +28,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from printery import _json
-from printery.errors import PipelineError, ReviewActionFailed
-from printery.fields import REPLAY_FOR, SOURCE_STREAM, STEP
-from printery.pipeline.review_kinds import (
-    REJECTED_BY_REVIEWER,
-    ReviewCase,
-    ReviewKind,
-    ReviewOutcome,
-)
-from printery.runtime.handler import Output
-from printery.transport.commit import encode_amount
+from printery.errors import PipelineError
 
 __all__ = [
     "BUDGET_EXCEEDED",
@@ -50,8 +37,9 @@ __all__ = [
     "Budget",
     "BudgetPlan",
     "Exceeded",
-    "budget_review_kind",
     "exceeded_data",
+    "held_type",
+    "review_guard",
 ]
 
 BUDGET_WARNING = "budget:warning"
@@ -73,41 +61,6 @@ HELD_FROM = "held_from"
 #: The field of a review naming the held stream its decision releases (a review written
 #: before held streams has none: its approval puts back the entry it shows).
 HELD_IN = "budget_held_in"
-#: Milliseconds a rejected run's held entries and review guard are kept when its budget
-#: hash has no expiry to go by (the default idempotency record ttl).
-REJECTED_KEEP_MS = 7 * 86400 * 1000
-
-#: An approval's release (KEYS[1]: the run's held stream; ARGV[1]: :data:`HELD_FROM`):
-#: every held entry is added back to the stream it came from, without that field, and the
-#: held stream is deleted; the number released. In the decision's MULTI: atomic with the
-#: raise and with every commit that holds an entry.
-RELEASE_LUA = """
-local n = 0
-for _, entry in ipairs(redis.call('XRANGE', KEYS[1], '-', '+')) do
-  local f, to, out = entry[2], nil, {}
-  for i = 1, #f, 2 do
-    if f[i] == ARGV[1] then to = f[i + 1] else out[#out + 1] = f[i]; out[#out + 1] = f[i + 1] end
-  end
-  if to then
-    redis.call('XADD', to, '*', unpack(out))
-    n = n + 1
-  end
-end
-redis.call('DEL', KEYS[1])
-return n
-"""
-
-#: A rejection (KEYS: the held stream, the review guard, the run's budget hash; ARGV[1]:
-#: :data:`REJECTED_KEEP_MS`): the guard stays taken, and the held entries are kept, as
-#: long as the run's budget hash lives (else ARGV[1] ms); no later hold asks again.
-REJECT_LUA = """
-local ttl = redis.call('PTTL', KEYS[3])
-if ttl <= 0 then ttl = tonumber(ARGV[1]) end
-redis.call('SET', KEYS[2], 'rejected', 'PX', ttl)
-if redis.call('EXISTS', KEYS[1]) == 1 then redis.call('PEXPIRE', KEYS[1], ttl) end
-return ttl
-"""
-
 
 def held_type(run: str) -> str:
     """The "type" of a run's held stream (its key is ``keys.stream(held_type(run))``, in
@@ -197,7 +150,7 @@ class Exceeded:
 
 
 def exceeded_data(unit: str, limit: float, spent: float) -> dict[str, Any]:
-    """The ``data`` of ``budget:exceeded`` (CONTRACT §13)."""
+    """The ``data`` of ``budget:exceeded`` (reference: budgets)."""
     return {"status": "budget_exceeded", "unit": unit, "limit": limit, "spent": spent}
 
 
@@ -241,65 +194,3 @@ class BudgetPlan:
                 found.append((name, unit, limit * budget.soft,
                               _json.dumps(note)[:-1] + ', "spent": '))
         return found
-
-
-# -- the review kind --------------------------------------------------------------------------
-
-
-def budget_review_kind() -> ReviewKind:
-    """The ``budget_exceeded`` kind: an approval raises the run's limit by its original
-    amount and puts every entry the run's breach held back on its source stream, for its
-    step alone, both in the decision's transaction; a rejection writes
-    ``budget:exceeded``. Approvals take no edited data."""
-
-    async def approve(case: ReviewCase) -> ReviewOutcome:
-        fields = case.fields
-        raise_by = float(fields.get(BUDGET_RAISE, "0") or 0)
-        if case.keys is None:
-            raise ReviewActionFailed("a budget review is decided with the stream keys")
-        keys, run, field = case.keys, case.correlation_id, fields.get(BUDGET_FIELD, "")
-        commands: list[tuple[Any, ...]] = [
-            ("HINCRBY", keys.budget(run), f"raise:{field}", encode_amount(raise_by))]
-        held_in = fields.get(HELD_IN)
-        if held_in is None:  # a review of an earlier version: it held the entry it shows
-            return ReviewOutcome([_held_copy(case)], detail=f"limit raised by {raise_by:g}",
-                                 commands=commands)
-        commands += [("EVAL", RELEASE_LUA, 1, held_in, HELD_FROM),
-                     ("DEL", keys.once(review_guard(run, field)))]
-        return ReviewOutcome(
-            detail=f"limit raised by {raise_by:g}; the entries the run held run again",
-            commands=commands)
-
-    async def reject(case: ReviewCase) -> ReviewOutcome:
-        fields = case.fields
-        data = {**exceeded_data(fields.get(BUDGET_UNIT, ""),
-                                float(fields.get(BUDGET_LIMIT, "0") or 0),
-                                float(fields.get(BUDGET_SPENT, "0") or 0)),
-                case.correlation_field: case.correlation_id,
-                "reasons": [{"code": REJECTED_BY_REVIEWER, "field": "", "message": case.note}]}
-        commands: list[tuple[Any, ...]] = []
-        if case.keys is not None:
-            keys, run = case.keys, case.correlation_id
-            commands.append((
-                "EVAL", REJECT_LUA, 3, keys.stream(held_type(run)),
-                keys.once(review_guard(run, fields.get(BUDGET_FIELD, ""))), keys.budget(run),
-                REJECTED_KEEP_MS))
-        return ReviewOutcome([Output(
-            BUDGET_EXCEEDED, data, correlation_id=case.correlation_id,
-            idempotency_key=f"{BUDGET_EXCEEDED}:{case.correlation_id}",
-        )], commands=commands)
-
-    return ReviewKind(BUDGET_REVIEW_KIND, approve, reject, accepts_data=False)
-
-
-def _held_copy(case: ReviewCase) -> Output:
-    """The entry a review written before held streams shows, back on its source stream
-    with its own type (a loop's attempt is an entry of ``<loop>:loop``), for its step."""
-    assert case.keys is not None
-    fields = case.fields
-    source = case.keys.event_type(fields.get(SOURCE_STREAM, "")) or case.resume_type
-    return Output(
-        source, case.data, correlation_id=case.correlation_id,
-        idempotency_key=f"{fields.get(HELD_KEY, case.resume_type)}:budget:{case.review_id}",
-        extra={"type": case.resume_type, REPLAY_FOR: fields.get(STEP, "")},
-    )
