@@ -2,8 +2,10 @@
 
 Starts a throwaway server from the packaged binary (in a temp dir, so the demo never
 touches ``./.printery``), local stand-in services and a webhook sink, and the five
-workers in this process; emits one deployment per outcome plus one whose webhook fails
-over to review; prints the outcome table and one trace; stops everything; exits 0.
+workers in this process; submits one deployment per outcome plus one whose webhook fails
+over to review through the public :class:`~printery.Client`, as an application does, and
+waits for their outcomes with it; prints the outcome table and one trace; stops
+everything; exits 0.
 """
 
 from __future__ import annotations
@@ -15,18 +17,23 @@ from typing import Any
 
 import click
 
-from printery import ConsumerSettings, WorkerManager, _json
+from printery import Client, ConsumerSettings, WorkerManager, _json
+from printery._util import new_id
 from printery.cli.ops_common import OpsContext, table
 from printery.cli.ops_trace import trace
 from printery.deploy.app import build_pipeline
-from printery.deploy.events import FINISHED, STARTED
+from printery.deploy.events import NOTIFICATION_SENT
 from printery.deploy.sandbox import Sandbox
 from printery.deploy.settings import DeploySettings
+from printery.errors import InvalidInput
 from printery.fields import KIND
-from printery.keys import StreamKeys
+from printery.keys import REVIEW
 from printery.logging import configure_logging
-from printery.transport.connection import connect
 from printery.transport.embedded import start_ephemeral
+
+#: Seconds a run is given to end, and then its notifier to record its deliveries.
+OUTCOME_TIMEOUT = 60.0
+NOTIFIED_TIMEOUT = 10.0
 
 DEMO_SETTINGS = {
     "health_monitor": {"interval": 0.2, "consecutive": 2, "deadline": 3, "probe_timeout": 1},
@@ -56,49 +63,66 @@ def scenarios(sandbox: Sandbox) -> list[tuple[str, dict[str, Any]]]:
 async def run_demo(url: str, prefix: str) -> list[dict[str, Any]]:
     sandbox = Sandbox(slow_seconds=10)
     await sandbox.start()
-    client = connect(url, block_ms=200)
     pipeline = build_pipeline(DeploySettings.model_validate(DEMO_SETTINGS))
-    keys = StreamKeys(prefix)
-    codec = pipeline.codec()
     manager = WorkerManager(drain_timeout=3)
-    for worker, deps in pipeline.build_workers(
-        client=client, keys=keys, settings=ConsumerSettings(block_ms=200)
-    ):
-        manager.register(worker, deps)
-    await manager.start_all()
-    rows: list[dict[str, Any]] = []
     try:
-        for name, request in scenarios(sandbox):
-            envelope = codec.new(STARTED, request, producer="printery-demo")
-            await client.xadd(keys.stream(STARTED), dict(codec.encode(envelope)))  # type: ignore[arg-type]
-            rows.append({"scenario": name, "deployment_id": envelope.correlation_id})
-        wanted = {r["deployment_id"] for r in rows}
-        finished: dict[str, dict[str, Any]] = {}
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + 60
-        stderr = click.get_text_stream("stderr")  # type: ignore[operator]
-        with click.progressbar(length=len(rows), label="deployments finished", file=stderr) as bar:
-            while len(finished) < len(rows) and loop.time() < deadline:
-                for _id, fields in await client.xrange(keys.stream(FINISHED)):
-                    cid = fields.get("deployment_id", "")
-                    if cid in wanted and cid not in finished:
-                        finished[cid] = codec.decode(fields, FINISHED).data
-                        bar.update(1)
-                await asyncio.sleep(0.1)
-        # Let the notifier record its deliveries before the table is printed.
-        await asyncio.sleep(1.0)
-        review_entries = await client.xrange(keys.review)
-        reviews = {f.get("deployment_id"): f.get(KIND) for _, f in review_entries}
-        for row in rows:
-            result = finished.get(row["deployment_id"], {"status": "timeout", "reasons": []})
-            row["status"] = result["status"]
-            row["reasons"] = ",".join(sorted({r["code"] for r in result.get("reasons", [])}))
-            row["review"] = reviews.get(row["deployment_id"], "")
-        return rows
+        async with Client(url, stream_prefix=prefix, app=pipeline,
+                          producer="printery-demo") as client:
+            for worker, deps in pipeline.build_workers(
+                client=client.redis, keys=client.keys, settings=ConsumerSettings(block_ms=200)
+            ):
+                manager.register(worker, deps)
+            await manager.start_all()
+            rows = [await _submit(client, name, request) for name, request in scenarios(sandbox)]
+            stderr = click.get_text_stream("stderr")  # type: ignore[operator]
+            with click.progressbar(length=len(rows), label="deployments finished",
+                                   file=stderr) as bar:
+                await asyncio.gather(*(_outcome(client, row, bar) for row in rows))
+            return rows
     finally:
         await manager.stop_all(3)
-        await client.aclose()
         await sandbox.stop()
+
+
+async def _submit(client: Client, name: str, request: dict[str, Any]) -> dict[str, Any]:
+    """The scenario's row: submitted, or refused by the ingress step before anything is
+    written (what an application sees of a request the validator rejects)."""
+    field = client.pipeline.correlation_field
+    request = {**request, field: new_id(client.pipeline.id_prefix)}
+    row: dict[str, Any] = {"scenario": name, "deployment_id": request[field]}
+    try:
+        await client.submit(request)
+    except InvalidInput as exc:
+        row.update(status="rejected", review="",
+                   reasons=",".join(sorted({r.code for r in exc.reasons})))
+    return row
+
+
+async def _outcome(client: Client, row: dict[str, Any], bar: Any) -> None:
+    """The run's outcome in ``row``, then the notifier's records of it: the table shows
+    the review a failed delivery opens, which the notifier writes after the outcome (one
+    commit with its ``notification:sent`` entries, so once one of those is there, all of
+    them are)."""
+    if "status" in row:
+        bar.update(1)
+        return
+    run_id = row["deployment_id"]
+    try:
+        result = await client.result(run_id, timeout=OUTCOME_TIMEOUT)
+    except TimeoutError:
+        row.update(status="timeout", reasons="", review="")
+        bar.update(1)
+        return
+    bar.update(1)
+    row["status"] = result.data["status"]
+    row["reasons"] = ",".join(sorted({r["code"] for r in result.data.get("reasons", [])}))
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + NOTIFIED_TIMEOUT
+    entries = await client.entries(run_id)
+    while not any(e.get("type") == NOTIFICATION_SENT for e in entries) and loop.time() < deadline:
+        await asyncio.sleep(0.05)
+        entries = await client.entries(run_id)
+    row["review"] = next((str(e.get(KIND, "")) for e in entries if e.get("type") == REVIEW), "")
 
 
 @click.command()
