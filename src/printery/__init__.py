@@ -43,6 +43,7 @@ from printery.pipeline.aggregate import (
 )
 from printery.pipeline.dag import Pipeline
 from printery.pipeline.escalation import escalate, review_output
+from printery.pipeline.fanout import Map
 from printery.pipeline.loop import Loop
 from printery.pipeline.reason import Reason
 from printery.pipeline.render import to_mermaid, to_text
@@ -80,6 +81,7 @@ __all__ = [
     "JoinState",
     "Limit",
     "Loop",
+    "Map",
     "MergePolicy",
     "Message",
     "MessageError",

@@ -10,6 +10,8 @@ from here, so they can never spell one differently. Stream names are in
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 from printery._util import now_rfc3339
 
 __all__ = [
@@ -21,8 +23,14 @@ __all__ = [
     "DLQ_FIELDS",
     "ERROR",
     "FAILED_AT",
+    "ITEM",
+    "ITEMS",
+    "ITEM_FAILED",
+    "ITEM_FIELDS",
     "KIND",
+    "MAP",
     "NOTE",
+    "ON_ITEM_FAILURE",
     "REASON",
     "REASON_CODE",
     "REJECT_TYPE",
@@ -38,6 +46,8 @@ __all__ = [
     "TRACEPARENT",
     "WORKER",
     "dlq_fields",
+    "item_fields",
+    "item_key",
     "review_fields",
 ]
 
@@ -66,6 +76,19 @@ REPLAY_FOR = "replay_for"
 #: On every entry while tracing is on (CONTRACT §14): the W3C trace context of the span
 #: that wrote it (or of a producer's span, given to a submit).
 TRACEPARENT = "traceparent"
+
+# A Map's item and result entries (reference: fan-out), beside ``data`` like ``attempt``:
+# the Map's name, the item's 0-based index and the count, and what a failed item does
+# (``fail`` or ``skip``), so that whoever dead-letters one (a worker, an operator's
+# ``printery pending dlq``) knows without the pipeline what its failure means. A result
+# written for a failed item carries ``item_failed`` (its reason code).
+MAP = "map"
+ITEM = "item"
+ITEMS = "items"
+ON_ITEM_FAILURE = "on_item_failure"
+ITEM_FAILED = "item_failed"
+#: The fields a Map's entries carry, in the order they are written.
+ITEM_FIELDS: tuple[str, ...] = (MAP, ITEM, ITEMS, ON_ITEM_FAILURE)
 
 # `review`: what escalated, in which step, and why; what a decision writes (§12).
 KIND = "kind"
@@ -115,3 +138,20 @@ def review_fields(
     return {KIND: kind, STEP: step, REASON: reason,
             SOURCE_STREAM: source_stream, SOURCE_ID: source_id,
             RESUME_TYPE: resume_type, REJECT_TYPE: reject_type}
+
+
+def item_fields(extra: Mapping[str, str]) -> dict[str, str]:
+    """The Map fields among an entry's extra fields (empty: not a Map's entry): what every
+    entry written for that item carries on, so its result and its dead letter find their
+    Map, index and policy."""
+    if MAP not in extra:
+        return {}
+    return {name: extra[name] for name in ITEM_FIELDS if name in extra}
+
+
+def item_key(event_type: str, run: str, carried: Mapping[str, str]) -> str:
+    """The idempotency key of an entry of ``event_type`` written for one item of a run:
+    the run's items are not duplicates of each other (``<type>:<run>:<item>``; without
+    Map fields ``<type>:<run>``, the default)."""
+    item = carried.get(ITEM)
+    return f"{event_type}:{run}" if item is None else f"{event_type}:{run}:{item}"

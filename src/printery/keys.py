@@ -26,6 +26,18 @@ REVIEW_DECIDED = "review:decided"
 #: The outcome of a run one of whose entries was dead-lettered (reference: failures), written
 #: by the runtime in the dead letter's transaction; any step may consume it.
 RUN_FAILED = "run:failed"
+
+
+def item_type(map_name: str) -> str:
+    """The event type of a Map's items (reference: fan-out): ``<name>:item``."""
+    return f"{map_name}:item"
+
+
+def result_type(map_name: str) -> str:
+    """The event type of a Map's per-item results: ``<name>:result`` (also what a
+    failed item's dead letter writes for the Map's collector, under ``skip``)."""
+    return f"{map_name}:result"
+
 #: The commands' and the client's stream prefix for an app that declares none (CONTRACT
 #: §1); the framework's own :class:`~printery.Settings` default is ``printery``.
 COMMAND_STREAM_PREFIX = "materi:events:deployment"

@@ -24,6 +24,7 @@ from printery.errors import PipelineError
 from printery.keys import DLQ, REVIEW, REVIEW_DECIDED, RUN_FAILED, StreamKeys
 from printery.limits import Limit
 from printery.pipeline.budget_review import budget_review_kind
+from printery.pipeline.fanout import Map, MapShape
 from printery.pipeline.reason import Reason
 from printery.pipeline.review_kinds import ReviewHook, ReviewKind, escalation_of
 from printery.pipeline.step import LoopShape, Step, StepSource
@@ -72,6 +73,8 @@ class Pipeline:
         self.extra_types = tuple(extra_types)
         self._outcomes = tuple(outcomes) if outcomes is not None else None
         self.steps: dict[str, Step] = {}
+        #: The Maps added (reference: fan-out), by name: each is three of ``steps``.
+        self.maps: dict[str, MapShape] = {}
         self.review_kinds: dict[str, ReviewKind] = {}
         self.budget = budget
         self._check_budget(budget, "the pipeline")
@@ -82,7 +85,9 @@ class Pipeline:
         types some step produces and none consumes (records such as ``review`` aside);
         and in either case every loop's exhausted type and, with budgets,
         ``budget:exceeded`` (CONTRACT §11)."""
-        exhausted = [s.loop.exhausted for s in self.steps.values() if s.loop is not None]
+        collected = {m.exhausted for m in self.maps.values()}  # a Map's Loop's: its item failed
+        exhausted = [s.loop.exhausted for s in self.steps.values()
+                     if s.loop is not None and s.loop.exhausted not in collected]
         ended = [*exhausted, *((BUDGET_EXCEEDED,) if self.has_budgets else ()), RUN_FAILED]
         if self._outcomes is not None:
             return tuple(dict.fromkeys([*self._outcomes, *ended]))
@@ -125,9 +130,21 @@ class Pipeline:
         step = self.ingress_step(event_type)
         return step.input_reasons(data) if step is not None else []
 
-    def add(self, step: Step | StepSource) -> Step:
+    def add(self, step: Step | StepSource | Map) -> Step:
         """Add a step, or what builds one (a :class:`~printery.Loop`, an
-        :class:`~printery.Aggregator`); the step added."""
+        :class:`~printery.Aggregator`); the step added. A :class:`~printery.Map` adds its
+        three steps (its split, returned, its each and its collector)."""
+        if isinstance(step, Map):
+            taken = [name for name in step.shape.steps if name in self.steps]
+            if taken or step.name in self.maps:
+                raise PipelineError(f"map {step.name!r}: steps {taken or [step.name]} declared "
+                                    "twice")
+            split, *rest = step.steps()
+            added = self.add(split)
+            for other in rest:
+                self.add(other)
+            self.maps[step.name] = step.shape
+            return added
         if not isinstance(step, Step):
             step = step.step()
         if step.name in self.steps:
@@ -289,6 +306,7 @@ class Pipeline:
                     "concurrency": effective.get(s.name, s.concurrency),
                     "depends_on": list(self.dependencies()[s.name]),
                     **({"loop": _loop_doc(s.loop)} if s.loop is not None else {}),
+                    **({"map": _map_doc(self.maps[s.name])} if s.name in self.maps else {}),
                 }
                 for s in self.steps.values()
             ],
@@ -331,6 +349,8 @@ class Pipeline:
                 companions=step.companions, budget=self.budget_plan(step), limits=step.limits,
                 index=index,
             )
+            if step.on_context is not None:
+                step.on_context(worker.context)
             built.append((worker, tuple(d for d in deps[step.name] if d in chosen)))
         return built
 
@@ -364,3 +384,9 @@ def _loop_doc(shape: LoopShape) -> dict[str, Any]:
             "produces": shape.produces,
             "exhausted": shape.exhausted, "fallback": shape.fallback,
             "review_kind": shape.review_kind}
+
+
+def _map_doc(shape: MapShape) -> dict[str, Any]:
+    return {"item_type": shape.item_type, "result_type": shape.result_type,
+            "each": shape.each, "collect": shape.collect, "max_items": shape.max_items,
+            "on_item_failure": shape.on_item_failure, "produces": shape.produces}

@@ -40,6 +40,7 @@ from pydantic import BaseModel, ValidationError
 from printery import _json
 from printery.budgets import Budget
 from printery.errors import PipelineError, Reject, WorkerCrashed, describe
+from printery.fields import item_fields, item_key
 from printery.keys import REVIEW
 from printery.limits import Limit
 from printery.pipeline.escalation import review_output
@@ -201,7 +202,7 @@ class Loop:
             if not message.last_delivery:
                 raise
             entry["failed"] = _failure(message, exc, f"{label} raised {describe(exc)}")
-        return _entry(self.shape, self.shape.attempt_type, message.correlation_id, n, entry)
+        return _entry(self.shape, self.shape.attempt_type, message, n, entry)
 
     async def _judge(self, message: Message, attempt: Mapping[str, Any]) -> list[Output]:
         shape, n, output = self.shape, attempt["attempt"], attempt["data"]
@@ -226,12 +227,12 @@ class Loop:
             then = FALLBACK
         else:
             then = REVIEWED if shape.review_kind else EXHAUSTED
-        cid = message.correlation_id
-        outputs = [_entry(shape, shape.verdict_type, cid, n, {
+        outputs = [_entry(shape, shape.verdict_type, message, n, {
             "attempt": n, "fallback": fallback, "passed": not reasons, "reasons": reasons,
             "next": then, "input": attempt["input"], "attempts": attempts})]
+        carried = item_fields(message.envelope.extra)
         if then == PASSED:
-            outputs.append(Output(shape.produces, output))
+            outputs.append(_ended(shape.produces, output, message, carried))
         elif then == REVIEWED:
             assert shape.review_kind is not None
             last = _last_output(attempts)  # None when no attempt produced one
@@ -240,15 +241,28 @@ class Loop:
                 reason=_summary(attempts), data=last, on_approve=shape.produces,
                 on_reject=shape.exhausted))
         elif then == EXHAUSTED:
-            outputs.append(Output(shape.exhausted, {"status": "exhausted", "attempts": attempts}))
+            outputs.append(_ended(shape.exhausted, {"status": "exhausted", "attempts": attempts},
+                                  message, carried))
         return outputs
 
 
-def _entry(shape: LoopShape, event_type: str, cid: str, n: int, data: Any) -> Output:
+def _entry(shape: LoopShape, event_type: str, message: Message, n: int, data: Any) -> Output:
     """An attempt or a verdict: in the loop's stream, typed, keyed by its number (the
-    run's attempts are not duplicates of each other)."""
-    return Output(shape.stream_type, data, idempotency_key=f"{event_type}:{cid}:{n}",
-                  extra={"type": event_type})
+    run's attempts are not duplicates of each other; a Map item's, keyed by its item
+    too, carry the item's fields on)."""
+    carried = item_fields(message.envelope.extra)
+    key = item_key(event_type, message.correlation_id, carried)
+    return Output(shape.stream_type, data, idempotency_key=f"{key}:{n}",
+                  extra={"type": event_type, **carried})
+
+
+def _ended(event_type: str, data: Any, message: Message, carried: dict[str, str]) -> Output:
+    """What the loop ends with: for a Map item (the loop as its ``each``) keyed by the
+    item and carrying its fields, so its collector can tell the items apart."""
+    if not carried:
+        return Output(event_type, data)
+    return Output(event_type, data, idempotency_key=item_key(
+        event_type, message.correlation_id, carried), extra=carried)
 
 
 def _seen(message: Message, data: Any, event_type: str, attempt: int,

@@ -11,8 +11,17 @@ from collections.abc import Mapping, Sequence
 from printery import _json
 from printery.envelope import Codec, correlation_of
 from printery.errors import PayloadTooLarge
-from printery.fields import TRACEPARENT, dlq_fields
-from printery.keys import RUN_FAILED, StreamKeys
+from printery.fields import (
+    ITEM,
+    ITEM_FAILED,
+    ITEM_FIELDS,
+    MAP,
+    ON_ITEM_FAILURE,
+    TRACEPARENT,
+    dlq_fields,
+    item_key,
+)
+from printery.keys import RUN_FAILED, StreamKeys, result_type
 from printery.run_index import RunIndex
 from printery.runtime.handler import Message, Output
 from printery.runtime.payloads import PayloadStore
@@ -125,14 +134,31 @@ def dead_letter_write(
     if not run:
         return DeadLetterWrite(stream, group, consumer, entry_id, keys.dlq, entry,
                                last_error=last_error)
-    body = _json.dumps({"status": "failed", "step": group, "reason_code": reason_code,
-                        "error": error[:2000]})
+    said: dict[str, object] = {"status": "failed", "step": group, "reason_code": reason_code,
+                               "error": error[:2000]}
+    item = _item_of(fields)
+    if item is not None:
+        said["item"] = item
+    body = _json.dumps(said)
     before, after = body[:-1] + ',"dlq_id":"', '"}'
     extra = {}
     if TRACEPARENT in fields:
         extra[TRACEPARENT] = fields[TRACEPARENT]
     if fields.get("replay_of"):
         extra["replay_of"] = fields["replay_of"]
+    if item is not None and fields.get(ON_ITEM_FAILURE) == "skip":
+        # A skipped item ends nothing: its Map's collector learns of it from a result
+        # written in the dead letter's own script (atomic with it), counted as failed.
+        result = result_type(fields[MAP])
+        marker = codec.new_fields(
+            result, None, correlation_id=run, producer=group,
+            idempotency_key=item_key(result, run, fields),
+            extra={**extra, **{k: fields[k] for k in ITEM_FIELDS if k in fields},
+                   ITEM_FAILED: reason_code})
+        return DeadLetterWrite(
+            stream, group, consumer, entry_id, keys.dlq, entry, outcome=keys.stream(result),
+            outcome_fields={**marker, "data": ""}, data_before=before, data_after=after,
+            run_info=keys.run_info(run), last_error=last_error, ends_run=False)
     outcome = codec.new_fields(RUN_FAILED, None, correlation_id=run, producer=group,
                                idempotency_key=f"{RUN_FAILED}:{run}:{group}:{stream}:{entry_id}",
                                extra=extra)
@@ -145,3 +171,16 @@ def dead_letter_write(
         stream, group, consumer, entry_id, keys.dlq, entry, outcome=outcome_stream,
         outcome_fields={**outcome, "data": ""}, data_before=before, data_after=after,
         run_info=keys.run_info(run), index=writes, last_error=last_error)
+
+
+def _item_of(fields: Mapping[str, str]) -> int | None:
+    """The index of the Map item whose handling an entry is (reference: fan-out), or None:
+    also for the item's result, whose failure is the collector's (a merge that raises),
+    not the item's."""
+    name = fields.get(MAP)
+    if not name or fields.get("type") == result_type(name):
+        return None
+    try:
+        return int(fields.get(ITEM, ""))
+    except ValueError:
+        return None

@@ -10,7 +10,9 @@
 -- run:failed entry's (0: no run), ARGV[6] its data before the dlq id, ARGV[7] after it,
 -- ARGV[8] nx: arguments of the index writes, ARGV[9] the key of the entry's last-error
 -- record ('' none), ARGV[10] a once key that makes this dead letter written at most once
--- ('' none; a join's, whose failure no entry holds), ARGV[11] its ttl in ms; then the
+-- ('' none; a join's, whose failure no entry holds), ARGV[11] its ttl in ms, ARGV[12] '1'
+-- when the KEYS[3] entry ends the run, '0' when it is a plain entry (a skipped Map item's
+-- result for its collector: written whatever the run's status, no index writes); then the
 -- dlq fields, the run:failed fields (its `data` value is replaced) and the index writes
 -- (per command its argument count, then the command).
 -- An entry id '' dead-letters what no entry holds (a join decided by a sweep): no fence,
@@ -33,24 +35,29 @@ end
 if ARGV[10] ~= '' and not redis.call('SET', ARGV[10], '1', 'NX', 'PX', ARGV[11]) then
   return -1
 end
-local a = 12
+local a = 13
 local letter = {}
 for j = a, a + nd - 1 do letter[#letter + 1] = ARGV[j] end
 a = a + nd
 local dlq_id = redis.call('XADD', KEYS[2], '*', unpack(letter))
-if nf > 0 then
+local function outcome()
+  local fields = {}
+  for j = a, a + nf - 1, 2 do
+    fields[#fields + 1] = ARGV[j]
+    if ARGV[j] == 'data' then
+      fields[#fields + 1] = ARGV[6] .. dlq_id .. ARGV[7]
+    else
+      fields[#fields + 1] = ARGV[j + 1]
+    end
+  end
+  redis.call('XADD', KEYS[3], '*', unpack(fields))
+end
+if nf > 0 and ARGV[12] == '0' then
+  outcome()
+elseif nf > 0 then
   local ended = redis.call('HMGET', KEYS[4], 'status', 'dead_letter')
   if not ended[1] or (ended[2] and ended[2] ~= '') then
-    local fields = {}
-    for j = a, a + nf - 1, 2 do
-      fields[#fields + 1] = ARGV[j]
-      if ARGV[j] == 'data' then
-        fields[#fields + 1] = ARGV[6] .. dlq_id .. ARGV[7]
-      else
-        fields[#fields + 1] = ARGV[j + 1]
-      end
-    end
-    redis.call('XADD', KEYS[3], '*', unpack(fields))
+    outcome()
     local i = a + nf
     while i < a + nf + nx do
       local n = tonumber(ARGV[i])

@@ -33,7 +33,9 @@ class DeadLetterWrite:
     ``index`` the index's writes for it. ``last_error`` the key of the entry's last
     error record, removed with it ("" none). ``entry_id`` "" dead-letters what no entry
     holds (a join a sweep decided: no fence, no ack); ``once`` a key that makes it
-    written at most once (kept ``once_ttl_ms``), "" none."""
+    written at most once (kept ``once_ttl_ms``), "" none. ``ends_run`` False writes
+    ``outcome_fields`` to ``outcome`` as a plain entry (a skipped Map item's result for its
+    collector): no run ends, the index is not touched."""
 
     source: str
     group: str
@@ -50,6 +52,7 @@ class DeadLetterWrite:
     last_error: str = ""
     once: str = ""
     once_ttl_ms: int = 0
+    ends_run: bool = True
 
     def script_keys(self) -> list[str]:
         keys = [self.source, self.dlq]
@@ -66,7 +69,8 @@ class DeadLetterWrite:
                 index += (len(command), *command)
         return [self.group, self.consumer, self.entry_id, len(letter), len(outcome),
                 self.data_before, self.data_after, len(index), self.last_error,
-                self.once, self.once_ttl_ms, *letter, *outcome, *index]
+                self.once, self.once_ttl_ms, "1" if self.ends_run else "0",
+                *letter, *outcome, *index]
 
 
 async def write_dead_letter(scripts: Scripts, write: DeadLetterWrite) -> str | None:
