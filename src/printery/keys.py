@@ -213,6 +213,13 @@ class StreamKeys:
         reading the run starts there instead of at the beginning of every stream."""
         return f"{self.scope}:run:{run_id}"
 
+    def partials(self, run_id: str) -> str:
+        """A run's partials stream (reference: streaming through the gate): the
+        provisional output of its attempts in progress and their verdicts; capped, and
+        lapsing an hour after its last write. Not a pipeline stream: never replayed nor
+        traced."""
+        return f"{self.scope}:partials:{run_id}"
+
     def budget(self, run_id: str) -> str:
         """Hash of what a run has spent, per unit (and per step with a budget of its
         own), and the raises of its limits (CONTRACT §13), counted in billionths of the

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import asyncio
 import email.utils
+import json
 import os
 import time
 from collections.abc import Mapping, Sequence
@@ -106,16 +107,25 @@ class OpenAICompatible:
         self._key()  # registered for redaction as soon as it is known
 
     async def complete(
-        self, message: Message, *, messages: Sequence[Mapping[str, Any]], **params: Any
+        self, message: Message, *, messages: Sequence[Mapping[str, Any]], stream: bool = False,
+        **params: Any,
     ) -> Completion:
         """One chat completion of ``messages`` (``params``: ``temperature``,
         ``max_tokens``...); its usage is reported on ``message`` as ``tokens`` and ``usd``.
         While tracing is on (CONTRACT §14) the call is a span ``model.complete``, a child
-        of the entry's, with the model, the attempts and the tokens."""
+        of the entry's, with the model, the attempts and the tokens.
+
+        ``stream=True`` asks the server for server-sent chunks and shows each chunk's text
+        to the run's followers as it comes (:meth:`Message.partial
+        <printery.Message.partial>`, reference: streaming through the gate); the cost is
+        the usage of the final chunk (``stream_options.include_usage`` is asked for). A
+        connection that breaks mid-answer fails the call like any other
+        (:class:`~printery.Retry`): what it showed is retracted, the next call streams
+        anew."""
         with telemetry.call_span(SPAN_NAME, {"printery.model": self.model,
                                              "gen_ai.request.model": self.model,
                                              "server.address": self._host}) as span:
-            done = await self._complete(message, messages, params, span)
+            done = await self._complete(message, messages, params, span, stream)
             if span is not None:
                 span.set_attribute("printery.tokens", done.tokens)
                 span.set_attribute("gen_ai.usage.input_tokens", done.prompt_tokens)
@@ -124,7 +134,7 @@ class OpenAICompatible:
 
     async def _complete(
         self, message: Message, messages: Sequence[Mapping[str, Any]], params: dict[str, Any],
-        span: Any,
+        span: Any, stream: bool = False,
     ) -> Completion:
         key = self._key()
         headers = {"Authorization": f"Bearer {key}"} if key else {}
@@ -133,11 +143,14 @@ class OpenAICompatible:
             if span is not None:
                 span.set_attribute("printery.model.attempts", attempt)
             try:
-                response = await self._post(body, headers)
+                response = await (self._streamed(message, body, headers) if stream
+                                  else self._post(body, headers))
             except httpx.TimeoutException:
                 raise Retry(f"model call to {self.url} timed out after {self.timeout} s") from None
             except httpx.TransportError as exc:
                 raise Retry(self._clean(f"model call to {self.url} failed: {exc}")) from None
+            if isinstance(response, Completion):
+                return response
             if span is not None:
                 span.set_attribute("http.response.status_code", response.status_code)
             if response.status_code < 300:
@@ -197,13 +210,78 @@ class OpenAICompatible:
         if not counted:
             self._no_usage(message)
             return Completion(text, 0, 0, body)
-        if prompt or completion:
-            message.report_cost("tokens", prompt + completion)
+        return self._charged(message, Completion(text, prompt, completion, body))
+
+    def _charged(self, message: Message, done: Completion) -> Completion:
+        """``done``, its usage reported on ``message`` as ``tokens`` and ``usd``."""
+        if done.tokens:
+            message.report_cost("tokens", done.tokens)
         if self.prices:
-            usd = (prompt * self.prices.get("input", 0.0)
-                   + completion * self.prices.get("output", 0.0)) / 1000
+            usd = (done.prompt_tokens * self.prices.get("input", 0.0)
+                   + done.completion_tokens * self.prices.get("output", 0.0)) / 1000
             message.report_cost("usd", usd)
-        return Completion(text, prompt, completion, body)
+        return done
+
+    async def _streamed(
+        self, message: Message, body: dict[str, Any], headers: dict[str, str],
+    ) -> httpx.Response | Completion:
+        """A streaming call: its completion, each chunk shown as it came; or the answer
+        that was not a stream (an error status: read whole, judged as any answer)."""
+        asked = {**body, "stream": True, "stream_options": {"include_usage": True}}
+        if self._http is not None:
+            return await self._read_stream(self._http, message, asked, headers)
+        async with httpx.AsyncClient(timeout=self.timeout, trust_env=False) as http:
+            return await self._read_stream(http, message, asked, headers)
+
+    async def _read_stream(
+        self, http: httpx.AsyncClient, message: Message, body: dict[str, Any],
+        headers: dict[str, str],
+    ) -> httpx.Response | Completion:
+        texts: list[str] = []
+        usage: Any = None
+        answered = False
+        async with http.stream("POST", self.url, json=body, headers=headers,
+                               timeout=self.timeout) as response:
+            if response.status_code >= 300:
+                await response.aread()
+                return response
+            async for line in response.aiter_lines():
+                if not line.startswith("data:"):
+                    continue  # comments, event names, keep-alives
+                payload = line[5:].strip()
+                if payload == "[DONE]":
+                    break
+                try:
+                    chunk = json.loads(payload)
+                except ValueError:
+                    raise Retry(self._clean(f"{self.url} streamed a chunk that is not JSON: "
+                                            f"{payload[:200]}")) from None
+                if not isinstance(chunk, dict):
+                    continue
+                if isinstance(chunk.get("usage"), dict):
+                    usage = chunk["usage"]
+                text = _delta_of(chunk.get("choices"))
+                if text is not None:
+                    answered = True
+                    if text:
+                        texts.append(text)
+                        await message.partial(text)
+        if not answered:
+            raise Retry(self._clean(f"{self.url} streamed no completion (model {self.model})"))
+        text = "".join(texts)
+        whole = {"model": self.model, "usage": usage, "choices": [
+            {"index": 0, "message": {"role": "assistant", "content": text}}]}
+        if not (isinstance(usage, dict) and ("prompt_tokens" in usage
+                                             or "completion_tokens" in usage)):
+            self._no_usage(message)
+            return Completion(text, 0, 0, whole)
+        try:
+            prompt = int(usage.get("prompt_tokens") or 0)
+            completion = int(usage.get("completion_tokens") or 0)
+        except (TypeError, ValueError) as exc:
+            raise Retry(self._clean(f"{self.url} streamed a usage that is not counts: "
+                                    f"{exc}")) from None
+        return self._charged(message, Completion(text, prompt, completion, whole))
 
     def _no_usage(self, message: Message) -> None:
         """A response without ``usage``: its cost is unknown, so none is reported (not a
@@ -214,6 +292,16 @@ class OpenAICompatible:
         log.warning("model response without usage: its tokens and usd are not counted "
                     "(budgets and token limits do not see this step's calls)",
                     url=self.url, model=self.model, step=message.worker)
+
+
+def _delta_of(choices: Any) -> str | None:
+    """A streamed chunk's text: the first choice's ``delta.content`` ("" for a delta
+    without text: the role, a finish); None for a chunk without a choice (the usage)."""
+    if not isinstance(choices, list) or not choices or not isinstance(choices[0], dict):
+        return None
+    delta = choices[0].get("delta")
+    content = delta.get("content") if isinstance(delta, dict) else None
+    return content if isinstance(content, str) else ""
 
 
 def _text_of(choices: Any) -> str | None:

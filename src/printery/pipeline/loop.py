@@ -29,6 +29,7 @@ never taken for duplicates of each other.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import inspect
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -54,6 +55,8 @@ from printery.pipeline.step import (
     validation_reasons,
 )
 from printery.runtime.handler import HandlerResult, Message, Output
+from printery.runtime.partials import current, retract
+from printery.runtime.partials import verdict as publish_verdict
 
 __all__ = ["Check", "Loop", "Work"]
 
@@ -67,6 +70,9 @@ Check = Callable[[Message], Any]
 
 #: What a verdict leads to (its ``next`` field).
 PASSED, RETRY, FALLBACK, REVIEWED, EXHAUSTED = "passed", "retry", "fallback", "review", "exhausted"
+#: The field of an attempt entry whose ``work`` showed partials: its verdict is published
+#: to the run's followers (reference: streaming through the gate).
+STREAMED = "streamed"
 #: The reason code of an attempt whose ``work`` (or fallback) raised on its last delivery.
 WORK_FAILED = "work_failed"
 #: Seconds one ``work`` or fallback call may take when the loop names no ``timeout``
@@ -189,20 +195,30 @@ class Loop:
                                  "input": given, "feedback": list(feedback)}
         label = "fallback" if fallback else "work"
         try:
-            async with asyncio.timeout(self.call_timeout):
-                entry["data"] = await _settled(run(seen))
-        except (Reject, WorkerCrashed):
-            raise  # deliberate: dead-lettered at once / the worker crashes
-        except TimeoutError as exc:
-            if not message.last_delivery:
-                raise  # retried as a delivery, like any failure
-            entry["failed"] = _failure(message, exc, f"{label} did not finish within its "
-                                                     f"timeout of {self.call_timeout:g} s")
-        except (Exception, SystemExit, KeyboardInterrupt) as exc:
-            if not message.last_delivery:
-                raise
-            entry["failed"] = _failure(message, exc, f"{label} raised {describe(exc)}")
-        return _entry(self.shape, self.shape.attempt_type, message, n, entry)
+            try:
+                async with asyncio.timeout(self.call_timeout):
+                    entry["data"] = await _output(run(seen), seen)
+            except (Reject, WorkerCrashed):
+                raise  # deliberate: dead-lettered at once / the worker crashes
+            except TimeoutError as exc:
+                if not message.last_delivery:
+                    raise  # retried as a delivery, like any failure
+                entry["failed"] = _failure(message, exc, f"{label} did not finish within its "
+                                                         f"timeout of {self.call_timeout:g} s")
+            except (Exception, SystemExit, KeyboardInterrupt) as exc:
+                if not message.last_delivery:
+                    raise
+                entry["failed"] = _failure(message, exc, f"{label} raised {describe(exc)}")
+        except BaseException as exc:
+            if seen.streamed:  # this delivery's partials are retracted; the next streams anew
+                await retract(seen, exc)
+            raise
+        if not seen.streamed:
+            return _entry(self.shape, self.shape.attempt_type, message, n, entry)
+        writer = current()  # its partials are on the server before the attempt commits
+        if writer is not None:
+            await writer.flush()
+        return _entry(self.shape, self.shape.attempt_type, message, n, entry, {STREAMED: "1"})
 
     async def _judge(self, message: Message, attempt: Mapping[str, Any]) -> list[Output]:
         shape, n, output = self.shape, attempt["attempt"], attempt["data"]
@@ -215,6 +231,9 @@ class Loop:
             found = await _settled(self.validate(seen))
             reasons = [r.as_dict() for r in checked_reasons(
                 found, f"loop {self.name!r}: validate")]
+        if message.fields.get(STREAMED):  # followers learn what became of its partials
+            await publish_verdict(dataclasses.replace(message, attempt=n), passed=not reasons,
+                                  reasons=reasons)
         record: dict[str, Any] = {"attempt": n, "data": output, "reasons": reasons}
         if fallback:
             record["fallback"] = True
@@ -246,14 +265,15 @@ class Loop:
         return outputs
 
 
-def _entry(shape: LoopShape, event_type: str, message: Message, n: int, data: Any) -> Output:
+def _entry(shape: LoopShape, event_type: str, message: Message, n: int, data: Any,
+           extra: Mapping[str, str] | None = None) -> Output:
     """An attempt or a verdict: in the loop's stream, typed, keyed by its number (the
     run's attempts are not duplicates of each other; a Map item's, keyed by its item
     too, carry the item's fields on)."""
     carried = item_fields(message.envelope.extra)
     key = item_key(event_type, message.correlation_id, carried)
     return Output(shape.stream_type, data, idempotency_key=f"{key}:{n}",
-                  extra={"type": event_type, **carried})
+                  extra={"type": event_type, **carried, **(extra or {})})
 
 
 def _ended(event_type: str, data: Any, message: Message, carried: dict[str, str]) -> Output:
@@ -263,6 +283,22 @@ def _ended(event_type: str, data: Any, message: Message, carried: dict[str, str]
         return Output(event_type, data)
     return Output(event_type, data, idempotency_key=item_key(
         event_type, message.correlation_id, carried), extra=carried)
+
+
+async def _output(value: Any, seen: Message) -> Any:
+    """What a ``work`` call gave: its value, awaited; an async generator's text chunks
+    are each shown as a partial, and joined are the output."""
+    if not inspect.isasyncgen(value):
+        return await _settled(value)
+    chunks: list[str] = []
+    async with contextlib.aclosing(value) as chunked:
+        async for chunk in chunked:
+            if not isinstance(chunk, str):
+                raise TypeError(f"a streaming work yields text (str), not "
+                                f"{type(chunk).__name__}")
+            chunks.append(chunk)
+            await seen.partial(chunk)
+    return "".join(chunks)
 
 
 def _seen(message: Message, data: Any, event_type: str, attempt: int,

@@ -23,6 +23,7 @@ from printery.keys import REVIEW
 from printery.limits import Limit
 from printery.pipeline.reason import Reason
 from printery.runtime.handler import Handler, HandlerResult, Message, outputs_of
+from printery.runtime.partials import passed, retract
 from printery.runtime.stream_worker import StreamWorker
 
 
@@ -196,21 +197,31 @@ class Step:
                 except ValidationError as exc:
                     reasons = [r.as_dict() for r in validation_reasons(exc)]
                     raise Reject("invalid_input", _json.dumps(reasons)) from None
-            outputs = outputs_of(await inner(message))
-            for out in outputs:
-                if out.type not in produces:
-                    raise OutputContractError(f"{self.name} emitted undeclared type {out.type!r}")
-                if out.type == REVIEW:
-                    _check_review_types(self.name, out.extra, produces)
-                model = output_models.get(out.type)
-                if model is not None:
-                    try:
-                        model.model_validate(out.data)
-                    except ValidationError as exc:
-                        raise OutputContractError(f"{self.name} output {out.type}: {exc}") from exc
-            for unit in message.costs:
-                if unit not in self.cost_units:
-                    raise OutputContractError(f"{self.name} reported undeclared cost unit {unit!r}")
+            try:
+                outputs = outputs_of(await inner(message))
+                for out in outputs:
+                    if out.type not in produces:
+                        raise OutputContractError(
+                            f"{self.name} emitted undeclared type {out.type!r}")
+                    if out.type == REVIEW:
+                        _check_review_types(self.name, out.extra, produces)
+                    model = output_models.get(out.type)
+                    if model is not None:
+                        try:
+                            model.model_validate(out.data)
+                        except ValidationError as exc:
+                            raise OutputContractError(
+                                f"{self.name} output {out.type}: {exc}") from exc
+                for unit in message.costs:
+                    if unit not in self.cost_units:
+                        raise OutputContractError(
+                            f"{self.name} reported undeclared cost unit {unit!r}")
+            except BaseException as exc:
+                if message.streamed:  # what it showed is retracted; the next call streams anew
+                    await retract(message, exc)
+                raise
+            if message.streamed:  # its partials and verdict before what it commits
+                await passed(message)
             return outputs
 
         return handle

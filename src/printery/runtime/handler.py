@@ -10,6 +10,7 @@ from typing import Any
 
 from printery.envelope import Envelope
 from printery.errors import OutputContractError
+from printery.runtime import partials
 
 
 @dataclass(slots=True)
@@ -60,6 +61,9 @@ class Message:
     #: last before the entry is dead-lettered (a loop turns that failure into a failed
     #: attempt, docs/reference.md).
     max_deliveries: int = 5
+    #: Whether :meth:`partial` was called on this message: its attempt then ends with a
+    #: verdict (reference: streaming through the gate).
+    streamed: bool = False
 
     @property
     def last_delivery(self) -> bool:
@@ -81,6 +85,20 @@ class Message:
     def report_cost(self, unit: str, amount: float) -> None:
         """Add ``amount`` of ``unit`` (tokens, usd, probes, ...) to this step's cost."""
         self.costs[unit] = self.costs.get(unit, 0) + amount
+
+    async def partial(self, text: str) -> None:
+        """Show ``text`` to the run's followers now, provisional, as the next piece of
+        this attempt's output (reference: streaming through the gate). It is not written
+        as an entry of the run: what the step returns is its output, and the attempt's
+        verdict commits or retracts what was shown. Returns at once (the text is written
+        with the next batch); outside a worker (a handler called by a test) it is
+        dropped."""
+        if not isinstance(text, str):
+            raise TypeError(f"partial takes text (str), not {type(text).__name__}")
+        writer = partials.current()
+        self.streamed = True
+        if writer is not None and text:
+            writer.add(self, text)
 
 
 HandlerResult = Output | Sequence[Output] | None

@@ -44,6 +44,7 @@ from printery.runtime.intake import Intake
 from printery.runtime.lanes import Lane, Lanes
 from printery.runtime.limit_gate import LimitGate, window_seconds
 from printery.runtime.observe import NullObserver, Observer
+from printery.runtime.partials import PartialWriter, using
 from printery.runtime.payloads import PayloadStore
 from printery.runtime.route import Router
 from printery.transport.channel import DirectChannel
@@ -164,6 +165,17 @@ class StreamWorker:
                         connectivity=connectivity, prepare=self.prepare, accept=self._accept,
                         stats=self._stats)
         self._crash: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        # Every task made below (and so every handler) sees this worker's partials writer.
+        writer = PartialWriter(self.client, self.keys)
+        streaming = using(writer)
+        try:
+            await self._run(ctx, connectivity, lanes, holdings, intake)
+        finally:
+            await writer.close()
+            streaming.var.reset(streaming)
+
+    async def _run(self, ctx: RunContext, connectivity: Connectivity, lanes: Lanes,
+                   holdings: Holdings, intake: Intake) -> None:
         await connectivity.retrying(self.prepare)
         readers = [asyncio.create_task(intake.read(c, streams), name=f"{c.name}:read")
                    for c in self._consumers for streams in lanes.read_sets(one_slot(self.client))]

@@ -1,0 +1,200 @@
+"""Streaming through the gate (docs/reference.md, "Streaming through the gate"): what a
+handler reports with :meth:`Message.partial <printery.Message.partial>` and the verdicts
+that commit or retract it.
+
+Partials are not entries of the run: they are provisional text a follower shows while an
+attempt runs, and they are never replayed nor traced. They go to one capped stream per
+run, ``<scope>:partials:<run>`` (:meth:`~printery.keys.StreamKeys.partials`), beside
+which followers read the run's entries; the stream lapses an hour after its last write.
+A verdict (``kind`` ``verdict``) on the same stream closes an attempt: its partials are
+committed (passed) or retracted (not passed, with the reasons), and a follower that
+joins late shows only the partials after a step's last verdict, the attempt in progress.
+
+A handler's path pays no round trip per chunk: :meth:`PartialWriter.add` appends to a
+buffer (merged with the chunk before it of the same attempt) and one task per process
+writes what gathered every :data:`FLUSH_S` seconds with one pipelined round trip. The
+attempt's end is the only wait: its partials and its verdict are on the server before
+what the step commits (:meth:`PartialWriter.flush`), so no follower sees an outcome
+before the verdict that led to it. A step that never calls ``partial`` pays nothing: no
+buffer, no task, no key.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextvars
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, Any
+
+import redis.asyncio as aioredis
+import structlog
+
+from printery import _json
+from printery.errors import describe
+from printery.keys import StreamKeys
+
+if TYPE_CHECKING:
+    from printery.runtime.handler import Message
+
+__all__ = ["FLUSH_S", "MAXLEN", "TTL_S", "PartialWriter", "current", "passed", "retract",
+           "using"]
+
+log = structlog.get_logger("printery.partials")
+
+#: Seconds chunks gather before they are written (one round trip for all of them).
+FLUSH_S = 0.05
+#: Entries a run's partials stream keeps at most (approximately): the start of an
+#: attempt longer than that (in writes, not tokens) is lost to a follower joining late.
+MAXLEN = 10_000
+#: Seconds a run's partials stream outlives its last write.
+TTL_S = 3600
+#: ``kind`` of the two sorts of entry of a partials stream.
+PARTIAL, VERDICT = "partial", "verdict"
+
+_writer: contextvars.ContextVar[PartialWriter | None] = contextvars.ContextVar(
+    "printery_partials", default=None)
+
+
+def current() -> PartialWriter | None:
+    """The writer of the worker whose handler runs in this context (None outside one)."""
+    return _writer.get()
+
+
+def using(writer: PartialWriter | None) -> contextvars.Token[PartialWriter | None]:
+    """Make ``writer`` the one of this context (a worker's run and every task it starts)."""
+    return _writer.set(writer)
+
+
+def verdict_fields(step: str, attempt: int, passed: bool,
+                   reasons: Sequence[Mapping[str, Any]]) -> dict[str, str]:
+    return {"kind": VERDICT, "step": step, "attempt": str(attempt),
+            "passed": "1" if passed else "0", "reasons": _json.dumps(list(reasons))}
+
+
+class PartialWriter:
+    """Writes the partials and verdicts of every handler of one worker (see the module
+    doc); :meth:`close` when the worker stops."""
+
+    def __init__(self, client: aioredis.Redis, keys: StreamKeys, *,
+                 interval: float = FLUSH_S) -> None:
+        self.client = client
+        self.keys = keys
+        self.interval = interval
+        self._pending: list[tuple[str, dict[str, str]]] = []
+        self._wake = asyncio.Event()
+        self._lock = asyncio.Lock()
+        self._task: asyncio.Task[None] | None = None
+
+    def add(self, message: Message, text: str) -> None:
+        """Queue ``text`` as the next partial of ``message``'s attempt."""
+        key = self.keys.of(message.correlation_id).partials(message.correlation_id)
+        step, attempt = message.worker, str(message.attempt)
+        if self._pending:
+            last_key, last = self._pending[-1]
+            if (last_key == key and last["kind"] == PARTIAL and last["step"] == step
+                    and last["attempt"] == attempt):
+                last["text"] += text
+                return
+        self._queue(key, {"kind": PARTIAL, "step": step, "attempt": attempt, "text": text})
+
+    def verdict(self, message: Message, *, passed: bool,
+                reasons: Sequence[Mapping[str, Any]] = ()) -> None:
+        """Queue the verdict of ``message``'s attempt (written by the next flush)."""
+        key = self.keys.of(message.correlation_id).partials(message.correlation_id)
+        self._queue(key, verdict_fields(message.worker, message.attempt, passed, reasons))
+
+    def _queue(self, key: str, fields: dict[str, str]) -> None:
+        self._pending.append((key, fields))
+        if self._task is None:
+            self._task = asyncio.create_task(self._run(), name="printery-partials")
+        self._wake.set()
+
+    async def flush(self) -> None:
+        """Write everything queued so far; raises what the server answered (the caller's
+        entry fails and is delivered again, as for any write of its step)."""
+        async with self._lock:
+            await self._write()
+
+    async def close(self) -> None:
+        """Write what is left (a failure is logged: the worker is stopping) and stop."""
+        task, self._task = self._task, None
+        if task is not None:
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+        if self._pending:
+            try:
+                await self.flush()
+            except Exception as exc:  # reported: partials are ephemeral
+                log.warning("partials not written as the worker stopped", error=repr(exc))
+
+    async def _run(self) -> None:
+        """Write what gathered, every ``interval`` while anything is queued. A failure is
+        logged and that batch dropped: partials are provisional, and the attempt's end
+        (:meth:`flush`, awaited) raises what the server answers."""
+        while True:
+            await self._wake.wait()
+            await asyncio.sleep(self.interval)  # let the chunks of the interval gather
+            self._wake.clear()
+            try:
+                await self.flush()
+            except Exception as exc:  # logged; the next flush goes on
+                log.warning("partials not written", error=repr(exc), exc_info=exc)
+
+    async def _write(self) -> None:
+        batch, self._pending = self._pending, []
+        if not batch:
+            return
+        pipe = self.client.pipeline(transaction=False)
+        for key, fields in batch:
+            pipe.xadd(key, fields, maxlen=MAXLEN, approximate=True)  # type: ignore[arg-type]
+        for key in dict.fromkeys(key for key, _ in batch):
+            pipe.expire(key, TTL_S)
+        await pipe.execute()
+
+
+#: The reason code of an attempt retracted because its handler failed (raised, timed
+#: out, was cancelled) after it had shown partials.
+FAILED = "work_failed"
+
+
+async def passed(message: Message) -> None:
+    """Commit what ``message``'s handler showed: its partials and a verdict that passed
+    are on the server before its outputs are committed."""
+    writer = current()
+    if writer is not None:
+        writer.verdict(message, passed=True)
+        await writer.flush()
+
+
+async def retract(message: Message, exc: BaseException) -> None:
+    """Retract what ``message``'s handler showed before it failed with ``exc`` (the
+    reasons name the failure). Never raises: the handler's own failure is what the
+    runtime must see; a cancellation is not waited on (the verdict goes with the next
+    batch)."""
+    writer = current()
+    if writer is None:
+        return
+    code = getattr(exc, "reason_code", None)
+    if isinstance(exc, TimeoutError):
+        code = "timeout"
+    elif isinstance(exc, asyncio.CancelledError):
+        code = "cancelled"
+    writer.verdict(message, passed=False, reasons=[{
+        "code": code if isinstance(code, str) and code else FAILED, "field": "",
+        "message": describe(exc)}])
+    if isinstance(exc, Exception):
+        try:
+            await writer.flush()
+        except Exception as failed:  # the handler's own failure is raised
+            log.warning("retraction not written", error=repr(failed))
+
+
+async def verdict(message: Message, *, passed: bool,
+                  reasons: Sequence[Mapping[str, Any]]) -> None:
+    """Publish the gate's verdict on ``message``'s attempt (a validator's judgement of
+    an attempt that streamed), before what the gate commits."""
+    writer = current()
+    if writer is not None:
+        writer.verdict(message, passed=passed, reasons=reasons)
+        await writer.flush()
+

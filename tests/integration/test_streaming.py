@@ -1,0 +1,209 @@
+"""Streaming through the gate (reference: streaming through the gate), the producer's
+side on a real server: what handlers show with ``message.partial`` (or a Loop's async
+generator ``work``, or ``OpenAICompatible(stream=True)`` against a streaming server on
+loopback) reaches the run's partials stream while the attempt runs, and the gate's
+verdict commits or retracts it; none of it is an entry of the run."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from typing import Any
+
+import orjson
+import pytest
+import redis.asyncio as aioredis
+
+from printery import (
+    Client,
+    ConsumerSettings,
+    Loop,
+    Message,
+    Output,
+    Pipeline,
+    Reason,
+    StreamKeys,
+    WorkerManager,
+)
+from printery.models import OpenAICompatible
+from printery.testing import wait_for
+from support.stream_model import StreamModel, serving
+
+
+@pytest.fixture
+async def running(redis_url: str, client: aioredis.Redis, prefix: str) -> AsyncIterator[Any]:
+    """Start ``pipeline``'s workers in this process; yields a submitting client."""
+    managers: list[WorkerManager] = []
+    clients: list[Client] = []
+
+    async def start(pipeline: Pipeline) -> Client:
+        manager = WorkerManager(drain_timeout=2)
+        settings = ConsumerSettings(block_ms=100, retry_backoff_ms=10, max_deliveries=3)
+        for worker, deps in pipeline.build_workers(client=client, keys=StreamKeys(prefix),
+                                                   settings=settings):
+            manager.register(worker, deps)
+        await manager.start_all()
+        managers.append(manager)
+        submitter = Client(redis_url, stream_prefix=prefix, app=pipeline)
+        clients.append(await submitter.connect())
+        return submitter
+
+    yield start
+    for manager in managers:
+        await manager.stop_all(2)
+    for submitter in clients:
+        await submitter.aclose()
+
+
+async def shown(client: aioredis.Redis, prefix: str, run_id: str) -> list[dict[str, Any]]:
+    """The run's partials stream: each partial as (step, attempt, text), each verdict as
+    (step, attempt, passed, reasons); consecutive partials of one attempt joined (how
+    many writes the text took depends on timing)."""
+    found: list[dict[str, Any]] = []
+    for _, fields in await client.xrange(StreamKeys(prefix).of(run_id).partials(run_id)):
+        if fields["kind"] == "partial":
+            last = found[-1] if found else None
+            if (last is not None and "text" in last and last["step"] == fields["step"]
+                    and last["attempt"] == int(fields["attempt"])):
+                last["text"] += fields["text"]
+                continue
+            found.append({"step": fields["step"], "attempt": int(fields["attempt"]),
+                          "text": fields["text"]})
+        else:
+            found.append({"step": fields["step"], "attempt": int(fields["attempt"]),
+                          "passed": fields["passed"] == "1",
+                          "reasons": orjson.loads(fields["reasons"])})
+    return found
+
+
+class Streaming:
+    """A loop's streaming work: attempt n yields ``draft `` then ``n`` (attempt 1 holds
+    before its second chunk until the test lets it go); the validator passes draft 2."""
+
+    def __init__(self) -> None:
+        self.go_on = asyncio.Event()
+
+    async def work(self, message: Message) -> AsyncIterator[str]:
+        yield "draft "
+        if message.attempt == 1:
+            await self.go_on.wait()
+        yield str(message.attempt)
+
+    def validate(self, message: Message) -> list[Reason]:
+        if message.data == "draft 2":
+            return []
+        return [Reason("not_good_enough", "", f"{message.data!r} is not it")]
+
+
+async def test_a_loop_streams_each_attempt_and_its_verdict_commits_or_retracts_it(
+    running: Any, client: aioredis.Redis, prefix: str
+) -> None:
+    work = Streaming()
+    pipeline = Pipeline("answers", ingress=["request"])
+    pipeline.add(Loop("draft", consumes="request", produces="answer", work=work.work,
+                      validate=work.validate, max_attempts=3))
+    submitter = await running(pipeline)
+    run_id = await submitter.submit({"question": "why?"})
+
+    async def first_chunk() -> list[dict[str, Any]]:
+        found = await shown(client, prefix, run_id)
+        return found if found and found[0].get("text") == "draft " else []
+
+    # Live: the first chunk is on the server while the attempt still runs, no verdict yet.
+    assert await wait_for(first_chunk, timeout=10) == [
+        {"step": "draft", "attempt": 1, "text": "draft "}]
+    work.go_on.set()
+    result = await submitter.result(run_id, timeout=30)
+    assert result.status == "answer" and result.data == "draft 2"
+    assert await shown(client, prefix, run_id) == [
+        {"step": "draft", "attempt": 1, "text": "draft 1"},
+        {"step": "draft", "attempt": 1, "passed": False, "reasons": [
+            {"code": "not_good_enough", "field": "", "message": "'draft 1' is not it"}]},
+        {"step": "draft", "attempt": 2, "text": "draft 2"},
+        {"step": "draft", "attempt": 2, "passed": True, "reasons": []},
+    ]
+    # Partials are no entries of the run: the trace holds the attempts and verdicts only.
+    streams = {entry["stream"] for entry in await submitter.entries(run_id)}
+    assert streams == {"request", "draft:loop", "answer"}
+    ttl = await client.ttl(StreamKeys(prefix).partials(run_id))
+    assert 0 < ttl <= 3600
+
+
+async def test_a_plain_step_that_fails_retracts_what_it_showed_and_streams_anew(
+    running: Any, client: aioredis.Redis, prefix: str
+) -> None:
+    pipeline = Pipeline("answers", ingress=["request"])
+
+    @pipeline.step("write", consumes=["request"], produces=["answer"])
+    async def write(message: Message) -> Output:
+        await message.partial("half ")
+        if message.deliveries == 1:
+            raise RuntimeError("the model went away")
+        await message.partial("and whole")
+        return Output("answer", {"text": "half and whole"})
+
+    submitter = await running(pipeline)
+    run_id = await submitter.submit({"question": "why?"})
+    result = await submitter.result(run_id, timeout=30)
+    assert result.data == {"text": "half and whole"}
+    assert await shown(client, prefix, run_id) == [
+        {"step": "write", "attempt": 1, "text": "half "},
+        {"step": "write", "attempt": 1, "passed": False, "reasons": [
+            {"code": "work_failed", "field": "", "message": "RuntimeError: the model went away"}]},
+        {"step": "write", "attempt": 1, "text": "half and whole"},
+        {"step": "write", "attempt": 1, "passed": True, "reasons": []},
+    ]
+
+
+async def test_a_step_that_never_streams_writes_nothing_of_it(
+    running: Any, client: aioredis.Redis, prefix: str
+) -> None:
+    pipeline = Pipeline("answers", ingress=["request"])
+
+    @pipeline.step("write", consumes=["request"], produces=["answer"])
+    async def write(message: Message) -> Output:
+        return Output("answer", {"text": "done"})
+
+    submitter = await running(pipeline)
+    run_id = await submitter.submit({"question": "why?"})
+    assert (await submitter.result(run_id, timeout=30)).data == {"text": "done"}
+    assert await client.exists(StreamKeys(prefix).partials(run_id)) == 0
+
+
+async def test_openai_compatible_streams_the_chunks_and_charges_the_final_usage(
+    running: Any, client: aioredis.Redis, prefix: str
+) -> None:
+    model = StreamModel(hold=True)
+    async with serving(model):
+        llm = OpenAICompatible(model.url, "tiny-1", api_key_env=None,
+                               prices={"input": 1.0, "output": 2.0})
+        pipeline = Pipeline("answers", ingress=["request"], cost_units=["tokens", "usd"])
+
+        @pipeline.step("ask", consumes=["request"], produces=["answer"],
+                       cost_units=["tokens", "usd"])
+        async def ask(message: Message) -> Output:
+            done = await llm.complete(message, messages=[{"role": "user", "content": "?"}],
+                                      stream=True, temperature=0)
+            return Output("answer", {"text": done.text, "tokens": done.tokens})
+
+        submitter = await running(pipeline)
+        run_id = await submitter.submit({"question": "why?"})
+
+        async def before_the_last_chunk() -> list[dict[str, Any]]:
+            found = await shown(client, prefix, run_id)
+            return found if found and found[0]["text"] == "The answer is " else []
+
+        await asyncio.wait_for(model.holding.wait(), 10)
+        assert await wait_for(before_the_last_chunk, timeout=10) == [
+            {"step": "ask", "attempt": 1, "text": "The answer is "}]
+        model.release()
+        result = await submitter.result(run_id, timeout=30)
+    assert result.data == {"text": "The answer is 42.", "tokens": 11}
+    assert result.cost == {"tokens": 11, "usd": (7 * 1.0 + 4 * 2.0) / 1000}
+    assert await shown(client, prefix, run_id) == [
+        {"step": "ask", "attempt": 1, "text": "The answer is 42."},
+        {"step": "ask", "attempt": 1, "passed": True, "reasons": []},
+    ]
+    (body,) = model.requests
+    assert body["stream"] is True and body["stream_options"] == {"include_usage": True}
+    assert body["temperature"] == 0 and body["model"] == "tiny-1"
