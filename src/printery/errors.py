@@ -13,6 +13,8 @@
      +-- HandlerError           raised by handlers to steer failure handling
      |    +-- Retry             retry later, after `delay` if given (counts as a delivery)
      |    +-- Reject            never retry: dead-letter at once with a reason code
+     |         +-- QuotaExhausted  a provider's quota is gone (`quota_exhausted`): the
+     |                           fallback runs at once
      +-- OutputContractError    a step emitted what its contract does not allow (a bug:
      |                          retried like any handler error, then dead-lettered)
      +-- WorkerCrashed          raised by a handler to crash its worker on purpose, or the
@@ -131,6 +133,23 @@ class Reject(HandlerError):
     def __init__(self, reason_code: str, message: str = "") -> None:
         self.reason_code = reason_code
         super().__init__(message or reason_code)
+
+
+#: The reason code of a :class:`QuotaExhausted` entry or attempt.
+QUOTA_EXHAUSTED = "quota_exhausted"
+
+
+class QuotaExhausted(Reject):
+    """A provider will not serve this call for longer than waiting makes sense: a 402, a
+    429 naming an exhausted quota (``insufficient_quota``), or a ``Retry-After`` past
+    the caller's ``max_wait``. Asking again soon is pointless, so it is never retried:
+    a :class:`~printery.Loop` or a step wrapped with ``escalate(..., fallback=...)``
+    runs its fallback at once; elsewhere the entry is dead-lettered with reason code
+    ``quota_exhausted``. ``retry_after``: the seconds the provider named, if any."""
+
+    def __init__(self, message: str = "", *, retry_after: float | None = None) -> None:
+        self.retry_after = retry_after
+        super().__init__(QUOTA_EXHAUSTED, message)
 
 
 class OutputContractError(PrinteryError):

@@ -17,7 +17,12 @@ from printery.errors import PipelineError
 if TYPE_CHECKING:
     from printery.runtime.handler import Message
 
-__all__ = ["WINDOW_SECONDS", "Limit"]
+__all__ = ["WINDOW_SECONDS", "FallsBack", "Limit", "fallback_of", "mark_fallback"]
+
+#: Whether a step has a fallback to run for this message in place of its handler when a
+#: limit's ``max_wait`` runs out (a ``Loop`` has one for a turn that calls ``work``).
+FallsBack = Callable[["Message"], bool]
+_FALLBACK_ATTR = "__printery_falls_back__"
 
 #: The window of ``requests_per_minute`` and ``tokens_per_minute``.
 WINDOW_SECONDS = 60.0
@@ -39,6 +44,12 @@ class Limit:
     tokens of the window are below ``tokens_per_minute``: the window can go over by what
     the handlers running at that moment report (with ``concurrency`` too, at most that
     many calls' worth).
+
+    ``max_wait`` (seconds): an entry that would wait longer than that for this limit
+    runs the step's fallback instead (``escalate(..., fallback=...)``, a ``Loop``'s
+    ``fallback``), counted in ``printery_limit_fallbacks_total{limit}``; a saturated
+    provider sends work elsewhere rather than queueing it for minutes. A step without a
+    fallback waits as if no ``max_wait`` were set.
     """
 
     key: str | Callable[[Message], str]
@@ -46,6 +57,7 @@ class Limit:
     tokens_per_minute: int | None = None
     concurrency: int | None = None
     name: str | None = None
+    max_wait: float | None = None
 
     def __post_init__(self) -> None:
         if isinstance(self.key, str):
@@ -65,6 +77,11 @@ class Limit:
                                       or value < 1):
                 raise PipelineError(
                     f"Limit {self.label!r}: {what}={value!r} is not an integer >= 1")
+        wait = self.max_wait
+        if wait is not None and (isinstance(wait, bool) or not isinstance(wait, int | float)
+                                 or not wait >= 0):
+            raise PipelineError(
+                f"Limit {self.label!r}: max_wait={wait!r} is not a number of seconds >= 0")
 
     @property
     def label(self) -> str:
@@ -85,3 +102,16 @@ class Limit:
             raise PipelineError(
                 f"Limit {self.label!r}: the key function returned {key!r}, not a non-empty string")
         return key
+
+
+def mark_fallback(handler: object, falls_back: FallsBack | None) -> None:
+    """Record on ``handler`` that it has a fallback a ``max_wait`` can run (see
+    :attr:`Limit.max_wait`; None: it has none); the step built on it reads it with
+    :func:`fallback_of`."""
+    if falls_back is not None:
+        setattr(handler, _FALLBACK_ATTR, falls_back)
+
+
+def fallback_of(handler: object) -> FallsBack | None:
+    found = getattr(handler, _FALLBACK_ATTR, None)
+    return found if callable(found) else None

@@ -17,6 +17,13 @@ completion in it (no choice, or a message without content) raises
 :class:`~printery.Retry` too: the entry fails and is delivered again. A body without
 ``usage`` reports no cost at all (its tokens are unknown, not zero) and logs a warning
 once per step.
+
+A quota is not a rate limit: a 402, a 429 whose body names ``insufficient_quota``, or a
+429 whose ``Retry-After`` is longer than ``max_wait`` (default 60 s) raises
+:class:`~printery.QuotaExhausted` at once, without asking again: a call that cannot be
+served for hours (a monthly quota, a ``Retry-After`` of three days) goes to the step's
+fallback (a :class:`~printery.Loop`'s, or ``escalate(..., fallback=...)``) instead of
+being retried for as long as the entry's deliveries last.
 """
 
 from __future__ import annotations
@@ -35,7 +42,7 @@ import structlog
 
 from printery import telemetry
 from printery.backoff import compute_backoff
-from printery.errors import PipelineError, Reject, Retry
+from printery.errors import PipelineError, QuotaExhausted, Reject, Retry
 from printery.redact import MASK, register_secret
 from printery.runtime.handler import Message
 
@@ -48,6 +55,9 @@ SPAN_NAME = "model.complete"
 
 #: Status codes worth asking again: rate limited, and the server's own failures.
 _RETRYABLE = frozenset({408, 409, 429, 500, 502, 503, 504})
+#: What a 429's body says when the quota, not the rate, is what ran out (OpenAI's
+#: ``error.code`` and ``error.type``; others copy it).
+_QUOTA_MARK = "insufficient_quota"
 
 
 @dataclass(frozen=True, slots=True)
@@ -71,8 +81,10 @@ class OpenAICompatible:
     ``None``: no key, for local servers); ``prices`` are USD per 1,000 ``input`` and
     ``output`` tokens. ``timeout`` bounds one HTTP attempt; ``max_attempts`` bounds the
     attempts of one call (429/5xx), each waiting ``Retry-After`` (or a backoff) of at
-    most ``max_retry_delay`` seconds. The step must declare the cost units it reports
-    (``cost_units=["tokens", "usd"]``).
+    most ``max_retry_delay`` seconds. A 402, a 429 naming ``insufficient_quota`` and a
+    429 whose ``Retry-After`` exceeds ``max_wait`` seconds raise
+    :class:`~printery.QuotaExhausted` (not retried). The step must declare the cost
+    units it reports (``cost_units=["tokens", "usd"]``).
     """
 
     def __init__(
@@ -85,6 +97,7 @@ class OpenAICompatible:
         timeout: float = 60.0,
         max_attempts: int = 4,
         max_retry_delay: float = 30.0,
+        max_wait: float = 60.0,
         http: httpx.AsyncClient | None = None,
     ) -> None:
         unknown = set(prices or {}) - {"input", "output"}
@@ -93,6 +106,8 @@ class OpenAICompatible:
                                 "give USD per 1k tokens as {'input': ..., 'output': ...}")
         if max_attempts < 1:
             raise PipelineError(f"OpenAICompatible max_attempts={max_attempts!r}: at least 1")
+        if isinstance(max_wait, bool) or not isinstance(max_wait, int | float) or not max_wait > 0:
+            raise PipelineError(f"OpenAICompatible max_wait={max_wait!r}: a number of seconds > 0")
         self.url = base_url.rstrip("/") + "/chat/completions"
         self._host = httpx.URL(self.url).host
         self.model = model
@@ -101,6 +116,7 @@ class OpenAICompatible:
         self.timeout = timeout
         self.max_attempts = max_attempts
         self.max_retry_delay = max_retry_delay
+        self.max_wait = max_wait
         self._http = http
         #: Steps already told that this model's responses carry no usage.
         self._unmetered: set[str] = set()
@@ -158,9 +174,10 @@ class OpenAICompatible:
             detail = self._clean(f"{self.url} answered {response.status_code}: {response.text[:300]}")
             if response.status_code in (401, 403):  # the key: an operator can fix it
                 raise Retry(detail)
+            delay = _retry_after(response.headers.get("retry-after"))
+            self._quota(response, delay, detail)
             if response.status_code not in _RETRYABLE:
                 raise Reject("model_request_refused", detail)
-            delay = _retry_after(response.headers.get("retry-after"))
             if delay is None:
                 delay = compute_backoff(attempt, base_ms=500, cap_ms=self.max_retry_delay * 1000)
             if delay > self.max_retry_delay or attempt == self.max_attempts:
@@ -171,6 +188,20 @@ class OpenAICompatible:
         raise AssertionError("unreachable")  # pragma: no cover
 
     # -- internals ---------------------------------------------------------------------------
+
+    def _quota(self, response: httpx.Response, delay: float | None, detail: str) -> None:
+        """Raise :class:`QuotaExhausted` when ``response`` says the quota is gone, not the
+        rate: waiting it out would hold the entry for hours."""
+        status = response.status_code
+        if status == 402:
+            raise QuotaExhausted(detail, retry_after=delay)
+        if status != 429:
+            return
+        if _QUOTA_MARK in response.text:
+            raise QuotaExhausted(detail, retry_after=delay)
+        if delay is not None and delay > self.max_wait:
+            raise QuotaExhausted(f"{detail} (Retry-After {delay:g} s is longer than max_wait "
+                                 f"{self.max_wait:g} s)", retry_after=delay)
 
     def _key(self) -> str:
         if self.api_key_env is None:

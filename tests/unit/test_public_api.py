@@ -33,6 +33,8 @@ EXPECTED = {
     "PartitionError", "partition_of",
     # failure semantics (CONTRACT §16)
     "RUN_FAILED", "WorkerCrashed",
+    # quota-aware fallbacks (reference: flow control and model steps)
+    "QuotaExhausted",
 }
 
 

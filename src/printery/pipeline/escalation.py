@@ -7,9 +7,10 @@ from collections.abc import Callable
 
 import structlog
 
-from printery.errors import Reject, WorkerCrashed
+from printery.errors import QuotaExhausted, Reject, WorkerCrashed
 from printery.fields import review_fields
 from printery.keys import REVIEW
+from printery.limits import mark_fallback
 from printery.pipeline.review_kinds import Escalation, mark_escalation
 from printery.runtime.handler import Handler, HandlerResult, Message, Output, outputs_of
 
@@ -54,27 +55,25 @@ def escalate(
     escalation is recorded, not retried. A reviewer's approval writes ``on_approve`` (the
     run resumes there), a rejection ``on_reject``; the pipeline refuses, at build time, a
     step that escalates without declaring ``review`` and both types in its ``produces``.
+
+    A provider that says its quota is gone (:class:`~printery.QuotaExhausted`) sends the
+    entry to the ``fallback`` at once, whatever its delivery; so does a ``Limit`` whose
+    ``max_wait`` runs out (the handler is not called then). Without a fallback,
+    ``QuotaExhausted`` escalates at once to the review and ``terminal`` (when given),
+    else it dead-letters the entry with reason code ``quota_exhausted``.
     """
     if (on_approve or on_reject) and not review_kind:
         raise ValueError("escalate: on_approve/on_reject need a review_kind")
 
     async def handle(message: Message) -> HandlerResult:
-        try:
-            return await handler(message)
-        except (Reject, WorkerCrashed):
-            raise  # deliberate: dead-lettered at once / the worker crashes
-        except (Exception, SystemExit, KeyboardInterrupt) as exc:
-            if message.deliveries < attempts:
-                raise
-            failure: BaseException = exc
-        if fallback is not None:
-            try:
-                return await fallback(message)
-            except (Reject, WorkerCrashed):
-                raise
-            except (Exception, SystemExit, KeyboardInterrupt) as exc:
-                failure = exc
-                log.warning("fallback failed", worker=message.worker, error=str(exc))
+        if message.over_limit and fallback is not None:  # a limit's max_wait ran out
+            done, failure = await _fall_back(fallback, message, attempts)
+        else:
+            done, failure = await _call(handler, message, attempts)
+            if failure is not None and fallback is not None:
+                done, failure = await _fall_back(fallback, message, attempts)
+        if failure is None:
+            return done
         outputs: list[Output] = []
         if review_kind:
             outputs.append(review_output(message, kind=review_kind, reason=str(failure),
@@ -87,4 +86,48 @@ def escalate(
 
     if review_kind:
         mark_escalation(handle, Escalation(review_kind, on_approve, on_reject))
+    if fallback is not None:
+        mark_fallback(handle, _always)
     return handle
+
+
+async def _call(
+    handler: Handler, message: Message, attempts: int
+) -> tuple[HandlerResult, BaseException | None]:
+    """The handler's result, or the failure that escalates: its last delivery's, or a
+    :class:`QuotaExhausted` at once (asking again will not help). Earlier failures are
+    raised (the runtime redelivers), as are ``Reject`` and ``WorkerCrashed``
+    (deliberate: dead-lettered at once / the worker crashes)."""
+    try:
+        return await handler(message), None
+    except QuotaExhausted as exc:
+        return None, exc
+    except (Reject, WorkerCrashed):
+        raise
+    except (Exception, SystemExit, KeyboardInterrupt) as exc:
+        if message.deliveries < attempts:
+            raise
+        return None, exc
+
+
+async def _fall_back(
+    fallback: Handler, message: Message, attempts: int
+) -> tuple[HandlerResult, BaseException | None]:
+    """The fallback's result, or why it failed (then the escalation goes on)."""
+    try:
+        return await fallback(message), None
+    except QuotaExhausted as exc:  # the fallback's provider too: escalated
+        failure: BaseException = exc
+    except (Reject, WorkerCrashed):
+        raise
+    except (Exception, SystemExit, KeyboardInterrupt) as exc:
+        if message.over_limit and message.deliveries < attempts:
+            raise  # retried as a delivery, which waits for the limit again
+        failure = exc
+    log.warning("fallback failed", worker=message.worker, error=str(failure))
+    return None, failure
+
+
+def _always(message: Message) -> bool:
+    """An escalated step's fallback serves any of its entries."""
+    return True

@@ -17,6 +17,11 @@ attempt's outcome instead: a failed attempt with the reason ``work_failed`` (its
 the error), judged like one that did not pass, so a model that is down reaches the
 fallback, the review and the exhausted outcome rather than the dead-letter stream
 (reference: failures). A ``Reject`` from ``work`` still dead-letters at once: it is deliberate.
+A :class:`~printery.QuotaExhausted` is a failed attempt at once (reason
+``quota_exhausted``, no redelivery) and the loop goes to its fallback without the
+attempts left (they would meet the same quota), or, without one, to the review or the
+exhausted outcome; a turn that would wait past a ``Limit``'s ``max_wait`` runs the
+fallback in place of ``work``.
 
 Each handler call is an ordinary entry, committed atomically with what it writes (its
 own ``duration_ms`` and ``cost``), so a crash repeats at most a call that did not commit
@@ -40,7 +45,14 @@ from pydantic import BaseModel, ValidationError
 
 from printery import _json
 from printery.budgets import Budget
-from printery.errors import PipelineError, Reject, WorkerCrashed, describe
+from printery.errors import (
+    QUOTA_EXHAUSTED,
+    PipelineError,
+    QuotaExhausted,
+    Reject,
+    WorkerCrashed,
+    describe,
+)
 from printery.fields import item_fields, item_key
 from printery.keys import REVIEW
 from printery.limits import Limit
@@ -167,7 +179,17 @@ class Loop:
             input_check=(lambda data: _model_reasons(model, data)) if model is not None else None,
             loop=shape, limits=self.limits, budget=self.budget,
             timeout=self.call_timeout + TIMEOUT_GRACE,
+            falls_back=self._falls_back if self.fallback is not None else None,
         )
+
+    def _falls_back(self, message: Message) -> bool:
+        """Whether ``message``'s turn calls ``work`` (or the fallback): the turns a
+        ``max_wait`` may send to the fallback; judging an attempt waits."""
+        if message.type == self.consumes:
+            return True
+        data = message.data
+        return (message.type == self.shape.verdict_type and isinstance(data, dict)
+                and data.get("next") in (RETRY, FALLBACK))
 
     async def handle(self, message: Message) -> HandlerResult:
         """One turn of the loop, chosen by the type of the entry handled."""
@@ -176,13 +198,14 @@ class Loop:
             reasons = _model_reasons(self.input_model, data)
             if reasons:
                 raise Reject("invalid_input", _json.dumps([r.as_dict() for r in reasons]))
-            return await self._attempt(message, data, 1, [], fallback=False)
+            return await self._attempt(message, data, 1, [], fallback=bool(message.over_limit))
         if message.type == shape.attempt_type:
             return await self._judge(message, data)
         if message.type == shape.verdict_type:
             if data["next"] in (RETRY, FALLBACK):
-                return await self._attempt(message, data["input"], data["attempt"] + 1,
-                                           data["attempts"], fallback=data["next"] == FALLBACK)
+                return await self._attempt(
+                    message, data["input"], data["attempt"] + 1, data["attempts"],
+                    fallback=data["next"] == FALLBACK or bool(message.over_limit))
             return None  # decided when it was written
         raise Reject("invalid_input", f"{message.type!r} is not an entry of loop {self.name!r}")
 
@@ -194,10 +217,15 @@ class Loop:
         entry: dict[str, Any] = {"attempt": n, "fallback": fallback, "data": None,
                                  "input": given, "feedback": list(feedback)}
         label = "fallback" if fallback else "work"
+        if message.over_limit:
+            entry["over_limit"] = message.over_limit
         try:
             try:
                 async with asyncio.timeout(self.call_timeout):
                     entry["data"] = await _output(run(seen), seen)
+            except QuotaExhausted as exc:  # asking again will not help: judged now
+                entry["failed"] = _failure(message, exc, f"{label} raised {describe(exc)}",
+                                           QUOTA_EXHAUSTED)
             except (Reject, WorkerCrashed):
                 raise  # deliberate: dead-lettered at once / the worker crashes
             except TimeoutError as exc:
@@ -238,9 +266,10 @@ class Loop:
         if fallback:
             record["fallback"] = True
         attempts = [*feedback, record]
+        quota = isinstance(failed, dict) and failed.get("code") == QUOTA_EXHAUSTED
         if not reasons:
             then = PASSED
-        elif not fallback and n < shape.max_attempts:
+        elif not fallback and n < shape.max_attempts and not quota:
             then = RETRY
         elif not fallback and shape.fallback:
             then = FALLBACK
@@ -314,20 +343,21 @@ async def _settled(value: Any) -> Any:
     return await value if inspect.isawaitable(value) else value
 
 
-def _failure(message: Message, exc: BaseException, said: str) -> dict[str, str]:
+def _failure(message: Message, exc: BaseException, said: str,
+             code: str = WORK_FAILED) -> dict[str, str]:
     """The reason of a failed attempt (what its verdict and feedback show), logged with
     its traceback: the runtime does not see this failure."""
     log.warning("loop attempt failed", worker=message.worker, entry_id=message.entry_id,
                 correlation_id=message.correlation_id, deliveries=message.deliveries,
                 error=said, exc_info=exc)
-    return {"code": WORK_FAILED, "field": "", "message": said}
+    return {"code": code, "field": "", "message": said}
 
 
 def _last_output(attempts: Sequence[Mapping[str, Any]]) -> Any:
     """The output of the last attempt that produced one (a failed attempt has none)."""
     for record in reversed(attempts):
         reasons = record["reasons"]
-        if not (len(reasons) == 1 and reasons[0]["code"] == WORK_FAILED
+        if not (len(reasons) == 1 and reasons[0]["code"] in (WORK_FAILED, QUOTA_EXHAUSTED)
                 and record["data"] is None):
             return record["data"]
     return None

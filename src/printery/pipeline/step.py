@@ -20,7 +20,7 @@ from printery.budgets import Budget
 from printery.errors import OutputContractError, PipelineError, Reject
 from printery.fields import REJECT_TYPE, RESUME_TYPE
 from printery.keys import REVIEW
-from printery.limits import Limit
+from printery.limits import FallsBack, Limit, fallback_of, mark_fallback
 from printery.pipeline.reason import Reason
 from printery.runtime.handler import Handler, HandlerResult, Message, outputs_of
 from printery.runtime.partials import passed, retract
@@ -162,6 +162,10 @@ class Step:
     #: ``reason_code`` ``timeout`` (reference: failures); None: ``[workers.<step>] timeout``,
     #: else the default (300 s).
     timeout: float | None = None
+    #: Whether the step has a fallback to run for a message in place of its handler when
+    #: a limit's ``max_wait`` runs out (None: found on ``handler``, as ``escalate`` marks
+    #: it; else none).
+    falls_back: FallsBack | None = None
 
     def input_reasons(self, data: Any) -> list[Reason]:
         """Why ``data`` is not valid input of this step (empty: it is)."""
@@ -181,6 +185,8 @@ class Step:
         check_concurrency(f"step {self.name!r}", self.concurrency)
         check_timeout(f"step {self.name!r}", self.timeout)
         self.limits = tuple(self.limits)
+        if self.falls_back is None:
+            self.falls_back = fallback_of(self.handler)
         for limit in self.limits:
             if not isinstance(limit, Limit):
                 raise PipelineError(f"step {self.name!r}: limits holds {limit!r}, not a Limit")
@@ -224,6 +230,7 @@ class Step:
                 await passed(message)
             return outputs
 
+        mark_fallback(handle, self.falls_back)  # for the runtime's limit gate
         return handle
 
 

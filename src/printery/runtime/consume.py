@@ -249,7 +249,7 @@ class EntryPipeline:
         while True:
             if ticket is not None and not ticket.admitted:
                 assert gate is not None
-                await self.connectivity.retrying(functools.partial(gate.admit, ticket))
+                await self.connectivity.retrying(functools.partial(gate.admit, ticket, message))
             if not delivery.slot and not delivery.try_take_slot():
                 await delivery.take_slot()
             if in_flight.running < in_flight.limit:

@@ -14,6 +14,11 @@ within the visibility timeout. A release waits up to :data:`RELEASE_REPORT_SECON
 request to ride with (a busy step's next batch asks sooner), so a gate sends one request
 per batch, not two; when no limit key is a function, every call holds the same slots, and
 releases are counted and given back in one go as that request is made.
+
+A limit with ``max_wait`` lets an entry give up waiting for it: when the step has a
+fallback for that entry, the wait ends once it passes ``max_wait`` (or at once when the
+window's reply says it would), and the call runs the fallback instead, without the slot
+or the window: it is another provider's call.
 """
 
 from __future__ import annotations
@@ -22,7 +27,7 @@ import asyncio
 import os
 import random
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 import structlog
@@ -64,15 +69,17 @@ class Ticket:
     :meth:`LimitGate.release` makes it a new claim). ``wait``: the last request's reply
     for it (0 admitted, else the ms until the window can admit it, or
     :data:`WAIT_FOR_SLOT`); ``held``: what held it back since it asked; ``abandoned``:
-    its caller is gone, so an admission that comes now is given back at once."""
+    its caller is gone, so an admission that comes now is given back at once; ``gave_up``:
+    its call runs the step's fallback instead (a ``max_wait`` ran out), holding nothing."""
 
-    __slots__ = ("abandoned", "admitted", "bounds", "held", "since", "wait")
+    __slots__ = ("abandoned", "admitted", "bounds", "gave_up", "held", "since", "wait")
 
     def __init__(self, bounds: tuple[Bound, ...], since: float) -> None:
         self.bounds = bounds
         self.since = since
         self.admitted = False
         self.abandoned = False
+        self.gave_up = False
         self.wait = 0
         #: What held it back since it asked (:data:`HELD_BY_SLOT`, :data:`HELD_BY_WINDOW`).
         self.held = 0
@@ -85,7 +92,7 @@ class LimitGate:
 
     def __init__(
         self, store: LimitStore, keys: StreamKeys, limits: Sequence[Limit], *, worker: str,
-        observer: Observer,
+        observer: Observer, falls_back: Callable[[Message], bool] | None = None,
     ) -> None:
         self.store = store
         self.keys = keys
@@ -115,6 +122,9 @@ class LimitGate:
         self._counts_tokens = any(limit.tokens_per_minute for limit in self.limits)
         #: Which limit holds an entry, and how long entries waited for each.
         self.waits = LimitWaits(self.limits, worker, observer)
+        #: Whether an entry may give up waiting (a limit has ``max_wait``) for the step's
+        #: fallback; None: every entry waits until admitted.
+        self._falls_back = falls_back if self.waits.max_wait else None
 
     def tickets(
         self, count: int, messages: Iterable[Message]
@@ -156,14 +166,18 @@ class LimitGate:
                 self._abandon(ticket)
             raise
 
-    async def admit(self, ticket: Ticket) -> None:
-        """Wait until ``ticket`` is admitted. Connection errors are raised (the caller
-        retries with the same ticket: what a lost reply admitted, the next report gives
-        back)."""
+    async def admit(self, ticket: Ticket, message: Message | None = None) -> None:
+        """Wait until ``ticket`` is admitted, or, for ``message`` of a step with a fallback
+        for it, until a limit's ``max_wait`` runs out: then the ticket has ``gave_up``
+        and ``message.over_limit`` names the limit. Connection errors are raised (the
+        caller retries with the same ticket: what a lost reply admitted, the next report
+        gives back)."""
         self._slot_waiters += 1  # a release wakes it (cheaper than an event per release)
         if not ticket.since:
             ticket.since = time.perf_counter()  # a retry's claim: its wait starts now
         waiting = 0  # what holds it, as counted in `waiting`
+        falls_back = self._falls_back
+        may_give_up = falls_back is not None and message is not None and falls_back(message)
         try:
             while not ticket.admitted:
                 freed = self._freed
@@ -171,6 +185,14 @@ class LimitGate:
                 if ticket.admitted:
                     break
                 held = HELD_BY_SLOT if ticket.wait == WAIT_FOR_SLOT else HELD_BY_WINDOW
+                if may_give_up:
+                    assert message is not None
+                    over = self.waits.gives_up(held, time.perf_counter() - ticket.since,
+                                               max(ticket.wait, 0) / 1000)
+                    if over:
+                        ticket.gave_up = True
+                        message.over_limit = over
+                        break
                 if held != waiting:
                     if waiting:
                         self.waits.count_waiting(waiting, -1)
@@ -194,6 +216,11 @@ class LimitGate:
         """The handler call is over: give back its slots and charge the tokens it
         reported (sent with the next round trip, which starts now if none is on the wire).
         The ticket is then the claim of a next call (a retry) under the same keys."""
+        if ticket.gave_up:  # the fallback ran: it held nothing here, and its tokens are
+            ticket.gave_up = False  # another provider's
+            ticket.since = 0.0
+            ticket.held = 0
+            return
         if ticket.admitted:
             ticket.admitted = False
             if self._static_slots is None:

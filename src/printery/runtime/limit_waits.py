@@ -1,5 +1,6 @@
 """Which limit holds an entry, and how long entries waited for each (``/status``'s
-``limits`` and ``printery_limit_wait_seconds{limit}``): the bookkeeping of one step's
+``limits`` and ``printery_limit_wait_seconds{limit}``), and which ``max_wait`` an entry
+gives up at (``printery_limit_fallbacks_total{limit}``): the bookkeeping of one step's
 :class:`~printery.runtime.limit_gate.LimitGate`, apart from its admissions."""
 
 from __future__ import annotations
@@ -57,6 +58,15 @@ class LimitWaits:
                            for held in (1, 2, 3)}
         self.waiting = dict.fromkeys(labels, 0)
         self.waited = dict.fromkeys(labels, 0.0)
+        #: Per kind of wait: the shortest ``max_wait`` of the limits that can hold an entry
+        #: that way, and that limit's label (none: such a wait is waited out).
+        self.max_wait: dict[int, tuple[float, str]] = {}
+        for held in (HELD_BY_SLOT, HELD_BY_WINDOW):
+            bounded = sorted((limit.max_wait, label) for limit, label, can
+                             in zip(limits, labels, holds, strict=True)
+                             if limit.max_wait is not None and can & held)
+            if bounded:
+                self.max_wait[held] = bounded[0]
 
     def count_waiting(self, held: int, change: int) -> None:
         """Count a call waiting (``change`` 1) or no longer (-1) for what ``held`` it."""
@@ -76,6 +86,15 @@ class LimitWaits:
                         for w, h in zip(waits, held, strict=True)]
                 self.waited[label] += sum(mine)
                 self.observer.limit_waited(self.worker, label, mine)
+
+    def gives_up(self, held: int, waited: float, ahead: float) -> str:
+        """The label of the limit whose ``max_wait`` a call held by ``held`` passes, having
+        waited ``waited`` seconds with ``ahead`` more known to come ("": none)."""
+        bound = self.max_wait.get(held)
+        if bound is None or waited + ahead <= bound[0]:
+            return ""
+        self.observer.limit_fallback(self.worker, bound[1])
+        return bound[1]
 
     def status(self) -> dict[str, dict[str, float]]:
         return {label: {"waiting": self.waiting[label], "waited_s": round(self.waited[label], 3)}

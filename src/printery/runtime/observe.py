@@ -26,6 +26,10 @@ class Observer(Protocol):
         """Handler calls of a limited step were admitted together, each after its
         ``seconds`` of waiting."""
 
+    def limit_fallback(self, worker: str, limit: str) -> None:
+        """A handler call ran the step's fallback: it would have waited past ``limit``'s
+        ``max_wait``."""
+
 
 class NullObserver:
     def processed(self, worker: str, outcome: str, seconds: float) -> None:
@@ -44,4 +48,7 @@ class NullObserver:
         pass
 
     def limit_waited(self, worker: str, limit: str, seconds: Sequence[float]) -> None:
+        pass
+
+    def limit_fallback(self, worker: str, limit: str) -> None:
         pass

@@ -32,7 +32,7 @@ from printery._util import consumer_name, log_failure, stop_tasks, where
 from printery.budgets import BudgetPlan
 from printery.envelope import Codec
 from printery.keys import StreamKeys
-from printery.limits import Limit
+from printery.limits import Limit, fallback_of
 from printery.run_index import RunIndex
 from printery.runtime.budget_guard import BudgetGuard
 from printery.runtime.connectivity import Connectivity
@@ -157,7 +157,7 @@ class StreamWorker:
             store = LimitStore(self.client, window_ms=int(window_seconds() * 1000),
                                lease_ms=int(self.settings.visibility_timeout * 1000))
             self._gate = LimitGate(store, self.keys, self.limits, worker=self.name,
-                                   observer=self.observer)
+                                   observer=self.observer, falls_back=fallback_of(self.handler))
         lanes = self._lanes = Lanes(self.keys, lambda keys: self._lane(keys, connectivity))
         holdings = Holdings(self._consumers, self._leases, self.settings, self._gate)
         intake = Intake(self.name, client=self.client, consumers=self._consumers,
