@@ -21,52 +21,39 @@ setting or the same default, without writing it.
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Iterable
-from typing import Any, cast
-
-import redis.asyncio as aioredis
-from redis.asyncio.cluster import RedisCluster
+from collections.abc import Iterable
 
 from printery._util import now_rfc3339
 from printery.config import Settings
 from printery.errors import ConfigError
 from printery.keys import MAX_PARTITIONS, StreamKeys
+from printery.store import Redis
+from printery.store.layout import existing_streams, master_count, read_layout, record_layout
 from printery.transport.streams import one_slot
 
-__all__ = ["LAYOUT_LUA", "default_partitions", "read_partitions", "resolve_keys"]
-
-#: Write the layout once: the recorded count, whoever asked first.
-LAYOUT_LUA = """
-if redis.call('EXISTS', KEYS[1]) == 0 then
-  redis.call('HSET', KEYS[1], 'partitions', ARGV[1], 'written_at', ARGV[2],
-             'written_by', ARGV[3], 'source', ARGV[4])
-end
-return redis.call('HGET', KEYS[1], 'partitions')
-"""
+__all__ = ["default_partitions", "read_partitions", "resolve_keys"]
 
 #: Partitions per master on a cluster with no setting (README, "Choosing N").
 PER_MASTER = 3
 
 
-async def read_partitions(client: aioredis.Redis, prefix: str) -> int | None:
+async def read_partitions(client: Redis, prefix: str) -> int | None:
     """The partition count recorded for ``prefix``, None when there is no record."""
-    raw = await cast(Awaitable[Any], client.hget(StreamKeys(prefix).layout, "partitions"))
+    raw = await read_layout(client, prefix)
     return None if raw is None else _count(prefix, raw)
 
 
-async def default_partitions(client: aioredis.Redis) -> tuple[int, str]:
+async def default_partitions(client: Redis) -> tuple[int, str]:
     """What a first start with no setting records, and why: 3 x the master count on a
     cluster, 1 on one server."""
-    if not one_slot(client):
+    masters = await master_count(client)
+    if masters is None:
         return 1, "one server"
-    cluster = cast(RedisCluster, client)
-    await cluster.initialize()
-    masters = len(cluster.get_primaries())
     return min(MAX_PARTITIONS, max(2, PER_MASTER * masters)), f"{PER_MASTER} x {masters} masters"
 
 
 async def resolve_keys(
-    client: aioredis.Redis, settings: Settings, *, event_types: Iterable[str] = (),
+    client: Redis, settings: Settings, *, event_types: Iterable[str] = (),
     writer: str | None = None, setting_source: str | None = None,
 ) -> StreamKeys:
     """The keys of ``settings``'s prefix in its recorded layout. ``writer`` (a
@@ -83,8 +70,8 @@ async def resolve_keys(
         else:
             await _refuse_to_guess(client, prefix, event_types)
             count, source = await default_partitions(client)
-        raw = await cast(Awaitable[Any], client.eval(
-            LAYOUT_LUA, 1, StreamKeys(prefix).layout, str(count), now_rfc3339(), writer, source))
+        raw = await record_layout(client, prefix, count, written_at=now_rfc3339(),
+                                  writer=writer, source=source)
         recorded = _count(prefix, raw)
     if recorded is None:  # a reader before any worker: what the first worker would record
         recorded = given if given is not None else (await default_partitions(client))[0]
@@ -100,17 +87,11 @@ async def resolve_keys(
     return StreamKeys(prefix, recorded)
 
 
-async def _refuse_to_guess(client: aioredis.Redis, prefix: str, event_types: Iterable[str]) -> None:
+async def _refuse_to_guess(client: Redis, prefix: str, event_types: Iterable[str]) -> None:
     """Streams of partition 0 exist and nobody recorded how many partitions there are:
     a default could be another count than theirs (migration needs the setting once)."""
     part0 = StreamKeys(prefix, 2, 0)  # partition 0's names are the same for every N >= 2
-    streams = [part0.stream(event_type) for event_type in event_types]
-    if not streams:
-        return
-    async with client.pipeline(transaction=False) as pipe:
-        for stream in streams:
-            pipe.exists(stream)
-        found = [stream for stream, n in zip(streams, await pipe.execute(), strict=True) if n]
+    found = await existing_streams(client, [part0.stream(event_type) for event_type in event_types])
     if found:
         raise ConfigError(
             "transport.partitions", None,
@@ -119,8 +100,7 @@ async def _refuse_to_guess(client: aioredis.Redis, prefix: str, event_types: Ite
             "(--partitions N, PRINTERY_PARTITIONS or [transport] partitions); it is then recorded")
 
 
-def _count(prefix: str, raw: Any) -> int:
-    text = raw.decode() if isinstance(raw, bytes) else str(raw)
+def _count(prefix: str, text: str) -> int:
     if not text.isdigit() or not 1 <= int(text) <= MAX_PARTITIONS:
         raise ConfigError(f"{prefix}:layout", text, f"a partition count 1..{MAX_PARTITIONS}")
     return int(text)

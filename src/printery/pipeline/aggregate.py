@@ -17,9 +17,9 @@ import contextlib
 import inspect
 import time
 import traceback
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from typing import Any, cast
+from typing import Any
 
 import structlog
 
@@ -30,22 +30,15 @@ from printery.errors import PipelineError
 from printery.keys import StreamKeys
 from printery.pipeline.step import Step, check_concurrency
 from printery.runtime.handler import HandlerResult, Message, Output
-from printery.runtime.stream_worker import StreamWorker
+from printery.runtime.step_context import StepContext
 from printery.runtime.writes import dead_letter_write
-from printery.transport.dead_letter import write_dead_letter
-from printery.transport.streams import CONNECTION_ERRORS, Scripts
+from printery.store.joins import JoinStore, arrivals
+from printery.store.outage import UNREACHABLE
 
 log = structlog.get_logger("printery.aggregate")
 
-OPENED_AT, ATTEMPTS, MERGE_FAILED = "__opened_at", "__sweep_attempts", "merge_failed"
+MERGE_FAILED = "merge_failed"
 SWEEP_BATCH, SWEEP_LEASE_MS, TRACEBACK_LIMIT = 100, 10_000, 4000
-
-#: Due joins (score <= ARGV[1]), at most ARGV[3], leased to the caller until ARGV[2].
-TAKE_DUE = """
-local due = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', ARGV[1], 'LIMIT', 0, ARGV[3])
-for _, cid in ipairs(due) do redis.call('ZADD', KEYS[1], 'XX', ARGV[2], cid) end
-return due
-"""
 
 
 class JoinFailed(Exception):
@@ -191,8 +184,8 @@ class Aggregator:
         self.concurrency = concurrency
         self.on_timeout = on_timeout
         self.extra_produces = tuple(extra_produces)
-        self._worker: StreamWorker | None = None
-        self._script_runner: Scripts | None = None
+        self._context: StepContext | None = None
+        self._joins: JoinStore | None = None
 
     def step(self) -> Step:
         return Step(
@@ -201,102 +194,89 @@ class Aggregator:
             produces=(self.emits, *self.extra_produces),
             handler=self.handle,
             concurrency=self.concurrency,
-            companions=(self._bind, self.sweep),
+            companions=(self.sweep,),
+            on_context=self._bind,
             # One join evaluation at a time per consumer, so a branch that arrives after the
             # decision sees it and is recorded as late; across consumers the ``once`` guard
             # still keeps the result unique.
             settings={"parallel": 1},
         )
 
-    async def _bind(self, worker: StreamWorker) -> None:
-        self._worker = worker
-
-    def _scripts(self, worker: StreamWorker) -> Scripts:
-        if self._script_runner is None:
-            self._script_runner = Scripts(worker.client)
-        return self._script_runner
+    def _bind(self, context: StepContext) -> None:
+        """The worker built for this step: where the joins live (before it runs)."""
+        self._context = context
+        self._joins = JoinStore(context.store, self.name, ttl_s=self.ttl_s)
 
     def _once(self, correlation_id: str) -> str:
         return f"{self.emits}:{correlation_id}"
 
     def _state(self, correlation_id: str, raw: Mapping[str, str], *, timed_out: bool = False) -> JoinState:
-        arrived = {k: _json.loads(v) for k, v in raw.items() if not k.startswith(("__", "late:"))}
+        arrived = {k: _json.loads(v) for k, v in arrivals(raw).items()}
         closed_by = next((n for n in self.closes.values() if n in raw), None)
         names = (self.opens_as, *self.branches.values())
         missing = tuple(b for b in names if b not in arrived) if timed_out else ()
         return JoinState(correlation_id, arrived, names, closed_by, timed_out, missing)
 
     async def handle(self, message: Message) -> HandlerResult:
-        worker = self._require_worker()
+        context, joins = self._require_context()
         cid, kind = message.correlation_id, message.type
-        keys = worker.keys.of(cid)  # a run's join state lives in its partition
-        join_key = keys.join(self.name, cid)
-        once_key = keys.once(self._once(cid))
+        keys = context.keys.of(cid)  # a run's join state lives in its partition
         slot = self.opens_as if kind == self.opens else self.branches.get(kind) or self.closes[kind]
-        async with worker.client.pipeline(transaction=True) as pipe:
-            pipe.exists(once_key)
-            pipe.hsetnx(join_key, slot, _json.dumps(message.data))
-            if kind == self.opens:
-                opened_ms = int(parse_rfc3339(message.envelope.produced_at).timestamp() * 1000)
-                pipe.hsetnx(join_key, OPENED_AT, str(opened_ms))
-                pipe.zadd(keys.join_deadlines(self.name),
-                          {cid: opened_ms + int(self.deadline * 1000)}, nx=True)
-            pipe.expire(join_key, self.ttl_s)
-            pipe.hgetall(join_key)
-            results = await pipe.execute()
-        if results[0]:
+        opened_ms = None
+        if kind == self.opens:
+            opened_ms = int(parse_rfc3339(message.envelope.produced_at).timestamp() * 1000)
+        decided, raw = await joins.arrive(
+            keys, cid, once=keys.once(self._once(cid)), slot=slot, data=_json.dumps(message.data),
+            opened_ms=opened_ms, deadline_ms=(opened_ms or 0) + int(self.deadline * 1000))
+        if decided:
             # Already decided: record the late arrival, emit nothing.
-            await cast(Awaitable[int], worker.client.hset(
-                join_key, f"late:{slot}", message.envelope.produced_at))
+            await joins.late(keys, cid, slot, message.envelope.produced_at)
             log.info("late arrival recorded", worker=self.name, correlation_id=cid, branch=slot)
             return None
-        merged = self.policy(self._state(cid, results[-1]))
+        merged = self.policy(self._state(cid, raw))
         if merged is None:
             return None
         return Output(self.emits, merged, correlation_id=cid, once=self._once(cid))
 
-    def _require_worker(self) -> StreamWorker:
-        if self._worker is None:
-            raise RuntimeError("aggregator used before its worker started")
-        return self._worker
+    def _require_context(self) -> tuple[StepContext, JoinStore]:
+        if self._context is None or self._joins is None:
+            raise RuntimeError("aggregator used before a worker was built for it")
+        return self._context, self._joins
 
-    async def sweep(self, worker: StreamWorker) -> None:
+    async def sweep(self, context: StepContext) -> None:
         """Finish joins whose deadline passed, with the missing branches named."""
+        joins = JoinStore(context.store, self.name, ttl_s=self.ttl_s)  # its script loaded once
         while True:
             await idle(self.sweep_interval)
-            with contextlib.suppress(*CONNECTION_ERRORS):
-                await self.sweep_once(worker)
+            with contextlib.suppress(*UNREACHABLE):
+                await self.sweep_once(context, joins)
 
-    async def sweep_once(self, worker: StreamWorker) -> int:
+    async def sweep_once(self, context: StepContext, joins: JoinStore | None = None) -> int:
         """Finish (or fail) due joins of every partition; the results written. A
         connection error ends it."""
         finished = 0
-        for keys in worker.keys.each():
-            finished += await self._sweep_partition(worker, keys)
+        joins = joins or JoinStore(context.store, self.name, ttl_s=self.ttl_s)
+        for keys in context.keys.each():
+            finished += await self._sweep_partition(context, joins, keys)
         return finished
 
-    async def _sweep_partition(self, worker: StreamWorker, keys: StreamKeys) -> int:
-        client = worker.client
-        deadlines, now_ms = keys.join_deadlines(self.name), int(time.time() * 1000)
-        due = await cast(Awaitable[list[str]], client.eval(
-            TAKE_DUE, 1, deadlines, str(now_ms), str(now_ms + SWEEP_LEASE_MS), str(SWEEP_BATCH)))
+    async def _sweep_partition(self, context: StepContext, joins: JoinStore, keys: StreamKeys) -> int:
+        due = await joins.take_due(keys, int(time.time() * 1000), lease_ms=SWEEP_LEASE_MS,
+                                   batch=SWEEP_BATCH)
         finished = 0
         for cid in due:
-            async with client.pipeline(transaction=False) as pipe:
-                pipe.exists(keys.once(self._once(cid)))
-                pipe.hgetall(keys.join(self.name, cid))
-                decided, raw = await pipe.execute()
+            decided, raw = await joins.read(keys, cid, keys.once(self._once(cid)))
             if not decided:
                 try:
-                    finished += await worker.emit(self._decide(cid, raw), correlation_id=cid)
-                except CONNECTION_ERRORS:
+                    finished += await context.emit(self._decide(cid, raw), correlation_id=cid)
+                except UNREACHABLE:
                     raise
                 except Exception as exc:  # the policy's (JoinFailed), or outputs not writable
-                    await self._failed(worker, cid, raw, exc)
+                    await self._failed(context, joins, cid, raw, exc)
                     continue
                 log.warning("join finished at its deadline", worker=self.name,
                             correlation_id=cid, arrived=sorted(raw))
-            await client.zrem(deadlines, cid)
+            await joins.done(keys, cid)
         return finished
 
     def _decide(self, cid: str, raw: Mapping[str, str]) -> list[Output]:
@@ -310,45 +290,41 @@ class Aggregator:
             raise JoinFailed("the merge policy made no decision at the join's deadline")
         return [Output(self.emits, merged, correlation_id=cid, once=self._once(cid)), *extra]
 
-    async def _failed(self, worker: StreamWorker, cid: str, raw: Mapping[str, str],
-                      exc: Exception) -> None:
+    async def _failed(self, context: StepContext, joins: JoinStore, cid: str,
+                      raw: Mapping[str, str], exc: Exception) -> None:
         """Count a failed attempt at deciding a join: retry it later with backoff, or after
         ``max_deliveries`` attempts dead-letter it."""
         if isinstance(exc, JoinFailed) and isinstance(exc.__cause__, Exception):
             exc = exc.__cause__
-        keys, settings = worker.keys.of(cid), worker.settings
+        keys, settings = context.keys.of(cid), context.settings
         error = f"{type(exc).__name__}: {exc}"
-        async with worker.client.pipeline(transaction=True) as pipe:
-            pipe.hincrby(keys.join(self.name, cid), ATTEMPTS, 1)
-            pipe.expire(keys.join(self.name, cid), self.ttl_s)
-            attempt, _ = await pipe.execute()
+        attempt = await joins.failed_attempt(keys, cid)
         log.error("join failed at its deadline", worker=self.name, correlation_id=cid,
                   attempt=attempt, max_deliveries=settings.max_deliveries, error=error, exc_info=exc)
         if attempt < settings.max_deliveries:
             delay = compute_backoff(attempt, base_ms=settings.retry_backoff_ms,
                                     cap_ms=settings.retry_backoff_cap_ms)
-            await worker.client.zadd(keys.join_deadlines(self.name),
-                                     {cid: int((time.time() + delay) * 1000)}, xx=True)
+            await joins.due_again(keys, cid, int((time.time() + delay) * 1000))
             return
         # Still leased by this sweep: no one else takes it; due again if the dlq write fails.
         # Its dead letter ends the run (``run:failed``), once (the join's own guard).
-        fields = worker.codec.new_fields(
+        fields = context.codec.new_fields(
             self.emits, self._state(cid, raw).arrived, correlation_id=cid, producer=self.name,
             idempotency_key=f"{self.emits}:{cid}")
         letter = replace(dead_letter_write(
-            keys, worker.codec, group=self.name, stream=keys.stream(self.opens), entry_id="",
+            keys, context.codec, group=self.name, stream=keys.stream(self.opens), entry_id="",
             consumer="", fields=fields, reason_code=MERGE_FAILED, error=error,
             deliveries=attempt,
             traceback="".join(traceback.format_exception(exc))[-TRACEBACK_LIMIT:],
-            index=None if worker.index is None else worker.index.within(keys),
+            index=None if context.index is None else context.index.within(keys),
         ), once=keys.once(self._once(cid)), once_ttl_ms=int(settings.record_ttl * 1000))
         try:
-            written = await write_dead_letter(self._scripts(worker), letter) is not None
-        except CONNECTION_ERRORS:
+            written = await joins.dead_letter(letter)
+        except UNREACHABLE:
             raise
         except Exception:
             log.exception("could not dead-letter a failed join", worker=self.name, correlation_id=cid)
             return
-        await worker.client.zrem(keys.join_deadlines(self.name), cid)
+        await joins.done(keys, cid)
         log.error("join dead-lettered" if written else "join was decided meanwhile",
                   worker=self.name, correlation_id=cid, reason_code=MERGE_FAILED, deliveries=attempt)

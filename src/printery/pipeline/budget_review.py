@@ -2,7 +2,7 @@
 a run held over a ``review`` budget does.
 
 An approval raises the limit once and, in the decision's transaction, puts every held
-entry back on its source stream (:data:`RELEASE_LUA`), typed as it was (a loop's attempt
+entry back on its source stream (:data:`RELEASE`), typed as it was (a loop's attempt
 goes back to ``<loop>:loop`` as ``<loop>:attempt``), for its step alone; it frees the
 guard, so a later breach of the raised limit asks again. A rejection writes
 ``budget:exceeded`` and keeps the guard taken while the run's budget lives: the entries
@@ -39,43 +39,17 @@ from printery.pipeline.review_kinds import (
 )
 from printery.runtime.handler import Output
 from printery.transport.commit import encode_amount
+from printery.transport.scripts import script
 
-__all__ = ["REJECTED_KEEP_MS", "REJECT_LUA", "RELEASE_LUA", "budget_review_kind"]
+__all__ = ["REJECT", "REJECTED_KEEP_MS", "RELEASE", "budget_review_kind"]
 
 #: Milliseconds a rejected run's held entries and review guard are kept when its budget
 #: hash has no expiry to go by (the default idempotency record ttl).
 REJECTED_KEEP_MS = 7 * 86400 * 1000
 
-#: An approval's release (KEYS[1]: the run's held stream; ARGV[1]: :data:`HELD_FROM`):
-#: every held entry is added back to the stream it came from, without that field, and the
-#: held stream is deleted; the number released. In the decision's MULTI: atomic with the
-#: raise and with every commit that holds an entry.
-RELEASE_LUA = """
-local n = 0
-for _, entry in ipairs(redis.call('XRANGE', KEYS[1], '-', '+')) do
-  local f, to, out = entry[2], nil, {}
-  for i = 1, #f, 2 do
-    if f[i] == ARGV[1] then to = f[i + 1] else out[#out + 1] = f[i]; out[#out + 1] = f[i + 1] end
-  end
-  if to then
-    redis.call('XADD', to, '*', unpack(out))
-    n = n + 1
-  end
-end
-redis.call('DEL', KEYS[1])
-return n
-"""
-
-#: A rejection (KEYS: the held stream, the review guard, the run's budget hash; ARGV[1]:
-#: :data:`REJECTED_KEEP_MS`): the guard stays taken, and the held entries are kept, as
-#: long as the run's budget hash lives (else ARGV[1] ms); no later hold asks again.
-REJECT_LUA = """
-local ttl = redis.call('PTTL', KEYS[3])
-if ttl <= 0 then ttl = tonumber(ARGV[1]) end
-redis.call('SET', KEYS[2], 'rejected', 'PX', ttl)
-if redis.call('EXISTS', KEYS[1]) == 1 then redis.call('PEXPIRE', KEYS[1], ttl) end
-return ttl
-"""
+#: An approval's release (``budget_release.lua``, in the decision's MULTI) and a
+#: rejection's hold (``budget_reject.lua``).
+RELEASE, REJECT = script("budget_release"), script("budget_reject")
 
 
 # -- the review kind --------------------------------------------------------------------------
@@ -99,7 +73,7 @@ def budget_review_kind() -> ReviewKind:
         if held_in is None:  # a review of an earlier version: it held the entry it shows
             return ReviewOutcome([_held_copy(case)], detail=f"limit raised by {raise_by:g}",
                                  commands=commands)
-        commands += [("EVAL", RELEASE_LUA, 1, held_in, HELD_FROM),
+        commands += [RELEASE.command([held_in], [HELD_FROM]),
                      ("DEL", keys.once(review_guard(run, field)))]
         return ReviewOutcome(
             detail=f"limit raised by {raise_by:g}; the entries the run held run again",
@@ -115,10 +89,10 @@ def budget_review_kind() -> ReviewKind:
         commands: list[tuple[Any, ...]] = []
         if case.keys is not None:
             keys, run = case.keys, case.correlation_id
-            commands.append((
-                "EVAL", REJECT_LUA, 3, keys.stream(held_type(run)),
-                keys.once(review_guard(run, fields.get(BUDGET_FIELD, ""))), keys.budget(run),
-                REJECTED_KEEP_MS))
+            commands.append(REJECT.command(
+                [keys.stream(held_type(run)),
+                 keys.once(review_guard(run, fields.get(BUDGET_FIELD, ""))), keys.budget(run)],
+                [REJECTED_KEEP_MS]))
         return ReviewOutcome([Output(
             BUDGET_EXCEEDED, data, correlation_id=case.correlation_id,
             idempotency_key=f"{BUDGET_EXCEEDED}:{case.correlation_id}",

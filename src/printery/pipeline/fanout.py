@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import inspect
 import reprlib
-from collections.abc import Awaitable, Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal, cast
 
@@ -36,12 +36,13 @@ from printery import _json
 from printery.budgets import Budget
 from printery.errors import PipelineError, Reject
 from printery.fields import ITEM, ITEM_FAILED, ITEMS, MAP, ON_ITEM_FAILURE, item_fields, item_key
-from printery.keys import RUN_FAILED, item_type, result_type
+from printery.keys import RUN_FAILED, StreamKeys, item_type, result_type
 from printery.limits import Limit
 from printery.pipeline.loop import Loop
 from printery.pipeline.step import Step, check_concurrency, check_timeout
 from printery.runtime.handler import HandlerResult, Message, Output
-from printery.runtime.stream_worker import StreamWorker
+from printery.runtime.step_context import StepContext
+from printery.store.joins import JoinStore
 
 __all__ = ["Map", "MapShape"]
 
@@ -168,7 +169,8 @@ class Map:
             result_type=result_type(name), each=loop.name if loop else f"{name}:each",
             collect=f"{name}:collect", max_items=max_items, on_item_failure=on_item_failure,
             exhausted=loop.shape.exhausted if loop else None)
-        self._worker: StreamWorker | None = None
+        #: The collector worker's keys and the runs' counts, once it is built.
+        self._bound: tuple[StreamKeys, JoinStore] | None = None
 
     @staticmethod
     def _check_loop(what: str, loop: Loop, **given: Any) -> None:
@@ -211,11 +213,12 @@ class Map:
         ends = shape.exhausted is not None and shape.on_item_failure == "fail"
         collect = Step(name=shape.collect, consumes=consumes,
                        produces=(shape.produces, *((RUN_FAILED,) if ends else ())),
-                       handler=self._collect, companions=(self._bind,))
+                       handler=self._collect, on_context=self._bind)
         return [split, each, collect]
 
-    async def _bind(self, worker: StreamWorker) -> None:
-        self._worker = worker
+    def _bind(self, context: StepContext) -> None:
+        """The collector's worker is built: where the runs' counts live (before it runs)."""
+        self._bound = (context.keys, JoinStore(context.store, self.shape.collect, ttl_s=COLLECT_TTL))
 
     def _items(self, found: Any) -> list[Any]:
         """The split's answer as items, or the rejection that says why it is not."""
@@ -269,20 +272,15 @@ class Map:
                 "status": "failed", "step": shape.each, "reason_code": ITEM_EXHAUSTED,
                 "error": f"item {index} of map {self.name!r} exhausted its attempts",
                 "item": index}, idempotency_key=f"{RUN_FAILED}:{cid}:{shape.each}:{index}")
-        worker = self._require_worker()
-        keys = worker.keys.of(cid)  # the run's count lives in its partition
-        counted, once = keys.join(shape.collect, cid), keys.once(self._once(cid))
+        every, joins = self._require_bound()
+        keys = every.of(cid)  # the run's count lives in its partition
         failed = exhausted or ITEM_FAILED in extra
         value = _FAILED if failed else _DONE + _json.dumps(message.data)
-        async with worker.client.pipeline(transaction=True) as pipe:
-            pipe.exists(once)
-            pipe.hsetnx(counted, str(index), value)
-            pipe.expire(counted, COLLECT_TTL)
-            pipe.hlen(counted)
-            written, _, _, seen = await pipe.execute()
+        written, seen = await joins.count_in(keys, cid, once=keys.once(self._once(cid)),
+                                             slot=str(index), data=value)
         if written or seen < count:
             return None
-        raw = await cast(Awaitable[dict[str, str]], worker.client.hgetall(counted))
+        raw = await joins.arrived(keys, cid)
         outputs: list[Any] = [None] * count
         lost: list[int] = []
         for key, stored in raw.items():
@@ -302,10 +300,11 @@ class Map:
             self.merge(outputs))
         return Output(self.shape.produces, data, correlation_id=cid, once=self._once(cid))
 
-    def _require_worker(self) -> StreamWorker:
-        if self._worker is None:
-            raise RuntimeError(f"map {self.name!r}: its collector ran before its worker started")
-        return self._worker
+    def _require_bound(self) -> tuple[StreamKeys, JoinStore]:
+        if self._bound is None:
+            raise RuntimeError(f"map {self.name!r}: its collector ran before a worker was built "
+                               "for it")
+        return self._bound
 
 
 async def _settled(value: Any) -> Any:

@@ -9,7 +9,7 @@ a bad output is a handler bug and fails loudly (counted, retried, then dead-lett
 from __future__ import annotations
 
 import reprlib
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -24,7 +24,7 @@ from printery.limits import FallsBack, Limit, fallback_of, mark_fallback
 from printery.pipeline.reason import Reason
 from printery.runtime.handler import Handler, HandlerResult, Message, outputs_of
 from printery.runtime.partials import passed, retract
-from printery.runtime.stream_worker import StreamWorker
+from printery.runtime.step_context import Companion, StepContext
 
 
 def validation_reasons(error: ValidationError) -> list[Reason]:
@@ -144,7 +144,11 @@ class Step:
     depends_on: tuple[str, ...] = ()
     input_model: type[BaseModel] | None = None
     output_models: Mapping[str, type[BaseModel]] = field(default_factory=dict)
-    companions: Sequence[Callable[[StreamWorker], Awaitable[None]]] = ()
+    companions: Sequence[Companion] = ()
+    #: Called with each worker's :class:`~printery.runtime.step_context.StepContext` as
+    #: the worker is built, before it runs: for a handler that keeps state of its own in
+    #: the server (an aggregator's joins).
+    on_context: Callable[[StepContext], None] | None = None
     settings: Mapping[str, Any] = field(default_factory=dict)
     cost_units: tuple[str, ...] = ()
     #: Why ``data`` is not valid input of this step, for a check before anything is

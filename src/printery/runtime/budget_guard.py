@@ -22,10 +22,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Sequence
-from importlib import resources
 from typing import Any
-
-import redis.asyncio as aioredis
 
 from printery.budgets import (
     BUDGET_EXCEEDED,
@@ -57,13 +54,15 @@ from printery.transport.commit import (
     encode_amount,
     encode_limit,
 )
+from printery.transport.connection import Redis
+from printery.transport.scripts import Scripts, script
 
 #: Fields of a held entry's envelope it does not keep: what its producing call cost and
 #: took (the held copy is not that call), and the steps it was meant for (now this one);
 #: its trace and replay mark come with every output of the hold.
 _NOT_KEPT = frozenset({"cost", "duration_ms", REPLAY_FOR, TRACEPARENT, "replay_of"})
 
-BUDGET_CHECK_LUA = resources.files("printery.transport").joinpath("budget_check.lua").read_text()
+BUDGET_CHECK_LUA = script("budget_check")
 
 
 class BudgetGuard:
@@ -71,13 +70,14 @@ class BudgetGuard:
 
     def __init__(
         self, plan: BudgetPlan, *, keys: StreamKeys, codec: Codec, worker: str,
-        client: aioredis.Redis,
+        client: Redis,
     ) -> None:
         self.plan = plan
         self.keys = keys
         self.codec = codec
         self.worker = worker
         self.client = client
+        self._scripts = Scripts(client)
         self._limits = plan.limits  # built once: checked for every batch
         self._check_args = [len(self._limits)] + [
             value for limit in self._limits for value in (limit.field, encode_limit(limit.limit))]
@@ -121,8 +121,7 @@ class BudgetGuard:
         candidates = [n for n, score in enumerate(found) if score is not None]
         prefix = self._charge_plan.prefix
         keys = [prefix + runs[n] for n in candidates]
-        verdicts = await self.client.eval(  # type: ignore[misc]
-            BUDGET_CHECK_LUA, len(keys), *keys, *map(str, self._check_args))
+        verdicts = await self._scripts.call(BUDGET_CHECK_LUA, keys, self._check_args)
         over = {}
         for position, number, spent, raised in verdicts:
             limit = self._limits[int(number) - 1]

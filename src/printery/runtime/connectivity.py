@@ -1,58 +1,22 @@
-"""Waiting out connection trouble: losing the server is not a worker failure (CONTRACT
-§1); a worker logs once per outage, backs off, and carries on when it is back."""
+"""A worker's side of the outage policy (:mod:`printery.store.outage`): losing the server
+is not a worker failure (reference: failures); a worker logs once per outage, backs off,
+and carries on when it is back. Its waits end when the worker stops."""
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable
-from typing import TypeVar
 
-import structlog
+from printery.store.outage import Outage
 
-from printery._util import wait_event
-from printery.backoff import compute_backoff
-from printery.transport.streams import CONNECTION_ERRORS
-
-log = structlog.get_logger("printery.worker")
-
-T = TypeVar("T")
+__all__ = ["Connectivity"]
 
 
-class Connectivity:
-    """One worker's view of the server: connected or not, and how to wait for it."""
+class Connectivity(Outage):
+    """One worker's view of the server, named by the worker; the entry pipeline asks
+    ``stopping`` whether the worker is stopping (always there for a worker)."""
+
+    stopping: asyncio.Event
 
     def __init__(self, worker: str, stopping: asyncio.Event) -> None:
-        self.worker = worker
-        self.stopping = stopping
-        self.connected = True
+        super().__init__(worker, stopping)
 
-    def restored(self) -> None:
-        if not self.connected:
-            log.info("server reachable again", worker=self.worker)
-        self.connected = True
-
-    async def trouble(self, exc: BaseException, failures: int) -> None:
-        """Note a failed attempt (the first of an outage is logged) and wait the backoff,
-        or less if the worker is stopping."""
-        if self.connected:
-            log.warning("server unreachable, backing off", worker=self.worker, error=str(exc))
-        self.connected = False
-        delay = compute_backoff(failures, base_ms=100, cap_ms=2000)
-        await wait_event(self.stopping, delay)
-
-    async def retrying(self, action: Callable[[], Awaitable[T]]) -> T:
-        """``action()`` until it gets through; a connection error while the worker is
-        stopping is raised (nothing waits for the server then)."""
-        failures = 0
-        while True:
-            try:
-                result = await action()
-            except CONNECTION_ERRORS as exc:
-                failures += 1
-                await self.trouble(exc, failures)
-                if self.stopping.is_set():
-                    raise
-                continue
-            if failures:
-                self.restored()
-            return result

@@ -16,15 +16,22 @@ import contextlib
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import KW_ONLY, dataclass
 
-import redis.asyncio as aioredis
 import structlog
-from redis.exceptions import ResponseError
 
 from printery._util import wait_event
 from printery.runtime.connectivity import Connectivity
 from printery.runtime.consumer import Consumer, ConsumerSettings
 from printery.runtime.departed import died_here
-from printery.transport.streams import CONNECTION_ERRORS, delivery_counts
+from printery.transport.connection import Redis
+from printery.transport.streams import (
+    CONNECTION_ERRORS,
+    GroupGone,
+    claim_from,
+    claim_idle,
+    delivery_counts,
+    pending_holders,
+    read_new,
+)
 from printery.worker import RunContext, WorkerStats
 
 log = structlog.get_logger("printery.worker")
@@ -44,7 +51,7 @@ class Intake:
 
     group: str
     _: KW_ONLY
-    client: aioredis.Redis
+    client: Redis
     consumers: Sequence[Consumer]
     settings: ConsumerSettings
     ctx: RunContext
@@ -64,24 +71,19 @@ class Intake:
                 await wait_event(consumer.room, self.settings.block_ms / 1000)
                 continue
             try:
-                reply = await self.client.xreadgroup(
-                    self.group, consumer.name, dict.fromkeys(streams, ">"),
-                    count=consumer.read_count,
-                    block=self.settings.block_ms,
-                )
+                reply = await read_new(self.client, self.group, consumer.name, streams,
+                                       count=consumer.read_count, block_ms=self.settings.block_ms)
             except CONNECTION_ERRORS as exc:
                 failures += 1
                 await connectivity.trouble(exc, failures)
                 continue
-            except ResponseError as exc:
-                if "NOGROUP" not in str(exc):
-                    raise
+            except GroupGone:
                 await connectivity.retrying(self.prepare)  # the stream was deleted
                 continue
             if failures:
                 failures = 0
                 connectivity.restored()
-            for stream, entries in reply or []:
+            for stream, entries in reply:
                 self.accept(consumer, stream, [(eid, fields, 1) for eid, fields in entries])
 
     async def claim(self, streams: Sequence[str]) -> None:
@@ -94,11 +96,11 @@ class Intake:
                 await self._claim_once(streams, min_idle)
                 pending = 0
                 for stream in streams:
-                    summary = await self.client.xpending(stream, self.group)
-                    pending += int(summary["pending"])
-                    for holder in summary.get("consumers") or ():
-                        if died_here(holder["name"]):
-                            await self._claim_from(stream, holder["name"])
+                    count, holders = await pending_holders(self.client, stream, self.group)
+                    pending += count
+                    for holder in holders:
+                        if died_here(holder):
+                            await self._claim_from(stream, holder)
                 self.stats.pending = pending
             await wait_event(self.ctx.stopping, self.settings.effective_claim_interval)
 
@@ -108,13 +110,10 @@ class Intake:
         for consumer in self.consumers:
             if consumer.free == 0 or self.ctx.stopping.is_set():
                 continue
-            rows = await self.client.xpending_range(
-                stream, self.group, min="-", max="+", count=consumer.free, consumername=dead)
-            if not rows:
+            claimed = await claim_from(self.client, stream, self.group, consumer.name, dead,
+                                       consumer.free)
+            if claimed is None:
                 return
-            ids = [row["message_id"] for row in rows]
-            reply = await self.client.xclaim(stream, self.group, consumer.name, 0, ids)
-            claimed = [(eid, fields) for eid, fields in reply if fields is not None]
             if not claimed:
                 continue
             counts = await delivery_counts(self.client, stream, self.group, [e for e, _ in claimed])
@@ -127,10 +126,8 @@ class Intake:
             for consumer in self.consumers:
                 if consumer.free == 0 or self.ctx.stopping.is_set():
                     continue
-                reply = await self.client.xautoclaim(
-                    stream, self.group, consumer.name, min_idle, "0-0", count=consumer.free
-                )
-                claimed = [(eid, fields) for eid, fields in reply[1] if fields is not None]
+                claimed = await claim_idle(self.client, stream, self.group, consumer.name,
+                                           min_idle, consumer.free)
                 if not claimed:
                     break
                 counts = await delivery_counts(self.client, stream, self.group, [e for e, _ in claimed])

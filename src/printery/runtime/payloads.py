@@ -6,11 +6,10 @@ from __future__ import annotations
 
 import hashlib
 
-import redis.asyncio as aioredis
-
 from printery import _json
 from printery.errors import BlobMissing, PayloadTooLarge
 from printery.keys import StreamKeys
+from printery.transport.connection import Redis
 
 REF_PREFIX = "blob:"
 
@@ -20,7 +19,7 @@ class PayloadStore:
 
     def __init__(
         self,
-        client: aioredis.Redis,
+        client: Redis,
         keys: StreamKeys,
         *,
         limit: int = 1_048_576,

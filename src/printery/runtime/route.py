@@ -18,7 +18,6 @@ from __future__ import annotations
 from collections.abc import Mapping
 from itertools import chain
 
-import redis.asyncio as aioredis
 import structlog
 
 from printery._util import new_id
@@ -26,7 +25,9 @@ from printery.envelope import Codec, Envelope, correlation_of
 from printery.keys import StreamKeys, new_id_in, partition_of
 from printery.runtime.connectivity import Connectivity
 from printery.runtime.consumer import Delivery
-from printery.transport.streams import ROUTE_LUA, Scripts
+from printery.transport.connection import Redis
+from printery.transport.scripts import Scripts
+from printery.transport.streams import ROUTE_LUA
 
 log = structlog.get_logger("printery.worker")
 
@@ -38,7 +39,7 @@ ROUTE_GUARD_TTL_MS = 7 * 86_400_000
 class Router:
     """Places entries of one partition's streams (``keys``, a partition's view)."""
 
-    def __init__(self, client: aioredis.Redis, keys: StreamKeys, codec: Codec,
+    def __init__(self, client: Redis, keys: StreamKeys, codec: Codec,
                  connectivity: Connectivity) -> None:
         assert keys.partition is not None
         self.client = client

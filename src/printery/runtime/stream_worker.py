@@ -22,10 +22,9 @@ worker: its supervisor restarts it or marks it failed (CONTRACT §5).
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
-import redis.asyncio as aioredis
 import structlog
 
 from printery._util import consumer_name, log_failure, stop_tasks, where
@@ -47,8 +46,10 @@ from printery.runtime.observe import NullObserver, Observer
 from printery.runtime.partials import PartialWriter, using
 from printery.runtime.payloads import PayloadStore
 from printery.runtime.route import Router
+from printery.runtime.step_context import Companion, StepContext
 from printery.transport.channel import DirectChannel
 from printery.transport.commit import Committer
+from printery.transport.connection import Redis
 from printery.transport.limits import LimitStore
 from printery.transport.records import RecordLookup
 from printery.transport.streams import (
@@ -61,16 +62,14 @@ from printery.worker import RunContext, WorkerStats
 
 log = structlog.get_logger("printery.worker")
 
-Companion = Callable[["StreamWorker"], Awaitable[None]]
-
-
 class StreamWorker:
     """A :class:`~printery.Worker` that consumes event types through one consumer group.
 
     The group is named after the worker. ``handler`` receives a :class:`Message` and returns
     outputs; raising :class:`~printery.Retry` or any exception means "try again later",
     :class:`~printery.Reject` means "dead-letter now". ``companions`` run beside the
-    consumers for as long as the worker runs (an aggregator's deadline sweeper);
+    consumers for as long as the worker runs (an aggregator's deadline sweeper), each
+    given the worker's :class:`~printery.runtime.step_context.StepContext`;
     ``budget`` what the step checks and charges of its runs' budgets (CONTRACT §13).
     ``limits`` are the step's flow-control limits (:class:`~printery.Limit`); ``index``
     the run index its commits keep (:mod:`printery.run_index`; None: none).
@@ -80,7 +79,7 @@ class StreamWorker:
         self,
         name: str,
         *,
-        client: aioredis.Redis,
+        client: Redis,
         keys: StreamKeys,
         consumes: Sequence[str],
         handler: Handler,
@@ -107,6 +106,8 @@ class StreamWorker:
         self.budget = budget
         self.limits = tuple(limits)
         self.index = index
+        #: What the step's companions get of this worker.
+        self.context = StepContext(name, keys, self.settings, self.codec, client, index, self.emit)
         self._gate: LimitGate | None = None
         self._stats = WorkerStats(consumers=self.settings.concurrency)
         self._consumers: list[Consumer] = []
@@ -186,7 +187,7 @@ class StreamWorker:
             asyncio.create_task(holdings.watch_timeouts(self._closing),
                                 name=f"{self.name}:timeouts"),
             asyncio.create_task(intake.claim(self.streams), name=f"{self.name}:claim"),
-            *(asyncio.ensure_future(companion(self)) for companion in self.companions),
+            *(asyncio.ensure_future(companion(self.context)) for companion in self.companions),
             *readers,
         ]
         ctx.started()

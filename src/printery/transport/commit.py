@@ -17,7 +17,6 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from importlib import resources
 from itertools import chain
 from typing import Any, NamedTuple, cast
 
@@ -26,6 +25,7 @@ from redis.exceptions import ResponseError
 
 from printery._util import check_cancelled, fail_waiters
 from printery.transport.channel import Command, DirectChannel
+from printery.transport.scripts import script
 
 Fields = Mapping[str, str]
 
@@ -45,7 +45,7 @@ SPENT_SCALE = 10**9
 #: The most a budget field counts (a commit that would pass it stops there).
 SPENT_MAX = 2**63 - 1
 
-COMMIT_LUA = resources.files("printery.transport").joinpath("commit.lua").read_text()
+COMMIT_LUA = script("commit").source
 #: The line of commit.lua after which its arguments are parsed (the test runs the script
 #: up to there with a decoder of its own).
 ARGUMENTS_PARSED = "-- end of argument parsing"

@@ -11,13 +11,17 @@ wire channel, SCAN per master) ask :func:`printery.transport.streams.one_slot`.
 
 from __future__ import annotations
 
-from typing import Any, cast
+from typing import Any, TypeAlias, cast
 from urllib.parse import urlsplit
 
 import redis.asyncio as aioredis
 from redis.asyncio.connection import SSLConnection, parse_url
 
 from printery.transport.cluster import cluster_client
+
+#: The client every module above the transport takes (plain or cluster, see above): named
+#: here so that only ``transport/`` and ``store/`` import redis-py.
+Redis: TypeAlias = aioredis.Redis
 
 #: Cluster scheme -> the scheme of one node.
 CLUSTER_SCHEMES = {"redis+cluster": "redis", "rediss+cluster": "rediss"}

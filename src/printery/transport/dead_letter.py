@@ -11,16 +11,15 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from importlib import resources
 from itertools import chain
 from typing import Any
 
 from printery.transport.channel import Command
-from printery.transport.streams import Scripts
+from printery.transport.scripts import Scripts, script
 
 __all__ = ["DEAD_LETTER_LUA", "DeadLetterWrite", "write_dead_letter"]
 
-DEAD_LETTER_LUA = resources.files("printery.transport").joinpath("dead_letter.lua").read_text()
+DEAD_LETTER_LUA = script("dead_letter")
 
 
 @dataclass(frozen=True, slots=True)

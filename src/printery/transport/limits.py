@@ -5,14 +5,14 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Sequence
-from importlib import resources
 from typing import Any, NamedTuple
 
 import redis.asyncio as aioredis
 
 from printery.transport.channel import DirectChannel
+from printery.transport.scripts import script
 
-LIMIT_LUA = resources.files("printery.transport").joinpath("limit.lua").read_text()
+LIMIT_LUA = script("limit")
 
 #: An admission's reply when it waits for a concurrency slot (no time known).
 WAIT_FOR_SLOT = -1
@@ -63,7 +63,7 @@ class LimitStore:
 
     async def _run(self, keys: list[str], args: list[Any]) -> Any:
         async with self._lock:  # the channel serves one call at a time
-            (reply,) = await self._channel.scripts(LIMIT_LUA, [(keys, args)])
+            (reply,) = await self._channel.scripts(LIMIT_LUA.source, [(keys, args)])
         if isinstance(reply, Exception):
             raise reply
         return reply

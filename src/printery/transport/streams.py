@@ -7,15 +7,13 @@ groups and entries; nothing about what the entries mean.
 from __future__ import annotations
 
 import functools
-from collections.abc import Awaitable, Callable, Coroutine, Sequence
-from importlib import resources
-from typing import Any, ParamSpec, TypeVar, cast
+from collections.abc import Callable, Coroutine, Sequence
+from typing import Any, ParamSpec, TypeVar
 
 import redis.asyncio as aioredis
 from redis.asyncio.cluster import RedisCluster
 from redis.exceptions import (
     ClusterDownError,
-    NoScriptError,
     ResponseError,
     SlotNotCoveredError,
     TryAgainError,
@@ -24,6 +22,8 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from printery.errors import TransportError, describe
+from printery.transport.scripts import Scripts as Scripts  # until every caller imports it from there
+from printery.transport.scripts import script
 
 #: What "the server is not reachable right now" looks like: worth waiting and retrying.
 #: On a cluster also a failover in progress (CLUSTERDOWN, TRYAGAIN, a slot no master
@@ -57,13 +57,9 @@ def public_api(func: Callable[P, Coroutine[Any, Any, T]]) -> Callable[P, Corouti
     return call
 
 
-def _script(name: str) -> str:
-    return resources.files("printery.transport").joinpath(name).read_text()
-
-
-LEASE_LUA = _script("lease.lua")
-REDELIVER_LUA = _script("redeliver.lua")
-ROUTE_LUA = _script("route.lua")
+LEASE_LUA = script("lease")
+REDELIVER_LUA = script("redeliver")
+ROUTE_LUA = script("route")
 
 
 def one_slot(client: object) -> bool:
@@ -98,26 +94,6 @@ async def delivery_counts(
     return counts
 
 
-class Scripts:
-    """Runs Lua scripts by SHA, loaded lazily and loaded again after a server restart."""
-
-    def __init__(self, client: aioredis.Redis) -> None:
-        self.client = client
-        self._sha: dict[str, str] = {}
-
-    async def call(self, source: str, keys: Sequence[str], args: Sequence[Any]) -> Any:
-        for _ in range(2):
-            sha = self._sha.get(source)
-            if sha is None:
-                sha = self._sha[source] = str(await self.client.script_load(source))
-            try:
-                return await cast(
-                    Awaitable[Any], self.client.evalsha(sha, len(keys), *keys, *args))
-            except NoScriptError:
-                self._sha.pop(source, None)
-        raise ResponseError("script could not be loaded")
-
-
 class Leases:
     """Lease operations on entries a consumer of ``group`` holds. Each checks ownership
     first, so it never touches an entry another consumer owns now."""
@@ -138,3 +114,56 @@ class Leases:
         """Take an entry we hold again as a counted delivery; its delivery count, or -1
         when it is no longer ours."""
         return int(await self.scripts.call(REDELIVER_LUA, [stream], [self.group, consumer, entry_id]))
+
+
+# -- consumer-group reads (the stream worker's intake) ----------------------------------------
+
+#: Entries of one read: per stream, ``(id, fields)`` (fields None: trimmed since delivery).
+Read = list[tuple[str, list[tuple[str, dict[str, str] | None]]]]
+
+
+class GroupGone(Exception):
+    """A read found its consumer group gone (its stream was deleted): create it again."""
+
+
+async def read_new(client: aioredis.Redis, group: str, consumer: str, streams: Sequence[str],
+                   *, count: int, block_ms: int) -> Read:
+    """``consumer``'s blocking read of entries of ``streams`` no one of ``group`` was given
+    yet (``XREADGROUP ... >``): their first delivery. Raises :class:`GroupGone` when the
+    group is not there (NOGROUP)."""
+    try:
+        reply = await client.xreadgroup(group, consumer, dict.fromkeys(streams, ">"),
+                                        count=count, block=block_ms)
+    except ResponseError as exc:
+        if "NOGROUP" not in str(exc):
+            raise
+        raise GroupGone(str(exc)) from exc
+    return reply or []
+
+
+async def claim_idle(client: aioredis.Redis, stream: str, group: str, consumer: str,
+                     min_idle_ms: int, count: int) -> list[tuple[str, dict[str, str]]]:
+    """Up to ``count`` entries of ``stream`` idle past ``min_idle_ms``, now ``consumer``'s
+    (``XAUTOCLAIM`` from the start); those trimmed meanwhile are left out."""
+    reply = await client.xautoclaim(stream, group, consumer, min_idle_ms, "0-0", count=count)
+    return [(eid, fields) for eid, fields in reply[1] if fields is not None]
+
+
+async def pending_holders(client: aioredis.Redis, stream: str, group: str) -> tuple[int, list[str]]:
+    """How many entries of ``stream`` ``group`` has pending, and the consumers holding
+    them (the ``XPENDING`` summary)."""
+    summary = await client.xpending(stream, group)
+    return int(summary["pending"]), [holder["name"] for holder in summary.get("consumers") or ()]
+
+
+async def claim_from(client: aioredis.Redis, stream: str, group: str, consumer: str, held_by: str,
+                     count: int) -> list[tuple[str, dict[str, str]]] | None:
+    """Up to ``count`` entries of ``stream`` that ``held_by`` holds, now ``consumer``'s
+    (idle or not: their holder is known gone); those trimmed meanwhile are left out.
+    None when ``held_by`` holds nothing (any more)."""
+    rows = await client.xpending_range(stream, group, min="-", max="+", count=count,
+                                       consumername=held_by)
+    if not rows:
+        return None
+    reply = await client.xclaim(stream, group, consumer, 0, [row["message_id"] for row in rows])
+    return [(eid, fields) for eid, fields in reply if fields is not None]

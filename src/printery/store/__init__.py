@@ -1,0 +1,28 @@
+"""The keyspace outside the commit path: everything printery reads, counts and sweeps.
+
+Above the transport (which owns the wire: the commit path, consumer-group operations,
+the scripts and redis-py's internals) and below everything that shows or sweeps the
+data. Only ``store/`` and ``transport/`` import redis-py (``make lint`` checks it); the
+rest takes the client as :data:`Redis` and calls in here:
+
+* :mod:`~printery.store.overview`: one :class:`StreamOverview` (length, pending,
+  undelivered count, lag in seconds per event type, partition and group) for
+  ``printery streams``, the console and the gauges;
+* :mod:`~printery.store.inbox`: how many reviews and dead letters wait, one read;
+* :mod:`~printery.store.outage`: one outage policy and one definition of unreachable;
+* :mod:`~printery.store.joins`: an aggregator's keyspace (:class:`JoinStore`);
+* :mod:`~printery.store.scan`: one scan of a stream and of every partition.
+"""
+
+from __future__ import annotations
+
+from printery.store.inbox import Waiting, waiting
+from printery.store.joins import JoinStore
+from printery.store.outage import UNREACHABLE, Outage, unreachable
+from printery.store.overview import GroupFigures, StreamFigures, StreamOverview, read_overview
+from printery.transport.connection import Redis
+
+__all__ = [
+    "UNREACHABLE", "GroupFigures", "JoinStore", "Outage", "Redis", "StreamFigures",
+    "StreamOverview", "Waiting", "read_overview", "unreachable", "waiting",
+]
