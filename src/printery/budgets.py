@@ -18,12 +18,17 @@ is kept in the run's held stream (:func:`held_type`, in the run's partition), wr
 the commit that acknowledges it, with the fields it goes back to its step with and the
 stream it came from. The first hold of a run and limit field also writes the review; the
 others find its ``once`` guard (:func:`review_guard`) taken.
+
+Reserved budgets: a step that declares what one call is expected to spend (``estimate=``)
+reserves it against its run's limits before its handler runs, atomically with every
+other reservation of the run (``transport/reserve.lua``, a reservations hash per run
+beside its budget hash); the entry's commit replaces its reservation with what it spent.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -36,7 +41,9 @@ __all__ = [
     "BUDGET_WARNING",
     "Budget",
     "BudgetPlan",
+    "Estimate",
     "Exceeded",
+    "check_estimate",
     "exceeded_data",
     "held_type",
     "review_guard",
@@ -123,6 +130,39 @@ class Budget:
         return hash((tuple(self.limits.items()), self.soft, self.on_exceeded))
 
 
+#: What one handler call of a step is expected to spend, per cost unit (``{"tokens":
+#: 2000}``), or a function of the :class:`~printery.Message` returning that (None or
+#: empty: nothing to reserve for this message).
+Estimate = Mapping[str, float] | Callable[[Any], Mapping[str, float] | None]
+
+
+def check_estimate(what: str, estimate: object, units: tuple[str, ...]) -> None:
+    """Refuse, when the pipeline is defined, an estimate that is neither a mapping of
+    declared cost units to amounts >= 0 nor a function (checked per message then)."""
+    if estimate is None or callable(estimate):
+        return
+    if not isinstance(estimate, Mapping) or not estimate:
+        raise PipelineError(f"{what}: estimate={estimate!r} is not what a call spends; write "
+                            "e.g. estimate={'tokens': 2000}, or a function of the message")
+    estimated_amounts(what, estimate, units)
+
+
+def estimated_amounts(what: str, estimate: Mapping[Any, Any], units: tuple[str, ...]
+                      ) -> dict[str, float]:
+    """``estimate`` checked: declared units, finite amounts >= 0 (raises
+    :class:`PipelineError` naming ``what``)."""
+    found: dict[str, float] = {}
+    for unit, amount in estimate.items():
+        if unit not in units:
+            raise PipelineError(f"{what}: estimate names {unit!r}, not a cost unit of the step "
+                                f"({list(units)})")
+        if (isinstance(amount, bool) or not isinstance(amount, int | float)
+                or not math.isfinite(amount) or amount < 0):
+            raise PipelineError(f"{what}: estimate {unit}={amount!r} is not an amount >= 0")
+        found[unit] = float(amount)
+    return found
+
+
 def step_field(step: str, unit: str) -> str:
     """The hash field of a step's own share of ``unit``."""
     return f"step:{step}:{unit}"
@@ -139,7 +179,8 @@ class _Limit:
 
 @dataclass(frozen=True, slots=True)
 class Exceeded:
-    """A hard limit a run is at or over, as found before a handler runs."""
+    """A hard limit a run is at or over, as found before a handler runs (``reserved``:
+    what other entries of the run hold of it, when a reservation was refused)."""
 
     field: str
     unit: str
@@ -147,6 +188,7 @@ class Exceeded:
     spent: float
     on_exceeded: str
     step: str
+    reserved: float = 0.0
 
 
 def exceeded_data(unit: str, limit: float, spent: float) -> dict[str, Any]:
@@ -165,6 +207,8 @@ class BudgetPlan:
     units: tuple[str, ...]
     run: Budget | None = None
     own: Budget | None = None
+    #: What one call reserves before it runs (None: nothing; see :data:`Estimate`).
+    estimate: Estimate | None = None
 
     @property
     def limits(self) -> tuple[_Limit, ...]:

@@ -230,6 +230,16 @@ class StreamKeys:
     def budget_prefix(self) -> str:
         return f"{self.scope}:spent:"
 
+    def reserved(self, run_id: str) -> str:
+        """Hash of what entries of a run that have not committed yet reserved of its
+        budget (a step's ``estimate=``), by the entry's reservation key, each with its
+        expiry (see ``transport/reserve.lua``)."""
+        return f"{self.reserved_prefix}{run_id}"
+
+    @property
+    def reserved_prefix(self) -> str:
+        return f"{self.scope}:reserved:"
+
     @property
     def budgets_over(self) -> str:
         """Sorted set of the runs whose spent reached a hard limit of their budget (by

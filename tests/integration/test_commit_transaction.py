@@ -201,8 +201,8 @@ for _, s in ipairs(segs) do
       end
       local tpl = {}
       for j = b.tpl, b.tpl + b.ntpl - 1 do tpl[#tpl + 1] = ARGV[j] end
-      budget = {b.prefix .. ARGV[b.runs + x - 1], b.corr, b.stream, b.over, b.scale, tpl,
-                charged}
+      budget = {b.prefix .. ARGV[b.runs + x - 1], b.corr, b.stream, b.over, b.reserved,
+                b.scale, tpl, charged}
     end
     entries[#entries + 1] = {
       s.stream or '', s.stream and s.consumer or '', s.ids and ARGV[s.ids + x - 1] or '',
@@ -233,7 +233,8 @@ def _charges(draw: st.DrawFn) -> BudgetCharge | None:
     plan = ChargePlan(
         "p:budget:", shape, (soft, *[None] * (len(shape) - 1)),
         ('{"unit": "usd", "spent": ', *[""] * (len(shape) - 1)), "cid", "p:budget:warning",
-        _WARNING, hard, draw(st.sampled_from(["", "p:budget-over"])), columns)
+        _WARNING, hard, draw(st.sampled_from(["", "p:budget-over"])), columns,
+        draw(st.sampled_from(["", "p:reserved:"])))
     return BudgetCharge(plan, draw(st.sampled_from(["r1", "r2"])),
                         tuple(encode_amount(draw(st.sampled_from([0, 3, 0.25, 812])))
                               for _ in range(max(columns or range(len(shape))) + 1)))
@@ -259,8 +260,8 @@ def _charged(charge: BudgetCharge | None) -> list[Any]:
               for name, column, soft, limit, note in zip(plan.fields, columns, plan.soft,
                                                          hard, plan.notes, strict=True)]
     template = [part for pair in plan.warning.items() for part in pair]
-    return [plan.prefix + charge.run, plan.corr, plan.warning_stream, plan.over, SPENT_SCALE,
-            template, fields]
+    return [plan.prefix + charge.run, plan.corr, plan.warning_stream, plan.over, plan.reserved,
+            SPENT_SCALE, template, fields]
 
 
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
@@ -270,8 +271,8 @@ async def test_the_script_parses_exactly_what_the_python_half_encodes(
 ) -> None:
     """Any run of entries, encoded by ``commit_run``, is read back by commit.lua's own
     argument parser entry by entry: source, consumer, id, record, outputs and once keys,
-    and the budget charged: hash key, warning layout, field, amount (of its own column or
-    one shared by the fields of a unit), soft threshold."""
+    and the budget charged: hash key, warning layout, reservations prefix, field, amount
+    (of its own column or one shared by the fields of a unit), soft threshold."""
     run = commit_run("index", "group", TTL_MS, entries)
     parser = COMMIT_LUA.split(ARGUMENTS_PARSED)[0]
     assert "ARGV" in parser and "segs" in parser

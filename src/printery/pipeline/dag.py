@@ -18,6 +18,7 @@ from printery.budgets import (
     BUDGET_WARNING,
     Budget,
     BudgetPlan,
+    Estimate,
 )
 from printery.envelope import Codec
 from printery.errors import PipelineError
@@ -104,7 +105,7 @@ class Pipeline:
         """What ``step`` checks and charges, or None in a pipeline without budgets."""
         if not self.has_budgets:
             return None
-        return BudgetPlan(step.name, step.cost_units, self.budget, step.budget)
+        return BudgetPlan(step.name, step.cost_units, self.budget, step.budget, step.estimate)
 
     def _check_budget(self, budget: Budget | None, what: str) -> None:
         if budget is None:
@@ -173,9 +174,12 @@ class Pipeline:
         budget: Budget | None = None,
         limits: Iterable[Limit] = (),
         timeout: float | None = None,
+        estimate: Estimate | None = None,
         **settings: Any,
     ) -> Callable[[Handler], Handler]:
-        """Decorator form of :meth:`add`."""
+        """Decorator form of :meth:`add`. ``estimate``: what one handler call is expected
+        to spend (``{"tokens": 2000}``, or a function of the message), reserved against
+        the run's budget before it runs (reference: budgets)."""
 
         def register(handler: Handler) -> Handler:
             self.add(
@@ -187,6 +191,7 @@ class Pipeline:
                     budget=budget,
                     limits=tuple(limits),
                     timeout=timeout,
+                    estimate=estimate,
                 )
             )
             return handler

@@ -44,7 +44,7 @@ import structlog
 from pydantic import BaseModel, ValidationError
 
 from printery import _json
-from printery.budgets import Budget
+from printery.budgets import Budget, Estimate, check_estimate
 from printery.errors import (
     QUOTA_EXHAUSTED,
     PipelineError,
@@ -107,7 +107,10 @@ class Loop:
     (a bad one is dead-lettered with ``invalid_input``); ``cost_units`` declares what the
     worker and validator may report. ``limits``, ``budget`` and ``timeout`` (seconds, default
     300) apply to every attempt and to the fallback, as they do to a step's handler (a
-    ``work`` call past ``timeout`` is a failed attempt).
+    ``work`` call past ``timeout`` is a failed attempt). ``estimate`` (``{"tokens": 2000}``
+    or a function of the message, which then has the loop's input as its data) is what one
+    ``work`` or fallback call is expected to spend, reserved against the run's budget
+    before each (reference: budgets); judging an attempt reserves nothing.
     """
 
     def __init__(
@@ -128,8 +131,10 @@ class Loop:
         limits: Iterable[Limit] = (),
         budget: Budget | None = None,
         timeout: float | None = None,
+        estimate: Estimate | None = None,
     ) -> None:
         what = f"loop {name!r}"
+        check_estimate(what, estimate, tuple(cost_units))
         if isinstance(max_attempts, bool) or not isinstance(max_attempts, int) or max_attempts < 1:
             raise PipelineError(f"{what}: max_attempts={max_attempts!r} is not a number of "
                                 "attempts; write an integer >= 1 (e.g. max_attempts=3)")
@@ -161,6 +166,7 @@ class Loop:
         self.input_model = input_model
         self.limits = tuple(limits)  # checked by the Step
         self.budget = budget
+        self.estimate = estimate
         self.timeout = float(timeout) if timeout is not None else None
         #: Seconds one ``work`` or fallback call may take before it is a failed attempt.
         self.call_timeout = self.timeout if self.timeout is not None else DEFAULT_TIMEOUT
@@ -179,17 +185,33 @@ class Loop:
             input_check=(lambda data: _model_reasons(model, data)) if model is not None else None,
             loop=shape, limits=self.limits, budget=self.budget,
             timeout=self.call_timeout + TIMEOUT_GRACE,
-            falls_back=self._falls_back if self.fallback is not None else None,
+            falls_back=self._calls_work if self.fallback is not None else None,
+            estimate=self._estimate if self.estimate is not None else None,
         )
 
-    def _falls_back(self, message: Message) -> bool:
+    def _calls_work(self, message: Message) -> bool:
         """Whether ``message``'s turn calls ``work`` (or the fallback): the turns a
-        ``max_wait`` may send to the fallback; judging an attempt waits."""
+        ``max_wait`` may send to the fallback and an estimate is reserved for; judging an
+        attempt waits and reserves nothing."""
         if message.type == self.consumes:
             return True
         data = message.data
         return (message.type == self.shape.verdict_type and isinstance(data, dict)
                 and data.get("next") in (RETRY, FALLBACK))
+
+    def _estimate(self, message: Message) -> Mapping[str, float] | None:
+        """What ``message``'s turn reserves: the loop's estimate for a turn that calls
+        ``work`` (a function of it sees the loop's input), else nothing."""
+        estimate = self.estimate
+        if estimate is None or not self._calls_work(message):
+            return None
+        if not callable(estimate):
+            return estimate
+        if message.type != self.consumes:
+            data = message.data
+            message = _seen(message, data["input"], self.consumes, data["attempt"] + 1,
+                            data["attempts"])
+        return estimate(message)
 
     async def handle(self, message: Message) -> HandlerResult:
         """One turn of the loop, chosen by the type of the entry handled."""

@@ -16,7 +16,7 @@ from typing import Any, Protocol
 from pydantic import BaseModel, ValidationError
 
 from printery import _json
-from printery.budgets import Budget
+from printery.budgets import Budget, Estimate, check_estimate
 from printery.errors import OutputContractError, PipelineError, Reject
 from printery.fields import REJECT_TYPE, RESUME_TYPE
 from printery.keys import REVIEW
@@ -170,6 +170,10 @@ class Step:
     #: a limit's ``max_wait`` runs out (None: found on ``handler``, as ``escalate`` marks
     #: it; else none).
     falls_back: FallsBack | None = None
+    #: What one handler call is expected to spend (``{"tokens": 2000}`` or a function of
+    #: the message), reserved against the run's budget before it runs (reference:
+    #: budgets); None: nothing reserved.
+    estimate: Estimate | None = None
 
     def input_reasons(self, data: Any) -> list[Reason]:
         """Why ``data`` is not valid input of this step (empty: it is)."""
@@ -191,6 +195,7 @@ class Step:
         self.limits = tuple(self.limits)
         if self.falls_back is None:
             self.falls_back = fallback_of(self.handler)
+        check_estimate(f"step {self.name!r}", self.estimate, self.cost_units)
         for limit in self.limits:
             if not isinstance(limit, Limit):
                 raise PipelineError(f"step {self.name!r}: limits holds {limit!r}, not a Limit")

@@ -10,7 +10,9 @@ per entry. Only a run found there is compared with the limits and their raises, 
 script (``budget_check.lua``) over those runs in a round trip of its own: a run in the set
 may be under a raised limit (a review approved it), never over one without being in it,
 since the commit that takes a run to a hard limit puts it there in the same transaction.
-One without budgets costs nothing (the entry pipeline has no guard then).
+One without budgets costs nothing (the entry pipeline has no guard then). A step with
+``estimate=`` also reserves its estimate before its handlers run
+(:mod:`printery.runtime.reservations`); one without reserves nothing.
 
 The charge travels with the entry's commit
 (:class:`~printery.transport.commit.BudgetCharge`, of the step's
@@ -46,6 +48,7 @@ from printery.envelope import Codec
 from printery.fields import REPLAY_FOR, TRACEPARENT, review_fields
 from printery.keys import REVIEW, StreamKeys
 from printery.runtime.handler import Message, Output
+from printery.runtime.reservations import Reservations
 from printery.transport.channel import Command
 from printery.transport.commit import (
     BudgetCharge,
@@ -70,7 +73,7 @@ class BudgetGuard:
 
     def __init__(
         self, plan: BudgetPlan, *, keys: StreamKeys, codec: Codec, worker: str,
-        client: Redis,
+        client: Redis, reserve_ms: int = 0,
     ) -> None:
         self.plan = plan
         self.keys = keys
@@ -96,6 +99,12 @@ class BudgetGuard:
             tuple(hard.get(name) for name, _, _, _ in charged), keys.budgets_over,
             tuple(self._units.index(unit) for _, unit, _, _ in charged))
         self._warning_made = -1
+        #: The step's estimate, reserved before its handlers run (None: it reserves
+        #: nothing); its commits then remove their entry's reservation.
+        self.reservations = Reservations(plan, keys=keys, client=client, lease_ms=reserve_ms) \
+            if plan.estimate is not None and self._limits else None
+        if self.reservations is not None:
+            self._charge_plan = self._charge_plan._replace(reserved=keys.reserved_prefix)
 
     def reads(self, runs: Sequence[str]) -> list[Command]:
         """The command that finds which of ``runs`` (those of a read batch's entries)
@@ -164,7 +173,9 @@ class BudgetGuard:
             extra={**review_fields(
                 kind=BUDGET_REVIEW_KIND, step=self.worker,
                 reason=f"{where} budget of {exceeded.unit} reached: spent "
-                       f"{exceeded.spent:g} of {exceeded.limit:g}",
+                       f"{exceeded.spent:g} of {exceeded.limit:g}" + (
+                           f", {exceeded.reserved:g} reserved by entries running"
+                           if exceeded.reserved else ""),
                 source_stream=message.stream, source_id=message.entry_id,
                 resume_type=message.type, reject_type=BUDGET_EXCEEDED),
                 BUDGET_UNIT: exceeded.unit, BUDGET_FIELD: exceeded.field,
@@ -178,7 +189,9 @@ class BudgetGuard:
         """What the commit of ``message``'s outputs adds to its run (None: nothing)."""
         costs = message.costs
         if not costs:
-            return None
+            if self.reservations is None:
+                return None
+            costs = {}  # nothing spent: the commit still removes the reservation
         unit = self._unit
         if unit is not None:  # one unit: one amount, encoded again only when it changes
             amount = costs.get(unit, 0)

@@ -36,10 +36,12 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
+from printery.budgets import Exceeded
 from printery.envelope import Codec
 from printery.errors import (
     MessageError,
     PayloadTooLarge,
+    PipelineError,
     Reject,
     StepTimeout,
     WorkerCrashed,
@@ -57,6 +59,7 @@ from printery.runtime.handler import Handler, Message, Output, outputs_of
 from printery.runtime.limit_gate import LimitGate, Ticket
 from printery.runtime.observe import Observer
 from printery.runtime.payloads import PayloadStore
+from printery.runtime.reservations import INVALID_ESTIMATE, Reservations
 from printery.runtime.route import Router
 from printery.runtime.run_handlers import HandlerRunner
 from printery.runtime.spans import bind_spans
@@ -198,15 +201,48 @@ class EntryPipeline:
                 decided.append(Decided(delivery, commit, "duplicate"))
             elif over and (exceeded := over.get(n)) is not None:
                 assert budget is not None
-                appends = self.writes.appends(outputs_of(budget.held(message, exceeded)),
-                                              message, 0.0)
-                commit = EntryCommit(delivery.stream, delivery.consumer.name, delivery.entry_id,
-                                     message.envelope.idempotency_key, appends,
-                                     mark=self._mark(message, appends))
-                decided.append(Decided(delivery, commit, "budget_exceeded", message))
+                decided.append(self._held(budget, delivery, message, exceeded))
             else:
                 to_run.append((delivery, message))
+        if budget is not None and budget.reservations is not None and to_run:
+            return await self._reserve(budget, budget.reservations, to_run, decided)
         return to_run
+
+    def _held(self, budget: BudgetGuard, delivery: Delivery, message: Message,
+              exceeded: Exceeded) -> Decided:
+        """The commit of an entry its run's budget holds: what the budget says instead of
+        running (reference: budgets)."""
+        appends = self.writes.appends(outputs_of(budget.held(message, exceeded)), message, 0.0)
+        commit = EntryCommit(delivery.stream, delivery.consumer.name, delivery.entry_id,
+                             message.envelope.idempotency_key, appends,
+                             mark=self._mark(message, appends))
+        return Decided(delivery, commit, "budget_exceeded", message)
+
+    async def _reserve(
+        self, budget: BudgetGuard, reservations: Reservations,
+        to_run: list[tuple[Delivery, Message]], decided: list[Decided],
+    ) -> list[tuple[Delivery, Message]]:
+        """Reserve the step's estimate for each entry about to run, in one round trip: one
+        the run's limits cannot hold is held as over its budget; one whose estimate
+        function failed is dead-lettered (``invalid_estimate``)."""
+        kept: list[tuple[Delivery, Message]] = []
+        amounts: list[tuple[str, ...] | None] = []
+        for delivery, message in to_run:
+            try:
+                amounts.append(reservations.amounts(message))
+            except PipelineError as exc:
+                decided.append(self.failures.dead_letter(delivery, message.fields,
+                                                         INVALID_ESTIMATE, str(exc)))
+                continue
+            kept.append((delivery, message))
+        messages = [message for _, message in kept]
+        refused = await self.connectivity.retrying(
+            lambda: reservations.reserve(messages, amounts))
+        if not refused:
+            return kept
+        for n, exceeded in refused.items():
+            decided.append(self._held(budget, *kept[n], exceeded))
+        return [entry for n, entry in enumerate(kept) if n not in refused]
 
     # -- handle --------------------------------------------------------------------------------
 

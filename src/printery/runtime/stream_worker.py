@@ -247,7 +247,8 @@ class StreamWorker:
             leases=self._leases, settings=self.settings, observer=self.observer,
             stats=self._stats, connectivity=connectivity,
             budget=None if self.budget is None else BudgetGuard(
-                self.budget, keys=keys, codec=self.codec, worker=self.name, client=self.client),
+                self.budget, keys=keys, codec=self.codec, worker=self.name, client=self.client,
+                reserve_ms=int((self.settings.timeout + self.settings.visibility_timeout) * 1000)),
             gate=self._gate, index=run_index,
             router=Router(self.client, keys, self.codec, connectivity) if keys.partitioned else None,
         )

@@ -24,6 +24,7 @@
 --            stream key, '1' if it has a once key (else '0');
 --            when nb > 0 (a pipeline with budgets, CONTRACT §13): the budget hash prefix,
 --            the correlation field, the warning stream, the over set ('' = none), the
+--            reservations hash prefix ('' = none: the step reserves nothing), the
 --            scale (the hash counts whole 1/scale of a unit), amount columns na, t, t
 --            values (the warning entry's fields, name then value), then per budget
 --            field: its name, its soft threshold ('' = none), its hard limit ('' = none),
@@ -82,9 +83,9 @@ while a <= last do
   local b
   if nb > 0 then
     b = {prefix = ARGV[a], corr = ARGV[a + 1], stream = ARGV[a + 2], over = ARGV[a + 3],
-         scale = tonumber(ARGV[a + 4]), na = tonumber(ARGV[a + 5]), tpl = a + 7,
-         ntpl = tonumber(ARGV[a + 6]), fields = {}}
-    a = a + 7 + b.ntpl
+         reserved = ARGV[a + 4], scale = tonumber(ARGV[a + 5]), na = tonumber(ARGV[a + 6]),
+         tpl = a + 8, ntpl = tonumber(ARGV[a + 7]), fields = {}}
+    a = a + 8 + b.ntpl
     for j = 1, nb do
       b.fields[j] = {name = ARGV[a], soft = tonumber(ARGV[a + 1]), hard = tonumber(ARGV[a + 2]),
                      note = ARGV[a + 3], column = tonumber(ARGV[a + 4])}
@@ -330,7 +331,9 @@ end
 -- A total at or over the field's hard limit puts the run in the over set, scored by when
 -- its hash lapses at the latest (members past that are dropped as one is added): only
 -- those runs are read by the check before handlers. Raises of a limit are not looked
--- at here: the check compares with them.
+-- at here: the check compares with them. A step that reserves (estimate=, see
+-- reserve.lua) has its entry's reservation removed here, in the transaction that adds
+-- what the entry spent.
 local SPENT_MAX = 9223372036854775807
 
 local function budget_warning(b, f, run, spent)
@@ -361,6 +364,9 @@ local function charge(warned)
         if verdict[e] == nil then
           local run = ARGV[b.runs + x - 1]
           local key, fresh = b.prefix .. run, true
+          if b.reserved ~= '' and s.marks then
+            redis.call('HDEL', b.reserved .. run, ARGV[s.marks + x - 1])
+          end
           for _, f in ipairs(b.fields) do
             local amount = ARGV[f.col + x - 1]
             if amount ~= '0' then

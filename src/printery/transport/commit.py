@@ -79,7 +79,9 @@ class ChargePlan(NamedTuple):
     per field, which of a charge's amounts it adds (fields of one unit, the run's and
     the step's, share one: an argument less per entry); empty, field ``j`` adds the
     ``j``-th. ``soft`` and ``hard`` are in units; the hash counts billionths of one
-    (:data:`SPENT_SCALE`)."""
+    (:data:`SPENT_SCALE`). ``reserved``: the prefix of the runs' reservations hashes of a
+    step that reserves its estimate before running (each commit removes its entry's,
+    keyed by its idempotency record); "" for one that does not."""
 
     prefix: str
     fields: tuple[str, ...]
@@ -91,6 +93,7 @@ class ChargePlan(NamedTuple):
     hard: tuple[float | None, ...] = ()
     over: str = ""
     columns: tuple[int, ...] = ()
+    reserved: str = ""
 
 
 class BudgetCharge(NamedTuple):
@@ -197,7 +200,7 @@ def _add_segment(
     if budget:
         template = list(chain.from_iterable(budget.warning.items()))
         columns = budget.columns or tuple(range(len(budget.fields)))
-        args += (budget.prefix, budget.corr, budget.warning_stream, budget.over,
+        args += (budget.prefix, budget.corr, budget.warning_stream, budget.over, budget.reserved,
                  SPENT_SCALE, max(columns, default=-1) + 1, len(template), *template)
         hard = budget.hard or (None,) * len(budget.fields)
         for name, soft, limit, note, column in zip(budget.fields, budget.soft, hard,
