@@ -105,8 +105,10 @@ def test_emit_wait_times_out_with_3(server: ServerProcess, prefix: str) -> None:
     assert "timed out" in proc.stderr and time.monotonic() - begun < 15
 
 
-def test_streams_show_length_groups_pending_lag(server: ServerProcess, prefix: str,
-                                                r: redis.Redis) -> None:
+def test_streams_show_length_groups_pending_undelivered_lag(server: ServerProcess, prefix: str,
+                                                            r: redis.Redis) -> None:
+    """Each figure under the name of what it holds: ``undelivered`` the count no consumer
+    was given yet, ``lag_s`` the seconds the oldest owed entry has waited."""
     key = f"{prefix}:{STARTED}"
     for n in range(3):
         r.xadd(key, entry(prefix, f"dep-{n}"))
@@ -118,10 +120,13 @@ def test_streams_show_length_groups_pending_lag(server: ServerProcess, prefix: s
     started = by_type[STARTED]
     assert started["length"] == 3 and started["stream"] == key
     [group] = started["groups"]
-    assert (group["name"], group["pending"], group["lag"]) == ("validator", 1, 2)
+    assert (group["name"], group["pending"], group["undelivered"]) == ("validator", 1, 2)
+    assert "lag" not in group and 0.0 <= group["lag_s"] < 60.0
     assert by_type["dlq"]["length"] == 0
     human = cli(server.url, prefix, "streams")
     assert human.returncode == 0 and "validator" in human.stdout
+    header = human.stdout.splitlines()[0].split()
+    assert header == ["stream", "length", "group", "consumers", "pending", "undelivered", "lag_s"]
 
 
 async def test_status_lists_registered_processes(server: ServerProcess, prefix: str) -> None:

@@ -5,14 +5,13 @@ from __future__ import annotations
 from typing import Any
 
 import click
-import redis.asyncio as aioredis
-from redis.exceptions import ResponseError
 
 from printery.cli.ops_common import get_ctx, json_option, print_json, table
-from printery.keys import DLQ, REVIEW, REVIEW_DECIDED, StreamKeys
+from printery.keys import DLQ, REVIEW, REVIEW_DECIDED
 from printery.pipeline.render import to_mermaid, to_text
 from printery.redact import redact_text
 from printery.runtime.registry import list_processes
+from printery.store.overview import StreamFigures, read_overview
 
 
 @click.command()
@@ -50,21 +49,15 @@ def status(as_json: bool) -> None:
 @click.command()
 @json_option
 def streams(as_json: bool) -> None:
-    """Each stream of the pipeline plus dlq and review: length, groups, pending, lag; with
-    several partitions, each partition's stream (CONTRACT §15)."""
+    """Each stream of the pipeline plus dlq and review: its length, and per consumer group
+    its consumers, pending (delivered, not acknowledged), undelivered (not given to any
+    consumer yet) and lag_s (seconds the oldest entry it owes has waited); with several
+    partitions, each partition's stream."""
     ops = get_ctx()
-    pipeline = ops.pipeline
-
-    async def body(client: aioredis.Redis) -> list[dict[str, Any]]:
-        keys = ops.keys  # the recorded layout, read once connected
-        found = []
-        event_types = dict.fromkeys([*pipeline.event_types(), DLQ, REVIEW, REVIEW_DECIDED])
-        for event_type in event_types:
-            for part in keys.each():
-                found.append(await _stream_row(client, part, event_type))
-        return found
-
-    rows = ops.run(body)
+    event_types = [*ops.pipeline.event_types(), DLQ, REVIEW, REVIEW_DECIDED]
+    # ops.keys: the recorded layout, read once connected.
+    overview = ops.run(lambda client: read_overview(client, ops.keys, event_types))
+    rows = [_stream_row(figures) for figures in overview.streams]
     if as_json:
         print_json(rows)
         return
@@ -72,29 +65,25 @@ def streams(as_json: bool) -> None:
     for r in rows:
         name = r["type"] if "partition" not in r else f"{r['type']}@p{r['partition']}"
         if not r["groups"]:
-            lines.append((name, r["length"], "-", "", "", ""))
+            lines.append((name, r["length"], "-", "", "", "", ""))
         for g in r["groups"]:
             lines.append((name, r["length"], g["name"], g["consumers"], g["pending"],
-                          "?" if g["lag"] is None else g["lag"]))
-    click.echo(table(lines, ["stream", "length", "group", "consumers", "pending", "lag"]))
+                          "?" if g["undelivered"] is None else g["undelivered"],
+                          f"{g['lag_s']:.1f}"))
+    click.echo(table(lines, ["stream", "length", "group", "consumers", "pending", "undelivered",
+                             "lag_s"]))
 
 
-async def _stream_row(client: aioredis.Redis, keys: StreamKeys, event_type: str) -> dict[str, Any]:
+def _stream_row(figures: StreamFigures) -> dict[str, Any]:
     """One stream (of one partition) as ``streams`` shows it; ``partition`` only when
     there are several."""
-    key = keys.stream(event_type)
-    try:
-        info = await client.xinfo_stream(key)
-        groups = await client.xinfo_groups(key)
-    except ResponseError:  # the stream does not exist yet
-        info, groups = {"length": 0}, []
-    row: dict[str, Any] = {"stream": key, "type": event_type}
-    if keys.partitioned:
-        row["partition"] = keys.partition
-    return {**row, "length": int(info.get("length", 0)),
-            "groups": [{"name": g["name"], "consumers": g.get("consumers"),
-                        "pending": g.get("pending"), "lag": g.get("lag"),
-                        "last_delivered_id": g.get("last-delivered-id")} for g in groups]}
+    row: dict[str, Any] = {"stream": figures.stream, "type": figures.event_type}
+    if figures.partition is not None:
+        row["partition"] = figures.partition
+    return {**row, "length": figures.length,
+            "groups": [{"name": g.name, "consumers": g.consumers, "pending": g.pending,
+                        "undelivered": g.undelivered, "lag_s": round(g.lag_s, 3),
+                        "last_delivered_id": g.last_delivered_id} for g in figures.groups]}
 
 
 @click.group("pipeline")

@@ -10,12 +10,14 @@ rest takes the client as :data:`Redis` and calls in here:
   ``printery streams``, the console and the gauges;
 * :mod:`~printery.store.inbox`: how many reviews and dead letters wait, one read;
 * :mod:`~printery.store.outage`: one outage policy and one definition of unreachable;
+* :mod:`~printery.store.errors`: the client's errors by what they mean;
 * :mod:`~printery.store.joins`: an aggregator's keyspace (:class:`JoinStore`);
 * :mod:`~printery.store.scan`: one scan of a stream and of every partition.
 """
 
 from __future__ import annotations
 
+from printery.store.errors import CommandRefused, ServerError, WatchConflict
 from printery.store.inbox import Waiting, waiting
 from printery.store.joins import JoinStore
 from printery.store.outage import UNREACHABLE, Outage, unreachable
@@ -23,6 +25,7 @@ from printery.store.overview import GroupFigures, StreamFigures, StreamOverview,
 from printery.transport.connection import Redis
 
 __all__ = [
-    "UNREACHABLE", "GroupFigures", "JoinStore", "Outage", "Redis", "StreamFigures",
-    "StreamOverview", "Waiting", "read_overview", "unreachable", "waiting",
+    "UNREACHABLE", "CommandRefused", "GroupFigures", "JoinStore", "Outage", "Redis",
+    "ServerError", "StreamFigures", "StreamOverview", "Waiting", "WatchConflict",
+    "read_overview", "unreachable", "waiting",
 ]
