@@ -21,9 +21,8 @@ import asyncio
 import os
 from typing import Any
 
-import redis.asyncio as aioredis
-
 from printery.bench.layout import BenchLayout
+from printery.store import Redis
 from printery.transport.streams import ensure_group
 
 
@@ -33,7 +32,7 @@ class CeilingRelay:
     with ``minimal`` it writes only each entry's ``data`` field."""
 
     def __init__(
-        self, client: aioredis.Redis, layout: BenchLayout, *, batch: int, block_ms: int,
+        self, client: Redis, layout: BenchLayout, *, batch: int, block_ms: int,
         minimal: bool = False,
     ) -> None:
         self.client = client

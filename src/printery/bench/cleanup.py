@@ -4,13 +4,12 @@ from __future__ import annotations
 
 import contextlib
 
-import redis
-import redis.asyncio as aioredis
+from printery.store import Redis, ServerError
 
 
-async def delete_prefix(client: aioredis.Redis, prefix: str) -> None:
+async def delete_prefix(client: Redis, prefix: str) -> None:
     """Remove the run's streams and markers, so repeated runs do not fill the server."""
-    with contextlib.suppress(redis.RedisError, OSError):
+    with contextlib.suppress(ServerError, OSError):
         batch: list[str] = []
         async for key in client.scan_iter(match=f"{prefix}:*", count=1000):
             batch.append(key)
@@ -21,7 +20,7 @@ async def delete_prefix(client: aioredis.Redis, prefix: str) -> None:
             await _unlink(client, batch)
 
 
-async def _unlink(client: aioredis.Redis, keys: list[str]) -> None:
+async def _unlink(client: Redis, keys: list[str]) -> None:
     """One UNLINK per key in a pipeline: on a cluster the keys are in many slots."""
     async with client.pipeline(transaction=False) as pipe:
         for key in keys:

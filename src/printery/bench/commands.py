@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-import redis.asyncio as aioredis
+from printery.store import Redis
 
 
 class CommandStats:
@@ -16,7 +16,7 @@ class CommandStats:
     own time in each command (a script's includes that of the commands it runs).
     """
 
-    def __init__(self, client: aioredis.Redis, *, enabled: bool) -> None:
+    def __init__(self, client: Redis, *, enabled: bool) -> None:
         self.client = client
         self.enabled = enabled
         self._start: dict[str, tuple[int, float]] = {}

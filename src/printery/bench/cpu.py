@@ -10,13 +10,12 @@ event on a master times the events/s it carries.
 
 from __future__ import annotations
 
-from typing import Any, cast
+from typing import Any
 
 import psutil
-import redis.asyncio as aioredis
-from redis.asyncio.cluster import RedisCluster
 
-from printery.transport.streams import one_slot
+from printery.store import Redis
+from printery.store.servers import master_cpu_seconds
 
 
 def cpu_seconds(pid: int) -> float | None:
@@ -49,27 +48,17 @@ class ServerCpu:
 class ClusterCpu:
     """CPU seconds each master spent since :meth:`start` (None off a cluster)."""
 
-    def __init__(self, client: aioredis.Redis) -> None:
-        cluster: object = client
-        self.cluster = cast(RedisCluster, cluster) if one_slot(client) else None
+    def __init__(self, client: Redis) -> None:
+        self.client = client
         self._start: dict[str, float] = {}
 
-    async def _now(self) -> dict[str, float]:
-        assert self.cluster is not None
-        found: dict[str, float] = {}
-        for node in self.cluster.get_primaries():
-            info: Any = await self.cluster.info("cpu", target_nodes=node)
-            found[node.name] = float(info["used_cpu_user"]) + float(info["used_cpu_sys"])
-        return found
-
     async def start(self) -> None:
-        if self.cluster is not None:
-            self._start = await self._now()
+        self._start = await master_cpu_seconds(self.client) or {}
 
     async def seconds(self) -> dict[str, float] | None:
         """Each master's CPU seconds since :meth:`start`, by ``host:port``."""
-        if self.cluster is None:
+        end = await master_cpu_seconds(self.client)
+        if end is None:
             return None
-        end = await self._now()
         return {name: round(end[name] - self._start.get(name, end[name]), 4)
                 for name in sorted(end)}

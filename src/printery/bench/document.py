@@ -6,9 +6,8 @@ from __future__ import annotations
 import statistics
 from typing import Any
 
-import redis
-
 from printery.bench.plan import BATCH, SIDES, Plan
+from printery.transport.connection import CLIENT_LIBRARY
 
 
 def _ratio(ours: dict[str, Any] | None, ceiling: dict[str, Any] | None, key: str) -> float:
@@ -62,7 +61,7 @@ def document(
         "partitions": plan.partitions,
         "payload_bytes": plan.payload_bytes,
         "server": "embedded" if embedded else "url",
-        "client": f"redis-py {redis.__version__}",
+        "client": CLIENT_LIBRARY,
         "ceilings": ceiling,
         "batch": BATCH,
         "prefetch": settings.get("prefetch", plan.prefetch),

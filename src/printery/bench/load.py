@@ -18,11 +18,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-import redis.asyncio as aioredis
-
 from printery import _json
 from printery.bench.layout import BenchLayout
 from printery.envelope import Codec
+from printery.store import Redis
 
 CODEC = Codec()
 
@@ -30,7 +29,7 @@ CODEC = Codec()
 CHUNK = 2000
 
 
-async def server_offset_ms(client: aioredis.Redis) -> float:
+async def server_offset_ms(client: Redis) -> float:
     """Server clock minus local clock, in ms (0 give or take on loopback; matters for a
     remote ``--redis-url``, whose ids are stamped by another machine's clock)."""
     before = time.time() * 1000
@@ -68,7 +67,7 @@ class EventFactory:
         return CODEC.encode(envelope, data_json=_json.dumps(data))
 
 
-async def load_backlog(client: aioredis.Redis, factory: EventFactory, events: int) -> None:
+async def load_backlog(client: Redis, factory: EventFactory, events: int) -> None:
     """Append ``events`` entries to stage 0 before any relay reads."""
     for start in range(0, events, CHUNK):
         pipe = client.pipeline(transaction=False)
@@ -77,7 +76,7 @@ async def load_backlog(client: aioredis.Redis, factory: EventFactory, events: in
         await pipe.execute()
 
 
-async def offer(client: aioredis.Redis, factory: EventFactory, rate: float, duration: float) -> int:
+async def offer(client: Redis, factory: EventFactory, rate: float, duration: float) -> int:
     """Open loop: append ``rate`` events/s for ``duration`` s whatever the relays do, each
     stamped when it is sent; returns how many were offered.
 
@@ -105,7 +104,7 @@ async def offer(client: aioredis.Redis, factory: EventFactory, rate: float, dura
 
 
 async def wait_arrivals(
-    client: aioredis.Redis, streams: Sequence[str], events: int, *, stall_timeout: float
+    client: Redis, streams: Sequence[str], events: int, *, stall_timeout: float
 ) -> tuple[int, int]:
     """Poll the final streams' lengths until ``events`` arrived, or nothing arrived for
     ``stall_timeout`` s (a broken side must not hang the bench); returns the length and
@@ -142,7 +141,7 @@ class Arrivals:
 
 
 async def read_arrivals(
-    client: aioredis.Redis, streams: Sequence[str], *, not_before_ms: float
+    client: Redis, streams: Sequence[str], *, not_before_ms: float
 ) -> Arrivals:
     """Read the whole final streams; latency counts from the later of the publish stamp
     and ``not_before_ms`` (a pre-loaded backlog waits for the start, which is not the
@@ -154,7 +153,7 @@ async def read_arrivals(
 
 
 async def _read_final(
-    client: aioredis.Redis, stream: str, not_before_ms: float, result: Arrivals
+    client: Redis, stream: str, not_before_ms: float, result: Arrivals
 ) -> None:
     cursor = "-"
     while True:

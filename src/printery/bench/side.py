@@ -10,8 +10,6 @@ from __future__ import annotations
 import time
 from typing import Any
 
-import redis.asyncio as aioredis
-
 from printery.bench.cleanup import delete_prefix
 from printery.bench.commands import CommandStats
 from printery.bench.cpu import ClusterCpu, ServerCpu
@@ -27,6 +25,7 @@ from printery.bench.load import (
 )
 from printery.bench.plan import BATCH, BLOCK_MS, STALL_TIMEOUT, Plan
 from printery.bench.procs import RelayProcesses
+from printery.store import Redis
 
 
 def _features(side: str, features: tuple[str, ...]) -> tuple[str, ...]:
@@ -38,7 +37,7 @@ def _features(side: str, features: tuple[str, ...]) -> tuple[str, ...]:
 
 
 async def run_side(
-    kind: str, client: aioredis.Redis, url: str, plan: Plan, server_pid: int | None
+    kind: str, client: Redis, url: str, plan: Plan, server_pid: int | None
 ) -> dict[str, Any]:
     layout = BenchLayout(f"bench:{plan.run_id}:{kind}", plan.stages, plan.partitions)
     ours = kind.startswith("printery")

@@ -6,8 +6,6 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-import redis.asyncio as aioredis
-
 from printery import (
     Budget,
     ConsumerSettings,
@@ -21,6 +19,7 @@ from printery import (
 )
 from printery.bench.layout import BenchLayout
 from printery.metrics import Metrics, MetricsObserver
+from printery.store import Redis
 
 #: The bench's budgets: never reached, so every event still arrives; what is measured
 #: is their bookkeeping (the check before each handler, the charge in each commit).
@@ -81,7 +80,7 @@ def bench_settings(prefetch: int | None) -> ConsumerSettings:
 
 
 def bench_manager(
-    client: aioredis.Redis, layout: BenchLayout, settings: ConsumerSettings,
+    client: Redis, layout: BenchLayout, settings: ConsumerSettings,
     features: Sequence[str] = (),
 ) -> WorkerManager:
     """The stage workers, registered with their dependencies, not yet started. They

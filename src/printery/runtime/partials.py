@@ -26,12 +26,12 @@ import contextvars
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
-import redis.asyncio as aioredis
 import structlog
 
 from printery import _json
 from printery.errors import describe
 from printery.keys import StreamKeys
+from printery.transport.connection import Redis
 
 if TYPE_CHECKING:
     from printery.runtime.handler import Message
@@ -75,7 +75,7 @@ class PartialWriter:
     """Writes the partials and verdicts of every handler of one worker (see the module
     doc); :meth:`close` when the worker stops."""
 
-    def __init__(self, client: aioredis.Redis, keys: StreamKeys, *,
+    def __init__(self, client: Redis, keys: StreamKeys, *,
                  interval: float = FLUSH_S) -> None:
         self.client = client
         self.keys = keys

@@ -14,6 +14,7 @@ from __future__ import annotations
 from typing import Any, TypeAlias, cast
 from urllib.parse import urlsplit
 
+import redis
 import redis.asyncio as aioredis
 from redis.asyncio.connection import SSLConnection, parse_url
 
@@ -22,6 +23,9 @@ from printery.transport.cluster import cluster_client
 #: The client every module above the transport takes (plain or cluster, see above): named
 #: here so that only ``transport/`` and ``store/`` import redis-py.
 Redis: TypeAlias = aioredis.Redis
+
+#: The client library and its version, as reports name it.
+CLIENT_LIBRARY = f"redis-py {redis.__version__}"
 
 #: Cluster scheme -> the scheme of one node.
 CLUSTER_SCHEMES = {"redis+cluster": "redis", "rediss+cluster": "rediss"}

@@ -1,0 +1,26 @@
+"""What the servers themselves report (``INFO``), for the benchmark's figures: per master
+of a cluster, since a cluster client's ``INFO`` answers for one node at a time."""
+
+from __future__ import annotations
+
+from typing import Any, cast
+
+from redis.asyncio.cluster import RedisCluster
+
+from printery.transport.connection import Redis
+from printery.transport.streams import one_slot
+
+__all__ = ["master_cpu_seconds"]
+
+
+async def master_cpu_seconds(client: Redis) -> dict[str, float] | None:
+    """CPU seconds (user and system) each master of a cluster has used, by ``host:port``;
+    None off a cluster."""
+    if not one_slot(client):
+        return None
+    cluster = cast(RedisCluster, client)
+    found: dict[str, float] = {}
+    for node in cluster.get_primaries():
+        info: Any = await cluster.info("cpu", target_nodes=node)
+        found[node.name] = float(info["used_cpu_user"]) + float(info["used_cpu_sys"])
+    return found
