@@ -4,8 +4,9 @@ hold whatever was drawn.
 
 A drawn :class:`Example` is plain data (frozen dataclasses, readable ``repr``): the
 pipeline's shape (:class:`Shape`: a chain of :class:`Stage` s — plain step, escalated
-step, validator gate, validation loop, join of two branches — with limits, a budget and
-partitions), the runs submitted (each with the failure of each stage, carried in the
+step, validator gate, validation loop, join of two branches — with limits (some with a
+``max_wait`` that sends work to the fallback), a budget (whose steps may reserve an
+``estimate=``) and partitions), the runs submitted (each with the failure of each stage, carried in the
 run's data so that every handler knows what to do), garbage entries written to the
 streams, reviews decided by a person or left to a deadline, and replays.
 :func:`run_example` builds the pipeline with the public API, starts its workers (in this
@@ -58,6 +59,7 @@ from printery import (
     Message,
     Output,
     Pipeline,
+    QuotaExhausted,
     Reason,
     ReplayError,
     ReviewNotFound,
@@ -101,7 +103,9 @@ KINDS = ("plain", "escalate", "validator", "loop", "join")
 #: What a stage's handler does in a run (every kind understands every mode: a mode that
 #: means nothing to a kind is a success there).
 MODES = ("ok", "raise", "flaky", "hang", "exit", "decimal", "big", "huge", "reject",
-         "reject_all", "validator_none", "policy_raise")
+         "reject_all", "validator_none", "policy_raise", "quota")
+#: Seconds an entry waits for a ``Limit(max_wait=)`` before its step's fallback runs.
+MAX_WAIT = 0.05
 
 
 @dataclass(frozen=True)
@@ -110,6 +114,8 @@ class Stage:
     concurrency: int = 1
     #: None, or ``(key, concurrency, requests_per_minute)`` of one :class:`Limit`.
     limit: tuple[str, int | None, int | None] | None = None
+    #: Whether that limit has a ``max_wait`` (:data:`MAX_WAIT`).
+    max_wait: bool = False
     #: loop: attempts, a fallback, a review kind; escalate: "ok"/"raise"/None fallback,
     #: a review kind, a terminal output; join: the policy.
     attempts: int = 1
@@ -125,6 +131,8 @@ class Shape:
     #: None, or ``(usd limit, on_exceeded)``.
     budget: tuple[float, str] | None = None
     partitions: int = 1
+    #: Whether the steps reserve ``estimate={"usd": 1}`` (each call spends about that).
+    estimate: bool = False
 
 
 @dataclass(frozen=True)
@@ -157,7 +165,8 @@ class Example:
 
     def describe(self) -> str:
         """The example in a few lines (printed and noted on failure)."""
-        lines = [f"shape: budget={self.shape.budget} partitions={self.shape.partitions}"]
+        lines = [f"shape: budget={self.shape.budget} partitions={self.shape.partitions} "
+                 f"estimate={self.shape.estimate}"]
         lines += [f"  stage {i}: {s}" for i, s in enumerate(self.shape.stages)]
         lines += [f"run {i}: {r}" for i, r in enumerate(self.runs)]
         lines += [f"garbage: {g}" for g in self.garbage]
@@ -178,7 +187,9 @@ LIMITS = st.one_of(
 @st.composite
 def stages(draw: st.DrawFn) -> Stage:
     kind = draw(st.sampled_from(KINDS))
-    base = {"kind": kind, "concurrency": draw(st.sampled_from([1, 2])), "limit": draw(LIMITS)}
+    limit = draw(LIMITS)
+    base = {"kind": kind, "concurrency": draw(st.sampled_from([1, 2])), "limit": limit,
+            "max_wait": limit is not None and draw(st.booleans())}
     if kind == "loop":
         return Stage(**base, attempts=draw(st.integers(1, 3)),
                      fallback=draw(st.sampled_from([None, "ok"])), review=draw(st.booleans()))
@@ -196,6 +207,7 @@ SHAPES = st.builds(
     budget=st.one_of(st.none(), st.tuples(st.sampled_from([1.5, 2.5, 4.5]),
                                           st.sampled_from(["stop", "review"]))),
     partitions=st.sampled_from([1, 1, 1, 2]),
+    estimate=st.booleans(),
 )
 #: Mostly success, so that runs reach the later stages.
 MODE = st.one_of(st.just("ok"), st.sampled_from(MODES))
@@ -240,6 +252,8 @@ def _charge(message: Message) -> None:
     message.report_cost("usd", 1 + next(_amounts) % 1_000_000 / 1e7)
 
 
+#: What a step reserves before each handler call (None: nothing).
+Estimate = dict[str, float] | None
 #: A handler's ``(limit key, its concurrency)``, None when no Limit bounds its concurrency.
 Slot = tuple[str, int] | None
 
@@ -290,6 +304,8 @@ async def misbehave(mode: str, message: Message) -> None:
         await asyncio.Event().wait()
     if mode == "exit":
         sys.exit(3)
+    if mode == "quota":
+        raise QuotaExhausted("fuzz: the provider's quota is gone", retry_after=259200)
 
 
 def answer(mode: str, data: Any) -> Any:
@@ -317,6 +333,8 @@ def build(shape: Shape) -> Built:
     units = ["usd"]
     budget = Budget(usd=shape.budget[0], on_exceeded=shape.budget[1]) if shape.budget else None
     pipeline = Pipeline("fuzz", ingress=["s0"], cost_units=units, budget=budget)
+    #: What every step of the shape that calls a handler reserves (with a budget).
+    estimate: Estimate = {"usd": 1.0} if shape.estimate and budget is not None else None
     probe = Probe()
     joins: list[str] = []
     n = len(shape.stages)
@@ -325,7 +343,7 @@ def build(shape: Shape) -> Built:
         src, dst = f"s{i}", f"s{i + 1}"
         kinds = {"plain": _plain, "escalate": _escalated, "validator": _validator,
                  "loop": _loop, "join": _join}
-        kinds[stage.kind](pipeline, stage, i, src, dst, limits, key, probe)
+        kinds[stage.kind](pipeline, stage, i, src, dst, limits, key, probe, estimate)
         if stage.kind == "join":
             joins.append(f"join{i}")
     return Built(pipeline, probe, tuple(f"s{i}" for i in range(n + 1)), tuple(joins))
@@ -337,7 +355,8 @@ def _limits(stage: Stage, i: int) -> tuple[list[Limit], Slot]:
     which, concurrency, rpm = stage.limit
     key = "shared" if which == "shared" else f"own{i}"
     slot = None if concurrency is None else (key, concurrency)
-    return [Limit(key, concurrency=concurrency, requests_per_minute=rpm)], slot
+    return [Limit(key, concurrency=concurrency, requests_per_minute=rpm,
+                  max_wait=MAX_WAIT if stage.max_wait else None)], slot
 
 
 def _handler(i: int, dst: str, probe: Probe, key: Slot, step: str) -> Callable[..., Any]:
@@ -354,14 +373,14 @@ def _handler(i: int, dst: str, probe: Probe, key: Slot, step: str) -> Callable[.
 
 
 def _plain(p: Pipeline, stage: Stage, i: int, src: str, dst: str, limits: list[Limit],
-           key: Slot, probe: Probe) -> None:
+           key: Slot, probe: Probe, estimate: Estimate) -> None:
     p.step(f"plain{i}", consumes=[src], produces=[dst], concurrency=stage.concurrency,
-           cost_units=["usd"], limits=limits, timeout=STEP_TIMEOUT)(
+           cost_units=["usd"], limits=limits, timeout=STEP_TIMEOUT, estimate=estimate)(
         _handler(i, dst, probe, key, f"plain{i}"))
 
 
 def _escalated(p: Pipeline, stage: Stage, i: int, src: str, dst: str, limits: list[Limit],
-               key: Slot, probe: Probe) -> None:
+               key: Slot, probe: Probe, estimate: Estimate) -> None:
     rejected, gave_up = f"{src}:rejected", f"{src}:gave_up"
 
     async def fallback(message: Message) -> Output:
@@ -383,7 +402,7 @@ def _escalated(p: Pipeline, stage: Stage, i: int, src: str, dst: str, limits: li
         terminal=(lambda m, exc: Output(gave_up, {"status": "gave_up", "error": str(exc)}))
         if stage.terminal else None)
     p.step(f"esc{i}", consumes=[src], produces=produces, concurrency=stage.concurrency,
-           cost_units=["usd"], limits=limits, timeout=STEP_TIMEOUT)(handler)
+           cost_units=["usd"], limits=limits, timeout=STEP_TIMEOUT, estimate=estimate)(handler)
 
 
 def _verdict(mode: str, data: Any) -> Any:
@@ -397,11 +416,11 @@ def _verdict(mode: str, data: Any) -> Any:
 
 
 def _validator(p: Pipeline, stage: Stage, i: int, src: str, dst: str, limits: list[Limit],
-               key: Slot, probe: Probe) -> None:
+               key: Slot, probe: Probe, estimate: Estimate) -> None:
     rejected = f"{src}:rejected"
 
     @p.step(f"gate{i}", consumes=[src], produces=[dst, rejected], concurrency=stage.concurrency,
-            cost_units=["usd"], limits=limits, timeout=STEP_TIMEOUT)
+            cost_units=["usd"], limits=limits, timeout=STEP_TIMEOUT, estimate=estimate)
     async def gate(message: Message) -> Output:
         mode = mode_of(message.data, i)
         probe.enter(key, f"gate{i}")
@@ -418,7 +437,7 @@ def _validator(p: Pipeline, stage: Stage, i: int, src: str, dst: str, limits: li
 
 
 def _loop(p: Pipeline, stage: Stage, i: int, src: str, dst: str, limits: list[Limit],
-          key: Slot, probe: Probe) -> None:
+          key: Slot, probe: Probe, estimate: Estimate) -> None:
     async def work(message: Message) -> Any:
         mode = mode_of(message.data, i)
         probe.enter(key, f"loop{i}")
@@ -440,14 +459,14 @@ def _loop(p: Pipeline, stage: Stage, i: int, src: str, dst: str, limits: list[Li
     p.add(Loop(f"loop{i}", consumes=src, produces=dst, work=work, validate=validate,
                max_attempts=stage.attempts, fallback=fallback if stage.fallback else None,
                review_kind=f"answer{i}" if stage.review else None, concurrency=stage.concurrency,
-               cost_units=["usd"], limits=limits, timeout=STEP_TIMEOUT))
+               cost_units=["usd"], limits=limits, timeout=STEP_TIMEOUT, estimate=estimate))
 
 
 def _join(p: Pipeline, stage: Stage, i: int, src: str, dst: str, limits: list[Limit],
-          key: Slot, probe: Probe) -> None:
+          key: Slot, probe: Probe, estimate: Estimate) -> None:
     """Two branches (``a`` fails as the run says, ``b`` never) joined by an aggregator."""
     p.step(f"branch{i}a", consumes=[src], produces=[f"{src}:a"], concurrency=stage.concurrency,
-           cost_units=["usd"], limits=limits, timeout=STEP_TIMEOUT)(
+           cost_units=["usd"], limits=limits, timeout=STEP_TIMEOUT, estimate=estimate)(
         _handler(i, f"{src}:a", probe, key, f"branch{i}a"))
     p.step(f"branch{i}b", consumes=[src], produces=[f"{src}:b"], cost_units=["usd"],
            timeout=STEP_TIMEOUT)(_handler(-1, f"{src}:b", probe, None, f"branch{i}b"))

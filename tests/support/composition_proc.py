@@ -58,7 +58,7 @@ def shape_of(text: str) -> Shape:
     stages = tuple(Stage(**{**s, "limit": tuple(s["limit"]) if s["limit"] else None})
                    for s in raw["stages"])
     return Shape(stages, tuple(raw["budget"]) if raw["budget"] else None,  # type: ignore[arg-type]
-                 raw["partitions"])
+                 raw["partitions"], raw["estimate"])
 
 
 class Proc:
