@@ -36,12 +36,13 @@ BUDGETS = block("budget=Budget(")
 LIBRARY_CALLS = block("await replay(")
 ASYNC_CLIENT = block("async with Client(")
 SYNC_CLIENT = block("with SyncClient(")
-LIMITS = block("OpenAICompatible(")
+LIMITS = block("llm = OpenAICompatible(")
+QUOTA = block("fallback=draft_elsewhere")
 LOOP = block('answers.add(Loop(')
 
 
 def test_every_block_is_run_here() -> None:
-    assert len(BLOCKS) == 8, "a new README block: run it in this file"
+    assert len(BLOCKS) == 9, "a new README block: run it in this file"
 
 
 def run_block(source: str, namespace: dict[str, Any]) -> Any:
@@ -160,3 +161,14 @@ def test_readme_flow_control_block_defines_a_limited_model_step() -> None:
     api, tenant = pipeline.steps["draft"].limits
     assert (api.concurrency, api.requests_per_minute, api.tokens_per_minute) == (4, 500, 200_000)
     assert tenant.label == "per-tenant" and tenant.requests_per_minute == 60
+
+
+def test_readme_quota_block_sends_a_saturated_or_exhausted_provider_to_the_fallback() -> None:
+    namespace: dict[str, Any] = {"__name__": "readme"}
+    run_block(LIMITS, namespace)
+    run_block(QUOTA, namespace)
+    pipeline: Pipeline = namespace["pipeline"]
+    pipeline.validate()
+    step = pipeline.steps["draft_any"]
+    (limit,) = step.limits
+    assert limit.max_wait == 5 and step.falls_back is not None
