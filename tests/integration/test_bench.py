@@ -52,13 +52,14 @@ async def test_backlog_run_on_embedded_server_is_verified() -> None:
     assert result["printery"]["settings"]["prefetch"] == ConsumerSettings().prefetch
     for side in sides:
         commands = result[side]["commands_per_event"]
-        # every stage writes each event once: at least one XADD per event per stage
-        assert commands >= 2, side
-        assert result[side]["commands"]["xadd"]["per_event"] >= 2, side
+        # every stage but the last (the sink, which notes arrivals in batches) writes each
+        # event once: an XADD per event per relaying stage, and a few for the notes
+        assert commands >= 1, side
+        assert 1 <= result[side]["commands"]["xadd"]["per_event"] < 1.1, side
         assert result[side]["server_cpu_s_per_1000"] >= 0
     # the driver's loading and polling are not the relays': a ceiling reads in batches,
     # so it sends little more than its XADDs
-    assert result["ceiling_minimal"]["commands_per_event"] < 2.5
+    assert result["ceiling_minimal"]["commands_per_event"] < 1.5
     table = format_table(result)
     assert "ceiling (same entries)" in table and "ceiling (minimal" in table
     assert "printery" in table and "exactly once: yes" in table

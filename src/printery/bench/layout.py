@@ -13,9 +13,10 @@ PROTOCOL_PREFIX = "@bench "
 
 @dataclass(frozen=True, slots=True)
 class BenchLayout:
-    """Stage ``i`` reads ``<prefix>:s<i>`` and writes ``<prefix>:s<i+1>``; the final
-    stream ``s<stages>`` is where arrivals are counted. Event types equal the stream
-    suffixes, so printery's :class:`StreamKeys` and the ceiling agree on every name.
+    """Stage ``i`` reads ``<prefix>:s<i>`` and, but for the last, writes
+    ``<prefix>:s<i+1>``; the last stage (``stages - 1``) is the sink, which notes arrivals
+    (:mod:`printery.bench.arrivals`). Event types equal the stream suffixes, so printery's
+    :class:`StreamKeys` and the ceiling agree on every name.
 
     With ``partitions`` > 1 (CONTRACT §15) each stream is one per partition; event ``n``
     is the run ``b<n>`` and stays in that run's partition through every stage."""
@@ -48,7 +49,16 @@ class BenchLayout:
         """Consumer group (printery: the step name) of the stage that reads ``s<stage>``."""
         return f"stage{stage}"
 
+    def is_sink(self, stage: int) -> bool:
+        """Whether ``stage`` is the last one, which notes arrivals instead of relaying."""
+        return stage == self.stages - 1
+
     @property
-    def finals(self) -> list[str]:
-        """The final stream of every partition."""
-        return [self.stream(self.stages, k) for k in range(self.partitions)]
+    def arrivals(self) -> str:
+        """The stream of the sinks' notes (one entry per batch of arrivals)."""
+        return f"{self.prefix}:arrivals"
+
+    @property
+    def arrived(self) -> str:
+        """The count of arrivals noted, which the driver polls."""
+        return f"{self.prefix}:arrived"

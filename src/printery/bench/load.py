@@ -1,12 +1,9 @@
-"""Load for a bench run and what arrived: events in, arrivals counted, exactly-once checked,
-end-to-end latency from the publish stamp to the arrival in the final stream.
+"""Load for a bench run: a backlog loaded before the start, or events offered at a rate.
 
 Every event is a printery envelope (so printery and the same-entry ceiling read the same
 entries), or for the minimal ceiling an entry of the one field ``data``, whose ``data``
-carries its number ``n`` and its publish time ``t`` in the server's clock (ms). Arrival
-time is the final entry's id, which the server stamps when the last stage appends it:
-no collector sits in the measured path. Ids have millisecond resolution, so an arrival is
-taken as the middle of its millisecond.
+carries its number ``n`` and its publish time ``t`` in the server's clock (ms); the
+sinks note when it arrived (:mod:`printery.bench.arrivals`).
 """
 
 from __future__ import annotations
@@ -14,8 +11,6 @@ from __future__ import annotations
 import asyncio
 import math
 import time
-from collections.abc import Sequence
-from dataclasses import dataclass, field
 from typing import Any
 
 from printery import _json
@@ -25,7 +20,7 @@ from printery.store import Redis
 
 CODEC = Codec()
 
-#: Entries per pipeline while loading a backlog, and per XRANGE while reading arrivals.
+#: Entries per pipeline while loading a backlog.
 CHUNK = 2000
 
 
@@ -101,74 +96,6 @@ async def offer(client: Redis, factory: EventFactory, rate: float, duration: flo
         wake = begun + sent / rate
         await asyncio.sleep(max(0.0, wake - time.monotonic()))
     return sent
-
-
-async def wait_arrivals(
-    client: Redis, streams: Sequence[str], events: int, *, stall_timeout: float
-) -> tuple[int, int]:
-    """Poll the final streams' lengths until ``events`` arrived, or nothing arrived for
-    ``stall_timeout`` s (a broken side must not hang the bench); returns the length and
-    the number of ``XLEN`` polls (so command counts can leave them out)."""
-    seen, last_change = -1, time.monotonic()
-    polls = 0
-    while True:
-        count = sum([int(await client.xlen(stream)) for stream in streams])
-        polls += len(streams)
-        if count >= events:
-            return count, polls
-        now = time.monotonic()
-        if count != seen:
-            seen, last_change = count, now
-        elif now - last_change > stall_timeout:
-            return count, polls
-        await asyncio.sleep(0.02)
-
-
-@dataclass(slots=True)
-class Arrivals:
-    """What the final stream holds after a run."""
-
-    latencies_ms: list[float] = field(default_factory=list)
-    first_ms: float = 0.0
-    last_ms: float = 0.0
-    counts: dict[int, int] = field(default_factory=dict)
-
-    def exactly_once(self, events: int) -> bool:
-        """Every event ``0..events-1`` arrived, none twice, nothing else."""
-        return len(self.counts) == events and all(
-            self.counts.get(n) == 1 for n in range(events)
-        )
-
-
-async def read_arrivals(
-    client: Redis, streams: Sequence[str], *, not_before_ms: float
-) -> Arrivals:
-    """Read the whole final streams; latency counts from the later of the publish stamp
-    and ``not_before_ms`` (a pre-loaded backlog waits for the start, which is not the
-    relay's latency)."""
-    result = Arrivals()
-    for stream in streams:
-        await _read_final(client, stream, not_before_ms, result)
-    return result
-
-
-async def _read_final(
-    client: Redis, stream: str, not_before_ms: float, result: Arrivals
-) -> None:
-    cursor = "-"
-    while True:
-        batch: Any = await client.xrange(stream, min=cursor, max="+", count=CHUNK)
-        if not batch:
-            break
-        for entry_id, fields in batch:
-            arrived = int(entry_id.split("-", 1)[0]) + 0.5
-            data = _json.loads(fields["data"])
-            n = int(data["n"])
-            result.counts[n] = result.counts.get(n, 0) + 1
-            result.latencies_ms.append(max(0.0, arrived - max(float(data["t"]), not_before_ms)))
-            result.last_ms = max(result.last_ms, arrived)
-            result.first_ms = min(result.first_ms or arrived, arrived)
-        cursor = "(" + batch[-1][0]
 
 
 def percentile(ordered: list[float], fraction: float) -> float:

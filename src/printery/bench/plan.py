@@ -23,9 +23,9 @@ CEILINGS: dict[str, tuple[str, ...]] = {
     "both": ("ceiling", "ceiling_minimal"),
 }
 
-#: Entries per read of the ceilings (their XREADGROUP count). printery reads what its
-#: own ``prefetch`` makes it read.
-BATCH = 256
+#: Entries per read of the ceilings (their XREADGROUP count, the outside yardstick's).
+#: printery reads what its own ``prefetch`` makes it read.
+BATCH = 100
 #: Blocking-read time of the ceilings and of the driver's client: short, so a stop is
 #: quick; it costs nothing when busy. printery's is the library's default.
 BLOCK_MS = 100

@@ -10,6 +10,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
+from printery.bench.arrivals import read_arrivals, wait_arrivals
 from printery.bench.cleanup import delete_prefix
 from printery.bench.commands import CommandStats
 from printery.bench.cpu import ClusterCpu, ServerCpu
@@ -19,9 +20,7 @@ from printery.bench.load import (
     load_backlog,
     offer,
     percentile,
-    read_arrivals,
     server_offset_ms,
-    wait_arrivals,
 )
 from printery.bench.plan import BATCH, BLOCK_MS, STALL_TIMEOUT, Plan
 from printery.bench.procs import RelayProcesses
@@ -73,15 +72,16 @@ async def run_side(
             start_ms = time.time() * 1000 + offset
             offered = await offer(client, factory, plan.rate, plan.duration)
             not_before = 0.0
-        _, polls = await wait_arrivals(client, layout.finals, plan.events,
+        _, polls = await wait_arrivals(client, layout, plan.events,
                                        stall_timeout=STALL_TIMEOUT)
         procs.mark_done()
         server_seconds = server_cpu.seconds()
         by_master = await masters_cpu.seconds()
-        # The driver's own commands in the window: its XLEN polls and, in rate mode, the
-        # XADD of every offered event (INFO is left out by name).
-        calls = await commands.stop(driver={"xlen": polls, "xadd": offered})
-        arrivals = await read_arrivals(client, layout.finals, not_before_ms=not_before)
+        # The driver's own commands in the window: its polls of the count and, in rate
+        # mode, the XADD of every offered event (INFO is left out by name). The sinks'
+        # notes stay in (an XADD and an INCRBY per batch, every 20 ms: a few per 1,000).
+        calls = await commands.stop(driver={"get": polls, "xadd": offered})
+        arrivals = await read_arrivals(client, layout, not_before_ms=not_before)
     finally:
         await procs.stop()
         await delete_prefix(client, layout.prefix)

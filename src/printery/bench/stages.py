@@ -17,6 +17,7 @@ from printery import (
     Step,
     WorkerManager,
 )
+from printery.bench.arrivals import ArrivalRecorder
 from printery.bench.layout import BenchLayout
 from printery.metrics import Metrics, MetricsObserver
 from printery.store import Redis
@@ -37,6 +38,20 @@ def _forward(target: str, *, cost: bool = False) -> Handler:
     return handle_reporting if cost else handle
 
 
+def _sink(recorder: ArrivalRecorder, *, cost: bool = False) -> Handler:
+    """The last stage: note the arrival, write nothing (as the yardstick's fourth step)."""
+    note = recorder.note
+
+    async def handle(message: Message) -> None:
+        note(message.data)
+
+    async def handle_reporting(message: Message) -> None:
+        message.report_cost("usd", 0.001)
+        note(message.data)
+
+    return handle_reporting if cost else handle
+
+
 #: What ``--with-limit`` / ``--with-budget`` add to every stage; ``cost``: handlers that
 #: report a cost (as a budget's do) and nothing more, the baseline of a budget's overhead.
 FEATURES = ("limit", "budget", "cost")
@@ -50,21 +65,26 @@ def bench_limits(stage: int) -> list[Limit]:
                   requests_per_minute=1_000_000_000)]
 
 
-def bench_pipeline(layout: BenchLayout, features: Sequence[str] = ()) -> Pipeline:
-    """A chain ``s0 -> stage0 -> s1 -> ... -> s<stages>`` of handlers that pass data on,
-    each stage with the ``features`` asked for (:data:`FEATURES`): ``cost`` makes each
-    handler report a cost, ``budget`` that and a budget on the run and on every stage."""
+def bench_pipeline(
+    layout: BenchLayout, recorder: ArrivalRecorder, features: Sequence[str] = ()
+) -> Pipeline:
+    """A chain ``s0 -> stage0 -> s1 -> ... -> s<stages-1> -> sink`` of handlers that pass
+    data on, the last noting arrivals with ``recorder``, each stage with the ``features``
+    asked for (:data:`FEATURES`): ``cost`` makes each handler report a cost, ``budget``
+    that and a budget on the run and on every stage."""
     budget = "budget" in features
     cost = budget or "cost" in features
     pipeline = Pipeline("bench", ingress=[layout.event_type(0)],
                         cost_units=["usd"] if cost else [],
                         budget=Budget(usd=BENCH_BUDGET_USD) if budget else None)
     for stage in range(layout.stages):
+        sink = layout.is_sink(stage)
         target = layout.event_type(stage + 1)
         pipeline.add(
             Step(
                 name=layout.group(stage), consumes=(layout.event_type(stage),),
-                produces=(target,), handler=_forward(target, cost=cost),
+                produces=() if sink else (target,),
+                handler=_sink(recorder, cost=cost) if sink else _forward(target, cost=cost),
                 limits=bench_limits(stage) if "limit" in features else (),
                 cost_units=("usd",) if cost else (),
                 budget=Budget(usd=BENCH_BUDGET_USD) if budget else None,
@@ -81,14 +101,14 @@ def bench_settings(prefetch: int | None) -> ConsumerSettings:
 
 def bench_manager(
     client: Redis, layout: BenchLayout, settings: ConsumerSettings,
-    features: Sequence[str] = (),
+    recorder: ArrivalRecorder, features: Sequence[str] = (),
 ) -> WorkerManager:
     """The stage workers, registered with their dependencies, not yet started. They
     observe into Prometheus instruments as ``printery-workers``' do (a histogram per
     handled entry, one per limit wait): the bench measures what the service runs."""
     manager = WorkerManager(drain_timeout=10.0)
     observer = MetricsObserver(Metrics(process_metrics=False))
-    for worker, deps in bench_pipeline(layout, features).build_workers(
+    for worker, deps in bench_pipeline(layout, recorder, features).build_workers(
         client=client, keys=layout.keys, settings=settings, observer=observer
     ):
         manager.register(worker, deps)

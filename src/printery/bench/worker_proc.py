@@ -25,10 +25,12 @@ import structlog
 
 from printery import _json, telemetry
 from printery._util import settle_gc
+from printery.bench.arrivals import ArrivalRecorder
 from printery.bench.ceiling import CeilingRelay
 from printery.bench.layout import PROTOCOL_PREFIX, BenchLayout
+from printery.bench.load import server_offset_ms
 from printery.bench.stages import FEATURES, bench_manager, bench_settings
-from printery.transport.connection import connect
+from printery.transport.connection import connect, connect_bare
 from printery.worker import Observable
 
 KINDS = ("ceiling", "ceiling_minimal", "printery")
@@ -64,20 +66,23 @@ async def _next_command() -> str:
 async def _serve_ceiling(
     kind: str, url: str, layout: BenchLayout, batch: int, block_ms: int
 ) -> None:
-    client = connect(url, block_ms=block_ms)
+    client = connect_bare(url)
     try:
-        relay = CeilingRelay(client, layout, batch=batch, block_ms=block_ms,
+        recorder = ArrivalRecorder(client, layout, await server_offset_ms(client))
+        relay = CeilingRelay(client, layout, recorder, batch=batch, block_ms=block_ms,
                              minimal=kind == "ceiling_minimal")
         await relay.prepare()
         _say("ready " + _json.dumps({"batch": batch, "block_ms": block_ms}))
         if await _next_command() != "go":
             return
+        recorder.start()
         task = asyncio.create_task(relay.run())
         _say("running")
         await _next_command()
         relay.stopping.set()
         with contextlib.suppress(asyncio.CancelledError):
             await asyncio.wait_for(task, block_ms / 1000 + 5)
+        await recorder.stop()
     finally:
         await client.aclose()
 
@@ -89,7 +94,8 @@ async def _serve_printery(
     client = connect(url, block_ms=settings.block_ms)
     telemetry.start(None, os.environ)  # traced like the service when OTEL_* asks for it
     try:
-        manager = bench_manager(client, layout, settings, features)
+        recorder = ArrivalRecorder(client, layout, await server_offset_ms(client))
+        manager = bench_manager(client, layout, settings, recorder, features)
         for worker in manager.workers.values():
             if isinstance(worker, Observable):
                 await worker.prepare()
@@ -98,10 +104,12 @@ async def _serve_printery(
                                      "block_ms": settings.block_ms}))
         if await _next_command() != "go":
             return
+        recorder.start()
         await manager.start_all()
         _say("running")
         await _next_command()
         await manager.stop_all(10.0)
+        await recorder.stop()
     finally:
         await client.aclose()
         if telemetry.is_on():
@@ -127,7 +135,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("prefix")
     parser.add_argument("--stages", type=int, default=4)
     parser.add_argument("--partitions", type=int, default=1)
-    parser.add_argument("--batch", type=int, default=256, help="the ceilings' read count")
+    parser.add_argument("--batch", type=int, default=100, help="the ceilings' read count")
     parser.add_argument("--block-ms", type=int, default=100, help="the ceilings' block time")
     parser.add_argument("--prefetch", type=int, default=None,
                         help="printery's prefetch (default: the library's)")

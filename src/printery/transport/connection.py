@@ -79,6 +79,17 @@ def connect(url: str, *, max_connections: int = 256, block_ms: int = 1000) -> ai
     return client
 
 
+def connect_bare(url: str) -> aioredis.Redis:
+    """A client with redis-py's own defaults (bytes replies, no socket timeouts, nothing
+    checked between commands): what a relay hand-written on redis-py uses, so that the
+    bench measures its ceilings as one is measured (each of those settings costs a little
+    per command: the timeout a context around every read, the decoding every field)."""
+    if urlsplit(url).scheme in CLUSTER_SCHEMES:
+        return _connect_cluster(url, {"decode_responses": False})
+    client: aioredis.Redis = aioredis.Redis.from_url(url)
+    return client
+
+
 def _connect_cluster(url: str, options: dict[str, Any]) -> aioredis.Redis:
     """The cluster client over the URL's nodes, with the URL's credentials and TLS
     options applied to every node (``max_connections`` is per node)."""
