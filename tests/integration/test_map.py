@@ -24,6 +24,8 @@ from printery import (
     StreamKeys,
     WorkerManager,
     replay,
+    to_mermaid,
+    to_text,
 )
 
 
@@ -225,3 +227,17 @@ def test_a_map_is_refused_when_it_could_only_fail() -> None:
     with pytest.raises(PipelineError, match="declared twice"):
         pipeline.add(Map("pages", consumes="document", produces="other", split=pages,
                          each=shout))
+
+
+def test_pipeline_show_draws_the_map_as_its_three_steps() -> None:
+    pipeline = map_pipeline(on_item_failure="skip", max_items=50)
+    text = to_text(pipeline)
+    assert "  pages x1: document -> pages:item, merged" in text
+    assert ("    map: one pages:item per item (at most 50), each by pages:each, collected by "
+            "pages:collect into merged in item order; a failed item: skip (listed in failed, "
+            "the rest go on)") in text
+    assert "  pages:collect x1: pages:result -> merged" in text
+    drawn = to_mermaid(pipeline)
+    assert 'pages -->|"pages:item: one per item, at most 50"| pages_each' in drawn
+    assert 'pages_collect[/"pages:collect (map: collect)"/]' in drawn
+    assert pipeline.describe()["steps"][0]["map"]["each"] == "pages:each"

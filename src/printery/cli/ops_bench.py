@@ -55,13 +55,18 @@ from printery.errors import ConfigError
 @click.option("--rounds", type=click.IntRange(min=1), default=1, show_default=True,
               help="run every side this many times, in rotating order, and report the "
                    "median of the rounds' ratios and overheads (a noisy machine needs 5)")
+@click.option("--map", "map_items", type=click.IntRange(min=1), default=None, metavar="N",
+              help="measure a Map instead: N items through a Map's each step against the "
+                   "same N items as plain entries through two steps (--payload-bytes, "
+                   "--rounds)")
 @click.option("--json", "as_json", is_flag=True, help="one JSON document on stdout")
 @click.pass_context
 def bench(
     ctx: click.Context, events: int, stages: int, processes: int, payload_bytes: int,
     bench_url: str | None, rate: float | None, duration: float | None, prefetch: int | None,
     ceiling: str, submit_mode: bool, with_limit: bool, with_budget: bool, console_mode: bool,
-    console_runs: int, bench_partitions: int | None, rounds: int, as_json: bool,
+    console_runs: int, bench_partitions: int | None, rounds: int, map_items: int | None,
+    as_json: bool,
 ) -> None:
     """Throughput benchmark: hand-written relay ceilings vs printery's pipeline (with the
     library's default settings unless --prefetch is given); with --submit, the client;
@@ -84,6 +89,15 @@ def bench(
         measured = asyncio.run(run_console_bench(runs=console_runs, requests=requests,
                                                  redis_url=url))
         print_json(measured) if as_json else click.echo(format_console(measured))
+        return
+    if map_items is not None:
+        from printery.bench.fanout import format_map, run_map_bench
+
+        measured = asyncio.run(run_map_bench(items=map_items, payload_bytes=payload_bytes,
+                                             redis_url=url, rounds=rounds))
+        print_json(measured) if as_json else click.echo(format_map(measured))
+        if not measured["verified"]:
+            raise SystemExit(1)
         return
     if submit_mode:
         if rate is not None:

@@ -24,7 +24,7 @@ from printery.cli.ops_common import (
     table,
 )
 from printery.cost import budget_status, cost_summary, parse_duration
-from printery.fields import DECISION, KIND, REASON, REASON_CODE
+from printery.fields import DECISION, ITEM, ITEM_FAILED, ITEMS, KIND, REASON, REASON_CODE
 from printery.keys import DLQ, REVIEW
 from printery.replay import ReplayError
 from printery.replay import replay as replay_run
@@ -77,9 +77,11 @@ def _outcome(entry: dict[str, Any]) -> str:
         parts.append(str(kind))
         if isinstance(data, dict) and "next" in data:
             parts.append(f"#{data.get('attempt')} {data['next']}")
+    if entry.get(ITEM) is not None and entry.get(ITEMS):  # a Map item's (reference: fan-out)
+        parts.append(f"item {entry[ITEM]}/{entry[ITEMS]}")
     if isinstance(data, dict) and "status" in data:
         parts.append(str(data["status"]))
-    for name in (KIND, DECISION, REASON_CODE, REASON, "channel"):
+    for name in (ITEM_FAILED, KIND, DECISION, REASON_CODE, REASON, "channel"):
         if entry.get(name):
             parts.append(f"{name}={entry[name]}")
     if isinstance(data, dict) and data.get("channel") and entry["stream"] != REVIEW:

@@ -26,6 +26,7 @@ naming the item.
 
 from __future__ import annotations
 
+import asyncio
 import inspect
 import reprlib
 from collections.abc import Callable, Iterable, Sequence
@@ -42,7 +43,7 @@ from printery.pipeline.loop import Loop
 from printery.pipeline.step import Step, check_concurrency, check_timeout
 from printery.runtime.handler import HandlerResult, Message, Output
 from printery.runtime.step_context import StepContext
-from printery.store.joins import JoinStore
+from printery.store.item_counts import ItemCounts
 
 __all__ = ["Map", "MapShape"]
 
@@ -63,6 +64,13 @@ ITEM_EXHAUSTED = "item_exhausted"
 #: Seconds a run's count of results is kept (the aggregator's join default).
 COLLECT_TTL = 7 * 86400
 _FAILED, _DONE = "f", "o"
+#: Results a collector counts at once per process (one consumer): counted one at a time,
+#: a round trip each, a Map would be bound by the server's latency; counted together
+#: they share round trips (:class:`~printery.store.item_counts.ItemCounts`).
+COLLECT_IN_FLIGHT = 128
+#: Results the collector's consumer holds: its handlers wait on the count's round trip,
+#: which would shrink an adaptive window to a few entries per read and commit.
+COLLECT_PREFETCH = 256
 
 
 @dataclass(frozen=True, slots=True)
@@ -170,7 +178,7 @@ class Map:
             collect=f"{name}:collect", max_items=max_items, on_item_failure=on_item_failure,
             exhausted=loop.shape.exhausted if loop else None)
         #: The collector worker's keys and the runs' counts, once it is built.
-        self._bound: tuple[StreamKeys, JoinStore] | None = None
+        self._bound: tuple[StreamKeys, ItemCounts] | None = None
 
     @staticmethod
     def _check_loop(what: str, loop: Loop, **given: Any) -> None:
@@ -213,12 +221,24 @@ class Map:
         ends = shape.exhausted is not None and shape.on_item_failure == "fail"
         collect = Step(name=shape.collect, consumes=consumes,
                        produces=(shape.produces, *((RUN_FAILED,) if ends else ())),
-                       handler=self._collect, on_context=self._bind)
+                       handler=self._collect, on_context=self._bind,
+                       companions=(self._closing,),
+                       settings={"prefetch": COLLECT_PREFETCH, "in_flight": COLLECT_IN_FLIGHT})
         return [split, each, collect]
 
     def _bind(self, context: StepContext) -> None:
         """The collector's worker is built: where the runs' counts live (before it runs)."""
-        self._bound = (context.keys, JoinStore(context.store, self.shape.collect, ttl_s=COLLECT_TTL))
+        self._bound = (context.keys, ItemCounts(context.store, self.shape.collect,
+                                                ttl_s=COLLECT_TTL))
+
+    async def _closing(self, context: StepContext) -> None:
+        """Beside the collector for as long as it runs: its counts' connection closed
+        when it stops."""
+        try:
+            await asyncio.Event().wait()
+        finally:
+            if self._bound is not None:
+                await self._bound[1].close()
 
     def _items(self, found: Any) -> list[Any]:
         """The split's answer as items, or the rejection that says why it is not."""
@@ -272,15 +292,15 @@ class Map:
                 "status": "failed", "step": shape.each, "reason_code": ITEM_EXHAUSTED,
                 "error": f"item {index} of map {self.name!r} exhausted its attempts",
                 "item": index}, idempotency_key=f"{RUN_FAILED}:{cid}:{shape.each}:{index}")
-        every, joins = self._require_bound()
-        keys = every.of(cid)  # the run's count lives in its partition
+        every, counts = self._require_bound()
+        keys = every.of(cid) if every.partitioned else every  # the run's partition
         failed = exhausted or ITEM_FAILED in extra
         value = _FAILED if failed else _DONE + _json.dumps(message.data)
-        written, seen = await joins.count_in(keys, cid, once=keys.once(self._once(cid)),
-                                             slot=str(index), data=value)
+        written, seen = await counts.count(keys, cid, once=keys.once(self._once(cid)),
+                                           item=index, value=value)
         if written or seen < count:
             return None
-        raw = await joins.arrived(keys, cid)
+        raw = await counts.arrived(keys, cid)
         outputs: list[Any] = [None] * count
         lost: list[int] = []
         for key, stored in raw.items():
@@ -300,7 +320,7 @@ class Map:
             self.merge(outputs))
         return Output(self.shape.produces, data, correlation_id=cid, once=self._once(cid))
 
-    def _require_bound(self) -> tuple[StreamKeys, JoinStore]:
+    def _require_bound(self) -> tuple[StreamKeys, ItemCounts]:
         if self._bound is None:
             raise RuntimeError(f"map {self.name!r}: its collector ran before a worker was built "
                                "for it")

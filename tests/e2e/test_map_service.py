@@ -1,0 +1,103 @@
+"""A Map (reference: fan-out) under ``printery-workers --processes 2 --app``: a 40-item
+run is shared by the two child processes, one of which is killed (SIGKILL) while it holds
+items; the run still ends with every item's result written once and the output, in item
+order, written once."""
+
+from __future__ import annotations
+
+import json
+import textwrap
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import psutil
+import redis
+
+from printery.testing import unique_prefix
+from support.operator_cli import cli_sync
+from support.service import spawn
+
+APP = textwrap.dedent(
+    """
+    import asyncio
+    import os
+
+    from printery import Map, Message, Pipeline
+
+    pipeline = Pipeline("pages", ingress=["document"])
+
+
+    async def extract(message: Message) -> dict:
+        await asyncio.sleep(0.15)  # long enough for a process to die holding items
+        return {"page": message.data, "pid": os.getpid()}
+
+
+    pipeline.add(Map("pages", consumes="document", produces="merged",
+                     split=lambda message: message.data["pages"], each=extract,
+                     concurrency=3))
+    """
+)
+
+
+def test_a_40_item_map_survives_a_kill_9_of_one_of_two_processes(
+    server: Any, tmp_path: Path
+) -> None:
+    (tmp_path / "mapapp.py").write_text(APP)
+    (tmp_path / "fast.toml").write_text("[transport]\nvisibility_timeout = 1\n")
+    prefix = unique_prefix("map-kill")
+    svc = spawn(["--redis-url", server.url, "--stream-prefix", prefix, "--processes", "2",
+                 "--app", "mapapp:pipeline", "--config", str(tmp_path / "fast.toml"),
+                 "--backoff", "50"], cwd=tmp_path)
+    r = redis.Redis.from_url(server.url, decode_responses=True)
+    try:
+        def children() -> list[int]:
+            procs = svc.json("/status")["processes"]
+            alive = [p["pid"] for p in procs if p["alive"] and p["workers"]]
+            return alive if len(alive) == 2 else []
+
+        first = svc.wait_until(children, what="two children")
+        pages = [f"page-{n}" for n in range(40)]
+        r.xadd(f"{prefix}:document", {"data": json.dumps({"correlation_id": "doc-1",
+                                                            "pages": pages})})
+
+        def victim_holds_items() -> int | None:
+            if r.xlen(f"{prefix}:pages:result") < 4:
+                return None
+            for consumer in r.xinfo_consumers(f"{prefix}:pages:item", "pages:each"):
+                for pid in first:
+                    if consumer["pending"] > 0 and f":{pid}:" in consumer["name"]:
+                        return pid
+            return None
+
+        victim = svc.wait_until(victim_holds_items, what="a child holding items mid-run")
+        assert r.xlen(f"{prefix}:pages:result") < 40, "the kill must come mid-run"
+        psutil.Process(victim).kill()
+        svc.wait_until(lambda: r.xlen(f"{prefix}:merged") == 1, timeout=60,
+                       what="the merged output")
+        ((_, merged),) = r.xrange(f"{prefix}:merged")
+        data = json.loads(merged["data"])
+        assert [item["page"] for item in data["items"]] == pages
+        assert data["failed"] == []
+        results = [fields for _, fields in r.xrange(f"{prefix}:pages:result")]
+        assert Counter(int(f["item"]) for f in results) == {n: 1 for n in range(40)}
+        pids = {item["pid"] for item in data["items"]}
+        assert victim in pids and len(pids) >= 2, pids  # shared, the victim did some
+        assert r.xlen(f"{prefix}:dlq") == 0 and r.xlen(f"{prefix}:run:failed") == 0
+        svc.wait_until(lambda: r.xpending(f"{prefix}:pages:item", "pages:each")["pending"] == 0,
+                       what="nothing left pending")
+
+        # The operator sees the Map: drawn by `pipeline show`, every item in `trace`.
+        def printery(*argv: str) -> str:
+            done = cli_sync(server.url, prefix, "--app", "mapapp:pipeline", *argv,
+                            cwd=str(tmp_path))
+            assert done.returncode == 0, done.stderr
+            return done.stdout
+
+        assert ("map: one pages:item per item (at most 1000), each by pages:each, collected "
+                "by pages:collect into merged") in printery("pipeline", "show")
+        trace = printery("trace", "doc-1")
+        assert all(f"item {n}/40" in trace for n in range(40)), trace
+    finally:
+        r.close()
+        assert svc.stop() == 0, svc.log()
