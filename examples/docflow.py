@@ -7,7 +7,7 @@
 Plain functions stand in for model calls. A document the classifier is unsure of goes to
 review: a reviewer approves it with corrected data (the run resumes at ``publish`` with
 exactly that data) or rejects it (``doc:refused``, status ``rejected``). The demo run
-plays the reviewer through :mod:`printery.reviews`; against a service, a person does:
+plays the reviewer through :mod:`printery.inbox.reviews`; against a service, a person does:
 
     printery --app examples.docflow:pipeline review list
     printery --app examples.docflow:pipeline review approve ID --by ana \
@@ -45,8 +45,8 @@ from printery import (
     StreamKeys,
     WorkerManager,
     review_output,
-    reviews,
 )
+from printery.inbox import reviews
 
 
 class Submitted(BaseModel):
@@ -222,7 +222,7 @@ def main() -> int:
     url = os.environ.get("REDIS_URL")
     server = None
     if not url:
-        from printery.transport.embedded import start_ephemeral
+        from printery.servers.embedded import start_ephemeral
 
         server = start_ephemeral(tempfile.mkdtemp(prefix="docflow-"))
         url = server.url

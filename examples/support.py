@@ -50,8 +50,8 @@ from printery import (
     Pipeline,
     Reason,
     WorkerManager,
-    reviews,
 )
+from printery.inbox import reviews
 from printery.models import OpenAICompatible
 
 
@@ -233,7 +233,7 @@ def main() -> int:
     url = os.environ.get("REDIS_URL")
     server = None
     if not url:
-        from printery.transport.embedded import start_ephemeral
+        from printery.servers.embedded import start_ephemeral
 
         server = start_ephemeral(tempfile.mkdtemp(prefix="support-"))
         url = server.url

@@ -10,8 +10,8 @@ from typing import Any
 import pytest
 import redis.asyncio as aioredis
 
+from printery.servers.process import ServerProcess
 from printery.testing import unique_prefix
-from printery.transport.server import ServerProcess
 from support.cluster import ValkeyCluster
 
 # An exception no one observed in an event loop (a task's, never retrieved; a callback's)

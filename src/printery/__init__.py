@@ -2,9 +2,7 @@
 
 from printery.backoff import compute_backoff
 from printery.budgets import Budget
-from printery.client import Client, SyncClient
 from printery.config import AppConfig, Settings, SettingsTable
-from printery.cost import cost_summary
 from printery.envelope import Codec, Envelope
 from printery.errors import (
     BlobMissing,
@@ -51,8 +49,10 @@ from printery.pipeline.render import to_mermaid, to_text
 from printery.pipeline.review_kinds import ReviewCase, ReviewKind, ReviewOutcome
 from printery.pipeline.step import Step
 from printery.redact import redact_text, redact_url
-from printery.replay import ReplayError, ReplayResult, replay
-from printery.runs import RunResult
+from printery.runs.client import Client, SyncClient
+from printery.runs.cost import cost_summary
+from printery.runs.reader import RunResult
+from printery.runs.replay import ReplayError, ReplayResult, replay
 from printery.runtime.consumer import ConsumerSettings
 from printery.runtime.handler import Handler, HandlerResult, Message, Output
 from printery.runtime.stream_worker import StreamWorker

@@ -32,7 +32,7 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 from printery.deploy.delivery import IDEMPOTENCY_HEADER
 from printery.deploy.sandbox import Sandbox
 from printery.envelope import Codec
-from printery.transport.server import ServerProcess
+from printery.servers.process import ServerProcess
 
 STARTED, FINISHED, SENT = "deployment:started", "deployment:finished", "notification:sent"
 

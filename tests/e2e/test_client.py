@@ -17,8 +17,8 @@ import redis.asyncio as aioredis
 from examples import docflow
 
 from printery import Client, InvalidInput, SyncClient, UnknownRun
+from printery.servers.process import ServerProcess
 from printery.testing import unique_prefix, wait_for
-from printery.transport.server import ServerProcess
 from support.operator_cli import cli
 from support.service import ServiceHandle, spawn
 

@@ -15,8 +15,8 @@ import httpx
 import pytest
 import redis
 
+from printery.servers.process import ServerProcess
 from printery.testing import unique_prefix
-from printery.transport.server import ServerProcess
 from support.browser import PHONE, chrome, require_browser
 from support.service import ServiceHandle, spawn
 

@@ -15,9 +15,9 @@ import httpx
 import pytest
 import redis
 
-from printery.console.views import REVIEWS_SHOWN
+from printery.servers.process import ServerProcess, free_port
+from printery.service.console.views import REVIEWS_SHOWN
 from printery.testing import unique_prefix
-from printery.transport.server import ServerProcess, free_port
 from support.service import ServiceHandle, spawn
 
 TOKEN = "console-api-token-7f3a9c"

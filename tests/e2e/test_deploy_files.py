@@ -20,8 +20,8 @@ import pytest
 import redis
 import yaml
 
+from printery.servers.process import ServerProcess, free_port
 from printery.testing import wait_for_sync
-from printery.transport.server import ServerProcess, free_port
 from support.service import ServiceHandle, base_env
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -13,8 +13,8 @@ import redis
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from printery.servers.process import ServerProcess
 from printery.testing import unique_prefix
-from printery.transport.server import ServerProcess
 from support.service import ServiceHandle, spawn, started_entry
 
 METHODS = st.one_of(

@@ -16,8 +16,8 @@ import redis
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from printery.servers.process import ServerProcess, free_port
 from printery.testing import unique_prefix
-from printery.transport.server import ServerProcess, free_port
 from support.service import ServiceHandle, spawn
 
 TOKEN = "s3cret-token-for-tests"

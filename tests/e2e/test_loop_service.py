@@ -12,8 +12,8 @@ from pathlib import Path
 
 import redis
 
+from printery.servers.process import ServerProcess
 from printery.testing import unique_prefix
-from printery.transport.server import ServerProcess
 from support.operator_cli import cli_sync
 from support.service import spawn
 

@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 import redis
 
-from printery.transport.server import ServerProcess
+from printery.servers.process import ServerProcess
 
 STARTED = "deployment:started"
 
@@ -133,7 +133,7 @@ async def test_status_lists_registered_processes(server: ServerProcess, prefix: 
     import redis.asyncio as aioredis
 
     from printery.keys import StreamKeys
-    from printery.runtime.registry import ProcessRegistry
+    from printery.service.registry import ProcessRegistry
 
     client = aioredis.Redis.from_url(server.url, decode_responses=True)
     registry = ProcessRegistry(client, StreamKeys(prefix), "hostA:4242", ttl=30, interval=10)

@@ -14,7 +14,7 @@ import pytest
 import redis
 
 from printery.keys import StreamKeys, partition_of
-from printery.transport.server import ServerProcess
+from printery.servers.process import ServerProcess
 from support.operator_cli import cli_sync
 
 STARTED, VALIDATED = "deployment:started", "deployment:validated"

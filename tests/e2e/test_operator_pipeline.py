@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 import redis.asyncio as aioredis
 
+from printery.servers.process import ServerProcess
 from printery.testing import wait_for
-from printery.transport.server import ServerProcess
 from support.deploy import DeployRun, fast_settings, start_pipeline, stop_pipeline
 from support.operator_cli import cli
 

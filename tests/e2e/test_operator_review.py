@@ -10,7 +10,7 @@ import redis.asyncio as aioredis
 
 from printery.deploy.app import delivery_key
 from printery.deploy.sandbox import Sandbox
-from printery.transport.server import ServerProcess
+from printery.servers.process import ServerProcess
 from support.operator_cli import cli
 
 REQUEST = {"deployment_id": "dep-prod-1", "service": "billing-api", "version": "1.4.2",

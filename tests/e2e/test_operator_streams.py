@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 import redis
 
-from printery.transport.server import ServerProcess
+from printery.servers.process import ServerProcess
 from support.operator_cli import cli_sync as cli
 
 STARTED = "deployment:started"

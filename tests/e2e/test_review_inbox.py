@@ -18,8 +18,8 @@ import redis.asyncio as aioredis
 from examples import docflow
 
 from printery import ConsumerSettings, StreamKeys
+from printery.servers.process import ServerProcess
 from printery.testing import wait_for
-from printery.transport.server import ServerProcess
 from support.service import spawn
 from support.spine import running_pipeline
 

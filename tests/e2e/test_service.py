@@ -13,8 +13,8 @@ import pytest
 import redis
 from prometheus_client.parser import text_string_to_metric_families
 
+from printery.servers.process import ServerProcess
 from printery.testing import unique_prefix
-from printery.transport.server import ServerProcess
 from support.service import ServiceHandle, run_cli, spawn, started_entry
 
 WORKERS = ["validator", "dependency-checker", "health-monitor", "aggregator", "notifier"]

@@ -15,8 +15,8 @@ from typing import Any
 import redis
 from prometheus_client.parser import text_string_to_metric_families
 
+from printery.servers.process import ServerProcess
 from printery.testing import unique_prefix
-from printery.transport.server import ServerProcess
 from support.service import spawn
 
 # Only the public API, the way the README tells users to write a pipeline. Amounts are

@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 import redis
 
+from printery.servers.process import ServerProcess
 from printery.testing import unique_prefix
-from printery.transport.server import ServerProcess
 from support.service import spawn
 
 # Only the public API, as the README shows. `fatal` crashes its worker on purpose

@@ -9,8 +9,8 @@ from pathlib import Path
 import redis.asyncio as aioredis
 from prometheus_client.parser import text_string_to_metric_families
 
+from printery.servers.process import ServerProcess
 from printery.testing import unique_prefix
-from printery.transport.server import ServerProcess
 from printery.transport.streams import ensure_group
 from support.service import ServiceHandle, spawn, started_entry
 

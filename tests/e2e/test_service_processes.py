@@ -12,8 +12,8 @@ import psutil
 import redis
 from prometheus_client.parser import text_string_to_metric_families
 
+from printery.servers.process import ServerProcess
 from printery.testing import unique_prefix
-from printery.transport.server import ServerProcess
 from support.service import spawn
 
 

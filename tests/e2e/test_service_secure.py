@@ -11,8 +11,8 @@ from pathlib import Path
 import redis.asyncio as aioredis
 import trustme
 
+from printery.servers.process import ServerProcess
 from printery.testing import unique_prefix, wait_for
-from printery.transport.server import ServerProcess
 from support.acl import acl_denials, acl_rule
 from support.service import spawn, started_entry
 from support.tls_proxy import TlsProxy

@@ -16,8 +16,8 @@ from pathlib import Path
 import pytest
 import redis
 
+from printery.servers.process import ServerProcess, free_port
 from printery.testing import unique_prefix
-from printery.transport.server import ServerProcess, free_port
 from support.acl import acl_rule
 from support.service import base_env, spawn, started_entry
 

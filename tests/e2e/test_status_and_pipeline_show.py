@@ -12,8 +12,8 @@ from typing import Any
 
 import redis
 
+from printery.servers.process import ServerProcess
 from printery.testing import wait_for_sync
-from printery.transport.server import ServerProcess
 from support.service import base_env, spawn, started_entry
 
 

@@ -17,8 +17,8 @@ import httpx
 import pytest
 
 from printery import Client
+from printery.servers.process import ServerProcess
 from printery.testing import unique_prefix
-from printery.transport.server import ServerProcess
 from support.otlp import OtlpReceiver, ReceivedSpan, otlp_receiver
 from support.service import ServiceHandle, spawn
 

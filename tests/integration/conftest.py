@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from printery.transport.server import ServerProcess
+from printery.servers.process import ServerProcess
 from support.relay_proc import Relays
 
 

@@ -12,7 +12,7 @@ import pytest
 import redis
 
 from printery.keys import StreamKeys
-from printery.transport.server import ServerProcess
+from printery.servers.process import ServerProcess
 from support.relay_proc import Relays
 from support.spine import CODEC
 

@@ -22,13 +22,13 @@ from printery import (
     Pipeline,
     Reason,
     WorkerManager,
-    reviews,
 )
 from printery.budgets import held_type
+from printery.inbox import reviews
 from printery.keys import StreamKeys, partition_of
+from printery.servers.process import ServerProcess
 from printery.testing import wait_for
 from printery.transport.commit import decode_spent
-from printery.transport.server import ServerProcess
 from support.spine import running_pipeline
 
 Start = Callable[[Pipeline], Awaitable[Client]]

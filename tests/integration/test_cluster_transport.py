@@ -12,7 +12,7 @@ import pytest
 from redis.exceptions import ConnectionError as RedisConnectionError
 
 from printery.keys import StreamKeys
-from printery.runtime.registry import ProcessRegistry, list_processes
+from printery.service.registry import ProcessRegistry, list_processes
 from printery.testing import wait_for_sync
 from printery.transport.channel import DirectChannel
 from printery.transport.connection import connect

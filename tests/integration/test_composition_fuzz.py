@@ -39,10 +39,10 @@ from printery import (
     any_pass,
     replay,
 )
-from printery.client import Runs
 from printery.keys import StreamKeys
+from printery.runs.facade import Runs
+from printery.servers.process import ServerProcess
 from printery.testing import wait_for
-from printery.transport.server import ServerProcess
 from support.composition import (
     STALLING,
     Built,

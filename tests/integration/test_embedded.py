@@ -19,18 +19,18 @@ import psutil
 import pytest
 import redis
 
-from printery.transport.embedded import (
+from printery.servers.embedded import (
     LEASES_DIR,
     STATE_FILE,
     EmbeddedServer,
     find_running,
     start_ephemeral,
 )
-from printery.transport.server import free_port
+from printery.servers.process import free_port
 
 HOLDER = """
 import sys
-from printery.transport.embedded import EmbeddedServer
+from printery.servers.embedded import EmbeddedServer
 server = EmbeddedServer(sys.argv[1])
 print(server.acquire(), flush=True)
 sys.stdin.readline()

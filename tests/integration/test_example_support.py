@@ -10,8 +10,8 @@ from pathlib import Path
 
 from examples import support
 
+from printery.servers.process import ServerProcess
 from printery.testing import unique_prefix
-from printery.transport.server import ServerProcess
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -10,9 +10,9 @@ from examples import docflow
 from printery.keys import StreamKeys
 from printery.runtime.handler import Message, Output
 from printery.runtime.payloads import PayloadStore
+from printery.servers.process import ServerProcess
 from printery.supervisor.manager import WorkerManager
 from printery.testing import wait_for
-from printery.transport.server import ServerProcess
 from support.spine import publish, stream_worker
 
 

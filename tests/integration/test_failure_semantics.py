@@ -31,7 +31,7 @@ from printery import (
     WorkerManager,
     WorkerState,
 )
-from printery.dead_letters import replay_dead_letter
+from printery.inbox.dead_letters import replay_dead_letter
 from printery.keys import StreamKeys
 from printery.run_index import RunIndex
 from printery.testing import wait_for

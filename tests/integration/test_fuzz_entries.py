@@ -27,10 +27,10 @@ from printery.envelope import Codec
 from printery.errors import Reject
 from printery.keys import StreamKeys
 from printery.runtime.handler import Message, Output
+from printery.servers.process import ServerProcess
 from printery.supervisor.manager import WorkerManager
 from printery.testing import unique_prefix, wait_for_sync
 from printery.transport.connection import connect
-from printery.transport.server import ServerProcess
 
 PAYLOAD_LIMIT = 4096
 REASONS = {"undecodable", "payload_too_large", "not_an_object", "blob_missing"}

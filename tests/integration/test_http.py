@@ -10,8 +10,8 @@ import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from printery.http import HttpServer, StatusProvider
 from printery.metrics import Metrics
+from printery.service.http import HttpServer, StatusProvider
 
 
 class FakeProvider:

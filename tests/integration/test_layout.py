@@ -16,8 +16,8 @@ from printery.errors import ConfigError
 from printery.keys import StreamKeys
 from printery.layout import read_partitions, resolve_keys
 from printery.pipeline.dag import Pipeline
+from printery.servers.process import ServerProcess
 from printery.transport.connection import connect
-from printery.transport.server import ServerProcess
 from support.cluster import ValkeyCluster
 
 WRITER = "printery-workers test"

@@ -22,9 +22,9 @@ from printery.metrics import Metrics, MetricsObserver
 from printery.runtime.consumer import ConsumerSettings
 from printery.runtime.handler import Message, Output
 from printery.runtime.limit_gate import WINDOW_ENV
+from printery.servers.process import ServerProcess
 from printery.testing import wait_for
 from printery.transport.limits import WAIT_FOR_SLOT, Ask, Bound, LimitStore, Report
-from printery.transport.server import ServerProcess
 from support.spine import publish, running
 
 TESTS = Path(__file__).resolve().parents[1]

@@ -25,10 +25,10 @@ from printery import (
     StreamKeys,
     WorkerManager,
     replay,
-    reviews,
 )
+from printery.inbox import reviews
+from printery.servers.process import ServerProcess
 from printery.testing import wait_for
-from printery.transport.server import ServerProcess
 
 
 class Drafts:

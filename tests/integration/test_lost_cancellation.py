@@ -16,8 +16,8 @@ import pytest
 import redis.asyncio as aioredis
 
 from printery._util import idle, stop_tasks, where
+from printery.servers.process import ServerProcess
 from printery.transport.connection import connect
-from printery.transport.server import ServerProcess
 
 ROUNDS = 200
 

@@ -24,8 +24,8 @@ from printery import (
     Pipeline,
     WorkerManager,
 )
-from printery.client import Runs
 from printery.keys import StreamKeys, partition_of
+from printery.runs.facade import Runs
 from printery.runtime.payloads import PayloadStore
 from printery.testing import wait_for
 from printery.transport.commit import decode_spent

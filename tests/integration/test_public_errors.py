@@ -16,8 +16,8 @@ from printery import (
     replay,
 )
 from printery.errors import OutputContractError, ReplayError, WorkerCrashed
+from printery.servers.process import free_port
 from printery.transport.connection import connect
-from printery.transport.server import free_port
 
 
 def _pipeline() -> Pipeline:

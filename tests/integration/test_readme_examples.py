@@ -17,8 +17,8 @@ import redis.asyncio as aioredis
 from examples import docflow
 
 from printery import AppConfig, ConsumerSettings, Pipeline, StreamKeys, WorkerManager
+from printery.servers.process import ServerProcess
 from printery.testing import unique_prefix, wait_for
-from printery.transport.server import ServerProcess
 from support.service import spawn
 
 README = Path(__file__).resolve().parents[2] / "README.md"

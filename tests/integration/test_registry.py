@@ -14,8 +14,8 @@ import redis.asyncio as aioredis
 from printery.errors import ConfigError
 from printery.keys import StreamKeys
 from printery.runtime.departed import live_owners, owner, remove_departed
-from printery.runtime.registry import ProcessRegistry, list_processes
-from printery.transport.server import ServerProcess, free_port
+from printery.servers.process import ServerProcess, free_port
+from printery.service.registry import ProcessRegistry, list_processes
 
 
 @pytest.fixture(scope="module")

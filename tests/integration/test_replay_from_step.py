@@ -12,7 +12,7 @@ import redis.asyncio as aioredis
 from examples import docflow
 
 from printery import ConsumerSettings, StreamKeys, WorkerManager, replay
-from printery.replay import rerun_steps
+from printery.runs.replay import rerun_steps
 from printery.testing import wait_for
 
 DOC = {"doc_id": "inv-7", "text": "Invoice 7: two widgets, total 20 EUR."}

@@ -5,7 +5,7 @@ from __future__ import annotations
 import redis.asyncio as aioredis
 
 from printery.keys import StreamKeys
-from printery.runtime.retention import trim_pipeline_streams, trim_stream
+from printery.service.retention import trim_pipeline_streams, trim_stream
 from printery.transport.streams import ensure_group
 
 

@@ -1,4 +1,4 @@
-"""The review inbox's framework functions (``printery.reviews``, CONTRACT §12) on a real
+"""The review inbox's framework functions (``printery.inbox.reviews``, CONTRACT §12) on a real
 server: escalations carry the types their decisions write, the pipeline refuses one that
 does not declare them, decisions are once-only and typed, deadlines reject by timeout."""
 
@@ -30,10 +30,10 @@ from printery import (
     WorkerManager,
     escalate,
     review_output,
-    reviews,
 )
 from printery.errors import OutputContractError
-from printery.history import id_order
+from printery.inbox import reviews
+from printery.runs.history import id_order
 from printery.testing import wait_for
 
 

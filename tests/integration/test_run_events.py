@@ -15,17 +15,17 @@ import httpx
 import pytest
 import redis.asyncio as aioredis
 
-from printery.api import ApiAccess, build_api
 from printery.apps import load_app
-from printery.client import Runs
-from printery.console.auth import ConsoleAuth
-from printery.console.routes import add_console
-from printery.console.views import Views
-from printery.http import HttpServer
 from printery.keys import DLQ, RUN_FAILED, StreamKeys
 from printery.pipeline.dag import Pipeline
 from printery.run_index import RunIndex
-from printery.transport.server import ServerProcess
+from printery.runs.facade import Runs
+from printery.servers.process import ServerProcess
+from printery.service.api import ApiAccess, build_api
+from printery.service.console.auth import ConsoleAuth
+from printery.service.console.routes import add_console
+from printery.service.console.views import Views
+from printery.service.http import HttpServer
 
 LIMIT = 65536
 

@@ -11,10 +11,10 @@ import redis.asyncio as aioredis
 from printery import ConsumerSettings, Message, Output, Pipeline, run_index
 from printery._json import dumps
 from printery.apps import load_app
-from printery.client import Runs
-from printery.history import id_order
 from printery.keys import StreamKeys
 from printery.run_index import RUNNING, RunIndex, RunMark, now_ms
+from printery.runs.facade import Runs
+from printery.runs.history import id_order
 from printery.testing import wait_for
 from printery.transport.commit import Append, Committer, EntryCommit
 from support.spine import running_pipeline

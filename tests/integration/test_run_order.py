@@ -8,7 +8,7 @@ import redis.asyncio as aioredis
 
 from printery import Message, Output, Pipeline
 from printery.keys import StreamKeys
-from printery.runs import RunReader
+from printery.runs.reader import RunReader
 from printery.testing import unique_prefix
 
 

@@ -17,9 +17,9 @@ from redis.exceptions import ResponseError
 
 from printery import Output, Pipeline
 from printery.keys import StreamKeys, partition_of
-from printery.runs import RunReader, RunResult
+from printery.runs.reader import RunReader, RunResult
+from printery.servers.process import ServerProcess
 from printery.testing import unique_prefix, wait_for
-from printery.transport.server import ServerProcess
 
 FOLLOWERS = 20
 

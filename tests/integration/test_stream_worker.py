@@ -180,8 +180,8 @@ def _renamed(worker: object) -> object:
 
 
 async def test_server_restart_loses_nothing(own_server: object, prefix: str) -> None:
+    from printery.servers.process import ServerProcess
     from printery.transport.connection import connect
-    from printery.transport.server import ServerProcess
 
     assert isinstance(own_server, ServerProcess)
     client = connect(own_server.url, block_ms=100)

@@ -12,12 +12,12 @@ from pathlib import Path
 from typing import Any
 
 from printery import Output
-from printery.client import Runs
 from printery.envelope import DEFAULT_PAYLOAD_LIMIT
 from printery.keys import StreamKeys
 from printery.pipeline.dag import Pipeline
+from printery.runs.facade import Runs
+from printery.servers.process import ServerProcess
 from printery.transport.connection import connect
-from printery.transport.server import ServerProcess
 from support.cluster import ValkeyCluster
 
 

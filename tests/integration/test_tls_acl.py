@@ -18,12 +18,12 @@ from printery import Budget, ConsumerSettings, Limit, Pipeline, StreamWorker
 from printery.errors import Reject, Retry
 from printery.keys import StreamKeys
 from printery.runtime.handler import Message, Output
-from printery.runtime.registry import ProcessRegistry, list_processes
-from printery.runtime.retention import trim_stream
+from printery.servers.process import ServerProcess
+from printery.service.registry import ProcessRegistry, list_processes
+from printery.service.retention import trim_stream
 from printery.supervisor.manager import WorkerManager
 from printery.testing import wait_for
 from printery.transport.connection import connect
-from printery.transport.server import ServerProcess
 from support.acl import acl_denials, acl_rule
 from support.spine import CODEC, outputs_by_n, publish, running_pipeline
 from support.tls_proxy import TlsProxy

@@ -21,10 +21,10 @@ from printery import (
     StreamKeys,
     WorkerManager,
     escalate,
-    reviews,
     telemetry,
 )
-from printery.replay import replay
+from printery.inbox import reviews
+from printery.runs.replay import replay
 from printery.testing import wait_for
 from support.otlp import OtlpReceiver, otlp_receiver
 

@@ -25,7 +25,7 @@ from typing import Any
 import redis
 
 from printery.errors import ServerStartError
-from printery.transport.server import ServerProcess, free_port
+from printery.servers.process import ServerProcess, free_port
 
 SLOTS = 16384
 

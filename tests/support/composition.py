@@ -69,13 +69,13 @@ from printery import (
     escalate,
     first_wins,
     replay,
-    reviews,
 )
-from printery.client import Runs
 from printery.envelope import correlation_of
 from printery.fields import REPLAY_FOR
+from printery.inbox import reviews
 from printery.keys import StreamKeys
 from printery.pipeline.step import checked_reasons
+from printery.runs.facade import Runs
 from printery.runtime.payloads import PayloadStore
 from printery.testing import unique_prefix, wait_for
 from printery.transport.commit import decode_spent

@@ -21,7 +21,7 @@ from typing import Any
 
 import httpx
 
-from printery.transport.server import free_port
+from printery.servers.process import free_port
 
 #: Env vars of CONTRACT §1 removed from the inherited environment, so a developer's
 #: shell (REDIS_URL, LOG_LEVEL...) cannot change what a test sees.

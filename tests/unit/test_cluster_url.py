@@ -9,9 +9,9 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from printery.config import Settings
 from printery.config_load import load_settings
 from printery.errors import ConfigError
+from printery.servers.process import free_port
 from printery.transport.cluster import stream_read_keys
 from printery.transport.connection import cluster_nodes, connect
-from printery.transport.server import free_port
 
 
 def test_cluster_url_nodes_and_the_url_every_node_is_reached_with() -> None:

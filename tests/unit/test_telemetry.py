@@ -23,7 +23,7 @@ def test_with_tracing_off_nothing_of_opentelemetry_is_imported() -> None:
     pipeline built: no ``opentelemetry`` module in the process, and no tracer."""
     code = textwrap.dedent("""
         import os, sys
-        import printery.service, printery.api, printery.client
+        import printery.service.service, printery.service.api, printery.runs.client
         from printery import telemetry
         from printery.config import Settings
         from printery.runtime.consume import EntryPipeline

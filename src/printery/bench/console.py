@@ -22,12 +22,13 @@ import httpx
 
 from printery.apps import load_app
 from printery.bench.server import bench_server
-from printery.client import Client, Runs
-from printery.console import service_console
-from printery.http import HttpServer
 from printery.keys import StreamKeys
 from printery.run_index import RunIndex, RunMark
-from printery.runtime.registry import ProcessRegistry
+from printery.runs.client import Client
+from printery.runs.facade import Runs
+from printery.service.console import service_console
+from printery.service.http import HttpServer
+from printery.service.registry import ProcessRegistry
 from printery.transport.connection import connect
 
 __all__ = ["format_console", "run_console_bench"]

@@ -15,7 +15,7 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from printery.transport.embedded import start_ephemeral
+from printery.servers.embedded import start_ephemeral
 
 __all__ = ["BenchServer", "bench_server"]
 

@@ -19,10 +19,11 @@ from typing import Any
 from pydantic import BaseModel
 
 from printery.bench.server import bench_server
-from printery.client import Client, Runs, SyncClient
 from printery.envelope import DEFAULT_PAYLOAD_LIMIT
 from printery.keys import StreamKeys
 from printery.pipeline.dag import Pipeline
+from printery.runs.client import Client, SyncClient
+from printery.runs.facade import Runs
 from printery.runtime.handler import Message
 from printery.transport.connection import connect
 

@@ -29,7 +29,7 @@ from printery.errors import InvalidInput
 from printery.fields import KIND
 from printery.keys import REVIEW
 from printery.logging import configure_logging
-from printery.transport.embedded import start_ephemeral
+from printery.servers.embedded import start_ephemeral
 
 #: Seconds a run is given to end, and then its notifier to record its deliveries.
 OUTCOME_TIMEOUT = 60.0

@@ -30,8 +30,8 @@ from printery.keys import StreamKeys
 from printery.layout import resolve_keys
 from printery.pipeline.dag import Pipeline
 from printery.redact import redact_text
+from printery.servers.embedded import find_running
 from printery.transport.connection import connect
-from printery.transport.embedded import find_running
 
 T = TypeVar("T")
 

@@ -1,5 +1,5 @@
 """``printery dlq``: inspect, replay and purge dead letters (CONTRACT §4); what each does
-is :mod:`printery.dead_letters`, shared with the HTTP API."""
+is :mod:`printery.inbox.dead_letters`, shared with the HTTP API."""
 
 from __future__ import annotations
 
@@ -16,19 +16,19 @@ from printery.cli.ops_common import (
     show_entry,
     table,
 )
-from printery.dead_letters import (
-    dead_letter,
-    dead_letter_ids,
-    dead_letters,
-    purge,
-    replay_dead_letter,
-)
 from printery.fields import (
     DELIVERIES,
     ERROR,
     REASON_CODE,
     SOURCE_STREAM,
     WORKER,
+)
+from printery.inbox.dead_letters import (
+    dead_letter,
+    dead_letter_ids,
+    dead_letters,
+    purge,
+    replay_dead_letter,
 )
 
 

@@ -1,7 +1,7 @@
-"""``printery emit``: submit a run (:class:`printery.client.Runs`, as the client does) and
+"""``printery emit``: submit a run (:class:`printery.runs.facade.Runs`, as the client does) and
 optionally wait for its end.
 
-``--wait`` follows the run from its first entry (:meth:`printery.runs.RunReader.follow`):
+``--wait`` follows the run from its first entry (:meth:`printery.runs.reader.RunReader.follow`):
 the outcome (exit 0 when ``succeeded``, else 1), the request itself dead-lettered (exit 1
 at once), or waiting for a review (said on stderr with the review id; the wait goes on,
 a reviewer may approve).
@@ -30,11 +30,11 @@ from printery.cli.ops_common import (
     table,
 )
 from printery.cli.term import printable
-from printery.client import Runs
 from printery.errors import InvalidInput, PayloadTooLarge
 from printery.fields import ERROR, KIND, REASON_CODE, SOURCE_ID, SOURCE_STREAM
 from printery.keys import DLQ, REVIEW
-from printery.runs import run_status
+from printery.runs.facade import Runs
+from printery.runs.reader import run_status
 
 #: ``status`` of ``emit --wait --json`` when the request itself went to ``dlq``.
 DEAD_LETTERED = "dead_lettered"

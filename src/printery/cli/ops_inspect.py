@@ -10,7 +10,7 @@ from printery.cli.ops_common import get_ctx, json_option, print_json, table
 from printery.keys import DLQ, REVIEW, REVIEW_DECIDED
 from printery.pipeline.render import to_mermaid, to_text
 from printery.redact import redact_text
-from printery.runtime.registry import list_processes
+from printery.service.registry import list_processes
 from printery.store.overview import StreamFigures, read_overview
 
 

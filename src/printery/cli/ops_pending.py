@@ -1,5 +1,5 @@
 """``printery pending``: entries delivered and not acknowledged, and dead-lettering one by
-hand (reference: failures). What is pending is read from the server (:mod:`printery.pending`),
+hand (reference: failures). What is pending is read from the server (:mod:`printery.inbox.pending`),
 so both work while no worker runs."""
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from printery.cli.ops_common import (
     print_json,
     table,
 )
-from printery.pending import (
+from printery.inbox.pending import (
     OPERATOR,
     PendingEntry,
     dead_letter_pending,

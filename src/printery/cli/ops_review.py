@@ -1,6 +1,6 @@
 """``printery review``: human decisions on escalations (CONTRACT §5, §12).
 
-A thin layer over :mod:`printery.reviews`, where a decision is made once and written in
+A thin layer over :mod:`printery.inbox.reviews`, where a decision is made once and written in
 one transaction; here its errors become exit statuses: unknown or already decided, a
 reviewer who may not decide, an action that failed -> 1; edited data that is not JSON or
 that the kind or the resumed step refuses -> 2.
@@ -27,8 +27,8 @@ from printery.cli.ops_common import (
 )
 from printery.errors import ReviewError, ReviewInvalid
 from printery.fields import KIND, REASON, STEP
+from printery.inbox.reviews import REVIEW_PAGE, approve, get_review, list_reviews, reject
 from printery.redact import redact_text
-from printery.reviews import REVIEW_PAGE, approve, get_review, list_reviews, reject
 
 T = TypeVar("T")
 

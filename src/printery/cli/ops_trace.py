@@ -2,7 +2,7 @@
 what it spent.
 
 ``trace`` scans every stream of the pipeline plus ``dlq``, ``review`` and
-``review:decided`` (:func:`printery.history.run_entries`): O(total stream length), fine
+``review:decided`` (:func:`printery.runs.history.run_entries`): O(total stream length), fine
 for operator use on retained history, not for a hot path.
 """
 
@@ -23,12 +23,12 @@ from printery.cli.ops_common import (
     print_json,
     table,
 )
-from printery.cost import budget_status, cost_summary, parse_duration
 from printery.fields import DECISION, ITEM, ITEM_FAILED, ITEMS, KIND, REASON, REASON_CODE
 from printery.keys import DLQ, REVIEW
-from printery.replay import ReplayError
-from printery.replay import replay as replay_run
-from printery.runs import RunReader
+from printery.runs.cost import budget_status, cost_summary, parse_duration
+from printery.runs.reader import RunReader
+from printery.runs.replay import ReplayError
+from printery.runs.replay import replay as replay_run
 
 
 @click.command()

@@ -13,7 +13,7 @@ import redis.asyncio as aioredis
 
 from printery import _json
 from printery.cli.ops_common import EXIT_TIMEOUT, Failure, get_ctx, json_option
-from printery.runs import RunReader, run_status
+from printery.runs.reader import RunReader, run_status
 
 
 @click.command()

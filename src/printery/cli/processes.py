@@ -20,7 +20,7 @@ Design, kept deliberately simple:
   exiting 2 (bad configuration) cannot be fixed by restarting: the parent stops and
   exits 2.
 * Logging, the server, signals and exit statuses are the service's own lifecycle
-  (:class:`~printery.lifecycle.ProcessLifecycle`). SIGTERM/SIGINT: SIGTERM to every
+  (:class:`~printery.service.lifecycle.ProcessLifecycle`). SIGTERM/SIGINT: SIGTERM to every
   child, wait ``shutdown_timeout`` plus a margin, then SIGKILL stragglers; exit 0. A
   second SIGINT kills the children and exits 130.
 * HTTP: the parent serves ``/status``, ``/readyz`` and ``/metrics`` on ``--http-addr``
@@ -48,21 +48,21 @@ from prometheus_client.registry import Collector
 from redis.exceptions import RedisError
 
 from printery._util import hostname, idle, log_failure, now_rfc3339
-from printery.api import service_api
-from printery.client import Runs
 from printery.config import Settings
-from printery.console import service_console
 from printery.errors import ConfigError
-from printery.http import HttpServer
 from printery.keys import StreamKeys
 from printery.layout import resolve_keys
-from printery.lifecycle import EXIT_CONFIG, EXIT_OK, ProcessLifecycle
 from printery.logging import get_logger
 from printery.pipeline.dag import Pipeline
+from printery.runs.facade import Runs
+from printery.servers.process import free_port
+from printery.service.api import service_api
+from printery.service.console import service_console
+from printery.service.http import HttpServer
+from printery.service.lifecycle import EXIT_CONFIG, EXIT_OK, ProcessLifecycle
 from printery.supervisor.manager import WorkerManager
 from printery.supervisor.process import ChildProcess
 from printery.transport.connection import connect
-from printery.transport.server import free_port
 
 __all__ = ["Parent", "merge_workers"]
 

@@ -139,7 +139,7 @@ def cli(ctx: click.Context, /, **params: Any) -> None:
         from printery.cli.processes import Parent
 
         ctx.exit(Parent(settings, pipeline, _child_args(flags)).run())
-    from printery.service import Service
+    from printery.service.service import Service
 
     ctx.exit(Service(settings, pipeline).run())
 

@@ -39,7 +39,7 @@ import redis
 from printery import _json
 from printery._util import now_rfc3339
 from printery.errors import ServerStartError
-from printery.transport.server import ServerProcess
+from printery.servers.process import ServerProcess
 
 log = logging.getLogger(__name__)
 

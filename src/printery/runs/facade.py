@@ -1,6 +1,7 @@
-"""The way into printery from an application (CONTRACT §11): submit work, wait for its
-result, follow it live. :class:`Client` for asyncio code, :class:`SyncClient` for code
-without an event loop.
+"""The server side of runs (reference: the client and ``/v1/runs``): :class:`Runs`
+submits and reads the runs of one pipeline over a connected client. :class:`Client`
+wraps it for applications; the service's ``/v1`` API, the console and the operator
+commands use it directly over their own connection.
 
 A submit is validated against the ingress step's input before anything is written, and
 is one round trip: a script checks the idempotency key and appends the complete entry
@@ -11,35 +12,25 @@ processes submit it at once.
 from __future__ import annotations
 
 import asyncio
-import os
-import threading
-import time
-from collections.abc import AsyncIterator, Coroutine, Iterator
 from importlib import resources
-from types import TracebackType
-from typing import Any, TypeVar
+from typing import Any
 
 import redis.asyncio as aioredis
 
 from printery._util import fail_waiters, new_id
-from printery.apps import load_app
 from printery.envelope import Codec
-from printery.errors import ConfigError, InvalidInput, PayloadTooLarge, UnknownRun
+from printery.errors import InvalidInput, PayloadTooLarge, UnknownRun
 from printery.fields import TRACEPARENT
 from printery.keys import StreamKeys, new_id_in, partition_of
-from printery.layout import resolve_keys
 from printery.logging import get_logger
 from printery.pipeline.dag import Pipeline
 from printery.pipeline.reason import Reason
 from printery.run_index import RUNNING
-from printery.runs import RunReader, RunResult
+from printery.runs.reader import RunReader
 from printery.telemetry import valid_traceparent
 from printery.transport.channel import DirectChannel
-from printery.transport.connection import connect
-from printery.transport.embedded import find_running
-from printery.transport.streams import public_api
 
-__all__ = ["Client", "RunResult", "Runs", "SyncClient"]
+__all__ = ["PRODUCER", "SUBMIT_WAIT", "Runs"]
 
 SUBMIT_LUA = resources.files("printery.transport").joinpath("submit.lua").read_text()
 #: How long a submit's idempotency record is kept (the workers' records: 7 days).
@@ -50,8 +41,6 @@ PRODUCER = "printery-client"
 SUBMIT_WAIT = 1.0
 
 log = get_logger("printery.client")
-
-T = TypeVar("T")
 
 
 class Runs:
@@ -188,183 +177,3 @@ class _SubmitBatcher:
                 future.set_exception(reply)
             else:
                 future.set_result(reply)
-
-
-class Client:
-    """Submits runs to a pipeline and follows them; an async context manager.
-
-    ``redis_url`` None: the ``REDIS_URL`` setting, else the embedded server of the data
-    dir (CONTRACT §6). ``app``: a :class:`Pipeline` or ``MODULE:ATTR`` (default: the
-    ``PRINTERY_APP`` setting, else the deployment pipeline). Settings resolve as for
-    the commands: argument > env var > config file (``PRINTERY_CONFIG``) > the app's
-    defaults.
-    """
-
-    def __init__(
-        self,
-        redis_url: str | None = None,
-        *,
-        stream_prefix: str | None = None,
-        data_dir: str | None = None,
-        app: Pipeline | str | None = None,
-        producer: str = PRODUCER,
-    ) -> None:
-        self.settings, self.pipeline = load_app(
-            app, {"redis_url": redis_url, "stream_prefix": stream_prefix, "data_dir": data_dir},
-            os.environ,
-        )
-        self.keys = self.settings.keys
-        self.producer = producer
-        self._client: aioredis.Redis | None = None
-        self._run_ops: Runs | None = None
-
-    @property
-    def redis(self) -> aioredis.Redis:
-        """The connected client (after ``async with`` or :meth:`connect`)."""
-        if self._client is None:
-            raise RuntimeError("Client is not connected: use `async with Client(...)`")
-        return self._client
-
-    async def connect(self) -> Client:
-        if self._client is None:
-            url = self.settings.redis_url or find_running(self.settings.data_dir)
-            if url is None:
-                raise ConfigError(
-                    "redis_url", None,
-                    f"a Redis URL, or a running embedded server for data dir "
-                    f"{self.settings.data_dir} (start `printery-workers`)")
-            self._client = connect(url, max_connections=64)
-            try:  # the partition count recorded in the server (CONTRACT v1.5 §15)
-                self.keys = await public_api(resolve_keys)(self._client, self.settings)
-            except BaseException:
-                client, self._client = self._client, None
-                await client.aclose()
-                raise
-            self._run_ops = Runs(self._client, self.keys, self.pipeline, producer=self.producer,
-                                 replicated=self.settings.transport.submit_wait,
-                                 payload_limit=self.settings.transport.payload_limit_bytes)
-        return self
-
-    async def aclose(self) -> None:
-        client, self._client = self._client, None
-        runs, self._run_ops = self._run_ops, None
-        if runs is not None:
-            await runs.close()
-        if client is not None:
-            await client.aclose()
-
-    async def __aenter__(self) -> Client:
-        return await self.connect()
-
-    async def __aexit__(
-        self, exc_type: type[BaseException] | None, exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        await self.aclose()
-
-    @public_api
-    async def submit(
-        self, data: Any, *, event_type: str | None = None, run_id: str | None = None,
-        idempotency_key: str | None = None, traceparent: str | None = None,
-    ) -> str:
-        """Publish one ingress entry and return its run id. The same ``idempotency_key``
-        (default ``<event type>:<run id>``) gives the same run id and one run. Raises
-        :class:`InvalidInput` (nothing written) when the ingress step refuses ``data``.
-        ``traceparent``: the producer's W3C trace context; the run's spans join its
-        trace (CONTRACT §14)."""
-        run, _ = await (await self._runs()).submit(
-            data, event_type=event_type, run_id=run_id, idempotency_key=idempotency_key,
-            traceparent=traceparent)
-        return run
-
-    @public_api
-    async def result(self, run_id: str, *, timeout: float | None = None) -> RunResult:
-        """The run once it has ended (its outcome entry written), from any process, also
-        after the fact. Raises :class:`TimeoutError` at ``timeout`` seconds."""
-        return await (await self._runs()).reader.result(run_id, timeout=timeout)
-
-    async def watch(
-        self, run_id: str, *, timeout: float | None = None
-    ) -> AsyncIterator[dict[str, Any]]:
-        """The run's entries as ``trace`` shows them, in order, from the first, live,
-        ending after the outcome entry."""
-        runs = await self._runs()
-        deadline = None if timeout is None else time.monotonic() + timeout
-        async for entry in runs.reader.follow(run_id, deadline=deadline):
-            yield entry
-
-    @public_api
-    async def entries(self, run_id: str) -> list[dict[str, Any]]:
-        """Every entry of the run so far (after its outcome too). Raises
-        :class:`UnknownRun` when there is none."""
-        return await (await self._runs()).entries(run_id)
-
-    async def _runs(self) -> Runs:
-        await self.connect()
-        assert self._run_ops is not None
-        return self._run_ops
-
-
-class SyncClient:
-    """:class:`Client` for code without an event loop: the same methods, blocking. It
-    runs a private event loop in a thread of its own; use it as a context manager or
-    call :meth:`close`."""
-
-    def __init__(
-        self,
-        redis_url: str | None = None,
-        *,
-        stream_prefix: str | None = None,
-        data_dir: str | None = None,
-        app: Pipeline | str | None = None,
-    ) -> None:
-        self._client = Client(redis_url, stream_prefix=stream_prefix, data_dir=data_dir, app=app)
-        self.pipeline = self._client.pipeline
-        self._loop = asyncio.new_event_loop()
-        self._thread = threading.Thread(target=self._loop.run_forever, name="printery-client",
-                                        daemon=True)
-        self._thread.start()
-
-    def _call(self, coro: Coroutine[Any, Any, T]) -> T:
-        return asyncio.run_coroutine_threadsafe(coro, self._loop).result()
-
-    def submit(
-        self, data: Any, *, event_type: str | None = None, run_id: str | None = None,
-        idempotency_key: str | None = None, traceparent: str | None = None,
-    ) -> str:
-        return self._call(self._client.submit(data, event_type=event_type, run_id=run_id,
-                                              idempotency_key=idempotency_key,
-                                              traceparent=traceparent))
-
-    def result(self, run_id: str, *, timeout: float | None = None) -> RunResult:
-        return self._call(self._client.result(run_id, timeout=timeout))
-
-    def entries(self, run_id: str) -> list[dict[str, Any]]:
-        return self._call(self._client.entries(run_id))
-
-    def watch(self, run_id: str, *, timeout: float | None = None) -> Iterator[dict[str, Any]]:
-        """The run's entries as they are written (see :meth:`Client.watch`)."""
-        iterator = self._client.watch(run_id, timeout=timeout).__aiter__()
-        while True:
-            try:
-                yield self._call(_next(iterator))
-            except StopAsyncIteration:
-                return
-
-    def close(self) -> None:
-        if self._loop.is_closed():
-            return
-        self._call(self._client.aclose())
-        self._loop.call_soon_threadsafe(self._loop.stop)
-        self._thread.join(timeout=10)
-        self._loop.close()
-
-    def __enter__(self) -> SyncClient:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
-
-async def _next(iterator: AsyncIterator[T]) -> T:
-    return await iterator.__anext__()

@@ -1,6 +1,6 @@
 """Who may use the console (CONTRACT §11, §14), and the CSRF token of its forms.
 
-The console shares :class:`~printery.api.ApiAccess` with ``/v1``: with a token, a
+The console shares :class:`~printery.service.api.ApiAccess` with ``/v1``: with a token, a
 request passes with the session cookie (set by logging in with the token) or with the
 bearer header; without one, only a loopback listener answers (403 elsewhere).
 
@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 
 from aiohttp import web
 
-from printery.api import ApiAccess
+from printery.service.api import ApiAccess
 
 __all__ = ["COOKIE", "ConsoleAuth"]
 

@@ -20,9 +20,9 @@ import redis.asyncio as aioredis
 
 from printery import _json
 from printery.envelope import correlation_of
-from printery.history import scan_stream
 from printery.keys import DLQ, REVIEW, StreamKeys
 from printery.pipeline.dag import Pipeline
+from printery.runs.history import scan_stream
 from printery.transport.commit import decode_spent
 from printery.transport.streams import public_api
 

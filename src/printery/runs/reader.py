@@ -6,7 +6,7 @@ them in the pipeline's streams (and ``dlq``, ``review``, ``review:decided``), by
 correlation field or, for an entry an external producer wrote with only ``data``, by the
 id inside ``data``; then it follows the streams live until the outcome entry, through
 the one read of each partition that every run followed in the process shares
-(:mod:`printery.run_tail`). A run submitted through :class:`~printery.Client` has a
+(:mod:`printery.runs.tail`). A run submitted through :class:`~printery.Client` has a
 start record, so reading it starts at its first entry instead of at the beginning of
 every stream.
 
@@ -44,14 +44,14 @@ import structlog
 from printery import _json
 from printery._util import idle
 from printery.backoff import compute_backoff
-from printery.cost import CallTally
 from printery.envelope import correlation_of
 from printery.fields import STEP, WORKER
-from printery.history import decode_fields, id_order
 from printery.keys import DLQ, REVIEW, REVIEW_DECIDED, RUN_FAILED, StreamKeys, partition_of
 from printery.pipeline.dag import Pipeline
 from printery.run_index import RUNNING, run_status
-from printery.run_tail import Following, RunTail
+from printery.runs.cost import CallTally
+from printery.runs.history import decode_fields, id_order
+from printery.runs.tail import Following, RunTail
 from printery.transport.streams import CONNECTION_ERRORS
 
 __all__ = ["RUNNING", "RunFollow", "RunOrder", "RunReader", "RunResult", "run_cost",
@@ -82,7 +82,7 @@ class RunResult:
 
 
 def run_cost(pipeline: Pipeline, entries: Iterable[Mapping[str, Any]]) -> dict[str, Any]:
-    """What the steps of a run spent (:class:`~printery.cost.CallTally`), from entries
+    """What the steps of a run spent (:class:`~printery.runs.cost.CallTally`), from entries
     as the reader returns them (``cost`` and ``data`` parsed)."""
     tally = CallTally(pipeline)
     for entry in entries:
@@ -324,7 +324,7 @@ class RunReader:
         self, run_id: str, *, deadline: float | None = None, seen: Seen | None = None,
     ) -> AsyncIterator[RunFollow]:
         """Start following the run: join the process's shared read of its partition
-        (:class:`~printery.run_tail.RunTail`), then read its history; what it has to
+        (:class:`~printery.runs.tail.RunTail`), then read its history; what it has to
         give (less what a follower that has ``seen`` those positions was given) is
         known before anything is given (:class:`RunFollow`)."""
         partition = partition_of(run_id, self.keys.partitions)

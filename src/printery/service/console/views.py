@@ -11,18 +11,19 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from printery import _json, dead_letters, reviews
-from printery.api import step_summary
-from printery.client import Runs
-from printery.console.graph import Layout, layout
+from printery import _json
 from printery.errors import ReviewInvalid, UnknownRun
-from printery.history import id_order
+from printery.inbox import dead_letters, reviews
 from printery.keys import DLQ, REVIEW
 from printery.lag import lags_of_groups
 from printery.pipeline.render import loop_summary, to_text
 from printery.run_index import RUNNING, RunIndex, run_status
-from printery.runs import run_cost
-from printery.runtime.registry import list_processes
+from printery.runs.facade import Runs
+from printery.runs.history import id_order
+from printery.runs.reader import run_cost
+from printery.service.api import step_summary
+from printery.service.console.graph import Layout, layout
+from printery.service.registry import list_processes
 
 __all__ = ["Views", "pretty"]
 
@@ -42,7 +43,7 @@ def pretty(value: Any) -> str:
 
 
 class Views:
-    """The pages' data over one :class:`~printery.client.Runs` (its client, keys and
+    """The pages' data over one :class:`~printery.runs.facade.Runs` (its client, keys and
     pipeline)."""
 
     def __init__(self, runs: Runs) -> None:

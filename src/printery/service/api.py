@@ -22,8 +22,7 @@ from urllib.parse import quote, unquote
 import redis.asyncio as aioredis
 from aiohttp import web
 
-from printery import _json, dead_letters, reviews
-from printery.client import Runs
+from printery import _json
 from printery.config import Settings
 from printery.errors import (
     InvalidInput,
@@ -36,11 +35,13 @@ from printery.errors import (
     UnknownRun,
 )
 from printery.fields import STEP, TRACEPARENT, WORKER
+from printery.inbox import dead_letters, reviews
 from printery.keys import DLQ, REVIEW, StreamKeys
 from printery.logging import get_logger
 from printery.pipeline.dag import Pipeline
 from printery.pipeline.reason import Reason
-from printery.runs import run_cost, run_status
+from printery.runs.facade import Runs
+from printery.runs.reader import run_cost, run_status
 
 __all__ = ["ApiAccess", "api_access", "build_api", "is_loopback", "service_api"]
 
@@ -163,7 +164,7 @@ def submit_arguments(body: Any) -> dict[str, Any]:
 
 def decision_arguments(body: Any, decision: str) -> dict[str, Any]:
     """A review decision's body (``{"by", "note"?, "data"?}``; no ``data`` on a reject)
-    -> :func:`printery.reviews.decide` keyword arguments; :class:`_Refused` (400) for a
+    -> :func:`printery.inbox.reviews.decide` keyword arguments; :class:`_Refused` (400) for a
     wrong shape."""
     if not isinstance(body, dict):
         raise _Refused(error(400, "invalid_request", "the body must be a JSON object"))
@@ -356,7 +357,7 @@ def _review_routes(api: web.Application, runs: Runs, body_limit: int) -> None:
 
     async def review_list(request: web.Request) -> web.Response:
         """A page of open reviews, oldest first: ``?limit=`` (1..MAX_REVIEW_PAGE, default
-        :data:`~printery.reviews.REVIEW_PAGE`) after ``?after=`` (a review id); a full
+        :data:`~printery.inbox.reviews.REVIEW_PAGE`) after ``?after=`` (a review id); a full
         page links to the next (``Link: <...>; rel="next"``)."""
         raw_limit = request.query.get("limit", str(reviews.REVIEW_PAGE))
         if not raw_limit.isdigit() or not 1 <= int(raw_limit) <= MAX_REVIEW_PAGE:

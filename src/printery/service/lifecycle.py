@@ -31,7 +31,7 @@ from printery.config import Settings
 from printery.errors import describe
 from printery.logging import configure_logging, get_logger
 from printery.redact import redact_url
-from printery.transport.embedded import EmbeddedServer
+from printery.servers.embedded import EmbeddedServer
 
 __all__ = [
     "EXIT_CONFIG", "EXIT_FAILED", "EXIT_INTERRUPTED", "EXIT_OK", "ProcessLifecycle",

@@ -31,7 +31,7 @@ import structlog
 
 from printery._util import idle, stop_tasks, where
 from printery.backoff import compute_backoff
-from printery.history import id_order
+from printery.runs.history import id_order
 from printery.transport.streams import CONNECTION_ERRORS
 
 __all__ = ["Following", "RunTail"]

@@ -2,7 +2,7 @@
 live over server-sent events, every asset shipped in this package (no CDN).
 
 :func:`service_console` builds it for a service: it shares ``/v1``'s access rule
-(:func:`~printery.api.api_access`) and its :class:`~printery.client.Runs`.
+(:func:`~printery.service.api.api_access`) and its :class:`~printery.runs.facade.Runs`.
 """
 
 from __future__ import annotations
@@ -11,12 +11,12 @@ from collections.abc import Callable, Mapping
 
 from aiohttp import web
 
-from printery.api import api_access
-from printery.client import Runs
 from printery.config import Settings
-from printery.console.auth import ConsoleAuth
-from printery.console.routes import add_console
-from printery.console.views import Views
+from printery.runs.facade import Runs
+from printery.service.api import api_access
+from printery.service.console.auth import ConsoleAuth
+from printery.service.console.routes import add_console
+from printery.service.console.views import Views
 
 __all__ = ["service_console"]
 

@@ -22,9 +22,9 @@ from printery import _json
 from printery.envelope import correlation_of
 from printery.errors import ReplayError
 from printery.fields import REPLAY_FOR, TRACEPARENT
-from printery.history import find_entries, id_order, scan_stream
 from printery.keys import StreamKeys
 from printery.pipeline.dag import Pipeline, steps_reached
+from printery.runs.history import find_entries, id_order, scan_stream
 from printery.transport.streams import public_api
 
 __all__ = ["ReplayError", "ReplayResult", "find_entries", "replay", "rerun_steps", "scan_stream"]

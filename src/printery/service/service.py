@@ -6,7 +6,7 @@ Everything the other modules provide is wired here, in the order the contract ne
    no later line can leak them; the first line names the server in use (CONTRACT §6);
 2. the server: the given URL, or the embedded server of the data dir (found or started);
    these two, the signals and the exit statuses are the process lifecycle shared with
-   the parent of ``--processes`` (:mod:`printery.lifecycle`);
+   the parent of ``--processes`` (:mod:`printery.service.lifecycle`);
 3. every consumer group of the pipeline, whichever workers this process runs, *before*
    any worker reads (CONTRACT §2): a process running only ``notifier`` must not let
    ``validator``'s entries published meanwhile go unseen by a later process;
@@ -16,7 +16,7 @@ Everything the other modules provide is wired here, in the order the contract ne
    gauge updater, which only observe, the retention sweep (``transport.retention``),
    which trims only what every group has acknowledged, the sweep of consumers left by
    dead processes (``runtime.departed``), and the review deadlines (``[review.<kind>]
-   timeout``), which reject what waited too long; the API ``/v1`` (:mod:`printery.api`).
+   timeout``), which reject what waited too long; the API ``/v1`` (:mod:`printery.service.api`).
 
 Shutdown is the reverse. SIGTERM/SIGINT start a graceful stop (drain within
 ``shutdown_timeout``, ack what finished, leave the rest pending for redelivery); a second
@@ -39,29 +39,29 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from printery import _json, telemetry
 from printery._util import hostname, log_failure, now_rfc3339, settle_gc, stop_tasks, wait_event, where
-from printery.api import service_api
 from printery.backoff import compute_backoff
-from printery.client import Runs
 from printery.config import Settings
-from printery.console import service_console
 from printery.errors import ConfigError, describe
-from printery.housekeeping import Housekeeping, remove_consumers
-from printery.http import HttpServer
 from printery.layout import resolve_keys
-from printery.lifecycle import (
+from printery.logging import get_logger
+from printery.metrics import Metrics, MetricsObserver
+from printery.pipeline.dag import Pipeline
+from printery.redact import redact_url
+from printery.runs.facade import Runs
+from printery.runtime.consumer import ConsumerSettings
+from printery.runtime.payloads import PayloadStore
+from printery.service.api import service_api
+from printery.service.console import service_console
+from printery.service.housekeeping import Housekeeping, remove_consumers
+from printery.service.http import HttpServer
+from printery.service.lifecycle import (
     EXIT_CONFIG,
     EXIT_FAILED,
     EXIT_INTERRUPTED,
     EXIT_OK,
     ProcessLifecycle,
 )
-from printery.logging import get_logger
-from printery.metrics import Metrics, MetricsObserver
-from printery.pipeline.dag import Pipeline
-from printery.redact import redact_url
-from printery.runtime.consumer import ConsumerSettings
-from printery.runtime.payloads import PayloadStore
-from printery.runtime.registry import ProcessRegistry
+from printery.service.registry import ProcessRegistry
 from printery.supervisor.manager import WorkerManager
 from printery.transport.connection import connect
 from printery.transport.refusal import refused

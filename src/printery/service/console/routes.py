@@ -23,10 +23,8 @@ import jinja2
 from aiohttp import web
 from redis.exceptions import RedisError
 
-from printery import _json, dead_letters, reviews
+from printery import _json
 from printery._util import idle
-from printery.console.auth import ConsoleAuth
-from printery.console.views import Views
 from printery.errors import (
     ReviewActionFailed,
     ReviewError,
@@ -34,7 +32,10 @@ from printery.errors import (
     ReviewNotFound,
     ReviewRefused,
 )
+from printery.inbox import dead_letters, reviews
 from printery.logging import get_logger
+from printery.service.console.auth import ConsoleAuth
+from printery.service.console.views import Views
 
 __all__ = ["add_console"]
 
@@ -56,7 +57,7 @@ _MAX_FIELD = 256
 
 
 def _environment() -> jinja2.Environment:
-    env = jinja2.Environment(loader=jinja2.PackageLoader("printery.console", "templates"),
+    env = jinja2.Environment(loader=jinja2.PackageLoader("printery.service.console", "templates"),
                              autoescape=True, trim_blocks=True, lstrip_blocks=True)
     env.filters["clock"] = lambda ms: datetime.datetime.fromtimestamp(
         int(ms) / 1000, datetime.UTC).strftime("%Y-%m-%d %H:%M:%S") if ms else ""
@@ -75,7 +76,7 @@ class Console:
         self.auth = auth
         self.body_limit = body_limit
         self.env = _environment()
-        self.static = {name: resources.files("printery.console").joinpath("static", name)
+        self.static = {name: resources.files("printery.service.console").joinpath("static", name)
                        .read_bytes() for name in _STATIC}
 
     def html(self, request: web.Request, template: str, http_status: int = 200,

@@ -15,16 +15,16 @@ from redis.exceptions import RedisError
 from printery._util import idle
 from printery.config import Settings
 from printery.errors import describe
+from printery.inbox.reviews import expire_reviews, sweep_interval
 from printery.keys import StreamKeys
 from printery.lag import event_type_lags
 from printery.logging import get_logger
 from printery.metrics import Metrics
 from printery.pipeline.dag import Pipeline
-from printery.reviews import expire_reviews, sweep_interval
 from printery.run_index import RunIndex
 from printery.runtime.departed import live_owners, remove_departed
-from printery.runtime.registry import ProcessRegistry, list_processes
-from printery.runtime.retention import trim_pipeline_streams
+from printery.service.registry import ProcessRegistry, list_processes
+from printery.service.retention import trim_pipeline_streams
 from printery.supervisor.manager import WorkerManager
 from printery.transport.streams import Scripts
 

@@ -96,8 +96,8 @@ def build_app(
     console: Routes | None = None,
 ) -> web.Application:
     """The aiohttp application: ``/healthz``, ``/readyz``, ``/status``, ``/metrics``,
-    ``api`` (the ``/v1`` application of :mod:`printery.api`) mounted under ``/v1``, and
-    what ``console`` adds (the web console's routes, :mod:`printery.console`).
+    ``api`` (the ``/v1`` application of :mod:`printery.service.api`) mounted under ``/v1``, and
+    what ``console`` adds (the web console's routes, :mod:`printery.service.console`).
 
     ``probe_timeout`` bounds each provider call: a Redis that hangs must turn into a 503
     from ``/readyz`` (so orchestrators stop routing to us), never into a hung probe.
