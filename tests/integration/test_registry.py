@@ -13,8 +13,9 @@ import redis.asyncio as aioredis
 
 from printery.errors import ConfigError
 from printery.keys import StreamKeys
-from printery.runtime.departed import live_owners, owner, remove_departed
+from printery.runtime.departed import owner
 from printery.servers.process import ServerProcess, free_port
+from printery.service.departed import live_owners, remove_departed
 from printery.service.registry import ProcessRegistry, list_processes
 
 

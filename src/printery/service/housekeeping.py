@@ -22,7 +22,7 @@ from printery.logging import get_logger
 from printery.metrics import Metrics
 from printery.pipeline.dag import Pipeline
 from printery.run_index import RunIndex
-from printery.runtime.departed import live_owners, remove_departed
+from printery.service.departed import live_owners, remove_departed
 from printery.service.registry import ProcessRegistry, list_processes
 from printery.service.retention import trim_pipeline_streams
 from printery.supervisor.manager import WorkerManager
@@ -47,7 +47,7 @@ async def remove_consumers(
     *, min_idle: float,
 ) -> None:
     """Remove the consumers, of every group of the pipeline, whose owner is ``gone``;
-    never one that still owns entries (see :mod:`printery.runtime.departed`)."""
+    never one that still owns entries (see :mod:`printery.service.departed`)."""
     readers = [(part.stream(event_type), group) for part in keys.each()
                for event_type, groups in pipeline.groups().items() for group in groups]
     try:
