@@ -73,6 +73,12 @@ def consumer_name(worker: str, index: int) -> str:
     return f"{hostname()}:{os.getpid()}:{worker}:{index}"
 
 
+def as_text(value: bytes | str) -> str:
+    """A reply as text, from a client that may not decode (``decode_responses=False``:
+    the fields a user's own client read, say); printery's own clients decode already."""
+    return value.decode("utf-8", errors="replace") if isinstance(value, bytes) else value
+
+
 def stream_id_ms(entry_id: str) -> int:
     """Milliseconds part of a stream entry id (``1700000000000-3`` -> 1700000000000)."""
     return int(entry_id.split("-", 1)[0])

@@ -10,7 +10,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from printery import _json
-from printery._util import new_id, now_rfc3339, stamped_id
+from printery._util import as_text, new_id, now_rfc3339, stamped_id
 from printery.errors import DecodeError, PayloadTooLarge
 
 ENVELOPE_FIELDS = (
@@ -50,10 +50,6 @@ def _is_text(fields: Mapping[Any, Any]) -> bool:
     for key, value in fields.items():
         return isinstance(key, str) and isinstance(value, str)
     return True
-
-
-def _text(value: bytes | str) -> str:
-    return value.decode("utf-8", errors="replace") if isinstance(value, bytes) else value
 
 
 def _id_in(data: Any, field: str) -> str | None:
@@ -103,7 +99,7 @@ class Codec:
         Raises :class:`DecodeError` when ``data`` is missing or not JSON, and
         :class:`PayloadTooLarge` past the payload limit; neither is worth a retry.
         """
-        text = fields if _is_text(fields) else {_text(k): _text(v) for k, v in fields.items()}
+        text = fields if _is_text(fields) else {as_text(k): as_text(v) for k, v in fields.items()}
         raw = text.get("data")
         if raw is None:
             raise DecodeError("entry has no `data` field")

@@ -8,6 +8,6 @@ where it is computed with the streams' other figures); these are its Python name
 
 from __future__ import annotations
 
-from printery.store.overview import event_type_lags, lags_of_groups, queue_lag_seconds, stream_lags
+from printery.store.overview import event_type_lags, queue_lag_seconds, stream_lags
 
-__all__ = ["event_type_lags", "lags_of_groups", "queue_lag_seconds", "stream_lags"]
+__all__ = ["event_type_lags", "queue_lag_seconds", "stream_lags"]

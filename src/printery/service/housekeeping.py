@@ -2,22 +2,20 @@
 the per-worker gauges, consumers left by processes that died, stream retention, and
 review deadlines. A sweep that fails logs why and tries again at its next interval; none
 of them is ever given up, whatever it raised (on a cluster in a failover redis-py's
-cluster client also raises errors that are not ``RedisError``s: issue 31)."""
+cluster client also raises errors that are not ``RedisError``s: issue 31). A sweep that
+finds the server unreachable (:data:`printery.store.UNREACHABLE`) logs a warning; anything
+else it raised is logged as an error with its traceback."""
 
 from __future__ import annotations
 
 from collections.abc import Callable, Coroutine
 from typing import Any
 
-import redis.asyncio as aioredis
-from redis.exceptions import RedisError
-
 from printery._util import idle
 from printery.config import Settings
 from printery.errors import describe
 from printery.inbox.reviews import expire_reviews, sweep_interval
 from printery.keys import StreamKeys
-from printery.lag import event_type_lags
 from printery.logging import get_logger
 from printery.metrics import Metrics
 from printery.pipeline.dag import Pipeline
@@ -25,8 +23,9 @@ from printery.run_index import RunIndex
 from printery.service.departed import live_owners, remove_departed
 from printery.service.registry import ProcessRegistry, list_processes
 from printery.service.retention import trim_pipeline_streams
+from printery.store import UNREACHABLE, Redis, read_overview, waiting
 from printery.supervisor.manager import WorkerManager
-from printery.transport.streams import Scripts
+from printery.transport.scripts import Scripts
 
 __all__ = ["DEPARTED_INTERVAL", "GAUGE_INTERVAL", "LAG_INTERVAL", "Housekeeping", "remove_consumers"]
 
@@ -35,7 +34,7 @@ log = get_logger("printery.service")
 #: Seconds between refreshes of the per-worker gauges (up, uptime, pending).
 GAUGE_INTERVAL = 1.0
 #: Seconds between refreshes of the queue lag gauge (a bounded read per stream, see
-#: :mod:`printery.lag`).
+#: :mod:`printery.store.overview`).
 LAG_INTERVAL = 2.0
 #: Seconds between sweeps for consumers of processes that died (their own graceful stop
 #: removes them at once).
@@ -43,7 +42,7 @@ DEPARTED_INTERVAL = 60.0
 
 
 async def remove_consumers(
-    client: aioredis.Redis, keys: StreamKeys, pipeline: Pipeline, gone: Callable[[str], bool],
+    client: Redis, keys: StreamKeys, pipeline: Pipeline, gone: Callable[[str], bool],
     *, min_idle: float,
 ) -> None:
     """Remove the consumers, of every group of the pipeline, whose owner is ``gone``;
@@ -52,7 +51,7 @@ async def remove_consumers(
                for event_type, groups in pipeline.groups().items() for group in groups]
     try:
         removed = await remove_departed(client, readers, gone, min_idle=min_idle)
-    except (RedisError, OSError) as exc:
+    except UNREACHABLE as exc:
         log.warning("could not remove stopped consumers", error=describe(exc))
         return
     except Exception as exc:
@@ -67,7 +66,7 @@ class Housekeeping:
     """The sweeps of one service process (``owner``: its consumers' owner name)."""
 
     def __init__(
-        self, client: aioredis.Redis, keys: StreamKeys, pipeline: Pipeline, settings: Settings,
+        self, client: Redis, keys: StreamKeys, pipeline: Pipeline, settings: Settings,
         metrics: Metrics, registry: ProcessRegistry, owner: str,
     ) -> None:
         self.client = client
@@ -103,39 +102,32 @@ class Housekeeping:
     async def update_backlog(self) -> None:
         """Every :data:`LAG_INTERVAL`, the lag in seconds of each group this process runs
         (``printery_queue_lag_seconds{stream,group}``, the stream by its event type), and
-        how many reviews and dead letters wait (two ``XLEN`` per partition)."""
+        how many reviews and dead letters wait (:func:`~printery.store.waiting`)."""
         mine = set(self.settings.selected_workers(list(self.pipeline.steps)))
-        readers = {event_type: [group for group in groups if group in mine]
-                   for event_type, groups in self.pipeline.groups().items()}
+        read = [event_type for event_type, groups in self.pipeline.groups().items()
+                if mine.intersection(groups)]
         while True:
             try:
-                async with self.client.pipeline(transaction=False) as pipe:
-                    for part in self.keys.each():
-                        pipe.xlen(part.review)
-                        pipe.xlen(part.dlq)
-                    counts = await pipe.execute()
-            except (RedisError, OSError) as exc:
+                counts = await waiting(self.client, self.keys)
+            except UNREACHABLE as exc:
                 log.warning("backlog sweep failed: retrying next interval", error=describe(exc))
             except Exception as exc:
                 log.error("backlog sweep failed: retrying next interval", error=describe(exc),
                           exc_info=exc)
             else:
-                self.metrics.reviews_open.set(sum(counts[0::2]))
-                self.metrics.dlq_entries.set(sum(counts[1::2]))
-            for event_type, groups in readers.items():
-                if not groups:
-                    continue
-                try:
-                    lags = await event_type_lags(self.client, self.keys, event_type, groups)
-                except (RedisError, OSError) as exc:
-                    log.warning("lag sweep failed: retrying next interval", error=describe(exc))
-                    break
-                except Exception as exc:
-                    log.error("lag sweep failed: retrying next interval", error=describe(exc),
-                              exc_info=exc)
-                    break
-                for group, seconds in lags.items():
-                    self.metrics.queue_lag.labels(event_type, group).set(seconds)
+                self.metrics.reviews_open.set(counts.reviews)
+                self.metrics.dlq_entries.set(counts.dead_letters)
+            try:
+                overview = await read_overview(self.client, self.keys, read, mine)
+            except UNREACHABLE as exc:
+                log.warning("lag sweep failed: retrying next interval", error=describe(exc))
+            except Exception as exc:
+                log.error("lag sweep failed: retrying next interval", error=describe(exc),
+                          exc_info=exc)
+            else:
+                for event_type in read:
+                    for group, seconds in overview.lags(event_type).items():
+                        self.metrics.queue_lag.labels(event_type, group).set(seconds)
             await idle(LAG_INTERVAL)
 
     async def sweep_departed(self) -> None:
@@ -146,7 +138,7 @@ class Housekeeping:
             await idle(DEPARTED_INTERVAL)
             try:
                 live = live_owners(await list_processes(self.client, self.keys))
-            except (RedisError, OSError) as exc:
+            except UNREACHABLE as exc:
                 log.warning("consumer sweep failed: retrying next interval", error=describe(exc))
                 continue
             except Exception as exc:
@@ -173,7 +165,7 @@ class Housekeeping:
                     trim_without_groups=True,
                 )
                 forgotten = await index.forget_ended(self.client, transport.retention, scripts)
-            except (RedisError, OSError) as exc:
+            except UNREACHABLE as exc:
                 log.warning("retention sweep failed: retrying next interval", error=str(exc))
             except Exception as exc:
                 log.error("retention sweep failed: retrying next interval", error=describe(exc),
@@ -194,7 +186,7 @@ class Housekeeping:
         while True:
             try:
                 made = await expire_reviews(self.client, self.keys, self.pipeline, timeouts)
-            except (RedisError, OSError) as exc:
+            except UNREACHABLE as exc:
                 log.warning("review deadline sweep failed: retrying", error=str(exc))
             except Exception as exc:  # an application's reject hook: logged, retried
                 log.error("review deadline sweep failed: retrying", error=str(exc),

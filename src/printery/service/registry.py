@@ -17,18 +17,15 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-import redis.asyncio as aioredis
-from redis.exceptions import RedisError
-
 from printery import _json
 from printery._util import idle
 from printery.errors import ConfigError
 from printery.keys import StreamKeys
+from printery.store import Redis, ServerError
+from printery.store.processes import forget_beat, read_beats, write_beat
 
 log = logging.getLogger(__name__)
 
-#: Keys fetched per MGET: bounded work per round trip.
-_BATCH = 200
 #: A process that has not beaten for this long leaves the index (its key expired long ago).
 _FORGET_MS = 86_400_000
 
@@ -46,7 +43,7 @@ class ProcessRegistry:
 
     def __init__(
         self,
-        redis: aioredis.Redis,
+        redis: Redis,
         keys: StreamKeys,
         process_id: str,
         *,
@@ -73,12 +70,9 @@ class ProcessRegistry:
         and a reader skips an indexed id whose key is gone anyway. Raises the client's
         errors; :meth:`run` is the caller that tolerates them.
         """
-        now = time.time() * 1000
-        async with self.redis.pipeline(transaction=False) as pipe:
-            pipe.set(self.key, _json.dumpb(status), px=max(1, int(self.ttl * 1000)))
-            pipe.zadd(self.keys.processes, {self.process_id: now})
-            pipe.zremrangebyscore(self.keys.processes, "-inf", now - _FORGET_MS)
-            await pipe.execute()
+        await write_beat(self.redis, self.keys, self.process_id, _json.dumpb(status),
+                         ttl_ms=int(self.ttl * 1000), now_ms=time.time() * 1000,
+                         forget_ms=_FORGET_MS)
 
     async def run(self, get_status: Callable[[], Awaitable[dict[str, Any]]]) -> None:
         """Beat every ``interval`` seconds until cancelled; never raises anything else.
@@ -93,7 +87,7 @@ class ProcessRegistry:
             try:
                 async with asyncio.timeout(self.ttl):
                     await self.beat(await get_status())
-            except (RedisError, OSError, TimeoutError) as exc:
+            except (ServerError, OSError, TimeoutError) as exc:
                 if not failing:
                     log.warning("process registry: heartbeat failed, retrying: %s", exc)
                 failing = True
@@ -113,11 +107,8 @@ class ProcessRegistry:
         Tolerates a lost connection: then the key simply expires after ``ttl``.
         """
         try:
-            async with self.redis.pipeline(transaction=False) as pipe:
-                pipe.delete(self.key)
-                pipe.zrem(self.keys.processes, self.process_id)
-                await pipe.execute()
-        except (RedisError, OSError) as exc:
+            await forget_beat(self.redis, self.keys, self.process_id)
+        except (ServerError, OSError) as exc:
             log.warning(
                 "process registry: could not remove %s (it expires in %ss): %s",
                 self.key,
@@ -126,30 +117,20 @@ class ProcessRegistry:
             )
 
 
-async def list_processes(redis: aioredis.Redis, keys: StreamKeys) -> list[dict[str, Any]]:
+async def list_processes(redis: Redis, keys: StreamKeys) -> list[dict[str, Any]]:
     """Every registered process's status, sorted by process id.
 
-    Reads the process index (no SCAN: the keyspace may be large), then the keys, a
-    batch at a time. A process whose key expired (it stopped beating) is skipped, as is
-    a value that is not a JSON object. Each status gains ``process_id`` when it lacks one.
+    Read from the process index (:func:`~printery.store.processes.read_beats`: no SCAN).
+    A process whose key expired (it stopped beating) is skipped, as is a value that is
+    not a JSON object (a key of another type too). Each status gains ``process_id`` when
+    it lacks one.
     """
-    members = await redis.zrange(keys.processes, 0, -1)
-    found = sorted({m.decode() if isinstance(m, bytes) else str(m) for m in members})
     processes: list[dict[str, Any]] = []
-    for start in range(0, len(found), _BATCH):
-        batch = found[start : start + _BATCH]
-        # One GET per key in a pipeline, not MGET: on a cluster the keys are in many
-        # slots (the pipeline sends each node its own). A key of another type answers
-        # WRONGTYPE where MGET answered nil: skipped the same (not a status).
-        async with redis.pipeline(transaction=False) as pipe:
-            for process_id in batch:
-                pipe.get(keys.process(process_id))
-            values = await pipe.execute(raise_on_error=False)
-        for process_id, raw in zip(batch, values, strict=True):
-            status = _decode(raw)
-            if status is not None:
-                status.setdefault("process_id", process_id)
-                processes.append(status)
+    for process_id, raw in await read_beats(redis, keys):
+        status = _decode(raw)
+        if status is not None:
+            status.setdefault("process_id", process_id)
+            processes.append(status)
     return processes
 
 

@@ -17,65 +17,15 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any, cast
 
-import redis.asyncio as aioredis
-
 from printery.keys import DLQ, REVIEW, REVIEW_DECIDED, StreamKeys
-from printery.transport.streams import Scripts
+from printery.store import Redis
+from printery.transport.scripts import Scripts, script
 
 #: Event types that hold work for humans; never trimmed by :func:`trim_pipeline_streams`.
 NEVER_TRIMMED = frozenset({DLQ, REVIEW, REVIEW_DECIDED})
 
-# KEYS[1] stream; ARGV: retention ms ('' = no age limit), explicit cutoff ms ('' = none),
-# '1' to trim a stream no group reads, '1' for approximate trimming.
-# Returns {entries trimmed, the MINID used ('' when nothing was trimmed)}.
-TRIM_LUA = """
-local stream = KEYS[1]
-local retention, keep_after = ARGV[1], ARGV[2]
-local without_groups, approximate = ARGV[3] == '1', ARGV[4] == '1'
-if redis.call('EXISTS', stream) == 0 then return {0, ''} end
-
-local function parse(id)
-  local ms, seq = string.match(id, '^(%d+)-(%d+)$')
-  return tonumber(ms), tonumber(seq)
-end
-local function less(a, b)
-  local ams, aseq = parse(a)
-  local bms, bseq = parse(b)
-  return ams < bms or (ams == bms and aseq < bseq)
-end
-
-local bound = nil
-local function lower(id)
-  if bound == nil or less(id, bound) then bound = id end
-end
-if retention ~= '' then
-  local now = redis.call('TIME')
-  local now_ms = tonumber(now[1]) * 1000 + math.floor(tonumber(now[2]) / 1000)
-  lower(string.format('%d-0', now_ms - tonumber(retention)))
-end
-if keep_after ~= '' then lower(keep_after .. '-0') end
-
-local groups = redis.call('XINFO', 'GROUPS', stream)
-if #groups == 0 and not without_groups then return {0, ''} end
-for _, group in ipairs(groups) do
-  local info = {}
-  for i = 1, #group, 2 do info[group[i]] = group[i + 1] end
-  -- Never above what the group has read: later entries were delivered to no one yet.
-  -- The last-delivered entry itself may go (read and, unless pending, acknowledged).
-  local last_ms, last_seq = parse(info['last-delivered-id'])
-  lower(string.format('%d-%d', last_ms, last_seq + 1))
-  local pending = redis.call('XPENDING', stream, info['name'])
-  if tonumber(pending[1]) > 0 then lower(pending[2]) end
-end
-if bound == nil then return {0, ''} end
-local trimmed
-if approximate then
-  trimmed = redis.call('XTRIM', stream, 'MINID', '~', bound)
-else
-  trimmed = redis.call('XTRIM', stream, 'MINID', bound)
-end
-return {trimmed, bound}
-"""
+#: Trims below the safe bound (``trim.lua``: its keys, arguments and reply).
+TRIM = script("trim")
 
 
 @dataclass(frozen=True, slots=True)
@@ -88,7 +38,7 @@ class TrimResult:
 
 
 async def trim_stream(
-    client: aioredis.Redis,
+    client: Redis,
     stream: str,
     *,
     retention: float | None = None,
@@ -112,12 +62,12 @@ async def trim_stream(
         "1" if trim_without_groups else "0",
         "1" if approximate else "0",
     ]
-    reply = cast(list[Any], await runner.call(TRIM_LUA, [stream], args))
-    return TrimResult(stream=stream, trimmed=int(reply[0]), minid=_text(reply[1]))
+    reply = cast(list[Any], await runner.call(TRIM, [stream], args))
+    return TrimResult(stream=stream, trimmed=int(reply[0]), minid=str(reply[1]))
 
 
 async def trim_pipeline_streams(
-    client: aioredis.Redis,
+    client: Redis,
     keys: StreamKeys,
     event_types: Iterable[str],
     retention_s: float,
@@ -141,10 +91,6 @@ async def trim_pipeline_streams(
             )
             trimmed[event_type] = trimmed.get(event_type, 0) + result.trimmed
     return trimmed
-
-
-def _text(value: Any) -> str:
-    return value.decode() if isinstance(value, bytes) else str(value)
 
 
 __all__ = ["NEVER_TRIMMED", "TrimResult", "trim_pipeline_streams", "trim_stream"]

@@ -15,7 +15,6 @@ from printery import _json
 from printery.errors import ReviewInvalid, UnknownRun
 from printery.inbox import dead_letters, reviews
 from printery.keys import DLQ, REVIEW
-from printery.lag import lags_of_groups
 from printery.pipeline.render import loop_summary, to_text
 from printery.run_index import RUNNING, RunIndex, run_status
 from printery.runs.facade import Runs
@@ -24,6 +23,7 @@ from printery.runs.reader import run_cost
 from printery.service.api import step_summary
 from printery.service.console.graph import Layout, layout
 from printery.service.registry import list_processes
+from printery.store import read_overview, waiting
 
 __all__ = ["Views", "pretty"]
 
@@ -60,45 +60,21 @@ class Views:
                     **(w if isinstance(w, dict) else {})}
                    for p in processes for name, w in sorted((p.get("workers") or {}).items())]
         streams = await self.streams()
-        counts = {s["type"]: s["length"] for s in streams}
+        counts = await waiting(self.client, self.keys)
         recent, _ = await self.index.page(self.client, count=10)
         return {"processes": processes, "workers": workers, "streams": streams,
-                "dlq": counts.get(DLQ, 0), "reviews": counts.get(REVIEW, 0),
+                "dlq": counts.dead_letters, "reviews": counts.reviews,
                 "summary": await self.index.summary(self.client),
                 "cost": await self.index.cost_last_hour(self.client), "recent": recent}
 
     async def streams(self) -> list[dict[str, Any]]:
-        """Each stream of the pipeline (and ``dlq``, ``review``), over every partition:
-        length, and per group its pending entries and lag (seconds its oldest owed entry
-        has waited: :mod:`printery.lag`). Two round trips whatever the partitions."""
+        """Each stream of the pipeline (and ``dlq``, ``review``), its partitions summed:
+        length, and per group its pending entries and ``lag_s`` (seconds its oldest owed
+        entry has waited): the one :class:`~printery.store.StreamOverview`, two round trips
+        whatever the partitions."""
         # Once each: a pipeline that escalates lists ``review`` among its own types.
-        types = list(dict.fromkeys([*self.pipeline.event_types(), DLQ, REVIEW]))
-        streams = [(event_type, part.stream(event_type))
-                   for event_type in types for part in self.keys.each()]
-        async with self.client.pipeline(transaction=False) as pipe:
-            for _, stream in streams:
-                pipe.xlen(stream)
-                pipe.xinfo_groups(stream)
-            replies = await pipe.execute(raise_on_error=False)
-        infos = {stream: groups if isinstance(groups, list) else []  # no stream yet
-                 for (_, stream), groups in zip(streams, replies[1::2], strict=True)}
-        lags = await lags_of_groups(self.client, infos)
-        rows: dict[str, dict[str, Any]] = {}
-        for (event_type, stream), length in zip(streams, replies[0::2], strict=True):
-            row = rows.setdefault(event_type, {"type": event_type, "length": 0, "groups": {}})
-            row["length"] += length if isinstance(length, int) else 0
-            for info in infos[stream]:
-                name = str(info.get("name"))
-                group = row["groups"].setdefault(name, {"name": name, "pending": 0, "lag": 0.0})
-                group["pending"] += int(info.get("pending") or 0)
-                group["lag"] = max(group["lag"], lags[stream].get(name, 0.0))
-        result = []
-        for row in rows.values():
-            groups = list(row["groups"].values())
-            result.append({**row, "groups": groups,
-                           "lag": max((g["lag"] for g in groups), default=0.0),
-                           "pending": sum(g["pending"] for g in groups)})
-        return result
+        types = [*self.pipeline.event_types(), DLQ, REVIEW]
+        return (await read_overview(self.client, self.keys, types)).by_type()
 
     async def run_list(self, *, query: str = "", status: str = "", offset: int = 0) -> (
         dict[str, Any]
@@ -156,7 +132,7 @@ class Views:
             after = ""
             found = await reviews.list_reviews(self.client, self.keys, self.pipeline,
                                                limit=REVIEWS_SHOWN)
-        total = sum([await self.client.xlen(part.review) for part in self.keys.each()])
+        total = (await waiting(self.client, self.keys)).reviews
         field = self.pipeline.correlation_field
         return {"reviews": [{**r, "run_id": r.get(field, ""), "pretty": pretty(r.get("data"))}
                             for r in found],
@@ -167,7 +143,7 @@ class Views:
         field = self.pipeline.correlation_field
         letters = await dead_letters.dead_letters(self.client, self.keys, field,
                                                   count=DLQ_SHOWN)
-        total = sum([await self.client.xlen(part.dlq) for part in self.keys.each()])
+        total = (await waiting(self.client, self.keys)).dead_letters
         return {"letters": [{**d, "run_id": d.get(field, ""), "pretty": pretty(d.get("data"))}
                             for d in letters], "total": total}
 
