@@ -251,7 +251,7 @@ class StreamKeys:
         return f"{self.scope}:blob:{digest}"
 
     def run_index(self, status: str = "") -> str:
-        """Sorted set of run ids (the run index, :mod:`printery.run_index`): every run by
+        """Sorted set of run ids (the run index, :mod:`printery.runtime.run_index`): every run by
         its start (ms); with ``status``, the runs of that status by when they got it."""
         return f"{self.scope}:runs:{status}" if status else f"{self.scope}:runs"
 

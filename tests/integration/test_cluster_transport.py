@@ -208,11 +208,13 @@ async def test_the_process_registry_lists_processes_of_every_master(cluster: Val
 async def test_the_run_index_forgets_old_runs_on_every_master(cluster: ValkeyCluster) -> None:
     """The retention sweep's forgetting (one script per partition, the run's info hash
     named in the script) runs on each partition's master."""
-    from printery.run_index import RunIndex, RunMark, now_ms
+    from printery.runs.index import RunIndexReader
+    from printery.runtime.run_index import RunIndex, RunMark, now_ms
     from printery.testing import unique_prefix
 
     keys = StreamKeys(unique_prefix("forget"), 6)
     index = RunIndex(keys)
+    reads = RunIndexReader(index.keys)
     client = connect(cluster.url)
     channel = DirectChannel(client)
     runs = [f"run-{n}" for n in range(24)]
@@ -223,9 +225,9 @@ async def test_the_run_index_forgets_old_runs_on_every_master(cluster: ValkeyClu
                   for run in runs]
         await channel.transactions(writes)
         assert len({cluster.master_of(keys.of(run).run_info(run)).port for run in runs}) == 3
-        assert (await index.summary(client))["runs"] == len(runs)
-        assert await index.forget_ended(client, retention_s=60) == len(runs)
-        assert (await index.summary(client))["runs"] == 0
+        assert (await reads.summary(client))["runs"] == len(runs)
+        assert await reads.forget_ended(client, retention_s=60) == len(runs)
+        assert (await reads.summary(client))["runs"] == 0
     finally:
         await channel.close()
         await client.aclose()

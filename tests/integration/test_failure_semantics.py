@@ -33,7 +33,7 @@ from printery import (
 )
 from printery.inbox.dead_letters import replay_dead_letter
 from printery.keys import StreamKeys
-from printery.run_index import RunIndex
+from printery.runs.index import RunIndexReader
 from printery.testing import wait_for
 
 
@@ -353,20 +353,20 @@ async def test_a_dead_letter_replayed_continues_its_run(
             raise RuntimeError("model down")
         return Output("done", {"status": "succeeded"})
 
-    index = RunIndex(keys, ingress=p.ingress, outcomes=p.outcomes)
+    reads = RunIndexReader(keys)
     async with running(client, keys, p), \
             Client(redis_url, stream_prefix=prefix, app=p) as runs:
         run = await runs.submit({})
         assert (await runs.result(run, timeout=15)).status == "failed"
-        assert [r["status"] for r in await index.find(client, run)] == ["failed"]
+        assert [r["status"] for r in await reads.find(client, run)] == ["failed"]
         (letter,) = await dead_letters(client, keys, 1)
         broken = False
         replayed = await replay_dead_letter(client, keys, letter["id"], p.correlation_field)
         assert replayed["replayed"]
 
         async def succeeded() -> bool:
-            return [r["status"] for r in await index.find(client, run)] == ["succeeded"]
+            return [r["status"] for r in await reads.find(client, run)] == ["succeeded"]
 
         await wait_for(succeeded, timeout=15, message="the run's next outcome")
-    failed_page, _ = await index.page(client, status="failed")
+    failed_page, _ = await reads.page(client, status="failed")
     assert run not in [r["run_id"] for r in failed_page]

@@ -18,8 +18,8 @@ import redis.asyncio as aioredis
 from printery.apps import load_app
 from printery.keys import DLQ, RUN_FAILED, StreamKeys
 from printery.pipeline.dag import Pipeline
-from printery.run_index import RunIndex
 from printery.runs.facade import Runs
+from printery.runtime.run_index import RunIndex
 from printery.servers.process import ServerProcess
 from printery.service.api import ApiAccess, build_api
 from printery.service.console.auth import ConsoleAuth

@@ -1,4 +1,4 @@
-"""The run index (printery/run_index.py) on a real server: a submit indexes its run
+"""The run index (printery/runtime/run_index.py, printery/runs/index.py) on a real server: a submit indexes its run
 with its entry, a commit of an outcome moves it to its status, a commit of an ingress
 entry indexes a run no submit did (a producer's plain XADD), and the cost minutes sum
 the last hour only. Pages read the index in bounded round trips whatever its size."""
@@ -8,13 +8,15 @@ from __future__ import annotations
 import pytest
 import redis.asyncio as aioredis
 
-from printery import ConsumerSettings, Message, Output, Pipeline, run_index
+from printery import ConsumerSettings, Message, Output, Pipeline
 from printery._json import dumps
 from printery.apps import load_app
 from printery.keys import StreamKeys
-from printery.run_index import RUNNING, RunIndex, RunMark, now_ms
+from printery.runs import index as index_reads
 from printery.runs.facade import Runs
 from printery.runs.history import id_order
+from printery.runs.index import RunIndexReader
+from printery.runtime.run_index import RUNNING, RunIndex, RunMark, now_ms
 from printery.testing import wait_for
 from printery.transport.commit import Append, Committer, EntryCommit
 from support.spine import running_pipeline
@@ -29,6 +31,7 @@ async def test_submit_outcome_and_raw_runs_are_indexed(client: aioredis.Redis, p
     keys = StreamKeys(prefix)
     _, pipeline = load_app(None, {}, {})
     index = RunIndex(keys, ingress=pipeline.ingress, outcomes=pipeline.outcomes)
+    reads = RunIndexReader(index.keys)
     runs = Runs(client, keys, pipeline, payload_limit=65536)
     first, entry = await runs.submit(REQUEST)
     # A run id after any generated one: two runs started in one millisecond tie on their
@@ -36,11 +39,11 @@ async def test_submit_outcome_and_raw_runs_are_indexed(client: aioredis.Redis, p
     second, _ = await runs.submit(REQUEST, run_id=f"{first}-next")
     [again, _] = await runs.submit(REQUEST, run_id=first)  # the same run: indexed once
     assert again == first
-    rows, total = await index.page(client)
+    rows, total = await reads.page(client)
     assert total == 2 and [r["run_id"] for r in rows] == [second, first]  # newest first
     assert rows[1] == {"run_id": first, "status": RUNNING, "started": id_order(entry)[0],
                        "ended": 0}
-    assert (await index.summary(client))["running"] == 2
+    assert (await reads.summary(client))["running"] == 2
 
     # The outcome's commit (as the aggregator's): the run moves to its status.
     finished = dumps({"deployment_id": first, "status": "failed", "reasons": []})
@@ -57,14 +60,14 @@ async def test_submit_outcome_and_raw_runs_are_indexed(client: aioredis.Redis, p
                           ttl_ms=60_000, index_writes=index.writes)
     assert [r for r in await committer.commit([commit, raw])] == [2, 1]
     await committer.close()
-    failed, total = await index.page(client, status="failed")
+    failed, total = await reads.page(client, status="failed")
     assert total == 1 and failed[0]["run_id"] == first and failed[0]["ended"] > 0
-    running, _ = await index.page(client, status=RUNNING)
+    running, _ = await reads.page(client, status=RUNNING)
     assert {r["run_id"] for r in running} == {second, "dep-raw"}
-    assert (await index.summary(client))["statuses"] == ["failed", RUNNING]
-    assert [r["run_id"] for r in await index.find(client, "dep-raw")] == ["dep-raw"]
-    assert await index.find(client, "dep-nope") == []
-    assert await index.cost_last_hour(client) == {"usd": 0.75}
+    assert (await reads.summary(client))["statuses"] == ["failed", RUNNING]
+    assert [r["run_id"] for r in await reads.find(client, "dep-raw")] == ["dep-raw"]
+    assert await reads.find(client, "dep-nope") == []
+    assert await reads.cost_last_hour(client) == {"usd": 0.75}
     await runs.close()
 
 
@@ -77,6 +80,7 @@ async def test_the_marks_of_one_script_run_are_written_together(
     outcome's type), a run one entry both starts and ends ended."""
     keys = StreamKeys(prefix)
     index = RunIndex(keys, ingress=["start"], outcomes=["done", "gave_up"])
+    reads = RunIndexReader(index.keys)
     start, done, gave_up = keys.stream("start"), keys.stream("done"), keys.stream("gave_up")
     succeeded = {"data": dumps({"status": "succeeded"})}
     marks = [index.mark(start, "r1", []), index.mark(start, "r2", []),
@@ -94,14 +98,14 @@ async def test_the_marks_of_one_script_run_are_written_together(
                           ttl_ms=60_000, index_writes=index.writes)
     assert await committer.commit(commits) == [1] * len(commits)
     await committer.close()
-    rows, total = await index.page(client, count=10)
+    rows, total = await reads.page(client, count=10)
     assert total == 4
     assert {row["run_id"]: row["status"] for row in rows} == {
         "r1": "succeeded", "r2": RUNNING, "r3": "gave_up", "r4": "succeeded"}
     assert all(row["ended"] > 0 for row in rows if row["status"] != RUNNING)
-    assert await index.summary(client) == {
+    assert await reads.summary(client) == {
         "runs": 4, "running": 1, "statuses": ["gave_up", RUNNING, "succeeded"]}
-    succeeded_rows, count = await index.page(client, status="succeeded")
+    succeeded_rows, count = await reads.page(client, status="succeeded")
     assert count == 2 and {row["run_id"] for row in succeeded_rows} == {"r1", "r4"}
 
 
@@ -127,16 +131,17 @@ async def test_the_costs_handlers_report_reach_the_minute_summed_per_commit(
     async with running_pipeline(p, client=client, keys=keys,
                                 settings=ConsumerSettings(block_ms=100)):
         await wait_for(done, timeout=20)
-    assert await RunIndex(keys).cost_last_hour(client) == {"usd": 50.0, "tokens": 19900.0}
+    assert await RunIndexReader(keys).cost_last_hour(client) == {"usd": 50.0, "tokens": 19900.0}
 
 
 async def test_cost_last_hour_counts_sixty_minutes(client: aioredis.Redis, prefix: str) -> None:
     index = RunIndex(StreamKeys(prefix))
+    reads = RunIndexReader(index.keys)
     now = now_ms()
     for minutes_ago, amount in ((0, 1.0), (59, 2.0), (60, 4.0), (90, 8.0)):
         for command in index.spent({"tokens": amount}, now - minutes_ago * 60_000):
             await client.execute_command(*command)
-    assert await index.cost_last_hour(client, now) == {"tokens": 3.0}
+    assert await reads.cost_last_hour(client, now) == {"tokens": 3.0}
     assert 0 < await client.ttl(StreamKeys(prefix).cost_minute(now // 60_000)) <= 7200
 
 
@@ -148,11 +153,12 @@ async def test_with_partitions_each_run_is_indexed_in_its_partition_and_read_mer
     keys = StreamKeys(prefix, partitions=3)
     _, pipeline = load_app(None, {}, {})
     index = RunIndex(keys, ingress=pipeline.ingress, outcomes=pipeline.outcomes)
+    reads = RunIndexReader(index.keys)
     runs = Runs(client, keys, pipeline, payload_limit=65536)
     submitted = [(await runs.submit(REQUEST))[0] for _ in range(9)]
     assert len({keys.locate(keys.of(run).stream("x"))[0] for run in submitted}) > 1
-    head, total = await index.page(client, count=4)
-    tail, _ = await index.page(client, offset=4, count=10)
+    head, total = await reads.page(client, count=4)
+    tail, _ = await reads.page(client, offset=4, count=10)
     rows = head + tail
     assert total == 9 and sorted(r["run_id"] for r in rows) == sorted(submitted)
     starts = [r["started"] for r in rows]  # newest first across partitions (ms: ties)
@@ -171,13 +177,13 @@ async def test_with_partitions_each_run_is_indexed_in_its_partition_and_read_mer
                           ttl_ms=60_000, index_writes=within.writes)
     assert await committer.commit([EntryCommit("", "", "", "", [], mark=mark)]) == [1]
     await committer.close()
-    failed, total = await index.page(client, status="failed")
+    failed, total = await reads.page(client, status="failed")
     assert total == 1 and failed[0]["run_id"] == first
-    summary = await index.summary(client)
+    summary = await reads.summary(client)
     assert (summary["runs"], summary["running"], summary["statuses"]) == (
         9, 8, ["failed", RUNNING])
-    assert [r["run_id"] for r in await index.find(client, first)] == [first]
-    assert await index.cost_last_hour(client) == {"usd": 0.5}
+    assert [r["run_id"] for r in await reads.find(client, first)] == [first]
+    assert await reads.cost_last_hour(client) == {"usd": 0.5}
     await runs.close()
 
 
@@ -188,9 +194,10 @@ async def test_the_retention_sweep_forgets_runs_whose_outcome_is_old(
     older than the retention, in every partition and however many there are (a batch per
     script call); a running run stays however old, and a run that ended again since keeps
     its newer outcome."""
-    monkeypatch.setattr(run_index, "FORGET_BATCH", 2)  # several calls for the five below
+    monkeypatch.setattr(index_reads, "FORGET_BATCH", 2)  # several calls for the five below
     keys = StreamKeys(prefix, 2)
     index = RunIndex(keys)
+    reads = RunIndexReader(index.keys)
     now, hours_ago = now_ms(), now_ms() - 10 * 3600_000
 
     async def write(run_id: str, *commands: tuple[object, ...]) -> None:
@@ -215,13 +222,13 @@ async def test_the_retention_sweep_forgets_runs_whose_outcome_is_old(
     await write("again", *marked("again", hours_ago, started=True, status="failed"),
                 *marked("again", now, status="succeeded"))
 
-    assert await index.forget_ended(client, retention_s=3600) == len(old)
-    rows, total = await index.page(client)
+    assert await reads.forget_ended(client, retention_s=3600) == len(old)
+    rows, total = await reads.page(client)
     assert total == 3 and {row["run_id"] for row in rows} == {"stuck", "recent", "again"}
-    assert [row["run_id"] for row in (await index.page(client, status="failed"))[0]] == ["recent"]
-    assert [row["run_id"] for row in (await index.page(client, status="succeeded"))[0]] == ["again"]
-    assert [row["run_id"] for row in (await index.page(client, status=RUNNING))[0]] == ["stuck"]
+    assert [row["run_id"] for row in (await reads.page(client, status="failed"))[0]] == ["recent"]
+    assert [row["run_id"] for row in (await reads.page(client, status="succeeded"))[0]] == ["again"]
+    assert [row["run_id"] for row in (await reads.page(client, status=RUNNING))[0]] == ["stuck"]
     for run_id in old:
         assert not await client.exists(keys.of(run_id).run_info(run_id))
     assert await client.hget(keys.of("again").run_info("again"), "status") == "succeeded"
-    assert await index.forget_ended(client, retention_s=3600) == 0  # idempotent
+    assert await reads.forget_ended(client, retention_s=3600) == 0  # idempotent

@@ -23,9 +23,9 @@ import httpx
 from printery.apps import load_app
 from printery.bench.server import bench_server
 from printery.keys import StreamKeys
-from printery.run_index import RunIndex, RunMark
 from printery.runs.client import Client
 from printery.runs.facade import Runs
+from printery.runtime.run_index import RunIndex, RunMark
 from printery.service.console import service_console
 from printery.service.http import HttpServer
 from printery.service.registry import ProcessRegistry

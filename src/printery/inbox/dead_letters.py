@@ -18,8 +18,8 @@ from printery.envelope import correlation_of
 from printery.errors import TransportError
 from printery.fields import DLQ_FIELDS, REPLAYED_FROM, SOURCE_STREAM
 from printery.keys import StreamKeys
-from printery.run_index import DEAD_LETTER, RUNNING, now_ms
 from printery.runs.history import decode_fields, get_entry, id_order
+from printery.runtime.run_index import DEAD_LETTER, RUNNING, now_ms
 from printery.transport.streams import CONNECTION_ERRORS, WATCH_RETRIES, public_api
 
 #: The status of a run a dead letter ended (its ``run:failed`` outcome, docs/reference.md).

@@ -18,8 +18,8 @@ from redis.exceptions import RedisError, ResponseError
 
 from printery.envelope import Codec, correlation_of
 from printery.keys import StreamKeys
-from printery.run_index import RunIndex
 from printery.runs.history import get_entry, id_order
+from printery.runtime.run_index import RunIndex
 from printery.runtime.writes import dead_letter_write
 from printery.transport.dead_letter import write_dead_letter
 from printery.transport.streams import CONNECTION_ERRORS, Scripts

@@ -51,9 +51,9 @@ from printery.logging import get_logger
 from printery.pipeline.dag import Pipeline
 from printery.pipeline.review_kinds import APPROVED, REJECTED, ReviewCase, ReviewKind
 from printery.pipeline.step import validation_reasons
-from printery.run_index import RunIndex
 from printery.runs.history import get_entry, id_order
 from printery.runtime.payloads import PayloadStore
+from printery.runtime.run_index import RunIndex
 from printery.transport.streams import WATCH_RETRIES
 
 __all__ = [

@@ -29,11 +29,11 @@ from printery.pipeline.fanout import Map, MapShape
 from printery.pipeline.reason import Reason
 from printery.pipeline.review_kinds import ReviewHook, ReviewKind, escalation_of
 from printery.pipeline.step import LoopShape, Step, StepSource
-from printery.run_index import RunIndex
 from printery.runtime.consumer import ConsumerSettings
 from printery.runtime.handler import Handler
 from printery.runtime.observe import Observer
 from printery.runtime.payloads import PayloadStore
+from printery.runtime.run_index import RunIndex
 from printery.runtime.stream_worker import StreamWorker
 from printery.supervisor.graph import find_cycle
 

@@ -48,10 +48,10 @@ from printery.envelope import correlation_of
 from printery.fields import STEP, WORKER
 from printery.keys import DLQ, REVIEW, REVIEW_DECIDED, RUN_FAILED, StreamKeys, partition_of
 from printery.pipeline.dag import Pipeline
-from printery.run_index import RUNNING, run_status
 from printery.runs.cost import CallTally
 from printery.runs.history import decode_fields, id_order
 from printery.runs.tail import Following, RunTail
+from printery.runtime.run_index import RUNNING, run_status
 from printery.transport.streams import CONNECTION_ERRORS
 
 __all__ = ["RUNNING", "RunFollow", "RunOrder", "RunReader", "RunResult", "run_cost",

@@ -49,7 +49,6 @@ from printery.errors import (
 )
 from printery.fields import REPLAY_FOR
 from printery.keys import StreamKeys
-from printery.run_index import RunIndex, RunMark
 from printery.runtime.accounting import Accounting, Decided
 from printery.runtime.budget_guard import BudgetGuard
 from printery.runtime.connectivity import Connectivity
@@ -62,6 +61,7 @@ from printery.runtime.payloads import PayloadStore
 from printery.runtime.reservations import INVALID_ESTIMATE, Reservations
 from printery.runtime.route import Router
 from printery.runtime.run_handlers import HandlerRunner
+from printery.runtime.run_index import RunIndex, RunMark
 from printery.runtime.spans import bind_spans
 from printery.runtime.writes import Writes
 from printery.transport.commit import Append, Committer, EntryCommit

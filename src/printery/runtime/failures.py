@@ -23,12 +23,12 @@ from printery import _json
 from printery.backoff import compute_backoff
 from printery.errors import Retry, StepTimeout, bounded_traceback, describe
 from printery.keys import StreamKeys
-from printery.run_index import RunIndex
 from printery.runtime.accounting import Decided
 from printery.runtime.connectivity import Connectivity
 from printery.runtime.consumer import ConsumerSettings, Delivery
 from printery.runtime.handler import Message
 from printery.runtime.observe import Observer
+from printery.runtime.run_index import RunIndex
 from printery.runtime.writes import Writes
 from printery.transport.commit import FENCED, EntryCommit
 from printery.transport.dead_letter import DeadLetterWrite, write_dead_letter

@@ -20,7 +20,7 @@ from printery.runtime.handler import Output
 from printery.transport.connection import Redis
 
 if TYPE_CHECKING:
-    from printery.run_index import RunIndex
+    from printery.runtime.run_index import RunIndex
 
 __all__ = ["Companion", "Emit", "StepContext"]
 

@@ -32,7 +32,6 @@ from printery.budgets import BudgetPlan
 from printery.envelope import Codec
 from printery.keys import StreamKeys
 from printery.limits import Limit, fallback_of
-from printery.run_index import RunIndex
 from printery.runtime.budget_guard import BudgetGuard
 from printery.runtime.connectivity import Connectivity
 from printery.runtime.consume import EntryPipeline
@@ -46,6 +45,7 @@ from printery.runtime.observe import NullObserver, Observer
 from printery.runtime.partials import PartialWriter, using
 from printery.runtime.payloads import PayloadStore
 from printery.runtime.route import Router
+from printery.runtime.run_index import RunIndex
 from printery.runtime.step_context import Companion, StepContext
 from printery.transport.channel import DirectChannel
 from printery.transport.commit import Committer
@@ -72,7 +72,7 @@ class StreamWorker:
     given the worker's :class:`~printery.runtime.step_context.StepContext`;
     ``budget`` what the step checks and charges of its runs' budgets (CONTRACT §13).
     ``limits`` are the step's flow-control limits (:class:`~printery.Limit`); ``index``
-    the run index its commits keep (:mod:`printery.run_index`; None: none).
+    the run index its commits keep (:mod:`printery.runtime.run_index`; None: none).
     """
 
     def __init__(

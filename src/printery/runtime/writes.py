@@ -22,9 +22,9 @@ from printery.fields import (
     item_key,
 )
 from printery.keys import RUN_FAILED, StreamKeys, result_type
-from printery.run_index import RunIndex
 from printery.runtime.handler import Message, Output
 from printery.runtime.payloads import PayloadStore
+from printery.runtime.run_index import RunIndex
 from printery.transport.channel import Command
 from printery.transport.commit import Append
 from printery.transport.dead_letter import DeadLetterWrite

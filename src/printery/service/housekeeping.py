@@ -19,7 +19,7 @@ from printery.keys import StreamKeys
 from printery.logging import get_logger
 from printery.metrics import Metrics
 from printery.pipeline.dag import Pipeline
-from printery.run_index import RunIndex
+from printery.runs.index import RunIndexReader
 from printery.service.departed import live_owners, remove_departed
 from printery.service.registry import ProcessRegistry, list_processes
 from printery.service.retention import trim_pipeline_streams
@@ -157,7 +157,7 @@ class Housekeeping:
         idempotent, so more processes only repeat a cheap no-op."""
         transport = self.settings.transport
         event_types = self.pipeline.event_types()
-        index, scripts = RunIndex(self.keys), Scripts(self.client)  # loaded once, not per sweep
+        index, scripts = RunIndexReader(self.keys), Scripts(self.client)  # loaded once, not per sweep
         while True:
             try:
                 trimmed = await trim_pipeline_streams(

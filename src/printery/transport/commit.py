@@ -111,7 +111,7 @@ class EntryCommit(NamedTuple):
     (no ack, no fence); ``record`` "" means no idempotency record (dead letters);
     ``budget`` what its commit adds to its run's budget (None: nothing); ``mark`` what
     the entry tells the committer's ``index_writes`` (None: nothing; a run index's
-    :class:`~printery.run_index.RunMark`), which turns the marks of the entries of one
+    :class:`~printery.runtime.run_index.RunMark`), which turns the marks of the entries of one
     script run into commands that script run makes whatever its verdict, so idempotent
     ones: a few for all of them rather than some for each."""
 

@@ -1,7 +1,7 @@
 """What each console page shows, read from Redis: plain dicts for the templates.
 
 Every read is bounded whatever the history holds: the overview and the runs list come
-from the run index (:mod:`printery.run_index`) and the process index, the streams'
+from the run index (:mod:`printery.runs.index`) and the process index, the streams'
 figures from ``XLEN`` and ``XINFO GROUPS`` of the pipeline's own streams; only the page
 of one run reads its entries (from its start record on, as ``/v1/runs/{id}`` does).
 """
@@ -16,10 +16,11 @@ from printery.errors import ReviewInvalid, UnknownRun
 from printery.inbox import dead_letters, reviews
 from printery.keys import DLQ, REVIEW
 from printery.pipeline.render import loop_summary, to_text
-from printery.run_index import RUNNING, RunIndex, run_status
 from printery.runs.facade import Runs
 from printery.runs.history import id_order
+from printery.runs.index import RunIndexReader
 from printery.runs.reader import run_cost
+from printery.runtime.run_index import RUNNING, run_status
 from printery.service.api import step_summary
 from printery.service.console.graph import Layout, layout
 from printery.service.registry import list_processes
@@ -51,8 +52,7 @@ class Views:
         self.client = runs.redis
         self.keys = runs.keys
         self.pipeline = runs.pipeline
-        self.index = RunIndex(runs.keys, ingress=runs.pipeline.ingress,
-                              outcomes=runs.pipeline.outcomes)
+        self.index = RunIndexReader(runs.keys)
 
     async def overview(self) -> dict[str, Any]:
         processes = await list_processes(self.client, self.keys)

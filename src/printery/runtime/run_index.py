@@ -1,8 +1,8 @@
-"""The run index: which runs exist, newest first, and each one's status, read without
-touching the streams (the console's overview and runs pages, CONTRACT §14, answer from
-it; nothing on a request path may SCAN the keyspace or read every stream).
-
-Keys, every one from :class:`~printery.keys.StreamKeys`:
+"""The run index's writes: what each commit tells the index of runs (which runs exist,
+newest first, and each one's status), turned into a few commands of that commit's own
+transaction. The reads (the console's overview and runs pages) and the sweep that forgets
+ended runs are :mod:`printery.runs.index`; the keys, every one from
+:class:`~printery.keys.StreamKeys`:
 
 - ``run_index()``: sorted set, run id -> when it started (ms);
 - ``run_index(status)``: the runs of one status (``running``, then the outcome's status)
@@ -12,10 +12,6 @@ Keys, every one from :class:`~printery.keys.StreamKeys`:
   it is running; its start is its score in ``run_index()``);
 - ``cost_minute(m)``: hash unit -> amount the steps reported in unix minute ``m`` (TTL
   two hours): the overview's "cost in the last hour" is 60 ``HGETALL``.
-
-Who forgets: the service's retention sweep (:meth:`RunIndex.forget_ended`) removes a run
-whose outcome is older than ``transport.retention``, as its history goes from the
-streams; a run still running stays, however old.
 
 Who writes: ``submit.lua`` indexes a submitted run atomically with its ingress entry. The
 commit of an entry of an ingress type indexes its run too (``NX``: a submitted run keeps
@@ -37,14 +33,11 @@ import time
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, NamedTuple
 
-import redis.asyncio as aioredis
-
 from printery import _json
 from printery.keys import StreamKeys
 from printery.transport.channel import Command
-from printery.transport.streams import Scripts
 
-__all__ = ["COST_MINUTE_TTL", "DEAD_LETTER", "FORGET_BATCH", "RUNNING", "RunIndex", "RunMark",
+__all__ = ["COST_MINUTE_TTL", "DEAD_LETTER", "RUNNING", "RunIndex", "RunMark",
            "now_ms", "outcome_status", "run_status"]
 
 #: A run's status before its outcome entry.
@@ -55,42 +48,10 @@ DEAD_LETTER = "dead_letter"
 COST_MINUTE_TTL = 7200
 
 
-#: Runs forgotten per script call at most, so a sweep never holds the server long.
-FORGET_BATCH = 500
-
-# KEYS[1] every run, KEYS[2..] the runs of each ended status; ARGV: retention ms, most
-# runs to forget, a run's info key less its id. A run goes when its (latest) outcome is
-# older than the retention: out of every set and its info hash deleted; one filed under
-# an older outcome of a run that ended again since only leaves that status's set.
-# Returns how many runs went and how many it looked at (the call is repeated while that
-# is the most asked).
-FORGET_LUA = """
-local t = redis.call('TIME')
-local cutoff = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000) - tonumber(ARGV[1])
-local left, forgotten = tonumber(ARGV[2]), 0
-for k = 2, #KEYS do
-  if left <= 0 then break end
-  local old = redis.call('ZRANGEBYSCORE', KEYS[k], '-inf', '(' .. cutoff, 'LIMIT', 0, left)
-  for _, run in ipairs(old) do
-    local info = ARGV[3] .. run
-    local ended = tonumber(redis.call('HGET', info, 'ended'))
-    if ended == nil or ended < cutoff then
-      for j = 1, #KEYS do redis.call('ZREM', KEYS[j], run) end
-      redis.call('UNLINK', info)
-      forgotten = forgotten + 1
-    else
-      redis.call('ZREM', KEYS[k], run)
-    end
-    left = left - 1
-  end
-end
-return {forgotten, tonumber(ARGV[2]) - left}
-"""
-
-
 def run_status(outcome: Mapping[str, Any] | None) -> str:
-    """A run's status (§11): its outcome entry's ``data.status`` when that is a string,
-    else the outcome's event type; :data:`RUNNING` without an outcome."""
+    """A run's status (docs/reference.md, The API: /v1): its outcome entry's
+    ``data.status`` when that is a string, else the outcome's event type; :data:`RUNNING`
+    without an outcome."""
     if outcome is None:
         return RUNNING
     data = outcome.get("data")
@@ -121,11 +82,12 @@ class RunMark(NamedTuple):
 
 
 class RunIndex:
-    """Writes (as commands for a commit) and reads of the run index under ``keys``.
+    """The run index's writes under ``keys``, as commands for a commit (the reads:
+    :class:`printery.runs.index.RunIndexReader`).
 
-    With several partitions (CONTRACT §15) each partition keeps the index of its own runs,
-    so a commit's index writes stay in its slot: writes need one partition's keys
-    (:meth:`within`), reads merge every partition."""
+    With several partitions (docs/reference.md, Partitions) each partition keeps the index
+    of its own runs, so a commit's index writes stay in its slot: writes need one
+    partition's keys (:meth:`within`)."""
 
     def __init__(self, keys: StreamKeys, *, ingress: Iterable[str] = (),
                  outcomes: Iterable[str] = ()) -> None:
@@ -144,8 +106,6 @@ class RunIndex:
     def within(self, keys: StreamKeys) -> RunIndex:
         """The same index written under one partition's ``keys``."""
         return RunIndex(keys, ingress=self.ingress, outcomes=self.outcomes)
-
-    # -- writes ---------------------------------------------------------------------------
 
     def _sets(self) -> tuple[str, str]:
         if self._set_keys is None:
@@ -242,109 +202,12 @@ class RunIndex:
         mark = self.mark(source, run_id, outputs)
         return [] if mark is None else self.writes([mark])
 
-    async def forget_ended(self, client: aioredis.Redis, retention_s: float,
-                           scripts: Scripts | None = None) -> int:
-        """Forget the runs whose outcome is older than ``retention_s`` (server clock), in
-        every partition, a bounded batch per script call; how many went. Running runs
-        stay: they have no outcome to age from."""
-        runner = scripts or Scripts(client)
-        forgotten = 0
-        for keys in self.keys.whole.each():
-            statuses = sorted(_text(s) for s in await client.smembers(keys.run_statuses))  # type: ignore[misc]
-            ended = [keys.run_index(status) for status in statuses if status != RUNNING]
-            if not ended:
-                continue
-            while True:
-                went, looked_at = await runner.call(
-                    FORGET_LUA, [keys.run_index(), *ended],
-                    [int(retention_s * 1000), FORGET_BATCH, keys.run_info("")])
-                forgotten += int(went)
-                if int(looked_at) < FORGET_BATCH:
-                    break
-        return forgotten
-
-    # -- reads ----------------------------------------------------------------------------
-
-    async def page(self, client: aioredis.Redis, *, status: str = "", offset: int = 0,
-                   count: int = 50) -> tuple[list[dict[str, Any]], int]:
-        """Runs newest first (``status``: of that status only) from ``offset``, and how
-        many there are: two round trips whatever the size of the index (each partition
-        gives its newest ``offset + count``, merged here)."""
-        parts = list(self.keys.whole.each())
-        async with client.pipeline(transaction=False) as pipe:
-            for keys in parts:
-                pipe.zrevrange(keys.run_index(status), 0, offset + count - 1, withscores=True)
-                pipe.zcard(keys.run_index(status))
-            replies = await pipe.execute()
-        members = sorted((member for n in range(len(parts)) for member in replies[2 * n]),
-                         key=lambda member: -float(member[1]))[offset : offset + count]
-        total = sum(int(replies[2 * n + 1]) for n in range(len(parts)))
-        return await self.rows(client, [_text(m) for m, _ in members]), total
-
-    async def rows(self, client: aioredis.Redis, run_ids: Sequence[str]) -> list[dict[str, Any]]:
-        """Each run's ``run_id``, ``status``, ``started`` and ``ended`` (ms, 0: not yet):
-        one round trip for the lot."""
-        if not run_ids:
-            return []
-        whole = self.keys.whole
-        async with client.pipeline(transaction=False) as pipe:
-            for run_id in run_ids:
-                keys = whole.of(run_id)
-                pipe.zscore(keys.run_index(), run_id)
-                pipe.hmget(keys.run_info(run_id), ["status", "ended"])
-            replies = await pipe.execute()
-        rows = []
-        for n, run_id in enumerate(run_ids):
-            started, (status, ended) = replies[2 * n], replies[2 * n + 1]
-            rows.append({"run_id": run_id, "status": _text(status) if status else RUNNING,
-                         "started": int(started or 0), "ended": int(ended or 0)})
-        return rows
-
-    async def find(self, client: aioredis.Redis, run_id: str) -> list[dict[str, Any]]:
-        """The run of exactly this id, when it is indexed (search by id)."""
-        score = await client.zscore(self.keys.whole.of(run_id).run_index(), run_id)
-        return [] if score is None else await self.rows(client, [run_id])
-
-    async def summary(self, client: aioredis.Redis) -> dict[str, Any]:
-        """``runs`` (all indexed), ``running``, and the status names seen."""
-        parts = list(self.keys.whole.each())
-        async with client.pipeline(transaction=False) as pipe:
-            for keys in parts:
-                pipe.zcard(keys.run_index())
-                pipe.zcard(keys.run_index(RUNNING))
-                pipe.smembers(keys.run_statuses)
-            replies = await pipe.execute()
-        statuses = {_text(s) for n in range(len(parts)) for s in replies[3 * n + 2]}
-        return {"runs": sum(int(replies[3 * n]) for n in range(len(parts))),
-                "running": sum(int(replies[3 * n + 1]) for n in range(len(parts))),
-                "statuses": sorted({RUNNING, *statuses})}
-
-    async def cost_last_hour(self, client: aioredis.Redis, at_ms: int | None = None) -> (
-        dict[str, float]
-    ):
-        """What the steps reported spending in the last 60 minutes, per unit."""
-        minute = (now_ms() if at_ms is None else at_ms) // 60_000
-        async with client.pipeline(transaction=False) as pipe:
-            for keys in self.keys.whole.each():
-                for m in range(minute - 59, minute + 1):
-                    pipe.hgetall(keys.cost_minute(m))
-            buckets = await pipe.execute()
-        total: dict[str, float] = {}
-        for bucket in buckets:
-            for unit, amount in bucket.items():
-                total[_text(unit)] = total.get(_text(unit), 0.0) + float(amount)
-        return total
-
 
 def outcome_status(event_type: str, fields: Mapping[str, str]) -> str:
-    """The status of a run ending with this entry (CONTRACT §11): ``data.status`` when a
-    string, else the event type."""
+    """The status of a run ending with this entry (docs/reference.md, The API: /v1):
+    ``data.status`` when a string, else the event type."""
     try:
         data = _json.loads(fields.get("data", "null"))
     except (_json.JSONDecodeError, ValueError):
         data = None
     return run_status({"stream": event_type, "data": data})
-
-
-def _text(value: object) -> str:
-    return value.decode() if isinstance(value, bytes) else str(value)
