@@ -38,12 +38,7 @@ from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
-import redis.asyncio as aioredis
-import structlog
-
 from printery import _json
-from printery._util import idle
-from printery.backoff import compute_backoff
 from printery.envelope import correlation_of
 from printery.fields import STEP, WORKER
 from printery.keys import DLQ, REVIEW, REVIEW_DECIDED, RUN_FAILED, StreamKeys, partition_of
@@ -52,12 +47,11 @@ from printery.runs.cost import CallTally
 from printery.runs.history import decode_fields, id_order
 from printery.runs.tail import Following, RunTail
 from printery.runtime.run_index import RUNNING, run_status
-from printery.transport.streams import CONNECTION_ERRORS
+from printery.store import Outage, Redis
 
 __all__ = ["RUNNING", "RunFollow", "RunOrder", "RunReader", "RunResult", "run_cost",
            "run_status"]
 
-log = structlog.get_logger("printery.runs")
 
 _CHUNK = 1000
 #: Longest a follower waits for its run's next entries before it checks its deadline and
@@ -225,7 +219,7 @@ def delivered(entry: Mapping[str, Any], seen: Seen | None) -> bool:
 class RunReader:
     """Finds and follows runs of ``pipeline`` under ``keys``."""
 
-    def __init__(self, client: aioredis.Redis, keys: StreamKeys, pipeline: Pipeline) -> None:
+    def __init__(self, client: Redis, keys: StreamKeys, pipeline: Pipeline) -> None:
         self.client = client
         self.keys = keys
         self.pipeline = pipeline
@@ -362,19 +356,8 @@ class RunReader:
 
     async def _retrying(self, call: Any, deadline: float | None) -> Any:
         """``call()``, again after a backoff while the server cannot be reached (a
-        restart), until ``deadline``."""
-        attempt = 0
-        while True:
-            try:
-                return await call()
-            except CONNECTION_ERRORS as exc:
-                attempt += 1
-                delay = compute_backoff(attempt, base_ms=100, cap_ms=2000)
-                if deadline is not None and time.monotonic() + delay > deadline:
-                    raise TimeoutError(f"server unreachable: {exc}") from exc
-                log.warning("server unreachable while following a run; retrying",
-                            attempt=attempt, error=str(exc))
-                await idle(delay)
+        restart), until ``deadline`` (the one outage policy: :mod:`printery.store.outage`)."""
+        return await Outage("a run's follower").retrying(call, deadline=deadline)
 
 
 def _before(entry_id: str) -> str:

@@ -26,13 +26,11 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-import redis.asyncio as aioredis
 import structlog
 
-from printery._util import idle, stop_tasks, where
-from printery.backoff import compute_backoff
+from printery._util import stop_tasks, where
 from printery.runs.history import id_order
-from printery.transport.streams import CONNECTION_ERRORS
+from printery.store import Outage, Redis
 
 __all__ = ["Following", "RunTail"]
 
@@ -94,7 +92,7 @@ class RunTail:
     run an entry belongs to ("" for none)."""
 
     def __init__(
-        self, client: aioredis.Redis, streams_of: Callable[[int], list[str]],
+        self, client: Redis, streams_of: Callable[[int], list[str]],
         run_of: Callable[[Mapping[str, str]], str],
     ) -> None:
         self.client = client
@@ -208,16 +206,6 @@ class RunTail:
 
     async def _retrying(self, call: Callable[[], Any], read: _PartitionRead) -> Any:
         """``call()``, again after a backoff while the server cannot be reached, as long
-        as anyone follows (each follower's deadline is its own)."""
-        attempt = 0
-        while True:
-            try:
-                return await call()
-            except CONNECTION_ERRORS as exc:
-                if not read.followers:
-                    raise
-                attempt += 1
-                delay = compute_backoff(attempt, base_ms=100, cap_ms=2000)
-                log.warning("server unreachable while following runs; retrying",
-                            attempt=attempt, error=str(exc))
-                await idle(delay)
+        as anyone follows (each follower's deadline is its own; the one outage policy:
+        :mod:`printery.store.outage`)."""
+        return await Outage("the shared live read").retrying(call, give_up=lambda: not read.followers)

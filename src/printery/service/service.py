@@ -32,14 +32,8 @@ import time
 from collections.abc import Mapping
 from typing import Any
 
-import redis.asyncio as aioredis
-from redis.exceptions import ConnectionError as RedisConnectionError
-from redis.exceptions import RedisError
-from redis.exceptions import TimeoutError as RedisTimeoutError
-
 from printery import _json, telemetry
-from printery._util import hostname, log_failure, now_rfc3339, settle_gc, stop_tasks, wait_event, where
-from printery.backoff import compute_backoff
+from printery._util import hostname, log_failure, now_rfc3339, settle_gc, stop_tasks, where
 from printery.config import Settings
 from printery.errors import ConfigError, describe
 from printery.layout import resolve_keys
@@ -62,6 +56,7 @@ from printery.service.lifecycle import (
     ProcessLifecycle,
 )
 from printery.service.registry import ProcessRegistry
+from printery.store import Outage, Redis, ServerError
 from printery.supervisor.manager import WorkerManager
 from printery.transport.connection import connect
 from printery.transport.refusal import refused
@@ -96,7 +91,7 @@ class Service(ProcessLifecycle):
         self.process_id = f"{self.host}:{self.pid}:{int(time.time() * 1000):x}"
         #: What this process's consumer names begin with (``consumer_name``).
         self.owner = f"{self.host}:{self.pid}"
-        self.client: aioredis.Redis | None = None
+        self.client: Redis | None = None
         self.manager: WorkerManager | None = None
         self.http: HttpServer | None = None
         self.runs: Runs | None = None
@@ -141,16 +136,18 @@ class Service(ProcessLifecycle):
         log.info("service stopped", exit_code=code)
         return code
 
-    async def _prepare_streams(self, client: aioredis.Redis) -> None:
+    async def _prepare_streams(self, client: Redis) -> None:
         """Every group of the pipeline, then its description for ``printery pipeline show``.
 
         A server that is not up yet (started after us by systemd or compose) is waited
         for with backoff, not treated as a failure (CONTRACT §1): each attempt is logged,
         ``/readyz`` says what we wait for, and a signal still stops us. Credentials or an
         ACL that the server refuses raise :class:`ConfigError`: no wait heals them.
+        The wait is the one outage policy (:mod:`printery.store.outage`), with
+        a longer backoff (200 ms doubling to 5 s) and a line per attempt.
         """
-        attempt = 0
-        while True:
+
+        async def prepare() -> None:
             try:
                 await self._read_layout(client)
                 for event_type, groups in self.pipeline.groups().items():
@@ -158,27 +155,25 @@ class Service(ProcessLifecycle):
                         for part in self.keys.each():
                             await ensure_group(client, part.stream(event_type), group)
                 await client.set(self.keys.pipeline, _json.dumps(self.pipeline.describe()))
-                self._waiting_for = None
-                return
-            except (RedisError, OSError) as exc:
+            except (ServerError, OSError) as exc:
                 refusal = refused(exc, self.display_url, self.settings.stream_prefix)
                 if refusal is not None:
                     raise refusal from exc
-                if not isinstance(exc, RedisConnectionError | RedisTimeoutError | OSError):
-                    raise
-                attempt += 1
-                delay = compute_backoff(attempt, base_ms=200, cap_ms=5000)
-                self._waiting_for = (
-                    f"redis at {self.display_url} is not reachable: {describe(exc)}"
-                    f" (attempt {attempt})"
-                )
-                log.warning("server not reachable: retrying", url=self.display_url,
-                            attempt=attempt, retry_in_s=round(delay, 2), error=describe(exc))
-                await wait_event(self.stopping, delay)
-                if self.stopping.is_set():
-                    raise
+                raise
 
-    async def _read_layout(self, client: aioredis.Redis) -> None:
+        def waiting(exc: BaseException, attempt: int, delay: float) -> None:
+            self._waiting_for = (
+                f"redis at {self.display_url} is not reachable: {describe(exc)}"
+                f" (attempt {attempt})"
+            )
+            log.warning("server not reachable: retrying", url=self.display_url,
+                        attempt=attempt, retry_in_s=round(delay, 2), error=describe(exc))
+
+        outage = Outage("service", self.stopping, base_ms=200, cap_ms=5000, on_attempt=waiting)
+        await outage.retrying(prepare)
+        self._waiting_for = None
+
+    async def _read_layout(self, client: Redis) -> None:
         """The partition count recorded in the server, recorded now by the first process
         (:mod:`printery.layout`); the HTTP API, started before the server answered, is
         started again over the recorded keys when they are not the ones it was given."""
@@ -196,7 +191,7 @@ class Service(ProcessLifecycle):
                 await self.runs.close()
             await self._start_http(port=self.http_port)
 
-    def _build_manager(self, client: aioredis.Redis) -> WorkerManager:
+    def _build_manager(self, client: Redis) -> WorkerManager:
         s = self.settings
         manager = WorkerManager(
             supervised=s.supervised,
@@ -313,7 +308,7 @@ class Service(ProcessLifecycle):
         try:
             async with asyncio.timeout(PING_TIMEOUT):
                 self._redis_ok = bool(await self.client.ping())
-        except (RedisError, OSError, TimeoutError):
+        except (ServerError, OSError, TimeoutError):
             self._redis_ok = False
         return self._redis_ok
 
