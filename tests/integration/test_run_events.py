@@ -21,8 +21,8 @@ from printery.pipeline.dag import Pipeline
 from printery.runs.facade import Runs
 from printery.runtime.run_index import RunIndex
 from printery.servers.process import ServerProcess
-from printery.service.api import ApiAccess, build_api
-from printery.service.console.auth import ConsoleAuth
+from printery.service.access import Access, ConsoleAuth
+from printery.service.api import build_api
 from printery.service.console.routes import add_console
 from printery.service.console.views import Views
 from printery.service.http import HttpServer
@@ -75,7 +75,7 @@ async def served(server: ServerProcess, prefix: str) -> AsyncIterator[Served]:
     settings, pipeline = load_app(None, {"redis_url": server.url, "stream_prefix": prefix}, {})
     conn = aioredis.Redis.from_url(server.url, decode_responses=True)
     runs = Runs(conn, settings.keys, pipeline, payload_limit=LIMIT, producer="printery-api")
-    access = ApiAccess(token=None, public=False)
+    access = Access(token=None, public=False)
     http_server = HttpServer(
         Provider(), api=build_api(runs, access, body_limit=LIMIT),
         console=lambda app: add_console(app, Views(runs), ConsoleAuth(access), body_limit=LIMIT))

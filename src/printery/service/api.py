@@ -4,18 +4,15 @@ programs that cannot use the Python client.
 Every answer is JSON; client input never gets a 500: a body over the payload limit is
 413 (refused before it is read when its length is declared, and never read past the
 limit otherwise), malformed JSON or a wrong shape is 400 with machine-actionable
-reasons. Access (:class:`ApiAccess`): with a token, every request needs
-``Authorization: Bearer <token>`` (compared in constant time); without one, only a
-loopback listener answers, anything else is 403.
+reasons. Access (:class:`~printery.service.access.Access`, the console's rule too):
+with a token, every request needs ``Authorization: Bearer <token>`` (compared in
+constant time); without one, only a loopback listener answers, anything else is 403.
 """
 
 from __future__ import annotations
 
-import hmac
-import ipaddress
 import re
 from collections.abc import Awaitable, Callable, Mapping
-from dataclasses import dataclass
 from typing import Any
 from urllib.parse import quote, unquote
 
@@ -42,8 +39,9 @@ from printery.pipeline.dag import Pipeline
 from printery.pipeline.reason import Reason
 from printery.runs.facade import Runs
 from printery.runs.reader import run_cost, run_status
+from printery.service.access import Access, service_access
 
-__all__ = ["ApiAccess", "api_access", "build_api", "is_loopback", "service_api"]
+__all__ = ["build_api", "refusal", "service_api"]
 
 log = get_logger("printery.api")
 
@@ -55,41 +53,6 @@ MAX_REVIEW_PAGE = 1000
 #: Milliseconds an ``EventSource`` waits before it reconnects (the ``retry:`` hint).
 RETRY_MS = 2000
 
-
-@dataclass(frozen=True, slots=True)
-class ApiAccess:
-    """Who may call the API: ``token`` (None: no token configured) and whether the
-    listener is reachable from other hosts (``public``)."""
-
-    token: str | None
-    public: bool
-    token_env: str = "PRINTERY_API_TOKEN"
-
-    def refusal(self, request: web.Request) -> web.Response | None:
-        """The answer for a request that may not pass, or None."""
-        if self.token is not None:
-            header = request.headers.get("Authorization", "")
-            scheme, _, given = header.partition(" ")
-            if scheme.lower() != "bearer" or not hmac.compare_digest(
-                given.strip().encode(), self.token.encode()
-            ):
-                return error(401, "unauthorized", "a valid `Authorization: Bearer <token>` "
-                             "header is required", headers={"WWW-Authenticate": "Bearer"})
-            return None
-        if self.public:
-            return error(403, "forbidden", f"the API listens beyond loopback without a "
-                         f"token: set {self.token_env} for the service")
-        return None
-
-
-def is_loopback(host: str) -> bool:
-    """Whether a listener on ``host`` is reachable from this machine only."""
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host.strip("[]")).is_loopback
-    except ValueError:  # a host name: it may resolve to anything
-        return False
 
 
 def error(
@@ -243,14 +206,6 @@ def step_summary(runs: Runs, entries: list[dict[str, Any]],
              "cost": figures.get(name, {}).get("cost", {})} for name in runs.pipeline.steps]
 
 
-def api_access(settings: Settings, env: Mapping[str, str]) -> ApiAccess:
-    """Who may call ``/v1`` and the console of a process serving ``--http-addr``."""
-    bind = settings.http_bind
-    return ApiAccess(token=env.get(settings.api_token_env) or None,
-                     public=bind is not None and not is_loopback(bind[0]),
-                     token_env=settings.api_token_env)
-
-
 def service_api(
     client: aioredis.Redis, keys: StreamKeys, pipeline: Pipeline, settings: Settings,
     env: Mapping[str, str],
@@ -259,8 +214,8 @@ def service_api(
     parent of ``--processes``) over ``client``, and its :class:`Runs` (to close at
     shutdown). Without a token on a non-loopback address it logs one warning: ``/v1``
     answers 403 until the token's env var is set."""
-    access = api_access(settings, env)
-    if access.token is None and access.public:
+    access = service_access(settings, env)
+    if access.forbidden:
         log.warning("the HTTP API listens beyond loopback without a token: /v1 answers "
                     f"403 until {settings.api_token_env} is set", http_addr=settings.http_addr)
     limit = settings.transport.payload_limit_bytes
@@ -269,12 +224,23 @@ def service_api(
     return build_api(runs, access, body_limit=limit), runs
 
 
-def build_api(runs: Runs, access: ApiAccess, *, body_limit: int) -> web.Application:
+def refusal(access: Access, request: web.Request) -> web.Response | None:
+    """The answer for a request the access rule refuses (as JSON), or None."""
+    if access.forbidden:
+        return error(403, "forbidden", f"the API listens beyond loopback without a "
+                     f"token: set {access.token_env} for the service")
+    if access.token is not None and not access.bearer(request):
+        return error(401, "unauthorized", "a valid `Authorization: Bearer <token>` "
+                     "header is required", headers={"WWW-Authenticate": "Bearer"})
+    return None
+
+
+def build_api(runs: Runs, access: Access, *, body_limit: int) -> web.Application:
     """The ``/v1`` application, to mount under the service's HTTP server."""
 
     @web.middleware
     async def guard(request: web.Request, handler: Handler) -> web.StreamResponse:
-        refused = access.refusal(request)
+        refused = refusal(access, request)
         if refused is not None:
             return refused
         try:

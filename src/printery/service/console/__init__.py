@@ -2,7 +2,7 @@
 live over server-sent events, every asset shipped in this package (no CDN).
 
 :func:`service_console` builds it for a service: it shares ``/v1``'s access rule
-(:func:`~printery.service.api.api_access`) and its :class:`~printery.runs.facade.Runs`.
+(:func:`~printery.service.access.service_access`) and its :class:`~printery.runs.facade.Runs`.
 """
 
 from __future__ import annotations
@@ -13,8 +13,7 @@ from aiohttp import web
 
 from printery.config import Settings
 from printery.runs.facade import Runs
-from printery.service.api import api_access
-from printery.service.console.auth import ConsoleAuth
+from printery.service.access import ConsoleAuth, service_access
 from printery.service.console.routes import add_console
 from printery.service.console.views import Views
 
@@ -26,6 +25,6 @@ def service_console(runs: Runs, settings: Settings, env: Mapping[str, str]) -> (
 ):
     """What adds the console's routes to the HTTP application of a process serving
     ``--http-addr`` (a service, or the parent of ``--processes``)."""
-    views, auth = Views(runs), ConsoleAuth(api_access(settings, env))
+    views, auth = Views(runs), ConsoleAuth(service_access(settings, env))
     limit = settings.transport.payload_limit_bytes
     return lambda app: add_console(app, views, auth, body_limit=limit)

@@ -34,7 +34,7 @@ from printery.errors import (
 )
 from printery.inbox import dead_letters, reviews
 from printery.logging import get_logger
-from printery.service.console.auth import ConsoleAuth
+from printery.service.access import ConsoleAuth
 from printery.service.console.views import Views
 
 __all__ = ["add_console"]
