@@ -6,6 +6,7 @@ something else than items, and ``replay --from`` the Map splitting again."""
 from __future__ import annotations
 
 import asyncio
+import json
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -13,6 +14,7 @@ import pytest
 import redis.asyncio as aioredis
 
 from printery import (
+    Budget,
     Client,
     ConsumerSettings,
     Loop,
@@ -21,12 +23,14 @@ from printery import (
     Pipeline,
     PipelineError,
     Reason,
+    ReplayError,
     StreamKeys,
     WorkerManager,
     replay,
     to_mermaid,
     to_text,
 )
+from printery.testing import wait_for
 
 
 def pages(message: Message) -> list[Any]:
@@ -241,3 +245,46 @@ def test_pipeline_show_draws_the_map_as_its_three_steps() -> None:
     assert 'pages -->|"pages:item: one per item, at most 50"| pages_each' in drawn
     assert 'pages_collect[/"pages:collect (map: collect)"/]' in drawn
     assert pipeline.describe()["steps"][0]["map"]["each"] == "pages:each"
+
+
+async def test_items_reserve_their_estimate_so_concurrent_items_cannot_overshoot(
+    running: Any, client: aioredis.Redis, prefix: str
+) -> None:
+    """30 items, 10 at once, each spending 100 tokens, under a run budget of 1,000: each
+    reserves its estimate before it runs, so the run stops at the budget, not past it."""
+
+    async def spend(message: Message) -> dict[str, Any]:
+        await asyncio.sleep(0.02)  # the items overlap
+        message.report_cost("tokens", 100)
+        return {"n": message.data}
+
+    pipeline = Pipeline("docs", ingress=["document"], cost_units=["tokens"],
+                        budget=Budget(tokens=1000, on_exceeded="stop"))
+    pipeline.add(Map("pages", consumes="document", produces="merged", split=pages, each=spend,
+                     concurrency=10, estimate={"tokens": 100}, cost_units=["tokens"]))
+    submitter = await running(pipeline)
+    run_id = await submitter.submit({"pages": list(range(30))})
+    result = await submitter.result(run_id, timeout=20)
+    assert result.status == "budget_exceeded" and result.data["spent"] <= 1000
+    stream = f"{prefix}:pages:item"
+
+    async def settled() -> bool:
+        return bool((await client.xpending(stream, "pages:each"))["pending"] == 0)
+
+    await wait_for(settled, timeout=20, message="every item settled")
+    spent = [json.loads(f["cost"])["tokens"] for _, f in await client.xrange(
+        f"{prefix}:pages:result") if "cost" in f]
+    # Items held by the stop spent nothing: what was committed stays within the budget.
+    assert 0 < len(spent) <= 10 and sum(spent) <= 1000, spent
+
+
+async def test_replay_from_inside_a_map_is_refused_with_the_step_to_use(
+    running: Any, client: aioredis.Redis, prefix: str
+) -> None:
+    pipeline = map_pipeline()
+    submitter = await running(pipeline)
+    run_id = await submitter.submit({"pages": ["a"]})
+    await submitter.result(run_id, timeout=20)
+    for step in ("pages:each", "pages:collect"):
+        with pytest.raises(ReplayError, match="replay --from pages splits again"):
+            await replay(client, StreamKeys(prefix), pipeline, run_id, from_step=step)

@@ -4,7 +4,8 @@ hold whatever was drawn.
 
 A drawn :class:`Example` is plain data (frozen dataclasses, readable ``repr``): the
 pipeline's shape (:class:`Shape`: a chain of :class:`Stage` s — plain step, escalated
-step, validator gate, validation loop, join of two branches — with limits (some with a
+step, validator gate, validation loop, join of two branches, a Map over 0 to 3 items
+with ``fail`` or ``skip`` — with limits (some with a
 ``max_wait`` that sends work to the fallback), a budget (whose steps may reserve an
 ``estimate=``) and partitions), the runs submitted (each with the failure of each stage, carried in the
 run's data so that every handler knows what to do), garbage entries written to the
@@ -56,6 +57,7 @@ from printery import (
     JoinState,
     Limit,
     Loop,
+    Map,
     Message,
     Output,
     Pipeline,
@@ -99,7 +101,7 @@ SETTLE_TIMEOUT = 20.0
 
 #: The producer of the garbage entries.
 GARBAGE = "fuzz-garbage"
-KINDS = ("plain", "escalate", "validator", "loop", "join")
+KINDS = ("plain", "escalate", "validator", "loop", "join", "map")
 #: What a stage's handler does in a run (every kind understands every mode: a mode that
 #: means nothing to a kind is a success there).
 MODES = ("ok", "raise", "flaky", "hang", "exit", "decimal", "big", "huge", "reject",
@@ -123,6 +125,10 @@ class Stage:
     review: bool = False
     terminal: bool = False
     policy: str = "all"
+    #: map: how many items the split writes (item 0 fails as the run says, the others
+    #: never) and whether a failed item is skipped (else the run fails).
+    items: int = 0
+    skip: bool = False
 
 
 @dataclass(frozen=True)
@@ -198,6 +204,8 @@ def stages(draw: st.DrawFn) -> Stage:
                      review=draw(st.booleans()), terminal=draw(st.booleans()))
     if kind == "join":
         return Stage(**base, policy=draw(st.sampled_from(["all", "any", "first"])))
+    if kind == "map":
+        return Stage(**base, items=draw(st.integers(0, 3)), skip=draw(st.booleans()))
     return Stage(**base)
 
 
@@ -237,7 +245,7 @@ def examples(draw: st.DrawFn, *, max_runs: int = 3,
 
 
 def _step_count(shape: Shape) -> int:
-    return sum(3 if s.kind == "join" else 1 for s in shape.stages)
+    return sum(3 if s.kind in ("join", "map") else 1 for s in shape.stages)
 
 
 # -- building the pipeline -----------------------------------------------------------------
@@ -342,7 +350,7 @@ def build(shape: Shape) -> Built:
         limits, key = _limits(stage, i)
         src, dst = f"s{i}", f"s{i + 1}"
         kinds = {"plain": _plain, "escalate": _escalated, "validator": _validator,
-                 "loop": _loop, "join": _join}
+                 "loop": _loop, "join": _join, "map": _map}
         kinds[stage.kind](pipeline, stage, i, src, dst, limits, key, probe, estimate)
         if stage.kind == "join":
             joins.append(f"join{i}")
@@ -489,6 +497,38 @@ def _join(p: Pipeline, stage: Stage, i: int, src: str, dst: str, limits: list[Li
     p.add(Aggregator(f"join{i}", opens=src, opens_as="opened",
                      branches={f"{src}:a": "a", f"{src}:b": "b"}, emits=dst, policy=policy,
                      deadline=JOIN_DEADLINE, concurrency=stage.concurrency))
+
+
+def _map(p: Pipeline, stage: Stage, i: int, src: str, dst: str, limits: list[Limit],
+         key: Slot, probe: Probe, estimate: Estimate) -> None:
+    """A Map over ``stage.items`` copies of the run's data: item 0 fails as the run says
+    (raise, hang, exit, an output JSON cannot encode...), the others never; ``merge``
+    carries the run's data on (its modes for the stages after)."""
+
+    def split(message: Message) -> list[Any]:
+        data = message.data
+        return [{**data, "item": n} if isinstance(data, dict) else data
+                for n in range(stage.items)]
+
+    async def each(message: Message) -> Any:
+        first = isinstance(message.data, dict) and message.data.get("item") == 0
+        mode = mode_of(message.data, i) if first else "ok"
+        probe.enter(key, f"map{i}:each")
+        try:
+            await misbehave(mode, message)
+            _charge(message)
+            return answer(mode, message.data)
+        finally:
+            probe.leave(key)
+
+    def merge(outputs: list[Any]) -> Any:
+        data = next((o for o in outputs if isinstance(o, dict)), {})
+        return {**{k: v for k, v in data.items() if k not in ("item", "pad")},
+                "items": len(outputs), "failed": sum(o is None for o in outputs)}
+
+    p.add(Map(f"map{i}", consumes=src, produces=dst, split=split, each=each, merge=merge,
+              on_item_failure="skip" if stage.skip else "fail", concurrency=stage.concurrency,
+              cost_units=["usd"], limits=limits, timeout=STEP_TIMEOUT, estimate=estimate))
 
 
 # -- running one example -------------------------------------------------------------------

@@ -29,9 +29,8 @@ import uuid
 from collections.abc import Awaitable, Callable
 from typing import Any, cast
 
-import redis.asyncio as aioredis
-
 from printery import _json
+from printery.bench.cleanup import delete_prefix
 from printery.bench.server import bench_server
 from printery.envelope import Codec
 from printery.keys import StreamKeys
@@ -40,6 +39,7 @@ from printery.pipeline.fanout import Map
 from printery.runtime.consumer import ConsumerSettings
 from printery.runtime.handler import Message, Output
 from printery.runtime.payloads import PayloadStore
+from printery.store import Redis
 from printery.supervisor.manager import WorkerManager
 from printery.transport.connection import connect
 
@@ -80,7 +80,7 @@ async def _nothing(message: Message) -> None:
     return None
 
 
-async def _running(pipeline: Pipeline, client: aioredis.Redis, prefix: str) -> WorkerManager:
+async def _running(pipeline: Pipeline, client: Redis, prefix: str) -> WorkerManager:
     manager = WorkerManager(drain_timeout=2)
     for worker, deps in pipeline.build_workers(client=client, keys=StreamKeys(prefix),
                                                settings=ConsumerSettings()):
@@ -98,7 +98,7 @@ async def _until(done: Callable[[], Awaitable[bool]], began: float) -> float:
     return time.perf_counter() - began
 
 
-async def _map_side(client: aioredis.Redis, prefix: str, items: int, pad: str) -> dict[str, Any]:
+async def _map_side(client: Redis, prefix: str, items: int, pad: str) -> dict[str, Any]:
     pipeline = map_pipeline(items)
     keys = StreamKeys(prefix)
     manager = await _running(pipeline, client, prefix)
@@ -124,7 +124,7 @@ async def _map_side(client: aioredis.Redis, prefix: str, items: int, pad: str) -
             "items_per_s": round(items / seconds, 1), "verified": verified}
 
 
-async def _plain_side(client: aioredis.Redis, prefix: str, items: int, pad: str) -> dict[str, Any]:
+async def _plain_side(client: Redis, prefix: str, items: int, pad: str) -> dict[str, Any]:
     pipeline = plain_pipeline()
     keys = StreamKeys(prefix)
     manager = await _running(pipeline, client, prefix)
@@ -173,7 +173,7 @@ async def run_map_bench(*, items: int, payload_bytes: int, redis_url: str | None
                     prefix = f"bench:{tag}:{side}"
                     run = _map_side if side == "map" else _plain_side
                     measured[side] = await run(client, prefix, items, pad)
-                    await _forget(client, prefix)
+                    await delete_prefix(client, prefix)
                 measured["ratio"] = round(
                     measured["map"]["items_per_s"] / measured["plain"]["items_per_s"], 3)
                 per_round.append(measured)
@@ -189,12 +189,6 @@ async def run_map_bench(*, items: int, payload_bytes: int, redis_url: str | None
             "map": median_of("map"), "plain": median_of("plain"), "ratio": round(ratio, 3),
             "per_round": [r["ratio"] for r in per_round],
             "verified": all(r[s]["verified"] for r in per_round for s in ("map", "plain"))}
-
-
-async def _forget(client: aioredis.Redis, prefix: str) -> None:
-    """Remove a side's keys, so the next side starts on an empty keyspace."""
-    async for key in client.scan_iter(match=f"{prefix}:*", count=1000):
-        await client.unlink(key)
 
 
 def format_map(result: dict[str, Any]) -> str:

@@ -34,7 +34,7 @@ from dataclasses import dataclass
 from typing import Any, Literal, cast
 
 from printery import _json
-from printery.budgets import Budget
+from printery.budgets import Budget, Estimate
 from printery.errors import PipelineError, Reject
 from printery.fields import ITEM, ITEM_FAILED, ITEMS, MAP, ON_ITEM_FAILURE, item_fields, item_key
 from printery.keys import RUN_FAILED, StreamKeys, item_type, result_type
@@ -128,7 +128,7 @@ class Map:
         limits: Iterable[Limit] = (),
         budget: Budget | None = None,
         timeout: float | None = None,
-        estimate: Any = None,
+        estimate: Estimate | None = None,
         cost_units: Iterable[str] = (),
     ) -> None:
         what = f"map {name!r}"
@@ -212,11 +212,11 @@ class Map:
         if isinstance(self.each, Loop):
             each = self.each.step()
         else:
-            extra: dict[str, Any] = {} if self.estimate is None else {"estimate": self.estimate}
             each = Step(name=shape.each, consumes=(shape.item_type,),
                         produces=(shape.result_type,), handler=self._each,
                         concurrency=self.concurrency, limits=self.limits, budget=self.budget,
-                        timeout=self.timeout, cost_units=self.cost_units, **extra)
+                        timeout=self.timeout, cost_units=self.cost_units,
+                        estimate=self.estimate)
         consumes = (shape.result_type, *((shape.exhausted,) if shape.exhausted else ()))
         ends = shape.exhausted is not None and shape.on_item_failure == "fail"
         collect = Step(name=shape.collect, consumes=consumes,

@@ -100,6 +100,10 @@ async def replay(
     field = pipeline.correlation_field
     if from_step is not None and from_step not in pipeline.steps:
         raise ReplayError(f"unknown step {from_step!r}; steps: {', '.join(pipeline.steps)}")
+    fanned = next((m for m in pipeline.maps.values() if from_step in m.steps[1:]), None)
+    if fanned is not None:  # one item's copy would leave its collector waiting for ever
+        raise ReplayError(f"step {from_step!r} is part of map {fanned.name!r}, whose items run "
+                          f"again together: replay --from {fanned.name} splits again")
     steps = list(pipeline.steps) if from_step is None else rerun_steps(pipeline, from_step)
     inputs = _inputs(pipeline, steps) if from_step is not None else {}
     originals: list[tuple[str, str, dict[str, str]]] = []
