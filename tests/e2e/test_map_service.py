@@ -6,11 +6,13 @@ order, written once."""
 from __future__ import annotations
 
 import json
+import re
 import textwrap
 from collections import Counter
 from pathlib import Path
 from typing import Any
 
+import httpx
 import psutil
 import redis
 
@@ -72,6 +74,11 @@ def test_a_40_item_map_survives_a_kill_9_of_one_of_two_processes(
 
         victim = svc.wait_until(victim_holds_items, what="a child holding items mid-run")
         assert r.xlen(f"{prefix}:pages:result") < 40, "the kill must come mid-run"
+        # The console's run graph shows the items mid-run: some done, some running.
+        page = httpx.get(f"{svc.http_base}/runs/doc-1", timeout=10).text
+        shown = re.search(r'data-items="(\d+) done · (\d+) failed · (\d+) running"', page)
+        assert shown, page
+        assert int(shown[1]) >= 4 and int(shown[2]) == 0 and int(shown[3]) > 0
         psutil.Process(victim).kill()
         svc.wait_until(lambda: r.xlen(f"{prefix}:merged") == 1, timeout=60,
                        what="the merged output")
@@ -84,6 +91,8 @@ def test_a_40_item_map_survives_a_kill_9_of_one_of_two_processes(
         pids = {item["pid"] for item in data["items"]}
         assert victim in pids and len(pids) >= 2, pids  # shared, the victim did some
         assert r.xlen(f"{prefix}:dlq") == 0 and r.xlen(f"{prefix}:run:failed") == 0
+        page = httpx.get(f"{svc.http_base}/runs/doc-1", timeout=10).text
+        assert 'data-items="40 done · 0 failed · 0 running"' in page
         svc.wait_until(lambda: r.xpending(f"{prefix}:pages:item", "pages:each")["pending"] == 0,
                        what="nothing left pending")
 

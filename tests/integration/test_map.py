@@ -30,6 +30,7 @@ from printery import (
     to_mermaid,
     to_text,
 )
+from printery.service.console.graph import item_counts
 from printery.testing import wait_for
 
 
@@ -106,6 +107,10 @@ async def test_skip_lists_a_failed_item_and_the_rest_go_on(
     result = await submitter.result(run_id, timeout=20)
     assert result.status == "merged"
     assert result.data == {"items": [{"text": "A"}, None, {"text": "C"}, None], "failed": [1, 3]}
+    # The console's run graph counts them on the each step.
+    counts = item_counts(map_pipeline(), result.entries)
+    assert {step: str(c) for step, c in counts.items()} == {
+        "pages:each": "2 done · 2 failed · 0 running"}
     letters = await client.xrange(f"{prefix}:dlq")
     assert sorted(f["item"] for _, f in letters) == ["1", "3"]
     assert {f["reason_code"] for _, f in letters} == {"max_deliveries_exceeded"}

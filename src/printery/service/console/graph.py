@@ -1,17 +1,21 @@
 """The pipeline drawn as an inline SVG for the console: steps in layers (a step one
 layer right of the furthest step it depends on), one edge per dependency, each step
-coloured by its state in a run. Computed here, not in the browser, so the page needs no
-graph library and renders with scripts off. The text form next to it is
+coloured by its state in a run; a Map's each step says how many of the run's items are
+done, failed and running. Computed here, not in the browser, so the page needs no graph
+library and renders with scripts off. The text form next to it is
 :func:`printery.pipeline.render.to_text`'s."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
+from typing import Any
 
+from printery.fields import ITEM, ITEM_FAILED, ITEMS, MAP
+from printery.keys import DLQ
 from printery.pipeline.dag import Pipeline
 
-__all__ = ["Layout", "layout"]
+__all__ = ["ItemCounts", "Layout", "item_counts", "layout"]
 
 BOX_W, BOX_H, GAP_X, GAP_Y, PAD = 150, 40, 50, 18, 10
 
@@ -23,6 +27,8 @@ class Node:
     y: int
     state: str
     label: str
+    #: A second line: a Map's item counts in the run ("" none).
+    detail: str = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -38,9 +44,69 @@ class Layout:
     edges: list[Edge]
 
 
-def layout(pipeline: Pipeline, states: Mapping[str, str] | None = None) -> Layout:
+@dataclass(frozen=True, slots=True)
+class ItemCounts:
+    """One run's items of one Map (reference: fan-out): ``items`` written by its split,
+    how many ended with a result, how many failed, and the rest, still running."""
+
+    items: int
+    done: int
+    failed: int
+
+    @property
+    def running(self) -> int:
+        return max(0, self.items - self.done - self.failed)
+
+    def __str__(self) -> str:
+        return f"{self.done} done · {self.failed} failed · {self.running} running"
+
+
+def item_counts(pipeline: Pipeline, entries: Iterable[Mapping[str, Any]]) -> (
+    dict[str, ItemCounts]
+):
+    """Each Map's each step -> its items in the run of ``entries`` (as the run reader
+    gives them): done (a result), failed (a result written for a failed item, the item's
+    dead letter, a Loop's exhausted item), the rest running. Maps the run has not
+    reached are left out."""
+    maps = pipeline.maps
+    if not maps:
+        return {}
+    items: dict[str, int] = {}
+    done: dict[str, set[str]] = {}
+    failed: dict[str, set[str]] = {}
+    for entry in entries:
+        name, index = entry.get(MAP), entry.get(ITEM)
+        shape = maps.get(str(name)) if name is not None else None
+        if shape is None or index is None:
+            continue
+        items[shape.name] = max(items.get(shape.name, 0), _count(entry.get(ITEMS)))
+        stream = entry.get("stream")
+        kind = entry.get("type") or stream
+        if stream == DLQ:
+            if kind != shape.result_type:  # the item's handling, not the collector's
+                failed.setdefault(shape.name, set()).add(str(index))
+        elif kind == shape.result_type:
+            ended = failed if entry.get(ITEM_FAILED) else done
+            ended.setdefault(shape.name, set()).add(str(index))
+        elif kind == shape.exhausted:
+            failed.setdefault(shape.name, set()).add(str(index))
+    return {maps[name].each: ItemCounts(count, len(done.get(name, set())),
+                                        len(failed.get(name, set()) - done.get(name, set())))
+            for name, count in items.items()}
+
+
+def _count(value: Any) -> int:
+    try:
+        return int(value)
+    except (TypeError, ValueError):
+        return 0
+
+
+def layout(pipeline: Pipeline, states: Mapping[str, str] | None = None,
+           counts: Mapping[str, ItemCounts] | None = None) -> Layout:
     """Where each step and edge goes; ``states`` maps step names to a state (a CSS
-    class: ``done``, ``failed``, ``review``, ``pending``; missing: ``idle``)."""
+    class: ``done``, ``failed``, ``review``, ``pending``; missing: ``idle``); ``counts``
+    a Map's each step to its items in the run (:func:`item_counts`)."""
     deps = {name: [d for d in found if d != name]
             for name, found in pipeline.dependencies().items()}
     layer: dict[str, int] = {}
@@ -61,7 +127,8 @@ def layout(pipeline: Pipeline, states: Mapping[str, str] | None = None) -> Layou
         for row, name in enumerate(names):
             place[name] = (PAD + column * (BOX_W + GAP_X), PAD + row * (BOX_H + GAP_Y))
     nodes = [Node(name, x, y, (states or {}).get(name, "idle"),
-                  name + (" (loop)" if pipeline.steps[name].loop is not None else ""))
+                  name + (" (loop)" if pipeline.steps[name].loop is not None else ""),
+                  str((counts or {})[name]) if name in (counts or {}) else "")
              for name, (x, y) in place.items()]
     edges = []
     for name, parents in deps.items():

@@ -22,7 +22,7 @@ from printery.runs.index import RunIndexReader
 from printery.runs.reader import run_cost
 from printery.runtime.run_index import RUNNING, run_status
 from printery.service.api import step_summary
-from printery.service.console.graph import Layout, layout
+from printery.service.console.graph import ItemCounts, Layout, item_counts, layout
 from printery.service.registry import list_processes
 from printery.store import read_overview, waiting
 
@@ -116,10 +116,11 @@ class Views:
         states = {s["step"]: s["status"] for s in steps}
         return {"run_id": run_id, "status": status, "ended": status != RUNNING,
                 "steps": steps, "timeline": timeline, "cost": spent["total"]["cost"],
-                "graph": self.graph(states)}
+                "graph": self.graph(states, item_counts(self.pipeline, entries))}
 
-    def graph(self, states: Mapping[str, str] | None = None) -> Layout:
-        return layout(self.pipeline, states)
+    def graph(self, states: Mapping[str, str] | None = None,
+              counts: Mapping[str, ItemCounts] | None = None) -> Layout:
+        return layout(self.pipeline, states, counts)
 
     async def review_list(self, after: str = "") -> dict[str, Any]:
         """A page of open reviews (:data:`REVIEWS_SHOWN`, after the review ``after``; an
