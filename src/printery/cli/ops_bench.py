@@ -92,7 +92,9 @@ def bench(
         return
     if map_items is not None:
         from printery.bench.fanout import format_map, run_map_bench
+        from printery.logging import configure_logging
 
+        configure_logging("warn")  # its workers run here: their lines to stderr, not stdout
         measured = asyncio.run(run_map_bench(items=map_items, payload_bytes=payload_bytes,
                                              redis_url=url, rounds=rounds))
         print_json(measured) if as_json else click.echo(format_map(measured))
