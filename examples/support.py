@@ -1,5 +1,6 @@
 """Answer a support request in the customer's language: an AI-worker pipeline on the public
-API only, with every pattern of CONTRACT §13.
+API only, with every AI-worker pattern: validation loops, budgets, flow control and model
+steps (docs/reference.md, Python API).
 
     support:requested ──> draft (Loop: work → validate → feedback, 3 attempts)
                               ├─ passed ───────────────> support:drafted ──> send ──> support:answered

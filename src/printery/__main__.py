@@ -1,4 +1,5 @@
-"""``python -m printery`` is ``printery``, the operator's tool (CONTRACT §1)."""
+"""``python -m printery`` is ``printery``, the operator's tool (docs/reference.md,
+Commands)."""
 
 from printery.cli.operator import main
 

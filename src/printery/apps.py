@@ -7,8 +7,8 @@ all before anything connects (a problem at any step is a :class:`ConfigError`: e
 2. the app's target (``MODULE:ATTR``) imported, not called, and its
    :class:`~printery.AppConfig` read from it;
 3. every setting validated again with that hook: the app's tables, its defaults (the
-   deployment pipeline's stream prefix; for an app that declares none, CONTRACT §1's
-   default), its worker aliases;
+   deployment pipeline's stream prefix; for an app that declares none, the
+   commands' default: docs/reference.md, Commands), its worker aliases;
 4. when the command needs the pipeline, the factory called with those settings.
 """
 
@@ -82,10 +82,11 @@ def load_app_settings(
 
 
 def command_defaults(config: AppConfig) -> AppConfig:
-    """``config`` with the commands' own defaults under the app's: CONTRACT §1 gives
-    ``--stream-prefix`` one default, ``materi:events:deployment``, whatever ``--app``
-    runs, so an app that declares no prefix of its own gets that one from the commands
-    (the framework's :class:`Settings`, for library use, defaults to ``printery``)."""
+    """``config`` with the commands' own defaults under the app's: docs/reference.md
+    (Commands) gives ``--stream-prefix`` one default, ``materi:events:deployment``,
+    whatever ``--app`` runs, so an app that declares no prefix of its own gets that one
+    from the commands (the framework's :class:`Settings`, for library use, defaults to
+    ``printery``)."""
     return dataclasses.replace(
         config, defaults={"stream_prefix": COMMAND_STREAM_PREFIX, **config.defaults})
 

@@ -1,4 +1,5 @@
-"""Settings of the service and the operator tool (CONTRACT §1, §7).
+"""Settings of the service and the operator tool (docs/reference.md, Commands;
+Configuration).
 
 Every setting comes from, in order of precedence, a command-line flag, an environment
 variable, the TOML config file, or its default, and the whole set is validated here,
@@ -90,7 +91,8 @@ _FALSE = {"false", "0", "no"}
 
 
 def _to_bool(value: object) -> object:
-    """Booleans from env and flags: true/false/1/0/yes/no, any case (CONTRACT §1)."""
+    """Booleans from env and flags: true/false/1/0/yes/no, any case (docs/reference.md,
+    Commands)."""
     if isinstance(value, bool):
         return value
     if isinstance(value, int) and value in (0, 1):
@@ -408,8 +410,8 @@ class Settings(SettingsTable):
     def cluster_partitions_problem(self) -> str | None:
         """Why these partitions cannot run on the cluster of ``redis_url`` (None: they can).
 
-        One partition keeps the keys of §2, which carry no hash tag: a commit's keys would
-        be in several slots, which a cluster refuses (CROSSSLOT)."""
+        One partition keeps the unpartitioned keys, which carry no hash tag: a commit's
+        keys would be in several slots, which a cluster refuses (CROSSSLOT)."""
         if (self.redis_url and urlsplit(self.redis_url).scheme in CLUSTER_SCHEMES
                 and self.transport.partitions is not None and self.transport.partitions < 2):
             return ("2 or more on a cluster (redis+cluster://): one partition's keys carry "
@@ -441,6 +443,7 @@ class Settings(SettingsTable):
 _NO_APP = AppConfig()
 
 
-#: Every command-line setting of CONTRACT §1, in ``--help`` order, keyed by setting name
-#: (the table is :mod:`printery.config_doc`'s, the defaults the settings' own).
+#: Every command-line setting (docs/reference.md, Commands), in ``--help`` order, keyed by
+#: setting name (the table is :mod:`printery.config_doc`'s, the defaults the settings'
+#: own).
 SETTINGS_DOC: Mapping[str, SettingDoc] = settings_doc(lambda name: Settings.model_fields[name].default)

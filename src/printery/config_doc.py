@@ -1,4 +1,4 @@
-"""The documentation table of the command-line settings (CONTRACT §1).
+"""The documentation table of the command-line settings (docs/reference.md, Commands).
 
 Each setting's flag, env var, metavar, help and default, in ``--help`` order: what
 ``printery-workers --help`` is rendered from (:mod:`printery.cli.workers`) and the loader
@@ -39,8 +39,9 @@ class SettingDoc:
 
 
 def settings_doc(default_of: Callable[[str], object]) -> dict[str, SettingDoc]:
-    """Every command-line setting of CONTRACT §1, in ``--help`` order, keyed by setting
-    name; ``default_of(name)`` is the default of a setting whose row writes none."""
+    """Every command-line setting (docs/reference.md, Commands), in ``--help`` order,
+    keyed by setting name; ``default_of(name)`` is the default of a setting whose row
+    writes none."""
 
     def row(name: str, flag: str, env: str, metavar: str | None, help: str,
             default: str = "") -> SettingDoc:
@@ -87,8 +88,9 @@ def settings_doc(default_of: Callable[[str], object]) -> dict[str, SettingDoc]:
             row("api_token_env", "--api-token-env", "PRINTERY_API_TOKEN_ENV", "NAME",
                 "name of the env var holding the bearer token of the HTTP API (/v1)"),
             SettingDoc("transport.partitions", "--partitions", "PRINTERY_PARTITIONS", "recorded",
-                      "partitions of every stream (CONTRACT §15); unset: the count recorded in "
-                      "<prefix>:layout (first start: 3 x masters on a cluster, else 1)", "N"),
+                      "partitions of every stream (docs/reference.md, Partitions); unset: the "
+                      "count recorded in <prefix>:layout (first start: 3 x masters on a "
+                      "cluster, else 1)", "N"),
             SettingDoc("config", "--config", "PRINTERY_CONFIG", "none", "TOML config file", "FILE"),
         )
     }

@@ -67,7 +67,8 @@ class SettingsTable(BaseModel):
 
 
 class TransportSettings(SettingsTable):
-    """``[transport]``: delivery limits shared by every stream worker (CONTRACT §4, §10)."""
+    """``[transport]``: delivery limits shared by every stream worker (docs/reference.md,
+    Failures; Streams and entries)."""
 
     max_deliveries: int = Field(default=5, ge=1)
     visibility_timeout: float = Field(default=60.0, gt=0)
@@ -84,11 +85,12 @@ class TransportSettings(SettingsTable):
     #: visibility timeout (at least 50 ms, at most 5 s), so an orphan waits at most about
     #: 1.25 timeouts.
     claim_interval: float | None = Field(default=None, gt=0)
-    #: Partitions of every stream (CONTRACT §15): ``<prefix>:{p<k>}:<event type>``, a
-    #: run in partition ``crc32(correlation id) % partitions``; 1 keeps the keys of §2.
-    #: Unset: the count recorded in ``<prefix>:layout`` (:mod:`printery.layout`), or on
-    #: the very first start 3 x the master count on a cluster, 1 on one server; a setting
-    #: that disagrees with the record is refused.
+    #: Partitions of every stream (docs/reference.md, Partitions):
+    #: ``<prefix>:{p<k>}:<event type>``, a run in partition ``crc32(correlation id) %
+    #: partitions``; 1 keeps the unpartitioned keys. Unset: the count recorded in
+    #: ``<prefix>:layout`` (:mod:`printery.layout`), or on the very first start 3 x the
+    #: master count on a cluster, 1 on one server; a setting that disagrees with the
+    #: record is refused.
     partitions: int | None = Field(default=None, ge=1, le=MAX_PARTITIONS)
     #: Seconds an acknowledged submit (``Client.submit``, ``POST /v1/runs``, ``printery
     #: emit``) waits for a replica to have it (``WAIT 1``) when the master it was written
@@ -111,12 +113,13 @@ class ReviewSettings(SettingsTable):
     """``[review.<kind>]``: how long a review of that kind may wait for a decision."""
 
     #: Seconds after which an undecided review is rejected with ``by`` = ``timeout``
-    #: (CONTRACT §12); unset: it waits for ever.
+    #: (docs/reference.md, Review inbox); unset: it waits for ever.
     timeout: float | None = Field(default=None, gt=0)
 
 
 class TelemetrySettings(SettingsTable):
-    """``[telemetry]``: OpenTelemetry traces (CONTRACT §14, :mod:`printery.telemetry`)."""
+    """``[telemetry]``: OpenTelemetry traces (docs/reference.md, Tracing,
+    :mod:`printery.telemetry`)."""
 
     #: Base URL of an OTLP/HTTP collector (``/v1/traces`` is added, as for
     #: ``OTEL_EXPORTER_OTLP_ENDPOINT``); unset: that env var decides, and without it

@@ -1,7 +1,8 @@
-"""The entry envelope of CONTRACT §2 and its codec, the one owner of the wire format:
-decoding (with the defaults an external producer may leave out) and encoding, on the hot
-path too (:meth:`Codec.new_fields`). The correlation field's wire name is the
-application's choice, so this layer knows nothing of what is being correlated."""
+"""The entry envelope (docs/reference.md, Streams and entries) and its codec, the one
+owner of the wire format: decoding (with the defaults an external producer may leave out)
+and encoding, on the hot path too (:meth:`Codec.new_fields`). The correlation field's wire
+name is the application's choice, so this layer knows nothing of what is being
+correlated."""
 
 from __future__ import annotations
 
@@ -61,8 +62,9 @@ def _id_in(data: Any, field: str) -> str | None:
 def correlation_of(fields: Mapping[str, str], field: str) -> str | None:
     """The run an entry belongs to, by the rule :meth:`Codec.decode` applies: its
     ``field``, else the id inside its ``data``. An external producer may write only
-    ``data`` (CONTRACT §2), so whoever looks a run up in the streams (``trace``,
-    ``replay``, ``cost``) must look inside ``data`` too. None when neither names one."""
+    ``data`` (docs/reference.md, Streams and entries), so whoever looks a run up in the
+    streams (``trace``, ``replay``, ``cost``) must look inside ``data`` too. None when
+    neither names one."""
     value = fields.get(field)
     if value:
         return value
@@ -198,7 +200,8 @@ class Codec:
         idempotency_key: str, attempt: str, produced_at: str, producer: str,
         extra: Mapping[str, str],
     ) -> dict[str, str]:
-        """The one layout of an entry's fields (CONTRACT §2), extra fields last."""
+        """The one layout of an entry's fields (docs/reference.md, Streams and entries),
+        extra fields last."""
         fields = {
             "data": data_json,
             "type": event_type,

@@ -18,7 +18,8 @@
      +-- OutputContractError    a step emitted what its contract does not allow (a bug:
      |                          retried like any handler error, then dead-lettered)
      +-- WorkerCrashed          raised by a handler to crash its worker on purpose, or the
-     |                          runtime itself failed: the worker crashes (§5, §16)
+     |                          runtime itself failed: the worker crashes
+     |                          (docs/reference.md, Failures)
      +-- StepTimeout            a handler call ran past its step's timeout (`timeout`)
      +-- SupervisorError
      |    +-- DependencyCycle   the declared worker graph has a cycle
@@ -27,7 +28,7 @@
      +-- ReplayError            a run cannot be replayed (unknown id, step or entry)
      +-- InvalidInput           submitted data the ingress step refuses (`reasons`)
      +-- UnknownRun             no entry of that run id exists
-     +-- ReviewError            a review decision could not be made (§12)
+     +-- ReviewError            a review decision could not be made
           +-- ReviewNotFound    unknown or already decided (CLI exit 1, HTTP 404)
           +-- ReviewRefused     this reviewer may not decide it (CLI exit 1, HTTP 409)
           +-- ReviewInvalid     no reviewer, or edited data the kind or the resumed
@@ -160,9 +161,9 @@ class OutputContractError(PrinteryError):
 class WorkerCrashed(PrinteryError):
     """Raise it in a handler to crash its worker on purpose (a client it holds is beyond
     repair): the entry is handed back unacknowledged and the supervisor restarts the
-    worker or marks it failed (CONTRACT §5, §16). Anything else a handler raises,
-    ``SystemExit`` and ``KeyboardInterrupt`` included, fails its entry only. The runtime
-    raises it too when it fails itself."""
+    worker or marks it failed (docs/reference.md, Failures; Running workers). Anything
+    else a handler raises, ``SystemExit`` and ``KeyboardInterrupt`` included, fails its
+    entry only. The runtime raises it too when it fails itself."""
 
 
 class StepTimeout(PrinteryError):

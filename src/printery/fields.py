@@ -1,11 +1,12 @@
 """Field names of the entries the framework itself writes, in one place.
 
-A ``dlq`` entry (CONTRACT §4) is the original entry plus :data:`DLQ_FIELDS`; a
-``review`` entry (§5, §12) carries :data:`REVIEW_FIELDS` beside the escalated ``data``;
-a ``review:decided`` entry carries :data:`DECISION_FIELDS`. The workers that write them
-and the tools that read them (``printery dlq``, ``review``, ``trace``) take the names
-from here, so they can never spell one differently. Stream names are in
-:mod:`printery.keys`; the envelope's own fields in :mod:`printery.envelope`.
+A ``dlq`` entry (docs/reference.md, Failures) is the original entry plus
+:data:`DLQ_FIELDS`; a ``review`` entry (docs/reference.md, Escalation kinds; Review inbox)
+carries :data:`REVIEW_FIELDS` beside the escalated ``data``; a ``review:decided`` entry
+carries :data:`DECISION_FIELDS`. The workers that write them and the tools that read them
+(``printery dlq``, ``review``, ``trace``) take the names from here, so they can never
+spell one differently. Stream names are in :mod:`printery.keys`; the envelope's own fields
+in :mod:`printery.envelope`.
 """
 
 from __future__ import annotations
@@ -73,8 +74,8 @@ REPLAYED_FROM = "replayed_from"
 #: without calling its handler, so a sibling of STEP does not run again.
 REPLAY_FOR = "replay_for"
 
-#: On every entry while tracing is on (CONTRACT §14): the W3C trace context of the span
-#: that wrote it (or of a producer's span, given to a submit).
+#: On every entry while tracing is on (docs/reference.md, Tracing): the W3C trace context
+#: of the span that wrote it (or of a producer's span, given to a submit).
 TRACEPARENT = "traceparent"
 
 # A Map's item and result entries (reference: fan-out), beside ``data`` like ``attempt``:
@@ -90,7 +91,8 @@ ITEM_FAILED = "item_failed"
 #: The fields a Map's entries carry, in the order they are written.
 ITEM_FIELDS: tuple[str, ...] = (MAP, ITEM, ITEMS, ON_ITEM_FAILURE)
 
-# `review`: what escalated, in which step, and why; what a decision writes (§12).
+# `review`: what escalated, in which step, and why; what a decision writes
+# (docs/reference.md, Review inbox).
 KIND = "kind"
 STEP = "step"
 REASON = "reason"

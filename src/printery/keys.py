@@ -1,11 +1,12 @@
 """Every Redis key name printery uses, derived from one stream prefix.
 
-With ``[transport] partitions = N`` > 1 (CONTRACT §15) every key a commit or a submit
-touches lives in a partition: ``<prefix>:{p<k>}:<rest>``, k = 0..N-1. The ``{p<k>}`` hash
-tag puts all of partition k in one cluster slot, so one commit (the source stream, its
-output streams, ``dlq``/``review``, idempotency records, join state, budget, blobs of the
-run) stays one transaction on one node. A run's partition is :func:`partition_of` its
-correlation id. With ``partitions = 1`` the keys are exactly those of CONTRACT §2.
+With ``[transport] partitions = N`` > 1 (docs/reference.md, Partitions) every key a commit
+or a submit touches lives in a partition: ``<prefix>:{p<k>}:<rest>``, k = 0..N-1. The
+``{p<k>}`` hash tag puts all of partition k in one cluster slot, so one commit (the source
+stream, its output streams, ``dlq``/``review``, idempotency records, join state, budget,
+blobs of the run) stays one transaction on one node. A run's partition is
+:func:`partition_of` its correlation id. With ``partitions = 1`` the keys are exactly the
+unpartitioned ones (docs/reference.md, Streams and entries).
 
 Keys that no commit touches stay unpartitioned: the process registry, the published
 pipeline and flow-control limits (limits are shared by every run, so they cannot follow a
@@ -38,8 +39,9 @@ def result_type(map_name: str) -> str:
     failed item's dead letter writes for the Map's collector, under ``skip``)."""
     return f"{map_name}:result"
 
-#: The commands' and the client's stream prefix for an app that declares none (CONTRACT
-#: §1); the framework's own :class:`~printery.Settings` default is ``printery``.
+#: The commands' and the client's stream prefix for an app that declares none
+#: (docs/reference.md, Commands); the framework's own :class:`~printery.Settings` default
+#: is ``printery``.
 COMMAND_STREAM_PREFIX = "materi:events:deployment"
 #: Most partitions a keyspace may have (a cluster has 16384 slots).
 MAX_PARTITIONS = 1024
@@ -76,8 +78,9 @@ class PartitionError(LookupError):
 
 @dataclass(frozen=True, slots=True)
 class StreamKeys:
-    """Key layout under a prefix: streams are ``<prefix>:<event type>`` (CONTRACT §2), or
-    ``<prefix>:{p<k>}:<event type>`` in partition k of ``partitions`` (CONTRACT §15).
+    """Key layout under a prefix: streams are ``<prefix>:<event type>``
+    (docs/reference.md, Streams and entries), or ``<prefix>:{p<k>}:<event type>`` in
+    partition k of ``partitions`` (docs/reference.md, Partitions).
 
     An instance is either the whole keyspace (``partition`` None) or one partition's view
     of it (:meth:`at`). With one partition the two are the same keys. The whole keyspace
@@ -222,8 +225,8 @@ class StreamKeys:
 
     def budget(self, run_id: str) -> str:
         """Hash of what a run has spent, per unit (and per step with a budget of its
-        own), and the raises of its limits (CONTRACT §13), counted in billionths of the
-        unit (see :mod:`printery.budgets`)."""
+        own), and the raises of its limits (docs/reference.md, Budgets), counted in
+        billionths of the unit (see :mod:`printery.budgets`)."""
         return f"{self.budget_prefix}{run_id}"
 
     @property
@@ -244,7 +247,7 @@ class StreamKeys:
     def budgets_over(self) -> str:
         """Sorted set of the runs whose spent reached a hard limit of their budget (by
         when their budget hash lapses at the latest): the only runs whose hash the check
-        before handlers reads (CONTRACT §13)."""
+        before handlers reads (docs/reference.md, Budgets)."""
         return f"{self.scope}:budgets-over"
 
     def blob(self, digest: str) -> str:
@@ -292,7 +295,8 @@ class StreamKeys:
     @property
     def layout(self) -> str:
         """The key layout of the prefix (a hash; ``partitions``: the partition count),
-        written once by the first worker process (CONTRACT v1.5 §15, :mod:`printery.layout`)."""
+        written once by the first worker process (docs/reference.md, Partitions,
+        :mod:`printery.layout`)."""
         return f"{self.prefix}:layout"
 
     @property

@@ -1,4 +1,4 @@
-"""The key layout lives in the server (CONTRACT v1.5, end of §15): ``<prefix>:layout``.
+"""The key layout lives in the server (docs/reference.md, Partitions): ``<prefix>:layout``.
 
 The partition count is part of the data, not of each process's settings: every key a
 run touches is named by it. The first ``printery-workers`` process on a prefix records it

@@ -1,4 +1,5 @@
-"""Flow control for steps that call rate-limited APIs (CONTRACT §13): :class:`Limit`.
+"""Flow control for steps that call rate-limited APIs (docs/reference.md, Flow control):
+:class:`Limit`.
 
 A limit is declared on a step (``@pipeline.step(..., limits=[Limit(...)])``) and holds
 across every process sharing the server, because its state lives there: see

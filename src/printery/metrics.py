@@ -1,4 +1,5 @@
-"""Every Prometheus instrument of printery, defined once (CONTRACT §8, §10).
+"""Every Prometheus instrument of printery, defined once (docs/reference.md, HTTP; Replay
+and cost).
 
 Each :class:`Metrics` owns its ``CollectorRegistry`` instead of using the global one,
 so several services (or tests) in one process never collide on a metric name, and

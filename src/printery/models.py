@@ -1,4 +1,5 @@
-"""Model steps (CONTRACT §13): :class:`OpenAICompatible`, one chat-completions call per
+"""Model steps (docs/reference.md, Flow control and model steps):
+:class:`OpenAICompatible`, one chat-completions call per
 :meth:`~OpenAICompatible.complete` against any OpenAI-compatible endpoint.
 
 What a step needs from a model call and usually writes by hand: a timeout, retries of
@@ -128,8 +129,9 @@ class OpenAICompatible:
     ) -> Completion:
         """One chat completion of ``messages`` (``params``: ``temperature``,
         ``max_tokens``...); its usage is reported on ``message`` as ``tokens`` and ``usd``.
-        While tracing is on (CONTRACT §14) the call is a span ``model.complete``, a child
-        of the entry's, with the model, the attempts and the tokens.
+        While tracing is on (docs/reference.md, Tracing) the call is a span
+        ``model.complete``, a child of the entry's, with the model, the attempts and the
+        tokens.
 
         ``stream=True`` asks the server for server-sent chunks and shows each chunk's text
         to the run's followers as it comes (:meth:`Message.partial

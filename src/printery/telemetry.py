@@ -1,4 +1,5 @@
-"""OpenTelemetry traces of runs (CONTRACT §14), the one module that knows OpenTelemetry.
+"""OpenTelemetry traces of runs (docs/reference.md, Tracing), the one module that knows
+OpenTelemetry.
 
 With an OTLP endpoint (``[telemetry] otlp_endpoint``, else ``OTEL_EXPORTER_OTLP_TRACES_
 ENDPOINT`` or ``OTEL_EXPORTER_OTLP_ENDPOINT``) a service calls :func:`start` once; each

@@ -10,7 +10,7 @@ from typing import Protocol, runtime_checkable
 
 
 class WorkerState(enum.StrEnum):
-    """Lifecycle states, as `/status` reports them (CONTRACT §8)."""
+    """Lifecycle states, as `/status` reports them (docs/reference.md, HTTP)."""
 
     STARTING = "starting"
     RUNNING = "running"

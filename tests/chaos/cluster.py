@@ -42,8 +42,8 @@ from printery.transport.streams import CONNECTION_ERRORS
 
 async def _publish(url: str, keys: StreamKeys, sandbox: Sandbox, n: int, over: float) -> None:
     """Publish ``n`` deployments evenly over ``over`` seconds, each to its run's partition
-    (what a raw producer does, CONTRACT §15). A batch that failed during the failover is
-    sent again: the validator decides each deployment id once."""
+    (what a raw producer does, docs/reference.md, Partitions). A batch that failed during
+    the failover is sent again: the validator decides each deployment id once."""
     codec = Codec(correlation_field="deployment_id", id_prefix="dep")
     client = connect(url)
     batches = max(1, int(over / 0.25))

@@ -1,7 +1,7 @@
-"""Budgets across real service processes (CONTRACT §13): the run's spent is exactly the
-cost of the calls whose outputs committed, through a kill -9; the soft warning is written
-once; no handler runs once the hard limit is reached; a ``review`` budget waits for a
-person, whose approval raises the limit and runs the held entry, and whose rejection
+"""Budgets across real service processes (docs/reference.md, Budgets): the run's spent is
+exactly the cost of the calls whose outputs committed, through a kill -9; the soft warning
+is written once; no handler runs once the hard limit is reached; a ``review`` budget waits
+for a person, whose approval raises the limit and runs the held entry, and whose rejection
 ends the run with ``budget:exceeded``."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""``Client`` and ``SyncClient`` (CONTRACT §11) against a real server and a real
+"""``Client`` and ``SyncClient`` (docs/reference.md, Runs) against a real server and a real
 ``printery-workers`` process: submit, result, watch, idempotency, validation, restarts."""
 
 from __future__ import annotations
@@ -57,7 +57,7 @@ async def test_submit_then_result_from_another_process(
     assert streams[0] == "deployment:started" and streams[-1] == "deployment:finished"
     assert {"deployment:validated", "dependencies:checked", "health:checked"} <= set(streams)
     assert all(entry["deployment_id"] == run_id for entry in result.entries)
-    # The ingress entry carries every §2 field, written by the client.
+    # The ingress entry carries every field of an entry, written by the client.
     first = result.entries[0]
     assert first["producer"] == "printery-client" and first["attempt"] == 1
     assert first["idempotency_key"] == f"deployment:started:{run_id}"
@@ -111,8 +111,9 @@ async def test_watch_live_delivers_every_entry_in_order_and_ends(
 async def test_a_dead_lettered_entry_ends_its_run_failed(
     server: ServerProcess, service: tuple[ServiceHandle, str]
 ) -> None:
-    """CONTRACT §16: the dead letter's ``run:failed`` ends the run: ``watch`` (live) ends
-    with it, ``result`` is ``failed`` with the outcome's data, naming the dlq entry."""
+    """docs/reference.md, Failures: the dead letter's ``run:failed`` ends the run:
+    ``watch`` (live) ends with it, ``result`` is ``failed`` with the outcome's data,
+    naming the dlq entry."""
     _, prefix = service
     run_id = f"dep-dead-{unique_prefix()[-8:]}"
     async with Client(server.url, stream_prefix=prefix) as client:
@@ -315,7 +316,7 @@ async def test_emit_for_any_pipeline(server: ServerProcess, tmp_path: Path) -> N
     done = json.loads(out)
     assert done["doc_id"] == "inv-9" and done["status"] == "doc:published", err
     assert done["finished"]["data"]["label"] == "invoice"
-    assert code == 1  # CONTRACT §1: exit 0 only for the status `succeeded`
+    assert code == 1  # docs/reference.md, Commands: exit 0 only for the status `succeeded`
 
 
 async def test_submit_after_the_server_forgot_its_scripts(

@@ -1,8 +1,9 @@
-"""A service on a real Valkey Cluster end to end (CONTRACT §15, issue 18 item 3): three
-``printery-workers`` processes on ``redis+cluster://`` with three partitions run 50
-deployments through the deployment pipeline, real health endpoints and a real webhook
-sink; then the same with a kill -9 of the master of partition 0 mid-run. The
-2,000-deployment chaos run with service kills is marked ``long``: ``make chaos`` runs it."""
+"""A service on a real Valkey Cluster end to end (docs/reference.md, Partitions, issue 18
+item 3): three ``printery-workers`` processes on ``redis+cluster://`` with three
+partitions run 50 deployments through the deployment pipeline, real health endpoints and a
+real webhook sink; then the same with a kill -9 of the master of partition 0 mid-run. The
+2,000-deployment chaos run with service kills is marked ``long``: ``make chaos`` runs
+it."""
 
 from __future__ import annotations
 

@@ -1,7 +1,8 @@
-"""The layout lives in the server, end to end (CONTRACT v1.5 §15, issue 31): on a real
-cluster, ``printery-workers`` with a cluster URL and no partitions setting starts and
-records 3 x the master count; the HTTP API, a second process and every ``printery``
-command find the recorded count; a disagreeing setting exits 2 naming both counts."""
+"""The layout lives in the server, end to end (docs/reference.md, Partitions, issue 31):
+on a real cluster, ``printery-workers`` with a cluster URL and no partitions setting
+starts and records 3 x the master count; the HTTP API, a second process and every
+``printery`` command find the recorded count; a disagreeing setting exits 2 naming both
+counts."""
 
 from __future__ import annotations
 

@@ -1,8 +1,8 @@
-"""The web console (CONTRACT §14) clicked through in a real headless Chromium against a
-real ``printery-workers`` and Valkey: log in, see the workers, open a run, approve a
-production deployment and watch it finish (live, no reload), replay a dead letter. Every
-page is saved as a screenshot to ``docs/console/`` (laptop size, and the phone size for
-the overview and a run): the README shows two of them.
+"""The web console (docs/reference.md, The web console) clicked through in a real headless
+Chromium against a real ``printery-workers`` and Valkey: log in, see the workers, open a
+run, approve a production deployment and watch it finish (live, no reload), replay a dead
+letter. Every page is saved as a screenshot to ``docs/console/`` (laptop size, and the
+phone size for the overview and a run): the README shows two of them.
 """
 
 from __future__ import annotations

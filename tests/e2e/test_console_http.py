@@ -1,7 +1,8 @@
-"""The web console's rules over plain HTTP against a real ``printery-workers`` (CONTRACT
-§11, §14): login and its cookie, CSRF on every form POST, 403 beyond loopback without a
-token, pages answered from the run index without a SCAN of the keyspace, and no secret
-(Redis password, API token, webhook secret) in any page, an error page included."""
+"""The web console's rules over plain HTTP against a real ``printery-workers``
+(docs/reference.md, The API: /v1; The web console): login and its cookie, CSRF on every
+form POST, 403 beyond loopback without a token, pages answered from the run index without
+a SCAN of the keyspace, and no secret (Redis password, API token, webhook secret) in any
+page, an error page included."""
 
 from __future__ import annotations
 
@@ -189,8 +190,9 @@ def test_a_rejection_that_ends_the_run_is_indexed_with_its_status(
 
 
 def test_every_page_over_three_partitions(server: ServerProcess, tmp_path: Path) -> None:
-    """CONTRACT §15 with the console: runs of several partitions are listed, counted and
-    shown, and the streams' lengths and groups add up over the partitions."""
+    """docs/reference.md, Partitions with the console: runs of several partitions are
+    listed, counted and shown, and the streams' lengths and groups add up over the
+    partitions."""
     handle = spawn(["--redis-url", server.url, "--stream-prefix", unique_prefix(),
                     "--partitions", "3"], env={"PRINTERY_API_TOKEN": TOKEN}, cwd=tmp_path)
     try:

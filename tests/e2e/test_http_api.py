@@ -1,5 +1,6 @@
-"""The HTTP API ``/v1`` (CONTRACT §11) of a real ``printery-workers`` over real HTTP:
-runs (submit, get, server-sent events), auth, limits, and malformed input."""
+"""The HTTP API ``/v1`` (docs/reference.md, The API: /v1) of a real ``printery-workers``
+over real HTTP: runs (submit, get, server-sent events), auth, limits, and malformed
+input."""
 
 from __future__ import annotations
 
@@ -132,8 +133,9 @@ def test_invalid_data_is_400_with_reasons_and_nothing_written(
 def test_a_traceparent_header_travels_on_the_ingress_entry(
     api: tuple[ServiceHandle, str], server: ServerProcess
 ) -> None:
-    """A producer's W3C ``traceparent`` header (CONTRACT §14) is written on the entry,
-    tracing on or off; an invalid one is a 400 naming it, and nothing is written."""
+    """A producer's W3C ``traceparent`` header (docs/reference.md, Tracing) is written on
+    the entry, tracing on or off; an invalid one is a 400 naming it, and nothing is
+    written."""
     handle, prefix = api
     conn = redis.Redis.from_url(server.url, decode_responses=True)
     stream = f"{prefix}:deployment:started"

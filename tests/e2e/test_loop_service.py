@@ -1,7 +1,8 @@
-"""A validation loop under ``printery-workers --app`` (CONTRACT §13): the process is
-killed (SIGKILL, by its own worker) in the middle of attempt 2; another process takes the
-entry over once its lease expires, and the run ends with exactly one entry per attempt
-and verdict, attempt 3 seeing exactly attempts 1 and 2 as its feedback."""
+"""A validation loop under ``printery-workers --app`` (docs/reference.md, Validation
+loops): the process is killed (SIGKILL, by its own worker) in the middle of attempt 2;
+another process takes the entry over once its lease expires, and the run ends with exactly
+one entry per attempt and verdict, attempt 3 seeing exactly attempts 1 and 2 as its
+feedback."""
 
 from __future__ import annotations
 

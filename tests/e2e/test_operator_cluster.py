@@ -1,8 +1,8 @@
-"""The operator's commands on a real cluster (CONTRACT §15, issue 18 item 2):
-``printery-workers --partitions 3`` on ``redis+cluster://``; ``emit`` runs that finish,
-``streams`` shows every partition, ``trace``, ``cost`` and ``replay`` find a run in its
-partition, ``dlq`` lists the dead letters of every partition (on every master) and acts
-on one by its listed id, ``review list`` sees a review wherever it is."""
+"""The operator's commands on a real cluster (docs/reference.md, Partitions, issue 18 item
+2): ``printery-workers --partitions 3`` on ``redis+cluster://``; ``emit`` runs that
+finish, ``streams`` shows every partition, ``trace``, ``cost`` and ``replay`` find a run
+in its partition, ``dlq`` lists the dead letters of every partition (on every master) and
+acts on one by its listed id, ``review list`` sees a review wherever it is."""
 
 from __future__ import annotations
 

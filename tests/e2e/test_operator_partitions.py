@@ -1,8 +1,8 @@
-"""The operator's commands against ``printery-workers --partitions 3`` (CONTRACT §15), on
-one server: runs submitted by ``emit`` land in their partitions and finish; ``streams``
-shows each partition's stream; ``trace``, ``cost`` and ``replay`` find a run in its
-partition; ``dlq`` and ``review`` list every partition and act on an entry by the id
-they list (``<id>@p<k>``)."""
+"""The operator's commands against ``printery-workers --partitions 3`` (docs/reference.md,
+Partitions), on one server: runs submitted by ``emit`` land in their partitions and
+finish; ``streams`` shows each partition's stream; ``trace``, ``cost`` and ``replay`` find
+a run in its partition; ``dlq`` and ``review`` list every partition and act on an entry by
+the id they list (``<id>@p<k>``)."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
-"""``printery pending`` (CONTRACT §16) as a subprocess against the real server, with no
-worker running: entries are made pending the way a worker that died would leave them
-(``XREADGROUP`` of the pipeline's groups, never acknowledged)."""
+"""``printery pending`` (docs/reference.md, Failures) as a subprocess against the real
+server, with no worker running: entries are made pending the way a worker that died would
+leave them (``XREADGROUP`` of the pipeline's groups, never acknowledged)."""
 
 from __future__ import annotations
 

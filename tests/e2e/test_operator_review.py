@@ -1,5 +1,6 @@
-"""`printery review` as a subprocess: CONTRACT §5 decisions, each written to
-`review:decided` together with its output and the deletion of the review entry."""
+"""`printery review` as a subprocess: the decisions of docs/reference.md, Escalation
+kinds, each written to `review:decided` together with its output and the deletion of the
+review entry."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """`printery` reading what others wrote: entries that external producers published with
-only `data` (CONTRACT §2), dead letters shown in full, counts as numbers, unknown ids,
-and stream data that tries to drive the operator's terminal."""
+only `data` (docs/reference.md, Streams and entries), dead letters shown in full, counts
+as numbers, unknown ids, and stream data that tries to drive the operator's terminal."""
 
 from __future__ import annotations
 

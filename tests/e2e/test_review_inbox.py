@@ -1,7 +1,8 @@
-"""The review inbox of any pipeline (CONTRACT §12) on ``examples/docflow.py``: a document
-the classifier is unsure of waits for a human, who approves it with edited data (the run
-resumes with exactly that data and ends) or rejects it; a kind's deadline rejects it by
-``timeout``. Decisions through the real ``printery`` CLI, workers on a real server."""
+"""The review inbox of any pipeline (docs/reference.md, Review inbox) on
+``examples/docflow.py``: a document the classifier is unsure of waits for a human, who
+approves it with edited data (the run resumes with exactly that data and ends) or rejects
+it; a kind's deadline rejects it by ``timeout``. Decisions through the real ``printery``
+CLI, workers on a real server."""
 
 from __future__ import annotations
 

@@ -1,5 +1,6 @@
 """``printery-workers`` as operators run it: a subprocess against a real server, real
-signals, real HTTP (CONTRACT §1, §2, §8; issue 4 acceptance)."""
+signals, real HTTP (docs/reference.md, Commands; Streams and entries; HTTP; issue 4
+acceptance)."""
 
 from __future__ import annotations
 

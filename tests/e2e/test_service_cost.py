@@ -1,6 +1,6 @@
-"""Cost per step (issue 7, CONTRACT §10): a user's pipeline whose handlers report costs
-shows the exact sums in ``printery cost --json`` and in ``printery_step_cost_total`` of
-the running service's ``/metrics``."""
+"""Cost per step (issue 7, docs/reference.md, Replay and cost): a user's pipeline whose
+handlers report costs shows the exact sums in ``printery cost --json`` and in
+``printery_step_cost_total`` of the running service's ``/metrics``."""
 
 from __future__ import annotations
 

@@ -1,8 +1,8 @@
 """Failures in the consume path as users hit them, under ``printery-workers --app``
-(CONTRACT §4, §5, §16): a handler that raises ``WorkerCrashed`` crashes its worker on
-purpose (never lost in a background task), one that raises any other ``BaseException``
-fails its entry only, and a handler's ordinary error keeps its traceback in the log and
-in its ``dlq`` entry."""
+(docs/reference.md, Failures; Running workers): a handler that raises ``WorkerCrashed``
+crashes its worker on purpose (never lost in a background task), one that raises any other
+``BaseException`` fails its entry only, and a handler's ordinary error keeps its traceback
+in the log and in its ``dlq`` entry."""
 
 from __future__ import annotations
 

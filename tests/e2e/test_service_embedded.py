@@ -1,5 +1,6 @@
-"""The embedded default (CONTRACT §6): no Redis URL, an empty directory, and the service
-still runs, with its data under ``./.printery`` surviving a restart."""
+"""The embedded default (docs/reference.md, printery-workers): no Redis URL, an empty
+directory, and the service still runs, with its data under ``./.printery`` surviving a
+restart."""
 
 from __future__ import annotations
 
@@ -38,8 +39,9 @@ def test_embedded_default_persists_across_restart(tmp_path: Path) -> None:
     try:
         r = redis.Redis.from_url(_server_url(tmp_path), decode_responses=True)
         try:
-            # The undecodable entry went to the dlq (§4) in either run; the stream and
-            # its entry are still there after the restart (append-only file).
+            # The undecodable entry went to the dlq (docs/reference.md, Failures) in
+            # either run; the stream and its entry are still there after the restart
+            # (append-only file).
             assert r.xlen("materi:events:deployment:deployment:started") == 1
             groups = r.xinfo_groups("materi:events:deployment:deployment:started")
             assert [g["name"] for g in groups] == ["validator"]

@@ -1,6 +1,6 @@
 """A user's own pipeline under ``printery-workers --app``: a crashing worker is restarted
 in supervised mode, ``failed`` after ``--max-restarts``, and ends the process with exit
-1 in standalone mode (CONTRACT §1, §5)."""
+1 in standalone mode (docs/reference.md, Commands; Running workers)."""
 
 from __future__ import annotations
 

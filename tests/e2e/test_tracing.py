@@ -1,9 +1,9 @@
-"""OpenTelemetry traces (CONTRACT §14) across two real ``printery-workers`` processes,
-exported over OTLP/HTTP to a receiver the test runs and decodes with
-``opentelemetry-proto``: one deployment is one trace, a span per handled entry named
-after its step, each parented to the span that wrote its input, in the producer's trace
-when the producer gave a ``traceparent`` (to ``Client.submit`` or as the header of
-``POST /v1/runs``)."""
+"""OpenTelemetry traces (docs/reference.md, Tracing) across two real ``printery-workers``
+processes, exported over OTLP/HTTP to a receiver the test runs and decodes with
+``opentelemetry-proto``: one deployment is one trace, a span per handled entry named after
+its step, each parented to the span that wrote its input, in the producer's trace when the
+producer gave a ``traceparent`` (to ``Client.submit`` or as the header of ``POST
+/v1/runs``)."""
 
 from __future__ import annotations
 

@@ -1,6 +1,7 @@
-"""A join whose merge policy fails at its deadline stays with that join (CONTRACT §4): it
-is retried on later sweeps, then written to ``dlq`` once with the reason; the aggregator
-keeps running and finishes its other joins. On a real server."""
+"""A join whose merge policy fails at its deadline stays with that join
+(docs/reference.md, Failures): it is retried on later sweeps, then written to ``dlq`` once
+with the reason; the aggregator keeps running and finishes its other joins. On a real
+server."""
 
 from __future__ import annotations
 
@@ -121,7 +122,7 @@ async def test_policy_failing_at_deadline_goes_to_dlq_once_and_worker_keeps_goin
         assert "in __call__" in trace and "raise self.error" in trace, trace
         assert len(trace) <= 4000
         assert not await client.zscore(keys.join_deadlines("join"), "bad-1")
-        # The run ends failed with it (CONTRACT §16), naming its dead letter.
+        # The run ends failed with it (docs/reference.md, Failures), naming its dead letter.
         (ended,) = [f for _, f in await client.xrange(keys.stream("run:failed"))]
         dlq_id = (await client.xrange(keys.dlq))[0][0]
         assert ended["correlation_id"] == "bad-1"

@@ -1,7 +1,7 @@
 """`printery bench` end to end on a small run: every side relays every event exactly once
-and the document has every field of CONTRACT §9, plus both ceilings' ratios, the prefetch
-printery ran with and Redis commands per event. Timings are reported, never asserted:
-they depend on the machine."""
+and the document has every field of the bench document (docs/reference.md, Bench), plus
+both ceilings' ratios, the prefetch printery ran with and Redis commands per event.
+Timings are reported, never asserted: they depend on the machine."""
 
 from __future__ import annotations
 

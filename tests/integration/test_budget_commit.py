@@ -1,6 +1,6 @@
-"""Budgets in the commit transaction (CONTRACT §13) against a real server: a run's spent
-grows with exactly the entries that commit (never a fenced one, a duplicate or a
-retried reply), and the soft warning is written by the commit that reaches it, once."""
+"""Budgets in the commit transaction (docs/reference.md, Budgets) against a real server: a
+run's spent grows with exactly the entries that commit (never a fenced one, a duplicate or
+a retried reply), and the soft warning is written by the commit that reaches it, once."""
 
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
-"""Budget reviews (CONTRACT §13, §16) on a real server: one decision per breach, however
-many entries and steps the run held (an approval raises the limit once and releases
-every held entry, a rejection ends the run once and asks nothing more), and a review held
-at a loop resumes the loop where it was held."""
+"""Budget reviews (docs/reference.md, Budgets; Failures) on a real server: one decision
+per breach, however many entries and steps the run held (an approval raises the limit once
+and releases every held entry, a rejection ends the run once and asks nothing more), and a
+review held at a loop resumes the loop where it was held."""
 
 from __future__ import annotations
 

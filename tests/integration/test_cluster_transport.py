@@ -1,7 +1,7 @@
-"""printery's transport on a real cluster (CONTRACT §15): ``redis+cluster://`` gives the
-cluster client; the wire channel sends each transaction and script to the master of its
-slot, follows a failover (MOVED after a manual one, a dead node after a kill -9), and a
-SCAN sees the keys of every master."""
+"""printery's transport on a real cluster (docs/reference.md, Partitions):
+``redis+cluster://`` gives the cluster client; the wire channel sends each transaction and
+script to the master of its slot, follows a failover (MOVED after a manual one, a dead
+node after a kill -9), and a SCAN sees the keys of every master."""
 
 from __future__ import annotations
 

@@ -2,8 +2,8 @@
 validation loops with fallbacks and reviews, joins, budgets, limits) and what goes
 wrong in each run (raise, hang past the step timeout, ``sys.exit``, output JSON cannot
 encode, a validator answering None, garbage entries, replays), runs them against the
-real server and checks the invariants of CONTRACT §4, §11, §13 and §16 after every
-example: see ``support/composition.py``.
+real server and checks the invariants of docs/reference.md (Failures, Runs, Budgets, Flow
+control) after every example: see ``support/composition.py``.
 
 ``make test`` runs 200 examples (derandomized: the same ones every time); ``make chaos``
 (``pytest --long -m long``) 2,000 random ones, with handlers that also stall the event

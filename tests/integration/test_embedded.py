@@ -1,4 +1,5 @@
-"""The embedded default (CONTRACT §6) against the real packaged server binary.
+"""The embedded default (docs/reference.md, printery-workers) against the real packaged
+server binary.
 
 Other holders run as separate OS processes, since the locks and leases under test are
 per-process: a second holder in this process would prove nothing about a second service.

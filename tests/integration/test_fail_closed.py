@@ -1,8 +1,8 @@
-"""Failures that belong to one entry (CONTRACT §16) on a real server: a gate (a loop's
-``validate``) that answers anything but a list of reasons fails its entry with
-``validator_error`` instead of passing it, and a handler that returns something other
-than outputs fails its entry (retried, then dead-lettered) with an error that says what
-a handler returns, while its worker goes on with the next entry."""
+"""Failures that belong to one entry (docs/reference.md, Failures) on a real server: a
+gate (a loop's ``validate``) that answers anything but a list of reasons fails its entry
+with ``validator_error`` instead of passing it, and a handler that returns something other
+than outputs fails its entry (retried, then dead-lettered) with an error that says what a
+handler returns, while its worker goes on with the next entry."""
 
 from __future__ import annotations
 
@@ -158,6 +158,6 @@ async def test_a_validator_answering_anything_but_reasons_fails_closed(
     attempts = json.loads(exhausted[1]["data"])["attempts"]
     assert attempts[0]["reasons"] == [{"code": "too_short", "field": "answer",
                                        "message": "longer"}]
-    # Each of those runs ended failed (CONTRACT §16), its validator named.
+    # Each of those runs ended failed (docs/reference.md, Failures), its validator named.
     ended = [json.loads(f["data"]) for _, f in await client.xrange(keys.stream("run:failed"))]
     assert sorted(e["reason_code"] for e in ended) == ["validator_error"] * len(ANSWERS)

@@ -1,5 +1,5 @@
-"""Failure semantics of the runtime (CONTRACT §16), each a reproduction of what broke a
-step before, on a real server: every run ends, one entry never stops a step.
+"""Failure semantics of the runtime (docs/reference.md, Failures), each a reproduction of
+what broke a step before, on a real server: every run ends, one entry never stops a step.
 
 Each test runs a small pipeline in-process (its workers built with the public API) and
 checks what a user sees: the dead letter, the run's ``run:failed`` outcome, the result

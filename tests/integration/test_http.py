@@ -1,4 +1,5 @@
-"""The HTTP endpoint, served for real on 127.0.0.1 and queried with httpx (CONTRACT §8)."""
+"""The HTTP endpoint, served for real on 127.0.0.1 and queried with httpx
+(docs/reference.md, HTTP)."""
 
 from __future__ import annotations
 
@@ -130,7 +131,8 @@ async def test_metrics(client: httpx.AsyncClient, provider: FakeProvider) -> Non
 
 
 async def test_unknown_path_is_json_404(client: httpx.AsyncClient) -> None:
-    """Every error answer has the API's shape, ``{"error", "detail"}`` (CONTRACT §11)."""
+    """Every error answer has the API's shape, ``{"error", "detail"}`` (docs/reference.md,
+    The API: /v1)."""
     response = await client.get("/nope")
     assert response.status_code == 404
     assert response.headers["content-type"].startswith("application/json")

@@ -66,8 +66,8 @@ async def test_lag_after_a_deleted_entry_and_unknown_names(client: aioredis.Redi
 
 
 async def test_lag_of_an_event_type_is_its_worst_partition(client: aioredis.Redis, prefix: str) -> None:
-    """With partitions (CONTRACT §15) a group reads one stream per partition: its lag is
-    the oldest entry it owes in any of them."""
+    """With partitions (docs/reference.md, Partitions) a group reads one stream per
+    partition: its lag is the oldest entry it owes in any of them."""
     keys = StreamKeys(prefix, partitions=3)
     for part in keys.each():
         await ensure_group(client, part.stream("work"), "reader")

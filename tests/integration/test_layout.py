@@ -1,8 +1,8 @@
-"""The layout lives in the server (CONTRACT v1.5 §15, issue 31): ``<prefix>:layout`` is
-written once by the first worker process (the setting; with none, 3 x the master count
-on a cluster, 1 on one server), read by every later process, ``Client`` and command; a
-setting that disagrees is refused naming both counts; a worker that finds partitioned
-streams and no record records its setting, and with none refuses to guess."""
+"""The layout lives in the server (docs/reference.md, Partitions, issue 31):
+``<prefix>:layout`` is written once by the first worker process (the setting; with none, 3
+x the master count on a cluster, 1 on one server), read by every later process, ``Client``
+and command; a setting that disagrees is refused naming both counts; a worker that finds
+partitioned streams and no record records its setting, and with none refuses to guess."""
 
 from __future__ import annotations
 

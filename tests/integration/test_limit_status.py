@@ -1,7 +1,8 @@
-"""Which limit holds an entry (CONTRACT §13): ``/status`` (``workers.<step>.limits``)
-counts a waiting entry on the limit that holds it, not on every limit of its step, and
-``printery_limit_wait_seconds{limit}`` puts its wait there too; the ``limit`` label is
-the limit's key (a key function's limit: its name). Real server, real workers."""
+"""Which limit holds an entry (docs/reference.md, Flow control): ``/status``
+(``workers.<step>.limits``) counts a waiting entry on the limit that holds it, not on
+every limit of its step, and ``printery_limit_wait_seconds{limit}`` puts its wait there
+too; the ``limit`` label is the limit's key (a key function's limit: its name). Real
+server, real workers."""
 
 from __future__ import annotations
 

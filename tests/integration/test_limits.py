@@ -1,5 +1,5 @@
-"""Flow control (CONTRACT §13): limits held across real processes, measured where the
-handlers' calls arrive, at a real HTTP server the test runs."""
+"""Flow control (docs/reference.md, Flow control): limits held across real processes,
+measured where the handlers' calls arrive, at a real HTTP server the test runs."""
 
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
-"""Validation loops (CONTRACT §13) on a real server: attempts with feedback, exhaustion,
-fallback, review with resume, replay from the loop, and a handler failing mid-loop
-(neither losing nor repeating an attempt). Runs are submitted and read with the real
-:class:`~printery.Client`."""
+"""Validation loops (docs/reference.md, Validation loops) on a real server: attempts with
+feedback, exhaustion, fallback, review with resume, replay from the loop, and a handler
+failing mid-loop (neither losing nor repeating an attempt). Runs are submitted and read
+with the real :class:`~printery.Client`."""
 
 from __future__ import annotations
 
@@ -252,7 +252,8 @@ async def test_replay_from_the_loop_starts_it_afresh(
     assert [(c["attempt"], c["feedback"]) for c in calls] == [(1, []), (2, earlier(1))]
 
 
-# -- loops compose (CONTRACT §16) ------------------------------------------------------------
+# -- loops compose (docs/reference.md, Failures)
+# ----------------------------------------------
 
 
 class Down:

@@ -1,9 +1,9 @@
-"""Spans of a validation loop and of its model calls (CONTRACT §13, §14): each turn of a
-loop is a span whose ``printery.attempt`` is the loop's attempt it runs or judges, and
-each ``OpenAICompatible.complete`` is a ``model.complete`` span, a child of its turn's,
-naming the model and the tokens. Tracing is on in this process, exporting to a local
-OTLP/HTTP receiver; the model is a local OpenAI-compatible HTTP server; the server and
-workers are real."""
+"""Spans of a validation loop and of its model calls (docs/reference.md, Validation loops;
+Tracing): each turn of a loop is a span whose ``printery.attempt`` is the loop's attempt
+it runs or judges, and each ``OpenAICompatible.complete`` is a ``model.complete`` span, a
+child of its turn's, naming the model and the tokens. Tracing is on in this process,
+exporting to a local OTLP/HTTP receiver; the model is a local OpenAI-compatible HTTP
+server; the server and workers are real."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
-"""Model steps (CONTRACT §13): ``printery.models.OpenAICompatible`` against a local
-OpenAI-compatible HTTP server the test runs (the external boundary); the pipeline,
-server and workers are real."""
+"""Model steps (docs/reference.md, Flow control and model steps):
+``printery.models.OpenAICompatible`` against a local OpenAI-compatible HTTP server the
+test runs (the external boundary); the pipeline, server and workers are real."""
 
 from __future__ import annotations
 

@@ -1,5 +1,6 @@
-"""Partitioned streams on one server (CONTRACT §15): ``partitions = 3``, hash tags are
-legal key text on a single server, so every property but the slots is checked here.
+"""Partitioned streams on one server (docs/reference.md, Partitions): ``partitions = 3``,
+hash tags are legal key text on a single server, so every property but the slots is
+checked here.
 
 A run lives in one partition (every entry, its join state, its idempotency records);
 runs that hash apart land apart; a raw ``XADD`` in the wrong partition is routed to its
@@ -119,7 +120,7 @@ async def test_every_entry_of_a_run_is_in_its_partition_and_runs_land_apart(
         assert not await client.exists(keys.at((k + 1) % PARTITIONS).join("join", run))
         index = await client.hgetall(keys.at(k).idempotency_index("left"))
         assert index, "the idempotency index of partition k holds left's records"
-    # Nothing leaked into the unpartitioned keys of §2.
+    # Nothing leaked into the unpartitioned keys.
     assert await client.exists(f"{keys.prefix}:job", f"{keys.prefix}:joined") == 0
 
 

@@ -1,6 +1,7 @@
-"""The review inbox's framework functions (``printery.inbox.reviews``, CONTRACT §12) on a real
-server: escalations carry the types their decisions write, the pipeline refuses one that
-does not declare them, decisions are once-only and typed, deadlines reject by timeout."""
+"""The review inbox's framework functions (``printery.inbox.reviews``, docs/reference.md,
+Review inbox) on a real server: escalations carry the types their decisions write, the
+pipeline refuses one that does not declare them, decisions are once-only and typed,
+deadlines reject by timeout."""
 
 from __future__ import annotations
 

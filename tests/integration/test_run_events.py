@@ -1,7 +1,8 @@
-"""A run's event stream, its order and its status over real HTTP (CONTRACT §11, §16):
-the ``/v1`` API and the console served in-process on 127.0.0.1 over the session's
-Valkey, with the run's entries written into the streams by the test, at the ids it
-chooses (entries of several streams in one millisecond, as one commit writes them)."""
+"""A run's event stream, its order and its status over real HTTP (docs/reference.md, The
+API: /v1; Failures): the ``/v1`` API and the console served in-process on 127.0.0.1 over
+the session's Valkey, with the run's entries written into the streams by the test, at the
+ids it chooses (entries of several streams in one millisecond, as one commit writes
+them)."""
 
 from __future__ import annotations
 
@@ -53,7 +54,7 @@ class Served:
 
     async def add(self, event_type: str, run: str, data: Any, entry_id: str = "*", *,
                   producer: str = "test", **more: str) -> str:
-        """Write one §2 entry of ``run`` as a step would, at ``entry_id``."""
+        """Write one complete entry of ``run`` as a step would, at ``entry_id``."""
         fields = self.runs.codec.new_fields(event_type, data, correlation_id=run,
                                             producer=producer, more=more or None)
         return str(await self.redis.xadd(self.keys.of(run).stream(event_type), fields,
@@ -245,10 +246,10 @@ async def test_unknown_run_is_404_for_its_events_too(served: Served) -> None:
 async def test_a_run_ended_by_run_failed_is_failed_until_a_replay_ends_it_again(
     served: Served,
 ) -> None:
-    """The dead-letter transaction writes ``dlq`` and ``run:failed`` (CONTRACT §16): the
-    run is ``failed`` in ``/v1/runs/{id}``, the event stream, ``result``, the console's
-    run page and runs list. A replay of the dead letter goes on: the next outcome is
-    the run's status, and the event stream continues up to it."""
+    """The dead-letter transaction writes ``dlq`` and ``run:failed`` (docs/reference.md,
+    Failures): the run is ``failed`` in ``/v1/runs/{id}``, the event stream, ``result``,
+    the console's run page and runs list. A replay of the dead letter goes on: the next
+    outcome is the run's status, and the event stream continues up to it."""
     pipeline, keys = served.pipeline, served.keys
     run, _ = await served.runs.submit({"service": "billing-api", "version": "1.0.0",
                                        "environment": "development", "requested_by": "alice"},

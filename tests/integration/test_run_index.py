@@ -148,8 +148,8 @@ async def test_cost_last_hour_counts_sixty_minutes(client: aioredis.Redis, prefi
 async def test_with_partitions_each_run_is_indexed_in_its_partition_and_read_merged(
     client: aioredis.Redis, prefix: str
 ) -> None:
-    """CONTRACT §15: the index writes of a commit stay in the run's partition (one slot),
-    and the pages merge every partition newest first."""
+    """docs/reference.md, Partitions: the index writes of a commit stay in the run's
+    partition (one slot), and the pages merge every partition newest first."""
     keys = StreamKeys(prefix, partitions=3)
     _, pipeline = load_app(None, {}, {})
     index = RunIndex(keys, ingress=pipeline.ingress, outcomes=pipeline.outcomes)

@@ -1,7 +1,7 @@
 """The trace of a run goes on through what printery writes outside a step's own outputs
-(CONTRACT §14): an escalation's review and what its approval writes, and a replay's
-copies, carry the trace context. Tracing is turned on in this process, exporting to a
-local OTLP/HTTP receiver the test decodes."""
+(docs/reference.md, Tracing): an escalation's review and what its approval writes, and a
+replay's copies, carry the trace context. Tracing is turned on in this process, exporting
+to a local OTLP/HTTP receiver the test decodes."""
 
 from __future__ import annotations
 

@@ -1,4 +1,5 @@
-"""A limited step in its own OS process, for the flow-control tests (CONTRACT §13).
+"""A limited step in its own OS process, for the flow-control tests (docs/reference.md,
+Flow control).
 
 Usage: python -m support.limited_proc REDIS_URL PREFIX API_URL [--consumers N]
        [--concurrency N] [--rpm N] [--tpm N] [--tokens N] [--visibility S]

@@ -23,14 +23,15 @@ import httpx
 
 from printery.servers.process import free_port
 
-#: Env vars of CONTRACT §1 removed from the inherited environment, so a developer's
-#: shell (REDIS_URL, LOG_LEVEL...) cannot change what a test sees.
+#: Env vars of the settings (docs/reference.md, Commands) removed from the inherited
+#: environment, so a developer's shell (REDIS_URL, LOG_LEVEL...) cannot change what a test
+#: sees.
 SETTING_ENV = (
     "REDIS_URL", "LOG_LEVEL", "ENVIRONMENT", "WORKER_MODE", "SUPERVISED_MODE",
     "MAX_RESTART_ATTEMPTS", "RESTART_BACKOFF_MS", "HEALTH_CHECK_INTERVAL", "SHUTDOWN_TIMEOUT",
     "EXIT_ON_FAILURE", "HTTP_ADDR", "STREAM_PREFIX", "PRINTERY_DATA_DIR", "PRINTERY_APP",
     "PRINTERY_CONFIG", "PRINTERY_PROCESSES", "PRINTERY_PARTITIONS",
-    # Tracing (CONTRACT §14) is on only where a test turns it on.
+    # Tracing (docs/reference.md, Tracing) is on only where a test turns it on.
     "OTEL_EXPORTER_OTLP_ENDPOINT", "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "OTEL_SDK_DISABLED",
     "OTEL_SERVICE_NAME",
 )
@@ -116,7 +117,7 @@ class ServiceHandle:
 
 
 def base_env(extra: Mapping[str, str] | None = None) -> dict[str, str]:
-    """The current environment minus every §1 setting, plus ``extra``."""
+    """The current environment minus every setting's env var, plus ``extra``."""
     env = {k: v for k, v in os.environ.items() if k not in SETTING_ENV}
     env.update(extra or {})
     return env

@@ -169,8 +169,9 @@ def test_both_passes_accept_the_apps_aliases_in_workers_tables(tmp_path: Path) -
 
 
 def test_the_commands_give_every_app_the_contracts_prefix_unless_it_declares_one() -> None:
-    """CONTRACT §1: ``--stream-prefix`` defaults to ``materi:events:deployment`` whatever
-    ``--app`` runs; an app's own default, then env and flags, still win."""
+    """docs/reference.md, Commands: ``--stream-prefix`` defaults to
+    ``materi:events:deployment`` whatever ``--app`` runs; an app's own default, then env
+    and flags, still win."""
     from printery.apps import load_app_settings
 
     plain = load_app_settings({"app": "examples.docflow:pipeline"}, {})

@@ -1,5 +1,5 @@
-"""Cluster URLs (CONTRACT §15): their node lists, what a bad one is told, and where a
-stream read's keys are (routed without asking the server)."""
+"""Cluster URLs (docs/reference.md, Partitions): their node lists, what a bad one is told,
+and where a stream read's keys are (routed without asking the server)."""
 
 from __future__ import annotations
 
@@ -53,8 +53,8 @@ def test_stream_read_keys_from_the_arguments() -> None:
 
 
 def test_one_partition_on_a_cluster_is_refused_naming_the_setting() -> None:
-    """One partition keeps the §2 keys, without a hash tag: CROSSSLOT on a cluster. No
-    setting is the recorded layout, read from the server (issue 31)."""
+    """One partition keeps the unpartitioned keys, without a hash tag: CROSSSLOT on a
+    cluster. No setting is the recorded layout, read from the server (issue 31)."""
     with pytest.raises(ConfigError) as refused:
         load_settings({"redis_url": "redis+cluster://127.0.0.1:7000"}, {"PRINTERY_PARTITIONS": "1"})
     assert "transport.partitions" in str(refused.value) and "2 or more on a cluster" in str(refused.value)

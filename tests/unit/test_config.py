@@ -1,4 +1,5 @@
-"""Settings: precedence, validation and one-line errors (CONTRACT §1, §7)."""
+"""Settings: precedence, validation and one-line errors (docs/reference.md, Commands;
+Configuration)."""
 
 from __future__ import annotations
 
@@ -28,7 +29,8 @@ WORKERS = ["validator", "dependency-checker", "health-monitor", "aggregator", "n
 
 
 def load(flags: dict[str, object] | None = None, env: dict[str, str] | None = None) -> Settings:
-    """Settings as ``printery-workers`` loads them for the default app (CONTRACT §1, §7)."""
+    """Settings as ``printery-workers`` loads them for the default app (docs/reference.md,
+    Commands; Configuration)."""
     return load_settings(flags or {}, env or {}, app=DEPLOY_APP, worker_names=WORKERS)
 
 
@@ -269,7 +271,8 @@ def test_config_file_tables_and_aliases(tmp_path: Path) -> None:
 
 
 def test_telemetry_table(tmp_path: Path) -> None:
-    """``[telemetry] otlp_endpoint`` (CONTRACT §14): unset by default (tracing off)."""
+    """``[telemetry] otlp_endpoint`` (docs/reference.md, Tracing): unset by default
+    (tracing off)."""
     assert load().telemetry.otlp_endpoint is None
     path = write_config(tmp_path, '[telemetry]\notlp_endpoint = " http://collector:4318 "\n')
     assert load(env={"PRINTERY_CONFIG": path}).telemetry.otlp_endpoint == "http://collector:4318"

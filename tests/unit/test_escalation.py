@@ -1,5 +1,6 @@
-"""``escalate`` at its last attempt (CONTRACT §16): what it escalates and what it raises
-through (``Reject`` and ``WorkerCrashed`` are deliberate), on the wrapped handler alone."""
+"""``escalate`` at its last attempt (docs/reference.md, Failures): what it escalates and
+what it raises through (``Reject`` and ``WorkerCrashed`` are deliberate), on the wrapped
+handler alone."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
-"""Gates fail closed and handlers return outputs (CONTRACT §16), on the pure functions:
-what a validator may answer, what a submit does with an ``input_check`` that answers
-anything else, and what a handler may return."""
+"""Gates fail closed and handlers return outputs (docs/reference.md, Failures), on the
+pure functions: what a validator may answer, what a submit does with an ``input_check``
+that answers anything else, and what a handler may return."""
 
 from __future__ import annotations
 

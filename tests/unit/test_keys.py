@@ -1,5 +1,6 @@
-"""The partitioned key scheme (CONTRACT §15): one partition keeps the keys of §2, and
-every key of a run in a partition shares that partition's hash tag."""
+"""The partitioned key scheme (docs/reference.md, Partitions): one partition keeps the
+unpartitioned keys, and every key of a run in a partition shares that partition's hash
+tag."""
 
 from __future__ import annotations
 

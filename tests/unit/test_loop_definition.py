@@ -1,7 +1,7 @@
-"""A validation loop as the graph sees it (CONTRACT §13): the only cycle a pipeline
-accepts is inside a declared ``Loop``; any other is refused with its steps named; a loop
-without a sensible bound is refused when defined; its exhausted type ends a run; ``pipeline
-show`` draws it."""
+"""A validation loop as the graph sees it (docs/reference.md, Validation loops): the only
+cycle a pipeline accepts is inside a declared ``Loop``; any other is refused with its
+steps named; a loop without a sensible bound is refused when defined; its exhausted type
+ends a run; ``pipeline show`` draws it."""
 
 from __future__ import annotations
 
@@ -98,7 +98,7 @@ def test_types_must_be_distinct() -> None:
 
 
 def test_the_exhausted_type_ends_a_run_even_when_consumed_or_outcomes_are_declared() -> None:
-    # run:failed ends every run (CONTRACT §16)
+    # run:failed ends every run (docs/reference.md, Failures)
     assert _pipeline(_loop(exhausted="gave_up")).outcomes == ("answer", "gave_up", "run:failed")
     consumed = _pipeline(_loop(), Step("notify", ("draft:exhausted",), ("sent",), _noop))
     assert "draft:exhausted" in consumed.outcomes and "draft:loop" not in consumed.outcomes

@@ -1,4 +1,4 @@
-"""Metrics: every series of CONTRACT §8 and §10, rendered by prometheus_client."""
+"""Metrics: every series docs/reference.md lists (HTTP), rendered by prometheus_client."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from printery.metrics import CONTENT_TYPE, PROCESSING_BUCKETS, Metrics, MetricsObserver
 
-CONTRACT_SERIES = {
+DOCUMENTED_SERIES = {
     "printery_messages_total": "counter",
     "printery_processing_seconds": "histogram",
     "printery_worker_restarts_total": "counter",
@@ -45,7 +45,7 @@ def test_every_contract_series_is_rendered() -> None:
     text = metrics.render().decode()
     # prometheus_client drops the `_total` suffix from counter family names
     families = {family.name: family.type for family in text_string_to_metric_families(text)}
-    for name, kind in CONTRACT_SERIES.items():
+    for name, kind in DOCUMENTED_SERIES.items():
         family = name.removesuffix("_total") if kind == "counter" else name
         assert families.get(family) == kind, name
         assert any(line.startswith(name) for line in text.splitlines()), name

@@ -16,22 +16,22 @@ EXPECTED = {
     "Step", "StreamWorker", "SupervisorError", "TransportError", "Worker", "WorkerFailed",
     "WorkerManager", "WorkerState", "WorkerStats", "all_must_pass", "any_pass",
     "compute_backoff", "escalate", "first_wins", "review_output", "to_mermaid", "to_text",
-    # replay and cost accounting for any pipeline (CONTRACT §10)
+    # replay and cost accounting for any pipeline (docs/reference.md, Replay and cost)
     "ReplayError", "ReplayResult", "StreamKeys", "cost_summary", "replay",
     # the application hook of the settings, redaction, the framework's own streams
     "AppConfig", "SettingsTable", "redact_text", "redact_url", "DLQ", "REVIEW", "REVIEW_DECIDED",
     "review_fields",
-    # runs: submitting work and following it (CONTRACT §11)
+    # runs: submitting work and following it (docs/reference.md, Runs)
     "Client", "SyncClient", "RunResult", "InvalidInput", "UnknownRun",
-    # the review inbox of any pipeline (CONTRACT §12)
+    # the review inbox of any pipeline (docs/reference.md, Review inbox)
     "ReviewCase", "ReviewKind", "ReviewOutcome", "ReviewError", "ReviewNotFound",
     "ReviewRefused", "ReviewInvalid", "ReviewActionFailed",
-    # AI-worker patterns (CONTRACT §13)
+    # AI-worker patterns (docs/reference.md, Validation loops; Budgets; Flow control)
     "Budget",
     "Loop",
-    # partitioned streams (CONTRACT §15)
+    # partitioned streams (docs/reference.md, Partitions)
     "PartitionError", "partition_of",
-    # failure semantics (CONTRACT §16)
+    # failure semantics (docs/reference.md, Failures)
     "RUN_FAILED", "WorkerCrashed",
     # quota-aware fallbacks (reference: flow control and model steps)
     "QuotaExhausted",

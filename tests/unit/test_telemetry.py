@@ -1,5 +1,6 @@
-"""printery.telemetry (CONTRACT §14): when tracing is on, what it reads, the traceparent
-it accepts; and that with tracing off nothing of OpenTelemetry is even imported."""
+"""printery.telemetry (docs/reference.md, Tracing): when tracing is on, what it reads, the
+traceparent it accepts; and that with tracing off nothing of OpenTelemetry is even
+imported."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
-"""``printery bench`` (CONTRACT §9): printery's pipeline against hand-written relays, in
-one run on one server, so their ratios hold however noisy the machine.
+"""``printery bench`` (docs/reference.md, Bench): printery's pipeline against hand-written
+relays, in one run on one server, so their ratios hold however noisy the machine.
 
 printery runs with the library's :class:`~printery.ConsumerSettings` defaults (what
 ``printery-workers`` runs with) unless ``prefetch`` is given: a bench that tunes printery
@@ -79,7 +79,8 @@ async def run_bench(
     partitions: int = 1,
     rounds: int = 1,
 ) -> dict[str, Any]:
-    """Run the ceiling(s), then printery, and return the §9 document.
+    """Run the ceiling(s), then printery, and return the bench document
+    (docs/reference.md, Bench).
 
     With ``redis_url`` None a private server without persistence is started and stopped
     (so the disk is not measured), and each side's Redis commands per event are counted
@@ -87,11 +88,11 @@ async def run_bench(
     deleted afterwards. ``rate`` switches to the open-loop mode, where ``events`` is
     ``rate * duration``. ``prefetch`` None runs printery with the library's default;
     ``ceiling`` is ``same``, ``minimal`` or ``both``; ``features`` (``limit``, ``budget``) adds the
-    ``printery_with`` side; ``partitions`` (CONTRACT §15) splits every stage's stream,
-    for printery and the ceilings alike; ``rounds`` runs every side that many times (see
-    the module's docstring). On a cluster (``redis+cluster://``) the server
-    CPU is every master's own count (``INFO cpu``), also per master.
-    Raises :class:`ConfigError` for an impossible option.
+    ``printery_with`` side; ``partitions`` (docs/reference.md, Partitions) splits every
+    stage's stream, for printery and the ceilings alike; ``rounds`` runs every side that
+    many times (see the module's docstring). On a cluster (``redis+cluster://``) the
+    server CPU is every master's own count (``INFO cpu``), also per master. Raises
+    :class:`ConfigError` for an impossible option.
     """
     validate(events, stages, processes, payload_bytes, rate, duration, prefetch, ceiling,
              partitions, rounds)

@@ -1,5 +1,5 @@
 """``printery bench --console``: how fast the web console answers with a large history
-(CONTRACT §14: the overview under 200 ms with 10,000 runs in Redis).
+(docs/reference.md, The web console: the overview under 200 ms with 10,000 runs in Redis).
 
 Seeds ``runs`` runs of the deployment pipeline through :meth:`Client.submit` (the real
 submit path, which indexes each run), ends nine in ten of them as the commit of their

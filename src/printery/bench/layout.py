@@ -18,8 +18,9 @@ class BenchLayout:
     (:mod:`printery.bench.arrivals`). Event types equal the stream suffixes, so printery's
     :class:`StreamKeys` and the ceiling agree on every name.
 
-    With ``partitions`` > 1 (CONTRACT §15) each stream is one per partition; event ``n``
-    is the run ``b<n>`` and stays in that run's partition through every stage."""
+    With ``partitions`` > 1 (docs/reference.md, Partitions) each stream is one per
+    partition; event ``n`` is the run ``b<n>`` and stays in that run's partition through
+    every stage."""
 
     prefix: str
     stages: int

@@ -1,4 +1,5 @@
-"""``printery bench --submit``: how fast an application gets work in (CONTRACT §11).
+"""``printery bench --submit``: how fast an application gets work in (docs/reference.md,
+Runs).
 
 Three ways to publish the same ``events`` complete ingress entries, in one run on one
 server, each to a fresh prefix: raw ``XADD``s pipelined 100 at a time (the ceiling: no

@@ -1,4 +1,4 @@
-"""``printery``: the operator's tool (CONTRACT §1).
+"""``printery``: the operator's tool (docs/reference.md, Commands).
 
 A click group whose global options (before the subcommand) are the connection settings
 shared with ``printery-workers``; each subcommand lives in a small ``ops_*`` module.

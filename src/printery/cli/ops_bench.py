@@ -1,6 +1,6 @@
-"""``printery bench`` (CONTRACT §9): the option surface; the benchmark itself lives in
-``printery.bench`` and is imported only when the command runs (it is heavy, and the tool
-must work in builds without it)."""
+"""``printery bench`` (docs/reference.md, Bench): the option surface; the benchmark itself
+lives in ``printery.bench`` and is imported only when the command runs (it is heavy, and
+the tool must work in builds without it)."""
 
 from __future__ import annotations
 
@@ -50,8 +50,8 @@ from printery.errors import ConfigError
 @click.option("--runs", "console_runs", type=click.IntRange(min=1), default=10_000,
               show_default=True, help="runs seeded for --console")
 @click.option("--partitions", "bench_partitions", type=click.IntRange(min=1), default=None,
-              help="partitions of every stage's stream (CONTRACT §15; default: the "
-                   "global --partitions, else 1)")
+              help="partitions of every stage's stream (docs/reference.md, Partitions; "
+                   "default: the global --partitions, else 1)")
 @click.option("--rounds", type=click.IntRange(min=1), default=1, show_default=True,
               help="run every side this many times, in rotating order, and report the "
                    "median of the rounds' ratios and overheads (a noisy machine needs 5)")

@@ -35,7 +35,7 @@ from printery.transport.connection import connect
 
 T = TypeVar("T")
 
-#: Exit statuses of CONTRACT §1.
+#: Exit statuses (docs/reference.md, Commands).
 EXIT_OK, EXIT_FAIL, EXIT_USAGE, EXIT_TIMEOUT = 0, 1, 2, 3
 #: The ``producer`` of every entry the operator's tool writes.
 PRODUCER = "printery-cli"
@@ -110,7 +110,7 @@ class OpsContext:
         async def main() -> T:
             client = connect(url, max_connections=16)
             try:
-                try:  # the partition count recorded in the server (CONTRACT v1.5 §15)
+                try:  # the recorded partition count (docs/reference.md, Partitions)
                     self.extra["keys"] = await resolve_keys(client, self.settings)
                 except ConfigError as exc:
                     raise Failure(str(exc), EXIT_USAGE) from exc
@@ -156,7 +156,8 @@ def table(rows: Sequence[Sequence[object]], headers: Sequence[str]) -> str:
     return "\n".join(lines)
 
 
-#: Entry fields that hold numbers (every field is a string on the wire, CONTRACT §2).
+#: Entry fields that hold numbers (every field is a string on the wire, docs/reference.md,
+#: Streams and entries).
 def show_entry(entry: Mapping[str, Any]) -> str:
     """One entry for reading: ``name: value`` a line; JSON values (``data``, ``cost``)
     and multi-line text (a traceback) indented below their name. Printable only."""

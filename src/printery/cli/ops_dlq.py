@@ -1,5 +1,5 @@
-"""``printery dlq``: inspect, replay and purge dead letters (CONTRACT §4); what each does
-is :mod:`printery.inbox.dead_letters`, shared with the HTTP API."""
+"""``printery dlq``: inspect, replay and purge dead letters (docs/reference.md, Failures);
+what each does is :mod:`printery.inbox.dead_letters`, shared with the HTTP API."""
 
 from __future__ import annotations
 

@@ -1,4 +1,5 @@
-"""``printery review``: human decisions on escalations (CONTRACT §5, §12).
+"""``printery review``: human decisions on escalations (docs/reference.md, Escalation
+kinds; Review inbox).
 
 A thin layer over :mod:`printery.inbox.reviews`, where a decision is made once and written in
 one transaction; here its errors become exit statuses: unknown or already decided, a

@@ -38,7 +38,7 @@ def trace(deployment_id: str, as_json: bool) -> None:
     """Every entry of one deployment across all streams, in time order, with durations.
 
     Entries an external producer wrote with only ``data`` belong to the run whose id
-    their ``data`` carries (CONTRACT §2)."""
+    their ``data`` carries (docs/reference.md, Streams and entries)."""
     ops = get_ctx()
     field = ops.pipeline.correlation_field
     entries = ops.run(lambda client: run_entries(client, ops, deployment_id))

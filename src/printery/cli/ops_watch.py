@@ -1,6 +1,6 @@
 """``printery watch RUN_ID``: a run's entries as they are written, until its outcome
-(CONTRACT §1, §11). Exit 0 when the run's status is ``succeeded``, 1 for any other
-status, 3 at ``--timeout``."""
+(docs/reference.md, Commands; Runs). Exit 0 when the run's status is ``succeeded``, 1 for
+any other status, 3 at ``--timeout``."""
 
 from __future__ import annotations
 

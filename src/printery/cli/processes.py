@@ -24,11 +24,12 @@ Design, kept deliberately simple:
   child, wait ``shutdown_timeout`` plus a margin, then SIGKILL stragglers; exit 0. A
   second SIGINT kills the children and exits 130.
 * HTTP: the parent serves ``/status``, ``/readyz`` and ``/metrics`` on ``--http-addr``
-  by asking each child's private endpoint. ``/status`` is the §8 document with the
-  workers merged over the children (counters summed, ``pending`` the group's maximum,
-  ``state`` the worst) plus ``processes``: one entry per child. ``/metrics`` is every
-  child's exposition merged by a prometheus-client collector (counters and histograms
-  summed, gauges by their meaning), plus ``printery_process_restarts_total``.
+  by asking each child's private endpoint. ``/status`` is the document of
+  docs/reference.md, HTTP with the workers merged over the children (counters summed,
+  ``pending`` the group's maximum, ``state`` the worst) plus ``processes``: one entry per
+  child. ``/metrics`` is every child's exposition merged by a prometheus-client collector
+  (counters and histograms summed, gauges by their meaning), plus
+  ``printery_process_restarts_total``.
 """
 
 from __future__ import annotations
@@ -97,7 +98,7 @@ class _Child(ChildProcess):
 
 
 def merge_workers(docs: Iterable[dict[str, dict[str, Any]]]) -> dict[str, dict[str, Any]]:
-    """Merge per-child ``workers`` documents of §8 into one per worker name."""
+    """Merge per-child ``workers`` documents of ``/status`` into one per worker name."""
     merged: dict[str, dict[str, Any]] = {}
     for doc in docs:
         for name, st in doc.items():

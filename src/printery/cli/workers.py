@@ -1,4 +1,4 @@
-"""``printery-workers``: the service command (CONTRACT §1).
+"""``printery-workers``: the service command (docs/reference.md, Commands).
 
 Options are generated from :data:`printery.config.SETTINGS_DOC`, so ``--help`` and the
 loader can never disagree on a flag, its env var or its default. Click's own ``envvar``
@@ -59,7 +59,8 @@ def _options(func: Callable[..., Any]) -> Callable[..., Any]:
             # SETTINGS_DOC's config entry keeps its metavar in the `help` slot.
             option = click.option(
                 "--config", "config", metavar="FILE", default=None,
-                help="TOML config file (§7) [env: PRINTERY_CONFIG; default: none]",
+                help="TOML config file (docs/reference.md, Configuration) "
+                     "[env: PRINTERY_CONFIG; default: none]",
             )
         elif doc.metavar is None:
             option = click.option(

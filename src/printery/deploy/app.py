@@ -1,4 +1,5 @@
-"""The deployment pipeline (CONTRACT §2-§5), written only against the public printery API.
+"""The deployment pipeline (docs/reference.md, Streams and entries; The deployment
+pipeline; Escalation kinds), written only against the public printery API.
 
 validator ──validated──> dependency-checker ──dependencies:checked──┐
     │           └──────> health-monitor ─────health:checked─────────┤
@@ -86,8 +87,8 @@ def _input_check(cfg: DeploySettings) -> Callable[[Any], list[Reason]]:
 def build_pipeline(settings: DeploySettings | None = None) -> Pipeline:
     """The deployment pipeline configured from its tables (defaults when None).
 
-    Each step declares its concurrency (CONTRACT §7's defaults); ``[workers.<name>]
-    concurrency`` overrides it where the service builds the workers.
+    Each step declares its concurrency (the defaults of docs/reference.md, Configuration);
+    ``[workers.<name>] concurrency`` overrides it where the service builds the workers.
     """
     cfg = settings or DeploySettings()
     http = _Http()
@@ -219,7 +220,8 @@ def build_pipeline(settings: DeploySettings | None = None) -> Pipeline:
 
 
 def check_request(data: Any, cfg: DeploySettings) -> Validation:
-    """The validator's verdict on a request under ``cfg`` (CONTRACT §3)."""
+    """The validator's verdict on a request under ``cfg`` (docs/reference.md, The
+    deployment pipeline)."""
     return validate_request(data, approval_required=cfg.validator.approval_required,
                             default_notify=cfg.notifier.default_channels)
 

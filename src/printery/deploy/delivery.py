@@ -1,4 +1,5 @@
-"""Notification channels and webhook delivery for the notifier (CONTRACT §3, §5).
+"""Notification channels and webhook delivery for the notifier (docs/reference.md, The
+deployment pipeline; Escalation kinds).
 
 Channels are strings a producer writes in ``notify``: ``log`` or ``webhook+<http(s) URL>``.
 A webhook receives the ``deployment:finished`` data as JSON, with an idempotency key that

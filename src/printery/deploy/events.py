@@ -1,9 +1,10 @@
 """Event type names, worker names and payload models of the deployment pipeline.
 
-CONTRACT §2 and §3 fix these names and shapes for other systems; keeping them in one
-module means a worker never spells an event type by hand, and the models document (and
-can check) the ``data`` each event carries. The functions of this package return plain
-dicts, built through these models, because that is what travels in an entry's ``data``.
+docs/reference.md (Streams and entries, The deployment pipeline) fixes these names and
+shapes for other systems; keeping them in one module means a worker never spells an event
+type by hand, and the models document (and can check) the ``data`` each event carries. The
+functions of this package return plain dicts, built through these models, because that is
+what travels in an entry's ``data``.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from printery import Reason
 
-# Event types (the suffix of each stream key, CONTRACT §2).
+# Event types (the suffix of each stream key, docs/reference.md, Streams and entries).
 STARTED = "deployment:started"
 VALIDATED = "deployment:validated"
 REJECTED = "deployment:rejected"
@@ -42,7 +43,8 @@ NOTIFIER = "notifier"
 
 WORKERS: tuple[str, ...] = (VALIDATOR, DEPENDENCY_CHECKER, HEALTH_MONITOR, AGGREGATOR, NOTIFIER)
 
-# Review kinds (CONTRACT §5): the `kind` of the `review` entries this pipeline writes.
+# Review kinds (docs/reference.md, Escalation kinds): the `kind` of the `review` entries
+# this pipeline writes.
 REVIEW_APPROVAL = "approval"
 REVIEW_DELIVERY_FAILED = "delivery_failed"
 REVIEW_BRANCH_TIMEOUT = "branch_timeout"

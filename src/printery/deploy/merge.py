@@ -1,9 +1,9 @@
 """The aggregator's merge policy: one ``deployment:finished`` from the steps' outputs.
 
-Pure, so the policy (CONTRACT §3) is testable as a table and the aggregator worker only
-has to collect step outputs and decide when a branch has missed its deadline. All steps
-must pass; the status is the worst outcome by the precedence
-rejected > blocked > unhealthy > failed > succeeded.
+Pure, so the policy (docs/reference.md, The deployment pipeline) is testable as a table
+and the aggregator worker only has to collect step outputs and decide when a branch has
+missed its deadline. All steps must pass; the status is the worst outcome by the
+precedence rejected > blocked > unhealthy > failed > succeeded.
 """
 
 from __future__ import annotations

@@ -1,4 +1,5 @@
-"""What a decision on each of the deployment pipeline's review kinds does (CONTRACT §5).
+"""What a decision on each of the deployment pipeline's review kinds does
+(docs/reference.md, Escalation kinds).
 
 - ``approval``: approve writes ``deployment:validated`` with ``approved_by`` = the
   reviewer (the requester may not approve their own deployment); reject writes
@@ -41,8 +42,8 @@ ApprovedRequest = Callable[[Any, str, str], dict[str, Any]]
 def register_review_kinds(
     pipeline: Pipeline, notifier: NotifierSettings, approved: ApprovedRequest
 ) -> None:
-    """Give ``pipeline``'s review kinds their §5 meaning; ``approved`` makes the
-    validated request of an approval."""
+    """Give ``pipeline``'s review kinds the meaning docs/reference.md, Escalation kinds
+    gives them; ``approved`` makes the validated request of an approval."""
 
     async def approve_deployment(case: ReviewCase) -> ReviewOutcome:
         request, cid = case.data, case.correlation_id

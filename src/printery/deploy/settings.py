@@ -1,4 +1,5 @@
-"""The deployment application's own settings (CONTRACT §7) and what it tells printery.
+"""The deployment application's own settings (docs/reference.md, Configuration) and what
+it tells printery.
 
 Its TOML tables (``[validator]``, ``[dependency_checker]``, ``[health_monitor]``,
 ``[aggregator]``, ``[notifier]``) are declared here, not in the framework: :data:`CONFIG`
@@ -30,7 +31,7 @@ __all__ = [
     "ValidatorSettings",
 ]
 
-#: Key prefix of every stream of the deployment pipeline (CONTRACT §1).
+#: Key prefix of every stream of the deployment pipeline (docs/reference.md, Commands).
 STREAM_PREFIX = "materi:events:deployment"
 
 M = TypeVar("M", bound=BaseModel)

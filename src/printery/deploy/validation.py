@@ -1,4 +1,5 @@
-"""The validator's rules for a deployment request (CONTRACT §3), as one pure function.
+"""The validator's rules for a deployment request (docs/reference.md, The deployment
+pipeline), as one pure function.
 
 Pure so that it can be tested exhaustively and reused (``printery emit`` can check a
 request before publishing it). It never raises on bad input: whatever a producer sends,
@@ -122,15 +123,17 @@ def validate_request(
     known_environments: Collection[str] = DEFAULT_ENVIRONMENTS,
     default_notify: Collection[str] = ("log",),
 ) -> Validation:
-    """Check a ``deployment:started`` payload and normalize it (CONTRACT §3).
+    """Check a ``deployment:started`` payload and normalize it (docs/reference.md, The
+    deployment pipeline).
 
     ``data`` is the decoded JSON, of any type. Every rule runs and every problem becomes
     a :class:`~printery.Reason` with a stable code and a field path such as
-    ``dependencies[1].health_url``. The normalized request has every key of §3:
-    absent optional values are None, ``dependencies`` defaults to ``[]`` and ``notify``
-    to ``default_notify`` (the notifier's default channels); ``deployment_id`` is kept
-    when given and None otherwise (the validator fills it from the entry). Unknown keys
-    are dropped; duplicate channels in ``notify`` are kept once, in order.
+    ``dependencies[1].health_url``. The normalized request has every key of a request
+    (docs/reference.md, The deployment pipeline): absent optional values are None,
+    ``dependencies`` defaults to ``[]`` and ``notify`` to ``default_notify`` (the
+    notifier's default channels); ``deployment_id`` is kept when given and None otherwise
+    (the validator fills it from the entry). Unknown keys are dropped; duplicate channels
+    in ``notify`` are kept once, in order.
     """
     if not isinstance(data, dict):
         reason = Reason(

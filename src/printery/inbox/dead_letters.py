@@ -1,5 +1,5 @@
-"""Dead letters (CONTRACT §4): reading, replaying and purging the ``dlq`` stream, for the
-operator tool and the HTTP API alike.
+"""Dead letters (docs/reference.md, Failures): reading, replaying and purging the ``dlq``
+stream, for the operator tool and the HTTP API alike.
 
 Replay moves an entry back atomically: WATCH the ``dlq`` stream, check the entry is still
 there, then MULTI: XADD to its source stream + XDEL from ``dlq``, EXEC. Two operators

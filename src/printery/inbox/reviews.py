@@ -1,4 +1,5 @@
-"""The review inbox of any pipeline (CONTRACT §5, §12): list, show and decide escalations.
+"""The review inbox of any pipeline (docs/reference.md, Escalation kinds; Review inbox):
+list, show and decide escalations.
 
 These are the functions behind ``printery review``, the HTTP API's ``/v1/reviews`` and
 the service's review deadlines: each takes a connected client, the :class:`StreamKeys`

@@ -6,9 +6,10 @@ however many consumers or redeliveries evaluate the same join; a branch arriving
 that is recorded in the hash (``late:<branch>``), not emitted again. A join opened but
 not complete at its deadline (counted from the opening entry's ``produced_at``) is
 finished by a sweeper with the missing branches named (sweepers lease the joins they take).
-A failure there stays with its join (CONTRACT §4): a policy (or ``on_timeout``) that
-raises, or does not decide, is retried on later sweeps with backoff (attempts counted in
-the hash), then goes to ``dlq`` (``merge_failed``) under the result's ``once`` guard.
+A failure there stays with its join (docs/reference.md, Failures): a policy (or
+``on_timeout``) that raises, or does not decide, is retried on later sweeps with backoff
+(attempts counted in the hash), then goes to ``dlq`` (``merge_failed``) under the result's
+``once`` guard.
 """
 
 from __future__ import annotations

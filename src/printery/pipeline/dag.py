@@ -49,9 +49,9 @@ class Pipeline:
     the id that ties one run's events together; ``terminal`` lists types nobody consumes
     on purpose (records such as a review stream). ``cost_units`` declares the units
     handlers may report, so a typo cannot create unbounded metric labels. ``outcomes``
-    are the event types whose first entry ends a run (CONTRACT §11); by default the types
-    some step produces and no step consumes. ``budget`` limits what one run may spend
-    (CONTRACT §13); ``budget:exceeded`` then ends a run too.
+    are the event types whose first entry ends a run (docs/reference.md, The API: /v1); by
+    default the types some step produces and no step consumes. ``budget`` limits what one
+    run may spend (docs/reference.md, Budgets); ``budget:exceeded`` then ends a run too.
     """
 
     def __init__(
@@ -85,7 +85,7 @@ class Pipeline:
         """The event types whose first entry of a run ends it: as declared, else the
         types some step produces and none consumes (records such as ``review`` aside);
         and in either case every loop's exhausted type and, with budgets,
-        ``budget:exceeded`` (CONTRACT §11)."""
+        ``budget:exceeded`` (docs/reference.md, The API: /v1)."""
         collected = {m.exhausted for m in self.maps.values()}  # a Map's Loop's: its item failed
         exhausted = [s.loop.exhausted for s in self.steps.values()
                      if s.loop is not None and s.loop.exhausted not in collected]
@@ -206,10 +206,10 @@ class Pipeline:
         reject: ReviewHook | None = None,
         accepts_data: bool = True,
     ) -> ReviewKind:
-        """Register what a decision on a review of ``kind`` does (CONTRACT §12): hooks
-        for approve and reject (None: write the review's ``resume_type`` / ``reject_type``)
-        and whether an approval may carry edited data. Kinds never registered behave as
-        the defaults."""
+        """Register what a decision on a review of ``kind`` does (docs/reference.md,
+        Review inbox): hooks for approve and reject (None: write the review's
+        ``resume_type`` / ``reject_type``) and whether an approval may carry edited data.
+        Kinds never registered behave as the defaults."""
         if kind in self.review_kinds:
             raise PipelineError(f"review kind {kind!r} registered twice")
         found = self.review_kinds[kind] = ReviewKind(kind, approve, reject, accepts_data)

@@ -23,7 +23,8 @@ def review_output(
 ) -> Output:
     """A ``review`` entry for ``message``: its data (or ``data``), what escalated and why,
     and the event types an approval (``on_approve``) and a rejection (``on_reject``)
-    write (CONTRACT §12); the step writing it must declare both in ``produces``."""
+    write (docs/reference.md, Review inbox); the step writing it must declare both in
+    ``produces``."""
     return Output(
         REVIEW,
         message.data if data is None else data,

@@ -1,6 +1,7 @@
-"""Validation loops (CONTRACT §13): a worker's output is checked, and while it does not
-pass the worker runs again, shown every earlier attempt and why it failed; bounded by
-``max_attempts``, then a fallback, then a human, then an exhausted outcome.
+"""Validation loops (docs/reference.md, Validation loops): a worker's output is checked,
+and while it does not pass the worker runs again, shown every earlier attempt and why it
+failed; bounded by ``max_attempts``, then a fallback, then a human, then an exhausted
+outcome.
 
 A loop is one step that consumes its own entries, written to one stream of its own
 (``<name>:loop``, so that their ids order them exactly; each entry's ``type`` says what

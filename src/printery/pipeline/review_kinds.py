@@ -1,4 +1,4 @@
-"""What a decision on a review does, per kind (CONTRACT §12).
+"""What a decision on a review does, per kind (docs/reference.md, Review inbox).
 
 By default an approval writes the review's ``resume_type`` with the reviewer's edited
 data (else the escalated data), so the run goes on from there, and a rejection writes

@@ -156,9 +156,10 @@ class Step:
     #: ``input_model`` it does not guard the handler, which decides what invalid input
     #: becomes (the deployment validator turns it into ``deployment:rejected``).
     input_check: Callable[[Any], Sequence[Reason]] | None = None
-    #: The step's own share of one run's spending (CONTRACT §13).
+    #: The step's own share of one run's spending (docs/reference.md, Budgets).
     budget: Budget | None = None
-    #: Flow control (CONTRACT §13): every handler call waits for all of them.
+    #: Flow control (docs/reference.md, Flow control): every handler call waits for all of
+    #: them.
     limits: Sequence[Limit] = ()
     #: Set on the step of a declared validation loop (built by :class:`~printery.Loop`).
     loop: LoopShape | None = None

@@ -1,10 +1,10 @@
-"""The way into printery from an application (CONTRACT §11): submit work, wait for its
-result, follow it live. :class:`Client` for asyncio code, :class:`SyncClient` for code
-without an event loop.
+"""The way into printery from an application (docs/reference.md, Runs): submit work, wait
+for its result, follow it live. :class:`Client` for asyncio code, :class:`SyncClient` for
+code without an event loop.
 
 A submit is validated against the ingress step's input before anything is written, and
 is one round trip: a script checks the idempotency key and appends the complete entry
-(all §2 fields) in one step, so the same key gives the same run id however many
+(every field of an entry) in one step, so the same key gives the same run id however many
 processes submit it at once.
 """
 
@@ -39,10 +39,10 @@ class Client:
     """Submits runs to a pipeline and follows them; an async context manager.
 
     ``redis_url`` None: the ``REDIS_URL`` setting, else the embedded server of the data
-    dir (CONTRACT §6). ``app``: a :class:`Pipeline` or ``MODULE:ATTR`` (default: the
-    ``PRINTERY_APP`` setting, else the deployment pipeline). Settings resolve as for
-    the commands: argument > env var > config file (``PRINTERY_CONFIG``) > the app's
-    defaults.
+    dir (docs/reference.md, printery-workers). ``app``: a :class:`Pipeline` or
+    ``MODULE:ATTR`` (default: the ``PRINTERY_APP`` setting, else the deployment pipeline).
+    Settings resolve as for the commands: argument > env var > config file
+    (``PRINTERY_CONFIG``) > the app's defaults.
     """
 
     def __init__(
@@ -79,7 +79,7 @@ class Client:
                     f"a Redis URL, or a running embedded server for data dir "
                     f"{self.settings.data_dir} (start `printery-workers`)")
             self._client = connect(url, max_connections=64)
-            try:  # the partition count recorded in the server (CONTRACT v1.5 §15)
+            try:  # the recorded partition count (docs/reference.md, Partitions)
                 self.keys = await public_api(resolve_keys)(self._client, self.settings)
             except BaseException:
                 client, self._client = self._client, None
@@ -116,7 +116,7 @@ class Client:
         (default ``<event type>:<run id>``) gives the same run id and one run. Raises
         :class:`InvalidInput` (nothing written) when the ingress step refuses ``data``.
         ``traceparent``: the producer's W3C trace context; the run's spans join its
-        trace (CONTRACT §14)."""
+        trace (docs/reference.md, Tracing)."""
         run, _ = await (await self._runs()).submit(
             data, event_type=event_type, run_id=run_id, idempotency_key=idempotency_key,
             traceparent=traceparent)

@@ -1,4 +1,5 @@
-"""Time and reported cost per step and unit (CONTRACT §10), from the streams themselves.
+"""Time and reported cost per step and unit (docs/reference.md, Replay and cost), from the
+streams themselves.
 
 Every entry a worker writes carries ``duration_ms`` (handler time) and, when reported,
 ``cost`` (JSON of named amounts); ``producer`` names the step. One handler call that
@@ -57,7 +58,8 @@ async def cost_summary(
     if since_seconds is not None:
         start = str(int((time.time() - since_seconds) * 1000))
     tally = CallTally(pipeline, correlation_id)
-    # One run's entries are in its partition; every run's in every partition (§15).
+    # One run's entries are in its partition; every run's in every partition
+    # (docs/reference.md, Partitions).
     parts = [keys.of(correlation_id)] if correlation_id is not None else list(keys.each())
     for event_type in dict.fromkeys([*pipeline.event_types(), REVIEW, DLQ]):
         for part in parts:
@@ -71,11 +73,11 @@ async def cost_summary(
 async def budget_status(
     client: aioredis.Redis, keys: StreamKeys, pipeline: Pipeline, run_id: str
 ) -> list[dict[str, Any]] | None:
-    """What ``run_id`` has spent against each budget limit (CONTRACT §13), from the
-    run's hash (exact, as the commits charged it): one row per limit, ``{"step"}`` (""
-    for the run's budget), ``unit``, ``spent``, ``limit`` (raised by approved reviews),
-    ``soft`` (the warning threshold) and ``status`` (``ok``, ``warning``, ``exceeded``).
-    None for a pipeline without budgets."""
+    """What ``run_id`` has spent against each budget limit (docs/reference.md, Budgets),
+    from the run's hash (exact, as the commits charged it): one row per limit,
+    ``{"step"}`` ("" for the run's budget), ``unit``, ``spent``, ``limit`` (raised by
+    approved reviews), ``soft`` (the warning threshold) and ``status`` (``ok``,
+    ``warning``, ``exceeded``). None for a pipeline without budgets."""
     if not pipeline.has_budgets:
         return None
     held: dict[str, str] = await client.hgetall(keys.of(run_id).budget(run_id))  # type: ignore[misc]

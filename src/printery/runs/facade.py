@@ -5,7 +5,7 @@ commands use it directly over their own connection.
 
 A submit is validated against the ingress step's input before anything is written, and
 is one round trip: a script checks the idempotency key and appends the complete entry
-(all §2 fields) in one step, so the same key gives the same run id however many
+(every field of an entry) in one step, so the same key gives the same run id however many
 processes submit it at once.
 """
 
@@ -85,7 +85,7 @@ class Runs:
             run_id = data[field] or None
         if run_id is None and idempotency_key is not None and self.keys.partitioned:
             # A new run's submit record must be found by the next submit of the key: the
-            # run is put in the partition of the key (CONTRACT §15).
+            # run is put in the partition of the key (docs/reference.md, Partitions).
             run_id = new_id_in(partition_of(idempotency_key, self.keys.partitions),
                                self.keys.partitions, lambda: new_id(self.codec.id_prefix))
         run_id = run_id or new_id(self.codec.id_prefix)

@@ -1,5 +1,5 @@
-"""Runs (CONTRACT §11): every entry of one correlation id, in order, ending with its
-outcome entry.
+"""Runs (docs/reference.md, Runs): every entry of one correlation id, in order, ending
+with its outcome entry.
 
 A run has no record of its own: its entries are the history. :class:`RunReader` finds
 them in the pipeline's streams (and ``dlq``, ``review``, ``review:decided``), by the
@@ -244,7 +244,8 @@ class RunReader:
         return fields.get(self.field) or correlation_of(fields, self.field) or ""
 
     def streams_of(self, run_id: str) -> list[str]:
-        """The streams a run's entries are in: those of its partition (CONTRACT §15)."""
+        """The streams a run's entries are in: those of its partition (docs/reference.md,
+        Partitions)."""
         keys = self.keys.of(run_id)
         return [keys.stream(t) for t in self.event_types]
 

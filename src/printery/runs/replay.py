@@ -1,4 +1,5 @@
-"""Replay a run of any pipeline from any step under a new correlation id (CONTRACT §10).
+"""Replay a run of any pipeline from any step under a new correlation id
+(docs/reference.md, Replay).
 
 Streams are append-only history, so the entry a step consumed for a correlation id is
 still there (until trimmed): replay finds it and publishes a copy under a new id. The
@@ -107,7 +108,7 @@ async def replay(
     steps = list(pipeline.steps) if from_step is None else rerun_steps(pipeline, from_step)
     inputs = _inputs(pipeline, steps) if from_step is not None else {}
     originals: list[tuple[str, str, dict[str, str]]] = []
-    source = keys.of(correlation_id)  # a run's entries are in its partition (§15)
+    source = keys.of(correlation_id)  # a run's entries are in its partition
     for event_type in pipeline.ingress if from_step is None else inputs:
         # An entry that never decoded (a producer's garbage naming the run) ran nothing:
         # what a step consumed is the first entry that did.

@@ -29,7 +29,7 @@ class Decided:
     delivery: Delivery
     commit: EntryCommit
     # ok, duplicate, dead_lettered, skipped (a replay's copy for other steps), routed (to
-    # its run's partition, CONTRACT §15),
+    # its run's partition, docs/reference.md, Partitions),
     # budget_exceeded (held: its run is at a hard limit)
     outcome: str
     message: Message | None = None

@@ -1,12 +1,12 @@
 """What a stream worker's consumers hold: kept leased while it runs, let go as it stops.
 
-CONTRACT §4 asks two things of held entries that concern neither reading nor handling
-them: nobody may claim a live one (its lease is renewed every third of the visibility
-timeout, however long its handler runs), and none may wait out a visibility timeout
-when the worker stops (entries whose handler has not started are handed back at once,
-started ones may finish within the drain timeout, the rest are cancelled and handed
-back). That is one job with its own state (the consumers, their leases, the limit
-gate's slots), so it lives here and the stream worker only wires it to its run.
+docs/reference.md (Failures) asks two things of held entries that concern neither reading
+nor handling them: nobody may claim a live one (its lease is renewed every third of the
+visibility timeout, however long its handler runs), and none may wait out a visibility
+timeout when the worker stops (entries whose handler has not started are handed back at
+once, started ones may finish within the drain timeout, the rest are cancelled and handed
+back). That is one job with its own state (the consumers, their leases, the limit gate's
+slots), so it lives here and the stream worker only wires it to its run.
 """
 
 from __future__ import annotations

@@ -3,10 +3,10 @@
 Two loops feed the entry pipeline and differ only in the command: each consumer's
 blocking ``XREADGROUP`` of new entries (their first delivery), and a periodic
 ``XAUTOCLAIM`` of entries idle past the visibility timeout because their consumer died
-(with Redis's delivery count, CONTRACT §4). Both stop at the stop signal and pass each
-batch to ``accept``. They live apart from the stream worker, which wires them to a run
-and starts and stops it, so that what comes in and a run's lifecycle are read one at a
-time.
+(with Redis's delivery count, docs/reference.md, Failures). Both stop at the stop signal
+and pass each batch to ``accept``. They live apart from the stream worker, which wires
+them to a run and starts and stops it, so that what comes in and a run's lifecycle are
+read one at a time.
 """
 
 from __future__ import annotations

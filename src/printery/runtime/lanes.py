@@ -1,11 +1,11 @@
-"""A stream worker's partitions (CONTRACT §15): one lane per partition, each with the
-keys, the commit path and the idempotency records of its partition.
+"""A stream worker's partitions (docs/reference.md, Partitions): one lane per partition,
+each with the keys, the commit path and the idempotency records of its partition.
 
 Every key one commit touches must be of one partition (one slot on a cluster), so each
 partition has its own committer (its idempotency index is the partition's), its own
 record lookup, budget guard, payload store and entry pipeline. An entry read from a
 partition's stream goes through that partition's lane. With one partition there is one
-lane whose keys are those of CONTRACT §2: the path is the one of an unpartitioned worker.
+lane whose keys are the unpartitioned ones: the path is the one of an unpartitioned worker.
 """
 
 from __future__ import annotations

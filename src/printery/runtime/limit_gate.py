@@ -1,5 +1,5 @@
-"""Where an entry of a limited step waits for its limits (CONTRACT §13) before its handler
-runs, and gives back what it held after.
+"""Where an entry of a limited step waits for its limits (docs/reference.md, Flow control)
+before its handler runs, and gives back what it held after.
 
 The decision is the server's (``limit.lua``, atomic, on its own clock), so limits hold
 across every process. Round trips are shared: the admissions, releases and lease

@@ -1,6 +1,6 @@
-"""Large payloads by reference (CONTRACT §10): big ``data`` goes to a content-addressed
-blob once and the entry carries ``{"$ref": "blob:<sha256>", "size": N}``. Consumers
-resolve before decoding, so handlers never know."""
+"""Large payloads by reference (docs/reference.md, Streams and entries): big ``data`` goes
+to a content-addressed blob once and the entry carries ``{"$ref": "blob:<sha256>", "size":
+N}``. Consumers resolve before decoding, so handlers never know."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Entries found in another partition than their run's (CONTRACT §15).
+"""Entries found in another partition than their run's (docs/reference.md, Partitions).
 
 A producer writing raw ``XADD`` s may put an entry in the wrong partition's stream (or
 in a stream it computed with another partition count). Such an entry is not lost and

@@ -1,8 +1,8 @@
-"""The entry pipeline's spans while tracing is on (CONTRACT §14): one span per handled
-entry, named after its step, current while its handler runs, and ended once the commit
-says what happened. :class:`~printery.runtime.consume.EntryPipeline` asks
-:func:`bind_spans` once, as it is built: while tracing is off it gets its own methods
-back and no entry does any work for tracing; while on, the same methods wrapped by an
+"""The entry pipeline's spans while tracing is on (docs/reference.md, Tracing): one span
+per handled entry, named after its step, current while its handler runs, and ended once
+the commit says what happened. :class:`~printery.runtime.consume.EntryPipeline` asks
+:func:`bind_spans` once, as it is built: while tracing is off it gets its own methods back
+and no entry does any work for tracing; while on, the same methods wrapped by an
 :class:`EntrySpans`."""
 
 from __future__ import annotations

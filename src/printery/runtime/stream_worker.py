@@ -2,7 +2,7 @@
 
 Each consumer reads batches with ``XREADGROUP`` and hands each batch to the entry
 pipeline (:mod:`printery.runtime.consume`), which decodes, dedupes, handles, commits
-and accounts. Around it three loops keep the contract of CONTRACT §4:
+and accounts. Around it three loops keep what docs/reference.md, Failures promises:
 
 * **leases**: every entry a consumer holds has its idle time reset every third of the
   visibility timeout, so nobody claims a live entry however long its handler runs;
@@ -16,7 +16,7 @@ Reads and claims are :mod:`printery.runtime.intake`'s job, leases and the drain
 :mod:`printery.runtime.holding`'s; this module wires them to one run and its lanes.
 
 A batch that fails (a handler's ``BaseException``, a fault of the runtime) crashes the
-worker: its supervisor restarts it or marks it failed (CONTRACT §5).
+worker: its supervisor restarts it or marks it failed (docs/reference.md, Running workers).
 """
 
 from __future__ import annotations
@@ -70,9 +70,10 @@ class StreamWorker:
     :class:`~printery.Reject` means "dead-letter now". ``companions`` run beside the
     consumers for as long as the worker runs (an aggregator's deadline sweeper), each
     given the worker's :class:`~printery.runtime.step_context.StepContext`;
-    ``budget`` what the step checks and charges of its runs' budgets (CONTRACT §13).
-    ``limits`` are the step's flow-control limits (:class:`~printery.Limit`); ``index``
-    the run index its commits keep (:mod:`printery.runtime.run_index`; None: none).
+    ``budget`` what the step checks and charges of its runs' budgets (docs/reference.md,
+    Budgets). ``limits`` are the step's flow-control limits (:class:`~printery.Limit`);
+    ``index`` the run index its commits keep (:mod:`printery.runtime.run_index`; None:
+    none).
     """
 
     def __init__(

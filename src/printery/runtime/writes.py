@@ -85,10 +85,10 @@ class Writes:
         return False
 
     async def store_large(self, appends: list[Append]) -> list[Append]:
-        """``appends`` with every ``data`` over the inline limit moved to a blob (CONTRACT
-        §10) and replaced by its reference. Raises :class:`PayloadTooLarge` for a ``data``
-        over the payload limit: every step reading it would dead-letter it, so the step
-        that made it fails instead."""
+        """``appends`` with every ``data`` over the inline limit moved to a blob
+        (docs/reference.md, Streams and entries) and replaced by its reference. Raises
+        :class:`PayloadTooLarge` for a ``data`` over the payload limit: every step reading
+        it would dead-letter it, so the step that made it fails instead."""
         stored = []
         for append in appends:
             data = append.fields["data"]

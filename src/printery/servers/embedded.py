@@ -1,4 +1,5 @@
-"""The embedded default (CONTRACT §6): one shared server per data dir, no system install.
+"""The embedded default (docs/reference.md, printery-workers): one shared server per data
+dir, no system install.
 
 With no Redis URL, every ``printery-workers`` of a data dir shares one server started
 from the packaged binary, with its append-only file under ``<data_dir>/data``. The

@@ -1,5 +1,5 @@
-"""The HTTP API under ``/v1`` (CONTRACT §11): runs, reviews and dead letters, for
-programs that cannot use the Python client.
+"""The HTTP API under ``/v1`` (docs/reference.md, The API: /v1): runs, reviews and dead
+letters, for programs that cannot use the Python client.
 
 Every answer is JSON; client input never gets a 500: a body over the payload limit is
 413 (refused before it is read when its length is declared, and never read past the

@@ -1,4 +1,4 @@
-"""The in-process HTTP endpoint of ``printery-workers`` (CONTRACT §8).
+"""The in-process HTTP endpoint of ``printery-workers`` (docs/reference.md, HTTP).
 
 It only reads: every answer comes from a :class:`StatusProvider` that the service wires
 in, so this module knows nothing of workers, Redis or pipelines. Every answer is JSON
@@ -36,7 +36,8 @@ class StatusProvider(Protocol):
     """What the HTTP endpoint asks the service; implementations must not block the loop."""
 
     async def status(self) -> dict[str, Any]:
-        """The full ``/status`` document of CONTRACT §8 (secrets already redacted)."""
+        """The full ``/status`` document (docs/reference.md, HTTP), secrets already
+        redacted."""
         ...
 
     async def readiness(self) -> tuple[bool, list[str]]:

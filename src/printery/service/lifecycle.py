@@ -6,7 +6,8 @@ the parent of ``--processes``.
 1. logging, with the Redis password and the application's secrets registered for
    redaction, so no later line can leak them;
 2. the server: the configured URL, or the embedded server of the data dir (found or
-   started, with a lease held until the end), named in the first log line (CONTRACT §6);
+   started, with a lease held until the end), named in the first log line
+   (docs/reference.md, printery-workers);
 3. the event loop running :meth:`~ProcessLifecycle.main`, with SIGTERM and SIGINT
    handlers: the first signal asks for a graceful stop (:attr:`~ProcessLifecycle.stopping`
    is set and ``main`` winds down); a second SIGINT exits at once with 130 after
@@ -15,8 +16,9 @@ the parent of ``--processes``.
    (a server that cannot come back makes the process exit 1);
 4. :meth:`~ProcessLifecycle.cleanup`, then the server's lease released, whatever happened.
 
-Exit statuses (CONTRACT §1): :data:`EXIT_OK` after a graceful stop, :data:`EXIT_FAILED`
-for a failure, :data:`EXIT_CONFIG` for bad configuration, :data:`EXIT_INTERRUPTED`.
+Exit statuses (docs/reference.md, Commands): :data:`EXIT_OK` after a graceful stop,
+:data:`EXIT_FAILED` for a failure, :data:`EXIT_CONFIG` for bad configuration,
+:data:`EXIT_INTERRUPTED`.
 """
 
 from __future__ import annotations
@@ -54,7 +56,7 @@ log = get_logger("printery.service")
 def acquire_server(settings: Settings) -> tuple[str, str, EmbeddedServer | None]:
     """``(url, url to show, embedded server or None)``: the configured URL, else the data
     dir's embedded server (found or started, with a lease the caller releases), named in
-    the first log line (CONTRACT §6)."""
+    the first log line (docs/reference.md, printery-workers)."""
     if settings.redis_url:
         shown = redact_url(settings.redis_url)
         log.info(f"using redis server at {shown}", url=shown)

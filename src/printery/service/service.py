@@ -3,13 +3,15 @@
 Everything the other modules provide is wired here, in the order the contract needs:
 
 1. logging, with the Redis password and the app's secrets registered for redaction, so
-   no later line can leak them; the first line names the server in use (CONTRACT §6);
+   no later line can leak them; the first line names the server in use (docs/reference.md,
+   printery-workers);
 2. the server: the given URL, or the embedded server of the data dir (found or started);
    these two, the signals and the exit statuses are the process lifecycle shared with
    the parent of ``--processes`` (:mod:`printery.service.lifecycle`);
 3. every consumer group of the pipeline, whichever workers this process runs, *before*
-   any worker reads (CONTRACT §2): a process running only ``notifier`` must not let
-   ``validator``'s entries published meanwhile go unseen by a later process;
+   any worker reads (docs/reference.md, Streams and entries): a process running only
+   ``notifier`` must not let ``validator``'s entries published meanwhile go unseen by a
+   later process;
 4. the selected workers, started by the :class:`WorkerManager` in dependency order;
 5. HTTP (``/healthz``, ``/readyz``, ``/status``, ``/metrics``; started before step 3,
    so a service waiting for its server says why), the process registry heartbeat and a
@@ -140,10 +142,10 @@ class Service(ProcessLifecycle):
         """Every group of the pipeline, then its description for ``printery pipeline show``.
 
         A server that is not up yet (started after us by systemd or compose) is waited
-        for with backoff, not treated as a failure (CONTRACT §1): each attempt is logged,
-        ``/readyz`` says what we wait for, and a signal still stops us. Credentials or an
-        ACL that the server refuses raise :class:`ConfigError`: no wait heals them.
-        The wait is the one outage policy (:mod:`printery.store.outage`), with
+        for with backoff, not treated as a failure (docs/reference.md, Commands): each
+        attempt is logged, ``/readyz`` says what we wait for, and a signal still stops us.
+        Credentials or an ACL that the server refuses raise :class:`ConfigError`: no wait
+        heals them. The wait is the one outage policy (:mod:`printery.store.outage`), with
         a longer backoff (200 ms doubling to 5 s) and a line per attempt.
         """
 
@@ -323,7 +325,8 @@ class Service(ProcessLifecycle):
         return self.manager.get_status() if self.manager is not None else {}
 
     async def status(self) -> dict[str, Any]:
-        """The ``/status`` document of CONTRACT §8; the URL is the redacted one."""
+        """The ``/status`` document (docs/reference.md, HTTP); the URL is the redacted
+        one."""
         connected = await self._ping()
         return {
             "process": self._process_doc(),

@@ -1,7 +1,7 @@
 -- Which of some runs are at or over a hard limit of their budget, raises included
--- (CONTRACT §13). Sent only for the runs of a read batch found in the set of runs that
--- reached a hard limit (runtime/budget_guard.py): the server compares, so the reply carries
--- only the runs that are over.
+-- (docs/reference.md, Budgets). Sent only for the runs of a read batch found in the set
+-- of runs that reached a hard limit (runtime/budget_guard.py): the server compares, so
+-- the reply carries only the runs that are over.
 -- KEYS: each such entry's run budget hash, in batch order (repeats are read once)
 -- ARGV: n, then n limits x (hash field, limit as the hash counts: 1/scale of a unit, see
 --       transport/commit.py)

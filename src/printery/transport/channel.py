@@ -15,12 +15,12 @@ for replies we do not need), and ``NOT_ENOUGH_DATA``; on a cluster, a ``ClusterN
 ``connection_kwargs`` and ``connection_class`` and the client's ``nodes_manager``
 (``get_node_from_slot``, ``initialize``).
 
-On a cluster (CONTRACT §15) each command or transaction goes to the master holding the
-slot of its first key, on a connection of the channel's own per node; callers keep the
-keys of one transaction in one slot (the partition's hash tag). A refusal that means
-"not here, not now" (MOVED, ASK, TRYAGAIN, CLUSTERDOWN) ran nothing: the slot map is
-read again and those are sent again, a few times; then they raise as a connection error,
-which every caller already waits out and retries.
+On a cluster (docs/reference.md, Partitions) each command or transaction goes to the
+master holding the slot of its first key, on a connection of the channel's own per node;
+callers keep the keys of one transaction in one slot (the partition's hash tag). A refusal
+that means "not here, not now" (MOVED, ASK, TRYAGAIN, CLUSTERDOWN) ran nothing: the slot
+map is read again and those are sent again, a few times; then they raise as a connection
+error, which every caller already waits out and retries.
 """
 
 from __future__ import annotations

@@ -22,7 +22,7 @@
 --            ack, no fence), consumer, entry count n, '1' if its entries carry records
 --            (else '0'), outputs per entry m, budget fields per entry nb, then per output:
 --            stream key, '1' if it has a once key (else '0');
---            when nb > 0 (a pipeline with budgets, CONTRACT §13): the budget hash prefix,
+--            when nb > 0 (a pipeline with budgets): the budget hash prefix,
 --            the correlation field, the warning stream, the over set ('' = none), the
 --            reservations hash prefix ('' = none: the step reserves nothing), the
 --            scale (the hash counts whole 1/scale of a unit), amount columns na, t, t
@@ -323,7 +323,7 @@ local function record()
   if current then redis.call('PEXPIRE', current, 2 * ttl, 'NX') end
 end
 
--- Budgets (CONTRACT §13): each committed entry adds its amounts (whole 1/scale of a
+-- Budgets (docs/reference.md): each committed entry adds its amounts (whole 1/scale of a
 -- unit: HINCRBY, since HINCRBYFLOAT costs the server over twice as much) to its run's
 -- hash, stopping at the most a field counts rather than failing the commit; the
 -- first commit that finds a field's total at or over its soft threshold writes the run's

@@ -67,7 +67,7 @@ class Append(NamedTuple):
 
 
 class ChargePlan(NamedTuple):
-    """How one step's commits charge their runs' budgets (CONTRACT §13), the same for
+    """How one step's commits charge their runs' budgets (docs/reference.md, Budgets), the same for
     each of its entries: each charged amount goes to its field of the hash ``prefix +
     run``. A field with a ``soft`` threshold (None: none) whose total reaches it in a
     commit writes one ``warning`` entry to ``warning_stream``, once per run and field:

@@ -1,12 +1,12 @@
 """Connections to the server: one pooled asyncio client per process, settings chosen for
 streams (blocking reads need their own connections; timeouts exceed the block time).
 
-A ``redis+cluster://`` or ``rediss+cluster://`` URL (CONTRACT §15) gives redis-py's
-cluster client instead (:mod:`printery.transport.cluster`): it follows MOVED/ASK and
-refreshes its slot map after a failover.
-It has the command methods of the plain client, so the rest of printery takes either as
-:class:`redis.asyncio.Redis`; the few places that must know (one slot per command, the
-wire channel, SCAN per master) ask :func:`printery.transport.streams.one_slot`.
+A ``redis+cluster://`` or ``rediss+cluster://`` URL (docs/reference.md, Partitions) gives
+redis-py's cluster client instead (:mod:`printery.transport.cluster`): it follows
+MOVED/ASK and refreshes its slot map after a failover. It has the command methods of the
+plain client, so the rest of printery takes either as :class:`redis.asyncio.Redis`; the
+few places that must know (one slot per command, the wire channel, SCAN per master) ask
+:func:`printery.transport.streams.one_slot`.
 """
 
 from __future__ import annotations

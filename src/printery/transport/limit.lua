@@ -1,5 +1,5 @@
--- Flow control (CONTRACT §13): report, then admit, in one atomic step for every process
--- sharing the server. The only clock is the server's TIME.
+-- Flow control (docs/reference.md, Flow control): report, then admit, in one atomic step
+-- for every process sharing the server. The only clock is the server's TIME.
 --
 -- State is counted per gate (one step's limits in one process), never per handler call,
 -- so a call costs the same for a batch of one or of a thousand entries. Each limit key

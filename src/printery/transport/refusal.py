@@ -1,6 +1,6 @@
 """What the server refuses for good: credentials, an ACL rule or a TLS certificate that
 does not verify are configuration, not an outage, so no amount of waiting heals them
-(CONTRACT §1: exit 2 at start)."""
+(docs/reference.md, Commands: exit 2 at start)."""
 
 from __future__ import annotations
 

@@ -64,7 +64,8 @@ ROUTE_LUA = script("route")
 
 def one_slot(client: object) -> bool:
     """Whether every command of ``client`` must touch keys of one slot (a cluster client):
-    then one ``XREADGROUP`` may name only one partition's streams (CONTRACT §15)."""
+    then one ``XREADGROUP`` may name only one partition's streams (docs/reference.md,
+    Partitions)."""
     return isinstance(client, RedisCluster)
 
 

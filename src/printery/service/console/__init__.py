@@ -1,5 +1,6 @@
-"""The web console (CONTRACT §14): server-rendered pages at ``/`` of ``--http-addr``,
-live over server-sent events, every asset shipped in this package (no CDN).
+"""The web console (docs/reference.md, The web console): server-rendered pages at ``/`` of
+``--http-addr``, live over server-sent events, every asset shipped in this package (no
+CDN).
 
 :func:`service_console` builds it for a service: it shares ``/v1``'s access rule
 (:func:`~printery.service.access.service_access`) and its :class:`~printery.runs.facade.Runs`.

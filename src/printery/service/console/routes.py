@@ -1,5 +1,5 @@
-"""The console's routes on the service's HTTP server (CONTRACT §14): pages, the forms'
-POSTs, the live updates (server-sent events) and the static files.
+"""The console's routes on the service's HTTP server (docs/reference.md, The web console):
+pages, the forms' POSTs, the live updates (server-sent events) and the static files.
 
 Pages are rendered on the server (Jinja2, autoescaped). Live updates need no client-side
 rendering either: a page's live part is one fragment the server renders again and sends
