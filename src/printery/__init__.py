@@ -44,10 +44,10 @@ from printery.pipeline.dag import Pipeline
 from printery.pipeline.escalation import escalate, review_output
 from printery.pipeline.fanout import Map
 from printery.pipeline.loop import Loop
-from printery.pipeline.reason import Reason
 from printery.pipeline.render import to_mermaid, to_text
 from printery.pipeline.review_kinds import ReviewCase, ReviewKind, ReviewOutcome
 from printery.pipeline.step import Step
+from printery.reason import Reason
 from printery.redact import redact_text, redact_url
 from printery.runs.client import Client, SyncClient
 from printery.runs.cost import cost_summary

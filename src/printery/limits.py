@@ -11,18 +11,17 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import Any
 
 from printery.errors import PipelineError
-
-if TYPE_CHECKING:
-    from printery.runtime.handler import Message
 
 __all__ = ["WINDOW_SECONDS", "FallsBack", "Limit", "fallback_of", "mark_fallback"]
 
 #: Whether a step has a fallback to run for this message in place of its handler when a
 #: limit's ``max_wait`` runs out (a ``Loop`` has one for a turn that calls ``work``).
-FallsBack = Callable[["Message"], bool]
+#: The functions here take the step's :class:`~printery.Message`, typed ``Any``: a
+#: declaration does not depend on the runtime that delivers it (layer 0, below ``runtime``).
+FallsBack = Callable[[Any], bool]
 _FALLBACK_ATTR = "__printery_falls_back__"
 
 #: The window of ``requests_per_minute`` and ``tokens_per_minute``.
@@ -53,7 +52,7 @@ class Limit:
     fallback waits as if no ``max_wait`` were set.
     """
 
-    key: str | Callable[[Message], str]
+    key: str | Callable[[Any], str]
     requests_per_minute: int | None = None
     tokens_per_minute: int | None = None
     concurrency: int | None = None
@@ -94,7 +93,7 @@ class Limit:
             return self.key
         return getattr(self.key, "__name__", "key")
 
-    def key_of(self, message: Message) -> str:
+    def key_of(self, message: Any) -> str:
         """The key ``message`` is limited under."""
         if isinstance(self.key, str):
             return self.key

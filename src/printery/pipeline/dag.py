@@ -26,9 +26,9 @@ from printery.keys import DLQ, REVIEW, REVIEW_DECIDED, RUN_FAILED, StreamKeys
 from printery.limits import Limit
 from printery.pipeline.budget_review import budget_review_kind
 from printery.pipeline.fanout import Map, MapShape
-from printery.pipeline.reason import Reason
 from printery.pipeline.review_kinds import ReviewHook, ReviewKind, escalation_of
 from printery.pipeline.step import LoopShape, Step, StepSource
+from printery.reason import Reason
 from printery.runtime.consumer import ConsumerSettings
 from printery.runtime.handler import Handler
 from printery.runtime.observe import Observer

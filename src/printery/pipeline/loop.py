@@ -58,7 +58,6 @@ from printery.fields import item_fields, item_key
 from printery.keys import REVIEW
 from printery.limits import Limit
 from printery.pipeline.escalation import review_output
-from printery.pipeline.reason import Reason
 from printery.pipeline.step import (
     LoopShape,
     Step,
@@ -67,6 +66,7 @@ from printery.pipeline.step import (
     checked_reasons,
     validation_reasons,
 )
+from printery.reason import Reason
 from printery.runtime.handler import HandlerResult, Message, Output
 from printery.runtime.partials import current, retract
 from printery.runtime.partials import verdict as publish_verdict

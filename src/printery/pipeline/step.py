@@ -21,7 +21,7 @@ from printery.errors import OutputContractError, PipelineError, Reject
 from printery.fields import REJECT_TYPE, RESUME_TYPE
 from printery.keys import REVIEW
 from printery.limits import FallsBack, Limit, fallback_of, mark_fallback
-from printery.pipeline.reason import Reason
+from printery.reason import Reason
 from printery.runtime.handler import Handler, HandlerResult, Message, outputs_of
 from printery.runtime.partials import passed, retract
 from printery.runtime.step_context import Companion, StepContext

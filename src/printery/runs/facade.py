@@ -24,7 +24,7 @@ from printery.fields import TRACEPARENT
 from printery.keys import StreamKeys, new_id_in, partition_of
 from printery.logging import get_logger
 from printery.pipeline.dag import Pipeline
-from printery.pipeline.reason import Reason
+from printery.reason import Reason
 from printery.runs.reader import RunReader
 from printery.runtime.run_index import RUNNING
 from printery.telemetry import valid_traceparent

@@ -36,7 +36,7 @@ from printery.inbox import dead_letters, reviews
 from printery.keys import DLQ, REVIEW, StreamKeys
 from printery.logging import get_logger
 from printery.pipeline.dag import Pipeline
-from printery.pipeline.reason import Reason
+from printery.reason import Reason
 from printery.runs.facade import Runs
 from printery.runs.reader import run_cost, run_status
 from printery.service.access import Access, service_access
