@@ -11,15 +11,14 @@ from __future__ import annotations
 
 from typing import Any
 
-import redis.asyncio as aioredis
-from redis.exceptions import RedisError, WatchError
-
 from printery.envelope import correlation_of
 from printery.errors import TransportError
 from printery.fields import DLQ_FIELDS, REPLAYED_FROM, SOURCE_STREAM
 from printery.keys import StreamKeys
-from printery.runs.history import decode_fields, get_entry, id_order
+from printery.runs.history import decode_fields, id_order
 from printery.runtime.run_index import DEAD_LETTER, RUNNING, now_ms
+from printery.store import Redis, ServerError, WatchConflict
+from printery.store.scan import read_entry
 from printery.transport.streams import CONNECTION_ERRORS, WATCH_RETRIES, public_api
 
 #: The status of a run a dead letter ended (its ``run:failed`` outcome, docs/reference.md).
@@ -40,7 +39,7 @@ def view(entry_id: str, fields: dict[str, str], correlation_field: str) -> dict[
 
 @public_api
 async def dead_letters(
-    client: aioredis.Redis, keys: StreamKeys, correlation_field: str, *, count: int = 1000
+    client: Redis, keys: StreamKeys, correlation_field: str, *, count: int = 1000
 ) -> list[dict[str, Any]]:
     """The oldest ``count`` dead letters of every partition, each with every field."""
     found = []
@@ -52,12 +51,12 @@ async def dead_letters(
 
 
 async def _find(
-    client: aioredis.Redis, keys: StreamKeys, ref: str
+    client: Redis, keys: StreamKeys, ref: str
 ) -> tuple[StreamKeys, str, dict[str, str]] | None:
     """The partition, stream id and fields of the dead letter named ``ref``."""
     parts, entry_id = keys.resolve_ref(ref)
     for part in parts:
-        fields = await get_entry(client, part.dlq, entry_id)
+        fields = await read_entry(client, part.dlq, entry_id)
         if fields is not None:
             return part, entry_id, fields
     return None
@@ -65,7 +64,7 @@ async def _find(
 
 @public_api
 async def dead_letter(
-    client: aioredis.Redis, keys: StreamKeys, correlation_field: str, entry_id: str
+    client: Redis, keys: StreamKeys, correlation_field: str, entry_id: str
 ) -> dict[str, Any] | None:
     """One dead letter, or None when there is no such entry."""
     found = await _find(client, keys, entry_id)
@@ -74,7 +73,7 @@ async def dead_letter(
 
 @public_api
 async def replay_dead_letter(
-    client: aioredis.Redis, keys: StreamKeys, entry_id: str, correlation_field: str = "",
+    client: Redis, keys: StreamKeys, entry_id: str, correlation_field: str = "",
 ) -> dict[str, Any]:
     """Move one dead letter back to its source stream (``attempt`` + 1, ``replayed_from``);
     a result: ``replayed`` true with ``new_id``, or false with an ``error``. The source
@@ -92,7 +91,7 @@ async def replay_dead_letter(
         async with client.pipeline(transaction=True) as pipe:
             try:
                 await pipe.watch(dlq_key)
-                fields = await get_entry(pipe, dlq_key, entry_id)
+                fields = await read_entry(pipe, dlq_key, entry_id)
                 if fields is None:
                     await pipe.unwatch()  # type: ignore[no-untyped-call]
                     return {"id": ref, "replayed": False, "error": "no such dlq entry"}
@@ -120,7 +119,7 @@ async def replay_dead_letter(
                     pipe.zadd(part.run_index(RUNNING), {run: now_ms()})
                     pipe.hdel(part.run_info(run), "status", "ended", DEAD_LETTER)
                 new_id, *_ = await pipe.execute()
-            except WatchError:
+            except WatchConflict:
                 continue
         return {"id": ref, "replayed": True, "source_stream": source,
                 "new_id": part.entry_ref(str(new_id))}
@@ -128,14 +127,14 @@ async def replay_dead_letter(
 
 
 @public_api
-async def purge(client: aioredis.Redis, keys: StreamKeys, entry_id: str) -> dict[str, Any]:
+async def purge(client: Redis, keys: StreamKeys, entry_id: str) -> dict[str, Any]:
     """Delete one dead letter for good: ``purged`` true, or false with an ``error``."""
     parts, stream_id = keys.resolve_ref(entry_id)
     deleted = 0
     for part in parts:
         try:
             deleted = await client.xdel(part.dlq, stream_id)
-        except RedisError as exc:
+        except ServerError as exc:
             if isinstance(exc, CONNECTION_ERRORS):
                 raise
             deleted = 0  # a malformed id is an unknown id
@@ -146,7 +145,7 @@ async def purge(client: aioredis.Redis, keys: StreamKeys, entry_id: str) -> dict
 
 
 @public_api
-async def dead_letter_ids(client: aioredis.Redis, keys: StreamKeys) -> list[str]:
+async def dead_letter_ids(client: Redis, keys: StreamKeys) -> list[str]:
     """Every dead letter's id as commands name it, of every partition."""
     return [part.entry_ref(str(entry_id)) for part in keys.each()
             for entry_id, _ in await client.xrange(part.dlq)]

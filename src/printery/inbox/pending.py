@@ -13,16 +13,16 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-import redis.asyncio as aioredis
-from redis.exceptions import RedisError, ResponseError
-
 from printery.envelope import Codec, correlation_of
 from printery.keys import StreamKeys
-from printery.runs.history import get_entry, id_order
+from printery.runs.history import id_order
 from printery.runtime.run_index import RunIndex
 from printery.runtime.writes import dead_letter_write
+from printery.store import CommandRefused, Redis, ServerError
+from printery.store.scan import read_entry
 from printery.transport.dead_letter import write_dead_letter
-from printery.transport.streams import CONNECTION_ERRORS, Scripts
+from printery.transport.scripts import Scripts
+from printery.transport.streams import CONNECTION_ERRORS
 
 __all__ = ["OPERATOR", "PendingEntry", "dead_letter_pending", "find_pending", "pending_entries"]
 
@@ -81,14 +81,14 @@ def _pairs(
 
 
 async def _page(
-    client: aioredis.Redis, stream: str, group: str, start: str, count: int
+    client: Redis, stream: str, group: str, start: str, count: int
 ) -> list[dict[str, Any]]:
     """One page of ``XPENDING stream group start + count``; empty when the stream or
     the group does not exist (no worker ever started on it)."""
     try:
         rows: list[dict[str, Any]] = await client.xpending_range(
             stream, group, min=start, max="+", count=count)
-    except ResponseError as exc:
+    except CommandRefused as exc:
         if isinstance(exc, CONNECTION_ERRORS) or "NOGROUP" not in str(exc):
             raise
         return []
@@ -96,13 +96,13 @@ async def _page(
 
 
 def _entry(part: StreamKeys, event_type: str, group: str, row: Mapping[str, Any]) -> PendingEntry:
-    return PendingEntry(part, event_type, _text(row["message_id"]), group,
-                        _text(row["consumer"]), int(row["times_delivered"]),
+    return PendingEntry(part, event_type, str(row["message_id"]), group,
+                        str(row["consumer"]), int(row["times_delivered"]),
                         int(row["time_since_delivered"]))
 
 
 async def _with_runs(
-    client: aioredis.Redis, entries: list[PendingEntry], correlation_field: str
+    client: Redis, entries: list[PendingEntry], correlation_field: str
 ) -> list[PendingEntry]:
     """``entries`` with the run each belongs to, read from its fields (one pipelined
     round trip per page)."""
@@ -126,7 +126,7 @@ async def _with_runs(
 
 
 async def pending_entries(
-    client: aioredis.Redis,
+    client: Redis,
     keys: StreamKeys,
     groups: Mapping[str, Sequence[str]],
     correlation_field: str,
@@ -146,14 +146,14 @@ async def pending_entries(
                 found += [_entry(part, event_type, group, row) for row in rows]
                 if len(rows) < PAGE:
                     break
-                start = "(" + _text(rows[-1]["message_id"])
+                start = "(" + str(rows[-1]["message_id"])
     found = await _with_runs(client, found, correlation_field)
     found.sort(key=lambda e: (id_order(e.entry_id), e.stream, e.worker))
     return found
 
 
 async def find_pending(
-    client: aioredis.Redis,
+    client: Redis,
     keys: StreamKeys,
     groups: Mapping[str, Sequence[str]],
     correlation_field: str,
@@ -173,7 +173,7 @@ async def find_pending(
             try:
                 rows = await client.xpending_range(part.stream(event_type), group,
                                                    min=entry_id, max=entry_id, count=1)
-            except RedisError as exc:
+            except ServerError as exc:
                 if isinstance(exc, CONNECTION_ERRORS):
                     raise
                 continue  # no such stream or group, or an id the server refuses
@@ -182,7 +182,7 @@ async def find_pending(
 
 
 async def dead_letter_pending(
-    client: aioredis.Redis,
+    client: Redis,
     entry: PendingEntry,
     codec: Codec,
     *,
@@ -198,7 +198,7 @@ async def dead_letter_pending(
     its group (whoever holds it). The dlq entry's id as commands name it, or None when
     the entry is no longer pending (acknowledged or dead-lettered meanwhile)."""
     part = entry.keys
-    fields = await get_entry(client, entry.stream, entry.entry_id) or {}
+    fields = await read_entry(client, entry.stream, entry.entry_id) or {}
     write = dead_letter_write(
         part, codec, group=entry.worker, stream=entry.stream, entry_id=entry.entry_id,
         consumer="", fields=fields, reason_code=OPERATOR, error=reason or OPERATOR_ERROR,
@@ -207,6 +207,3 @@ async def dead_letter_pending(
     dlq_id = await write_dead_letter(Scripts(client), write)
     return None if dlq_id is None else part.entry_ref(dlq_id)
 
-
-def _text(value: object) -> str:
-    return value.decode() if isinstance(value, bytes) else str(value)

@@ -18,9 +18,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any, cast
 
-import redis.asyncio as aioredis
 from pydantic import ValidationError
-from redis.exceptions import WatchError
 
 from printery import _json
 from printery._util import now_rfc3339, stream_id_ms
@@ -52,9 +50,11 @@ from printery.logging import get_logger
 from printery.pipeline.dag import Pipeline
 from printery.pipeline.review_kinds import APPROVED, REJECTED, ReviewCase, ReviewKind
 from printery.pipeline.step import validation_reasons
-from printery.runs.history import get_entry, id_order
+from printery.runs.history import id_order
 from printery.runtime.payloads import PayloadStore
 from printery.runtime.run_index import RunIndex
+from printery.store import Redis, WatchConflict
+from printery.store.scan import read_entry
 from printery.transport.streams import WATCH_RETRIES
 
 __all__ = [
@@ -85,7 +85,7 @@ REVIEW_PAGE = 500
 
 
 async def list_reviews(
-    client: aioredis.Redis, keys: StreamKeys, pipeline: Pipeline, *,
+    client: Redis, keys: StreamKeys, pipeline: Pipeline, *,
     limit: int | None = REVIEW_PAGE, after: str = "",
 ) -> list[dict[str, Any]]:
     """Open reviews of every partition, oldest first, as :func:`get_review` shows them
@@ -119,20 +119,20 @@ def _cursor(keys: StreamKeys, after: str) -> tuple[str, int]:
 
 
 async def _locate(
-    client: aioredis.Redis, keys: StreamKeys, review_id: str
+    client: Redis, keys: StreamKeys, review_id: str
 ) -> tuple[StreamKeys, str, dict[str, str]]:
     """The partition of the open review ``review_id`` (as listed), its stream entry id
     and fields; raises :class:`ReviewNotFound`."""
     parts, entry_id = keys.resolve_ref(review_id)
     for part in parts:
-        fields = await get_entry(client, part.review, entry_id)
+        fields = await read_entry(client, part.review, entry_id)
         if fields is not None:
             return part, entry_id, fields
     raise ReviewNotFound(review_id)
 
 
 async def get_review(
-    client: aioredis.Redis, keys: StreamKeys, pipeline: Pipeline, review_id: str
+    client: Redis, keys: StreamKeys, pipeline: Pipeline, review_id: str
 ) -> dict[str, Any]:
     """One open review: ``id``, ``kind``, ``step``, the correlation field, ``reason``,
     ``resume_type``, ``reject_type``, ``source_stream``, ``source_id``, ``produced_at``,
@@ -142,7 +142,7 @@ async def get_review(
 
 
 async def _view(
-    client: aioredis.Redis, keys: StreamKeys, pipeline: Pipeline, review_id: str,
+    client: Redis, keys: StreamKeys, pipeline: Pipeline, review_id: str,
     fields: Mapping[str, str],
 ) -> dict[str, Any]:
     kind = fields.get(KIND, "")
@@ -157,7 +157,7 @@ async def _view(
     }
 
 
-async def _data(client: aioredis.Redis, keys: StreamKeys, fields: Mapping[str, str]) -> Any:
+async def _data(client: Redis, keys: StreamKeys, fields: Mapping[str, str]) -> Any:
     """The escalated data, resolved when it travelled by reference; as stored when it
     cannot be decoded (a decision must still be possible)."""
     raw = fields.get("data", "null")
@@ -173,7 +173,7 @@ async def _data(client: aioredis.Redis, keys: StreamKeys, fields: Mapping[str, s
 
 
 async def approve(
-    client: aioredis.Redis, keys: StreamKeys, pipeline: Pipeline, review_id: str, *,
+    client: Redis, keys: StreamKeys, pipeline: Pipeline, review_id: str, *,
     by: str, note: str = "", data: Any = None, producer: str = DEFAULT_PRODUCER,
 ) -> dict[str, Any]:
     """Approve: by default the review's ``resume_type`` is written with ``data`` (None:
@@ -183,7 +183,7 @@ async def approve(
 
 
 async def reject(
-    client: aioredis.Redis, keys: StreamKeys, pipeline: Pipeline, review_id: str, *,
+    client: Redis, keys: StreamKeys, pipeline: Pipeline, review_id: str, *,
     by: str, note: str = "", producer: str = DEFAULT_PRODUCER,
 ) -> dict[str, Any]:
     """Reject: by default the review's ``reject_type`` is written, status ``rejected``
@@ -193,7 +193,7 @@ async def reject(
 
 
 async def decide(
-    client: aioredis.Redis, keys: StreamKeys, pipeline: Pipeline, review_id: str,
+    client: Redis, keys: StreamKeys, pipeline: Pipeline, review_id: str,
     decision: str, *, by: str, note: str = "", data: Any = None,
     producer: str = DEFAULT_PRODUCER,
 ) -> dict[str, Any]:
@@ -276,14 +276,14 @@ def _check_edited(
 
 
 async def _commit(
-    client: aioredis.Redis, keys: StreamKeys, review_id: str, decided: dict[str, str],
+    client: Redis, keys: StreamKeys, review_id: str, decided: dict[str, str],
     outputs: list[tuple[str, dict[str, str]]], commands: Sequence[tuple[Any, ...]] = (),
 ) -> None:
     for _ in range(WATCH_RETRIES):
         async with client.pipeline(transaction=True) as pipe:
             try:
                 await pipe.watch(keys.review)
-                if await get_entry(pipe, keys.review, review_id) is None:
+                if await read_entry(pipe, keys.review, review_id) is None:
                     raise ReviewNotFound(review_id)
                 pipe.multi()  # type: ignore[no-untyped-call]
                 for stream, fields in outputs:
@@ -294,7 +294,7 @@ async def _commit(
                     pipe.execute_command(*command)
                 await pipe.execute()
                 return
-            except WatchError:
+            except WatchConflict:
                 continue
     raise ReviewError(f"review {review_id}: too much concurrent change, try again")
 
@@ -303,7 +303,7 @@ async def _commit(
 
 
 async def expire_reviews(
-    client: aioredis.Redis, keys: StreamKeys, pipeline: Pipeline, timeouts: Mapping[str, float],
+    client: Redis, keys: StreamKeys, pipeline: Pipeline, timeouts: Mapping[str, float],
     *, producer: str = DEFAULT_PRODUCER,
 ) -> list[dict[str, Any]]:
     """Reject, with ``by`` = ``timeout``, every open review older (by its entry id, the
@@ -323,7 +323,7 @@ async def expire_reviews(
 
 
 async def _expire_partition(
-    client: aioredis.Redis, keys: StreamKeys, pipeline: Pipeline, timeouts: Mapping[str, float],
+    client: Redis, keys: StreamKeys, pipeline: Pipeline, timeouts: Mapping[str, float],
     now_ms: int, newest: int, producer: str,
 ) -> list[dict[str, Any]]:
     made: list[dict[str, Any]] = []

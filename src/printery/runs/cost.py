@@ -17,13 +17,12 @@ import time
 from collections.abc import Mapping
 from typing import Any
 
-import redis.asyncio as aioredis
-
 from printery import _json
 from printery.envelope import correlation_of
 from printery.keys import DLQ, REVIEW, StreamKeys
 from printery.pipeline.dag import Pipeline
-from printery.runs.history import scan_stream
+from printery.store import Redis
+from printery.store.scan import scan_stream
 from printery.transport.commit import decode_spent
 from printery.transport.streams import public_api
 
@@ -43,7 +42,7 @@ def parse_duration(text: str) -> float:
 
 @public_api
 async def cost_summary(
-    client: aioredis.Redis,
+    client: Redis,
     keys: StreamKeys,
     pipeline: Pipeline,
     correlation_id: str | None = None,
@@ -71,7 +70,7 @@ async def cost_summary(
 
 @public_api
 async def budget_status(
-    client: aioredis.Redis, keys: StreamKeys, pipeline: Pipeline, run_id: str
+    client: Redis, keys: StreamKeys, pipeline: Pipeline, run_id: str
 ) -> list[dict[str, Any]] | None:
     """What ``run_id`` has spent against each budget limit (docs/reference.md, Budgets),
     from the run's hash (exact, as the commits charged it): one row per limit,

@@ -12,10 +12,7 @@ processes submit it at once.
 from __future__ import annotations
 
 import asyncio
-from importlib import resources
 from typing import Any
-
-import redis.asyncio as aioredis
 
 from printery._util import fail_waiters, new_id
 from printery.envelope import Codec
@@ -27,12 +24,14 @@ from printery.pipeline.dag import Pipeline
 from printery.reason import Reason
 from printery.runs.reader import RunReader
 from printery.runtime.run_index import RUNNING
+from printery.store import Redis
 from printery.telemetry import valid_traceparent
 from printery.transport.channel import DirectChannel
+from printery.transport.scripts import script
 
 __all__ = ["PRODUCER", "SUBMIT_WAIT", "Runs"]
 
-SUBMIT_LUA = resources.files("printery.transport").joinpath("submit.lua").read_text()
+SUBMIT_LUA = script("submit")
 #: How long a submit's idempotency record is kept (the workers' records: 7 days).
 SUBMIT_RECORD_TTL = 7 * 86400
 #: Who wrote an entry submitted through the client (the ``producer`` field).
@@ -48,7 +47,7 @@ class Runs:
     :class:`Client` and the HTTP API (``/v1/runs``) both do."""
 
     def __init__(
-        self, redis: aioredis.Redis, keys: StreamKeys, pipeline: Pipeline, *,
+        self, redis: Redis, keys: StreamKeys, pipeline: Pipeline, *,
         payload_limit: int, producer: str = PRODUCER, replicated: float = SUBMIT_WAIT,
     ) -> None:
         self.redis = redis
@@ -139,7 +138,7 @@ class _SubmitBatcher:
     at a time (the lock is fair); a caller whose submit went with another's write just
     takes its reply."""
 
-    def __init__(self, redis: aioredis.Redis, replicated: float = SUBMIT_WAIT) -> None:
+    def __init__(self, redis: Redis, replicated: float = SUBMIT_WAIT) -> None:
         self._channel = DirectChannel(redis)
         #: Seconds each write waits for a replica (``WAIT``) when its master has one.
         self._replicated = replicated

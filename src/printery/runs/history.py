@@ -10,58 +10,24 @@ only ``data`` leaves), so such entries are found like any other.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import AsyncIterator, Callable, Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
-
-import redis.asyncio as aioredis
-from redis.exceptions import RedisError
 
 from printery import _json
 from printery.envelope import correlation_of
 from printery.fields import DELIVERIES
-from printery.transport.streams import CONNECTION_ERRORS
+from printery.store import Redis
+from printery.store.scan import scan_stream
 
-__all__ = ["decode_fields", "find_entries", "get_entry", "id_order", "scan_stream"]
-
-_CHUNK = 1000
-
-
-async def scan_stream(
-    client: aioredis.Redis, stream: str, start: str = "-", chunk: int = _CHUNK
-) -> AsyncIterator[tuple[str, dict[str, str]]]:
-    """Every entry of ``stream`` from ``start``, in id order, ``chunk`` at a time.
-
-    Bounded memory per round trip; the next chunk starts exclusively after the last id
-    (``(`` syntax), so nothing is read twice.
-    """
-    lower = start
-    while True:
-        batch = await client.xrange(stream, lower, "+", count=chunk)
-        for entry_id, fields in batch:
-            yield _text(entry_id), {_text(k): _text(v) for k, v in fields.items()}
-        if len(batch) < chunk:
-            return
-        lower = "(" + _text(batch[-1][0])
+__all__ = ["decode_fields", "find_entries", "id_order"]
 
 
 async def find_entries(
-    client: aioredis.Redis, stream: str, field: str, value: str
+    client: Redis, stream: str, field: str, value: str
 ) -> list[tuple[str, dict[str, str]]]:
     """Entries of ``stream`` of the run ``value`` (correlation ``field``), oldest first."""
     return [(i, f) async for i, f in scan_stream(client, stream)
             if correlation_of(f, field) == value]
-
-
-async def get_entry(client: Any, stream: str, entry_id: str) -> dict[str, str] | None:
-    """The fields of one entry, or None when it does not exist (or the id is malformed);
-    ``client`` may be a pipeline under WATCH. Connection errors raise."""
-    try:
-        found = await client.xrange(stream, entry_id, entry_id, count=1)
-    except RedisError as exc:
-        if isinstance(exc, CONNECTION_ERRORS):
-            raise
-        return None
-    return {_text(k): _text(v) for k, v in found[0][1].items()} if found else None
 
 
 def id_order(entry_id: str) -> tuple[int, int]:
@@ -98,6 +64,3 @@ def decode_fields(fields: Mapping[str, str]) -> dict[str, Any]:
                 out[name] = number(raw)
     return out
 
-
-def _text(value: object) -> str:
-    return value.decode() if isinstance(value, bytes) else str(value)

@@ -13,45 +13,18 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-import redis.asyncio as aioredis
-
 from printery.keys import StreamKeys
 from printery.runtime.run_index import RUNNING, now_ms
-from printery.transport.streams import Scripts
+from printery.store import Redis
+from printery.transport.scripts import Scripts, script
 
 __all__ = ["FORGET_BATCH", "RunIndexReader"]
 
 #: Runs forgotten per script call at most, so a sweep never holds the server long.
 FORGET_BATCH = 500
 
-# KEYS[1] every run, KEYS[2..] the runs of each ended status; ARGV: retention ms, most
-# runs to forget, a run's info key less its id. A run goes when its (latest) outcome is
-# older than the retention: out of every set and its info hash deleted; one filed under
-# an older outcome of a run that ended again since only leaves that status's set.
-# Returns how many runs went and how many it looked at (the call is repeated while that
-# is the most asked).
-FORGET_LUA = """
-local t = redis.call('TIME')
-local cutoff = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000) - tonumber(ARGV[1])
-local left, forgotten = tonumber(ARGV[2]), 0
-for k = 2, #KEYS do
-  if left <= 0 then break end
-  local old = redis.call('ZRANGEBYSCORE', KEYS[k], '-inf', '(' .. cutoff, 'LIMIT', 0, left)
-  for _, run in ipairs(old) do
-    local info = ARGV[3] .. run
-    local ended = tonumber(redis.call('HGET', info, 'ended'))
-    if ended == nil or ended < cutoff then
-      for j = 1, #KEYS do redis.call('ZREM', KEYS[j], run) end
-      redis.call('UNLINK', info)
-      forgotten = forgotten + 1
-    else
-      redis.call('ZREM', KEYS[k], run)
-    end
-    left = left - 1
-  end
-end
-return {forgotten, tonumber(ARGV[2]) - left}
-"""
+#: Forgets the runs whose outcome is older than the retention (``forget.lua``).
+FORGET = script("forget")
 
 
 class RunIndexReader:
@@ -62,7 +35,7 @@ class RunIndexReader:
     def __init__(self, keys: StreamKeys) -> None:
         self.keys = keys
 
-    async def forget_ended(self, client: aioredis.Redis, retention_s: float,
+    async def forget_ended(self, client: Redis, retention_s: float,
                            scripts: Scripts | None = None) -> int:
         """Forget the runs whose outcome is older than ``retention_s`` (server clock), in
         every partition, a bounded batch per script call; how many went. Running runs
@@ -70,20 +43,20 @@ class RunIndexReader:
         runner = scripts or Scripts(client)
         forgotten = 0
         for keys in self.keys.whole.each():
-            statuses = sorted(_text(s) for s in await client.smembers(keys.run_statuses))  # type: ignore[misc]
+            statuses = sorted(str(s) for s in await client.smembers(keys.run_statuses))  # type: ignore[misc]
             ended = [keys.run_index(status) for status in statuses if status != RUNNING]
             if not ended:
                 continue
             while True:
                 went, looked_at = await runner.call(
-                    FORGET_LUA, [keys.run_index(), *ended],
+                    FORGET, [keys.run_index(), *ended],
                     [int(retention_s * 1000), FORGET_BATCH, keys.run_info("")])
                 forgotten += int(went)
                 if int(looked_at) < FORGET_BATCH:
                     break
         return forgotten
 
-    async def page(self, client: aioredis.Redis, *, status: str = "", offset: int = 0,
+    async def page(self, client: Redis, *, status: str = "", offset: int = 0,
                    count: int = 50) -> tuple[list[dict[str, Any]], int]:
         """Runs newest first (``status``: of that status only) from ``offset``, and how
         many there are: two round trips whatever the size of the index (each partition
@@ -97,9 +70,9 @@ class RunIndexReader:
         members = sorted((member for n in range(len(parts)) for member in replies[2 * n]),
                          key=lambda member: -float(member[1]))[offset : offset + count]
         total = sum(int(replies[2 * n + 1]) for n in range(len(parts)))
-        return await self.rows(client, [_text(m) for m, _ in members]), total
+        return await self.rows(client, [str(m) for m, _ in members]), total
 
-    async def rows(self, client: aioredis.Redis, run_ids: Sequence[str]) -> list[dict[str, Any]]:
+    async def rows(self, client: Redis, run_ids: Sequence[str]) -> list[dict[str, Any]]:
         """Each run's ``run_id``, ``status``, ``started`` and ``ended`` (ms, 0: not yet):
         one round trip for the lot."""
         if not run_ids:
@@ -114,16 +87,16 @@ class RunIndexReader:
         rows = []
         for n, run_id in enumerate(run_ids):
             started, (status, ended) = replies[2 * n], replies[2 * n + 1]
-            rows.append({"run_id": run_id, "status": _text(status) if status else RUNNING,
+            rows.append({"run_id": run_id, "status": str(status) if status else RUNNING,
                          "started": int(started or 0), "ended": int(ended or 0)})
         return rows
 
-    async def find(self, client: aioredis.Redis, run_id: str) -> list[dict[str, Any]]:
+    async def find(self, client: Redis, run_id: str) -> list[dict[str, Any]]:
         """The run of exactly this id, when it is indexed (search by id)."""
         score = await client.zscore(self.keys.whole.of(run_id).run_index(), run_id)
         return [] if score is None else await self.rows(client, [run_id])
 
-    async def summary(self, client: aioredis.Redis) -> dict[str, Any]:
+    async def summary(self, client: Redis) -> dict[str, Any]:
         """``runs`` (all indexed), ``running``, and the status names seen."""
         parts = list(self.keys.whole.each())
         async with client.pipeline(transaction=False) as pipe:
@@ -132,12 +105,12 @@ class RunIndexReader:
                 pipe.zcard(keys.run_index(RUNNING))
                 pipe.smembers(keys.run_statuses)
             replies = await pipe.execute()
-        statuses = {_text(s) for n in range(len(parts)) for s in replies[3 * n + 2]}
+        statuses = {str(s) for n in range(len(parts)) for s in replies[3 * n + 2]}
         return {"runs": sum(int(replies[3 * n]) for n in range(len(parts))),
                 "running": sum(int(replies[3 * n + 1]) for n in range(len(parts))),
                 "statuses": sorted({RUNNING, *statuses})}
 
-    async def cost_last_hour(self, client: aioredis.Redis, at_ms: int | None = None) -> (
+    async def cost_last_hour(self, client: Redis, at_ms: int | None = None) -> (
         dict[str, float]
     ):
         """What the steps reported spending in the last 60 minutes, per unit."""
@@ -150,9 +123,6 @@ class RunIndexReader:
         total: dict[str, float] = {}
         for bucket in buckets:
             for unit, amount in bucket.items():
-                total[_text(unit)] = total.get(_text(unit), 0.0) + float(amount)
+                total[str(unit)] = total.get(str(unit), 0.0) + float(amount)
         return total
 
-
-def _text(value: object) -> str:
-    return value.decode() if isinstance(value, bytes) else str(value)

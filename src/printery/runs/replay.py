@@ -17,15 +17,15 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-import redis.asyncio as aioredis
-
 from printery import _json
 from printery.envelope import correlation_of
 from printery.errors import ReplayError
 from printery.fields import REPLAY_FOR, TRACEPARENT
 from printery.keys import StreamKeys
 from printery.pipeline.dag import Pipeline, steps_reached
-from printery.runs.history import find_entries, id_order, scan_stream
+from printery.runs.history import find_entries, id_order
+from printery.store import Redis
+from printery.store.scan import scan_stream
 from printery.transport.streams import public_api
 
 __all__ = ["ReplayError", "ReplayResult", "find_entries", "replay", "rerun_steps", "scan_stream"]
@@ -73,7 +73,7 @@ def _inputs(pipeline: Pipeline, steps: list[str]) -> dict[str, list[str]]:
 
 @public_api
 async def replay(
-    client: aioredis.Redis,
+    client: Redis,
     keys: StreamKeys,
     pipeline: Pipeline,
     correlation_id: str,
@@ -144,12 +144,12 @@ async def replay(
         for stream, entry in encoded:
             pipe.xadd(stream, entry)  # type: ignore[arg-type]
         ids = await pipe.execute()
-    entries = [{"stream": s, "id": _text(i)} for (s, _), i in zip(encoded, ids, strict=True)]
+    entries = [{"stream": s, "id": str(i)} for (s, _), i in zip(encoded, ids, strict=True)]
     return ReplayResult(correlation_id, new_id, from_step, entries, steps)
 
 
 async def _new_id(
-    client: aioredis.Redis, keys: StreamKeys, pipeline: Pipeline, original: str,
+    client: Redis, keys: StreamKeys, pipeline: Pipeline, original: str,
     wanted: str | None,
 ) -> str:
     """``wanted`` if no entry uses it, else (when not given) the first free ``-r<n>``
@@ -185,7 +185,7 @@ def _decodes(fields: Mapping[str, str]) -> bool:
     return True
 
 
-async def _data(client: aioredis.Redis, keys: StreamKeys, raw: str) -> Any:
+async def _data(client: Redis, keys: StreamKeys, raw: str) -> Any:
     """The entry's data, with a blob reference resolved (the copy must carry the id)."""
     data = _json.loads(raw)
     ref = data.get("$ref") if isinstance(data, dict) else None
@@ -196,6 +196,3 @@ async def _data(client: aioredis.Redis, keys: StreamKeys, raw: str) -> Any:
         return _json.loads(blob)
     return data
 
-
-def _text(value: object) -> str:
-    return value.decode() if isinstance(value, bytes) else str(value)

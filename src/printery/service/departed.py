@@ -18,16 +18,13 @@ its next read recreates it.
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, Iterable
-from importlib import resources
-from typing import Any, cast
-
-import redis.asyncio as aioredis
-from redis.exceptions import ResponseError
+from collections.abc import Callable, Iterable
+from typing import Any
 
 from printery.runtime.departed import owner
-
-DELCONSUMER_LUA = resources.files("printery.transport").joinpath("delconsumer.lua").read_text()
+from printery.store import Redis
+from printery.transport.scripts import Scripts
+from printery.transport.streams import consumers_of, remove_consumer
 
 
 def live_owners(processes: Iterable[dict[str, Any]]) -> set[str]:
@@ -36,7 +33,7 @@ def live_owners(processes: Iterable[dict[str, Any]]) -> set[str]:
 
 
 async def remove_departed(
-    client: aioredis.Redis,
+    client: Redis,
     readers: Iterable[tuple[str, str]],
     gone: Callable[[str], bool],
     *,
@@ -48,22 +45,12 @@ async def remove_departed(
     A stream or group that does not exist (yet) is skipped.
     """
     removed: list[tuple[str, str, str]] = []
+    scripts = Scripts(client)
     for stream, group in readers:
-        try:
-            consumers = await client.xinfo_consumers(stream, group)
-        except ResponseError:
-            continue
-        for info in consumers:
-            name = _text(info.get("name"))
+        for name, pending in await consumers_of(client, stream, group):
             who = owner(name)
-            if who is None or not gone(who) or int(info.get("pending", 0)):
+            if who is None or not gone(who) or pending:
                 continue
-            result = await cast(Awaitable[Any], client.eval(
-                DELCONSUMER_LUA, 1, stream, group, name, str(int(min_idle * 1000))))
-            if int(result) == 1:
+            if await remove_consumer(scripts, stream, group, name, int(min_idle * 1000)):
                 removed.append((stream, group, name))
     return removed
-
-
-def _text(value: object) -> str:
-    return value.decode() if isinstance(value, bytes) else str(value)

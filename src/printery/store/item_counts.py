@@ -58,7 +58,7 @@ class ItemCounts:
             calls, self._asked = self._asked, []
             try:
                 replies = await self._channel.scripts(
-                    MAP_COUNT.source, [(keys, args) for keys, args, _ in calls])
+                    MAP_COUNT, [(keys, args) for keys, args, _ in calls])
             except BaseException as exc:
                 for _, _, future in calls:
                     if not future.done():

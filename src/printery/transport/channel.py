@@ -27,8 +27,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import functools
-import hashlib
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, cast
@@ -46,6 +44,8 @@ from redis.exceptions import (
     TryAgainError,
 )
 from redis.exceptions import ConnectionError as RedisConnectionError
+
+from printery.transport.scripts import Script
 
 try:
     from redis._parsers.hiredis import NOT_ENOUGH_DATA as _NOT_ENOUGH_DATA
@@ -70,11 +70,6 @@ _REDIRECTS = (MovedError, AskError, TryAgainError, ClusterDownError)
 _REDIRECT_ROUNDS = 4
 #: Seconds between checks whether a master has a replica (``WAIT`` after submits).
 _REPLICA_CHECK = 10.0
-
-
-@functools.cache
-def _sha(source: str) -> str:
-    return hashlib.sha1(source.encode()).hexdigest()
 
 
 class DirectChannel:
@@ -195,17 +190,16 @@ class DirectChannel:
             await self._drop(node)  # the unread replies would be read as the next call's
             raise
 
-    async def scripts(self, source: str, calls: Sequence[tuple[Sequence[str], Sequence[Any]]],
+    async def scripts(self, script: Script, calls: Sequence[tuple[Sequence[str], Sequence[Any]]],
                       *, replicated: float = 0.0) -> list[Any]:
-        """Run the Lua ``source`` once per ``(keys, args)`` of ``calls``, by its SHA, in one
+        """Run ``script`` once per ``(keys, args)`` of ``calls``, by its SHA, in one
         write; each run's reply or error (``replicated``: as :meth:`commands`). A server
         that does not know the script (a restart) gets it loaded and the calls again: a
         call refused with NOSCRIPT did not run, so sending it again is safe."""
-        sha = _sha(source)
-        commands = [("EVALSHA", sha, len(keys), *keys, *args) for keys, args in calls]
+        commands = [("EVALSHA", script.sha, len(keys), *keys, *args) for keys, args in calls]
         replies = await self.commands(commands, replicated=replicated)
         if any(isinstance(reply, NoScriptError) for reply in replies):
-            await self.client.script_load(source)
+            await self.client.script_load(script.source)
             replies = await self.commands(commands, replicated=replicated)
         return replies
 

@@ -63,7 +63,7 @@ class LimitStore:
 
     async def _run(self, keys: list[str], args: list[Any]) -> Any:
         async with self._lock:  # the channel serves one call at a time
-            (reply,) = await self._channel.scripts(LIMIT_LUA.source, [(keys, args)])
+            (reply,) = await self._channel.scripts(LIMIT_LUA, [(keys, args)])
         if isinstance(reply, Exception):
             raise reply
         return reply

@@ -53,9 +53,7 @@ class Scripts:
         self.client = client
         self._loaded: set[str] = set()
 
-    async def call(self, script: Script | str, keys: Sequence[str], args: Sequence[Any]) -> Any:
-        if isinstance(script, str):  # an inline source: goes once the last one is a file
-            script = Script("inline", script, hashlib.sha1(script.encode()).hexdigest())
+    async def call(self, script: Script, keys: Sequence[str], args: Sequence[Any]) -> Any:
         for _ in range(2):
             if script.sha not in self._loaded:
                 await self.client.script_load(script.source)

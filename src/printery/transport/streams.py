@@ -22,8 +22,7 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from printery.errors import TransportError, describe
-from printery.transport.scripts import Scripts as Scripts  # until every caller imports it from there
-from printery.transport.scripts import script
+from printery.transport.scripts import Scripts, script
 
 #: What "the server is not reachable right now" looks like: worth waiting and retrying.
 #: On a cluster also a failover in progress (CLUSTERDOWN, TRYAGAIN, a slot no master
@@ -168,3 +167,26 @@ async def claim_from(client: aioredis.Redis, stream: str, group: str, consumer: 
         return None
     reply = await client.xclaim(stream, group, consumer, 0, [row["message_id"] for row in rows])
     return [(eid, fields) for eid, fields in reply if fields is not None]
+
+
+# -- consumers (the service's sweep of departed ones) ------------------------------------------
+
+DELCONSUMER_LUA = script("delconsumer")
+
+
+async def consumers_of(client: aioredis.Redis, stream: str, group: str) -> list[tuple[str, int]]:
+    """Each consumer of ``group`` on ``stream`` with the entries it holds pending; none
+    when the stream or the group does not exist (yet)."""
+    try:
+        infos = await client.xinfo_consumers(stream, group)
+    except ResponseError:
+        return []
+    return [(str(info.get("name")), int(info.get("pending", 0))) for info in infos]
+
+
+async def remove_consumer(scripts: Scripts, stream: str, group: str, consumer: str,
+                          min_idle_ms: int) -> bool:
+    """Delete ``consumer`` from ``group`` if it still owns nothing and has been idle
+    ``min_idle_ms`` (checked by the server in the same step as the delete:
+    ``delconsumer.lua``); whether it was deleted."""
+    return int(await scripts.call(DELCONSUMER_LUA, [stream], [group, consumer, min_idle_ms])) == 1
