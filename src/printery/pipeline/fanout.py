@@ -149,7 +149,7 @@ class Map:
             raise PipelineError(f"{what}: consumes and produces must be distinct event types "
                                 f"other than {types[2:]}; got {[consumes, produces]}")
         if isinstance(each, Loop):
-            self._check_loop(what, each, concurrency=concurrency, limits=tuple(limits),
+            self._check_loop(name, each, concurrency=concurrency, limits=tuple(limits),
                              budget=budget, timeout=timeout, estimate=estimate,
                              cost_units=tuple(cost_units))
         elif not callable(each):
@@ -181,10 +181,10 @@ class Map:
         self._bound: tuple[StreamKeys, ItemCounts] | None = None
 
     @staticmethod
-    def _check_loop(what: str, loop: Loop, **given: Any) -> None:
+    def _check_loop(name: str, loop: Loop, **given: Any) -> None:
         """A Loop as ``each`` reads the items and writes the results, and brings its own
         bounds: the Map's would be silently ignored, so they are refused."""
-        name = what.split(" ", 1)[1].strip("'")
+        what = f"map {name!r}"
         wrong = []
         if loop.consumes != item_type(name):
             wrong.append(f"consumes={item_type(name)!r} (it has {loop.consumes!r})")
