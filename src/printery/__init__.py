@@ -51,6 +51,7 @@ from printery.reason import Reason
 from printery.redact import redact_text, redact_url
 from printery.runs.client import Client, SyncClient
 from printery.runs.cost import cost_summary
+from printery.runs.partials import Partial, Verdict
 from printery.runs.reader import RunResult
 from printery.runs.replay import ReplayError, ReplayResult, replay
 from printery.runtime.consumer import ConsumerSettings
@@ -87,6 +88,7 @@ __all__ = [
     "Message",
     "MessageError",
     "Output",
+    "Partial",
     "PartitionError",
     "PayloadTooLarge",
     "Pipeline",
@@ -117,6 +119,7 @@ __all__ = [
     "SyncClient",
     "TransportError",
     "UnknownRun",
+    "Verdict",
     "Worker",
     "WorkerCrashed",
     "WorkerFailed",

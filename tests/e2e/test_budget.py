@@ -132,9 +132,10 @@ async def test_review_approval_raises_the_limit_and_rejection_ends_the_run(
         code, out, err = await cli(server.url, prefix, *app, "cost", run, "--json")
         assert code == 0, err
         assert json.loads(out)["budget"] == [{"step": "", "unit": "usd", "spent": 4.0,
-                                              "limit": 4.0, "soft": 1.6, "status": "exceeded"}]
+                                              "reserved": 0.0, "limit": 4.0, "soft": 1.6,
+                                              "status": "exceeded"}]
         code, out, err = await cli(server.url, prefix, *app, "cost", run)
         assert code == 0, err
-        assert "exceeded" in out and "warn_at" in out
+        assert "exceeded" in out and "warn_at" in out and "reserved" in out
     finally:
         assert svc.stop() == 0, svc.log()

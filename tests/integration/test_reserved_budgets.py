@@ -14,9 +14,10 @@ import redis.asyncio as aioredis
 from printery import Budget, Loop, Message, Output, Pipeline, PipelineError
 from printery.budgets import BudgetPlan
 from printery.keys import StreamKeys
+from printery.runs.cost import budget_status
 from printery.runtime.consumer import ConsumerSettings
 from printery.runtime.handler import Message as HandlerMessage
-from printery.runtime.reservations import Reservations
+from printery.runtime.reservations import Reservations, reserved_sums
 from printery.testing import wait_for
 from printery.transport.commit import decode_spent
 from support.spine import CODEC, running_pipeline
@@ -81,6 +82,9 @@ async def test_fifty_siblings_reserve_and_the_run_stops_within_its_limit(
             "budget_exceeded", "tokens", 1000.0, 0.0)
         reserved = await client.hgetall(keys.reserved("run-1"))
         assert len(reserved) == 10
+        (row,) = await budget_status(client, keys, pipeline, "run-1") or []
+        assert (row["unit"], row["spent"], row["reserved"], row["limit"]) == (
+            "tokens", 0.0, 1000.0, 1000.0), "printery cost RUN shows what is reserved"
         release.set()
 
         async def committed() -> bool:
@@ -90,6 +94,8 @@ async def test_fifty_siblings_reserve_and_the_run_stops_within_its_limit(
     assert len(started) == 10
     assert await spent(client, keys, "run-1") == 1000
     assert await client.hgetall(keys.reserved("run-1")) == {}
+    (row,) = await budget_status(client, keys, pipeline, "run-1") or []
+    assert (row["spent"], row["reserved"], row["status"]) == (1000.0, 0.0, "exceeded")
 
 
 async def test_without_an_estimate_the_check_lets_siblings_overshoot(
@@ -144,12 +150,14 @@ async def test_a_redelivery_keeps_its_reservation_and_a_dead_ones_lapses(
     assert (refused.unit, refused.limit, refused.spent, refused.reserved) == (
         "tokens", 200.0, 0.0, 200.0)
     assert sorted(await client.hkeys(keys.reserved("run-1"))) == ["job:a", "job:b"]
+    assert reserved_sums(await client.hgetall(keys.reserved("run-1"))) == {"tokens": 200.0}
 
     async def admitted() -> bool:
         return await reserve(c) == {}
 
     await wait_for(admitted, timeout=5, message="the dead reservations lapsed")
     assert sorted(await client.hkeys(keys.reserved("run-1"))) == ["job:c"]
+    assert reserved_sums({"job:a": "1 tokens 100000000000"}) == {}, "lapsed: counts nothing"
 
 
 async def test_a_loop_reserves_for_its_work_not_for_judging(

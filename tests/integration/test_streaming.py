@@ -20,9 +20,11 @@ from printery import (
     Loop,
     Message,
     Output,
+    Partial,
     Pipeline,
     Reason,
     StreamKeys,
+    Verdict,
     WorkerManager,
 )
 from printery.models import OpenAICompatible
@@ -207,3 +209,54 @@ async def test_openai_compatible_streams_the_chunks_and_charges_the_final_usage(
     (body,) = model.requests
     assert body["stream"] is True and body["stream_options"] == {"include_usage": True}
     assert body["temperature"] == 0 and body["model"] == "tiny-1"
+
+
+async def test_a_follower_joining_a_read_under_way_gets_the_verdict_before_the_outcome(
+    running: Any, client: aioredis.Redis, prefix: str
+) -> None:
+    """Another run's follower keeps the partition's read going; this run's follower
+    joins it after the draft was shown, and the run ends before the read's next turn
+    takes up the run's partials: the verdict still comes first, then the outcome."""
+    gates: dict[str, asyncio.Event] = {"other": asyncio.Event(), "this": asyncio.Event()}
+    pipeline = Pipeline("answers", ingress=["request"])
+
+    @pipeline.step("write", consumes=["request"], produces=["answer"], concurrency=2)
+    async def write(message: Message) -> Output:
+        await message.partial(f"{message.data['name']} draft")
+        await gates[message.data["name"]].wait()
+        return Output("answer", {"text": "done"})
+
+    submitter = await running(pipeline)
+    other = await submitter.submit({"name": "other"})
+    other_items: list[Any] = []
+
+    async def keep_reading() -> None:
+        async for item in submitter.watch(other, timeout=30):
+            other_items.append(item)
+
+    reading = asyncio.create_task(keep_reading())
+    await wait_for(lambda: _has(other_items, "other draft"), timeout=10)
+    run_id = await submitter.submit({"name": "this"})
+    await wait_for(lambda: _shown_text(client, prefix, run_id, "this draft"), timeout=10)
+    items: list[Any] = []
+
+    async def follow() -> None:
+        async for item in submitter.watch(run_id, timeout=30):
+            items.append(item)
+            if isinstance(item, Partial):
+                gates["this"].set()  # ends the run while the read's block goes on
+
+    await asyncio.wait_for(follow(), 30)
+    gates["other"].set()
+    await asyncio.wait_for(reading, 30)
+    kinds = [type(i).__name__ if not isinstance(i, dict) else i["stream"] for i in items]
+    assert kinds == ["request", "Partial", "Verdict", "answer"], items
+    assert items[2] == Verdict(run_id, "write", 1, True, [])
+
+
+async def _has(items: list[Any], text: str) -> bool:
+    return any(isinstance(i, Partial) and i.text == text for i in items)
+
+
+async def _shown_text(client: aioredis.Redis, prefix: str, run_id: str, text: str) -> bool:
+    return any(s.get("text") == text for s in await shown(client, prefix, run_id))

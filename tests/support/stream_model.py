@@ -9,12 +9,51 @@ from __future__ import annotations
 
 import asyncio
 import json
+import textwrap
 from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
 from aiohttp import web
+
+#: An app (``streamapp:pipeline``) whose Loop streams its drafts: attempt n shows
+#: ``draft n: ``, then holds until the test pushes to ``<STREAM_GATES>:<run>:<n>`` (a
+#: list: the wait is a BLPOP, no sleep), then shows ``the end``; attempt 2 passes.
+STREAM_APP = textwrap.dedent(
+    """
+    import os
+
+    import redis.asyncio as aioredis
+
+    from printery import Loop, Message, Pipeline, Reason
+
+    GATES = os.environ["STREAM_GATES"]
+    pipeline = Pipeline("drafts", ingress=["request"])
+    _gates = []
+
+
+    async def work(message: Message):
+        if not _gates:
+            _gates.append(aioredis.Redis.from_url(os.environ["STREAM_REDIS"],
+                                                  decode_responses=True))
+        yield f"draft {message.attempt}: "
+        gate = f"{GATES}:{message.correlation_id}:{message.attempt}"
+        if await _gates[0].blpop([gate], timeout=60) is None:
+            raise RuntimeError("the test never opened " + gate)
+        yield "the end"
+
+
+    def validate(message: Message) -> list:
+        if message.data.startswith("draft 2"):
+            return []
+        return [Reason("not_yet", "", f"attempt {message.attempt} is a first draft")]
+
+
+    pipeline.add(Loop("draft", consumes="request", produces="answer", work=work,
+                      validate=validate, max_attempts=3))
+    """
+)
 
 
 @dataclass

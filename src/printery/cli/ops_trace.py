@@ -149,9 +149,10 @@ def cost(deployment_id: str | None, since: str | None, as_json: bool) -> None:
     click.echo(table(rows, ["step", "calls", "duration_ms", *units]))
     if summary.get("budget"):
         click.echo("")
-        click.echo(table([(b["step"] or "(run)", b["unit"], f"{b['spent']:g}", f"{b['limit']:g}",
-                           f"{b['soft']:g}", b["status"]) for b in summary["budget"]],
-                         ["budget", "unit", "spent", "limit", "warn_at", "status"]))
+        click.echo(table([(b["step"] or "(run)", b["unit"], f"{b['spent']:g}",
+                           f"{b['reserved']:g}", f"{b['limit']:g}", f"{b['soft']:g}", b["status"])
+                          for b in summary["budget"]],
+                         ["budget", "unit", "spent", "reserved", "limit", "warn_at", "status"]))
 
 
 async def run_entries(client: aioredis.Redis, ops: OpsContext, run_id: str) -> list[dict[str, Any]]:

@@ -25,6 +25,7 @@ from printery.errors import ConfigError
 from printery.layout import resolve_keys
 from printery.pipeline.dag import Pipeline
 from printery.runs.facade import PRODUCER, Runs
+from printery.runs.partials import Partial, Verdict
 from printery.runs.reader import RunResult
 from printery.servers.embedded import find_running
 from printery.transport.connection import connect
@@ -130,13 +131,15 @@ class Client:
 
     async def watch(
         self, run_id: str, *, timeout: float | None = None
-    ) -> AsyncIterator[dict[str, Any]]:
+    ) -> AsyncIterator[dict[str, Any] | Partial | Verdict]:
         """The run's entries as ``trace`` shows them, in order, from the first, live,
-        ending after the outcome entry."""
+        ending after the outcome entry; between them, what its steps show while they
+        work (:class:`~printery.Partial`) and the verdicts that commit or retract it
+        (:class:`~printery.Verdict`; reference: streaming through the gate)."""
         runs = await self._runs()
         deadline = None if timeout is None else time.monotonic() + timeout
-        async for entry in runs.reader.follow(run_id, deadline=deadline):
-            yield entry
+        async for item in runs.reader.watch(run_id, deadline=deadline):
+            yield item
 
     @public_api
     async def entries(self, run_id: str) -> list[dict[str, Any]]:
@@ -187,8 +190,11 @@ class SyncClient:
     def entries(self, run_id: str) -> list[dict[str, Any]]:
         return self._call(self._client.entries(run_id))
 
-    def watch(self, run_id: str, *, timeout: float | None = None) -> Iterator[dict[str, Any]]:
-        """The run's entries as they are written (see :meth:`Client.watch`)."""
+    def watch(self, run_id: str, *, timeout: float | None = None) -> Iterator[
+        dict[str, Any] | Partial | Verdict
+    ]:
+        """The run's entries as they are written, and its partials and verdicts (see
+        :meth:`Client.watch`)."""
         iterator = self._client.watch(run_id, timeout=timeout).__aiter__()
         while True:
             try:

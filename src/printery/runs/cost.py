@@ -21,6 +21,7 @@ from printery import _json
 from printery.envelope import correlation_of
 from printery.keys import DLQ, REVIEW, StreamKeys
 from printery.pipeline.dag import Pipeline
+from printery.runtime.reservations import reserved_sums
 from printery.store import Redis
 from printery.store.scan import scan_stream
 from printery.transport.commit import decode_spent
@@ -76,10 +77,14 @@ async def budget_status(
     from the run's hash (exact, as the commits charged it): one row per limit,
     ``{"step"}`` ("" for the run's budget), ``unit``, ``spent``, ``limit`` (raised by
     approved reviews), ``soft`` (the warning threshold) and ``status`` (``ok``,
-    ``warning``, ``exceeded``). None for a pipeline without budgets."""
+    ``warning``, ``exceeded``), and ``reserved``: what entries of the run that have not
+    committed yet hold of the limit (a step's ``estimate=``). None for a pipeline
+    without budgets."""
     if not pipeline.has_budgets:
         return None
-    held: dict[str, str] = await client.hgetall(keys.of(run_id).budget(run_id))  # type: ignore[misc]
+    part = keys.of(run_id)
+    held: dict[str, str] = await client.hgetall(part.budget(run_id))  # type: ignore[misc]
+    reserved = reserved_sums(await client.hgetall(part.reserved(run_id)))  # type: ignore[misc]
     rows = []
     scopes = [("", pipeline.budget, "")] + [
         (name, step.budget, f"step:{name}:") for name, step in pipeline.steps.items()]
@@ -92,7 +97,8 @@ async def budget_status(
             limit = base + decode_spent(held.get(f"raise:{field}"))
             status = ("exceeded" if spent >= limit else
                       "warning" if spent >= base * budget.soft else "ok")
-            rows.append({"step": step, "unit": unit, "spent": spent, "limit": limit,
+            rows.append({"step": step, "unit": unit, "spent": spent,
+                         "reserved": reserved.get(field, 0.0), "limit": limit,
                          "soft": base * budget.soft, "status": status})
     return rows
 

@@ -45,7 +45,8 @@ from printery.keys import DLQ, REVIEW, REVIEW_DECIDED, RUN_FAILED, StreamKeys, p
 from printery.pipeline.dag import Pipeline
 from printery.runs.cost import CallTally
 from printery.runs.history import decode_fields, id_order
-from printery.runs.tail import Following, RunTail
+from printery.runs.partials import Shown, ShownSoFar, in_progress, merged, read_shown
+from printery.runs.tail import Following, Row, RunTail
 from printery.runtime.run_index import RUNNING, run_status
 from printery.store import Outage, Redis
 
@@ -317,18 +318,27 @@ class RunReader:
     @asynccontextmanager
     async def open(
         self, run_id: str, *, deadline: float | None = None, seen: Seen | None = None,
+        partials: bool = False,
     ) -> AsyncIterator[RunFollow]:
         """Start following the run: join the process's shared read of its partition
         (:class:`~printery.runs.tail.RunTail`), then read its history; what it has to
         give (less what a follower that has ``seen`` those positions was given) is
-        known before anything is given (:class:`RunFollow`)."""
+        known before anything is given (:class:`RunFollow`). With ``partials``, its
+        partials and verdicts too (:mod:`printery.runs.partials`): those on the server
+        now are read first, then the entries."""
         partition = partition_of(run_id, self.keys.partitions)
-        joining = self.tail.follow(run_id, partition)
+        stream = self.keys.of(run_id).partials(run_id) if partials else None
+        joining = self.tail.follow(run_id, partition, partials=stream)
         following = await (joining if deadline is None else
                            asyncio.wait_for(joining, max(0.0, deadline - time.monotonic())))
         try:
+            shown: ShownSoFar | None = None
+            if stream is not None:
+                shown = await self._retrying(lambda: read_shown(self.client, run_id, stream),
+                                             deadline)
             entries, last = await self._retrying(lambda: self.history(run_id), deadline)
-            yield RunFollow(self, following, entries, last, deadline=deadline, seen=seen)
+            yield RunFollow(self, following, entries, last, deadline=deadline, seen=seen,
+                            shown=shown)
         finally:
             self.tail.leave(following)
 
@@ -345,6 +355,16 @@ class RunReader:
         async with self.open(run_id, deadline=deadline, seen=seen) as run:
             async for entry in run.entries(alive):
                 yield entry
+
+    async def watch(
+        self, run_id: str, *, deadline: float | None = None,
+        alive: Callable[[], bool] | None = None,
+    ) -> AsyncIterator[dict[str, Any] | Shown]:
+        """:meth:`follow`, with the run's partials and verdicts between its entries
+        (reference: streaming through the gate)."""
+        async with self.open(run_id, deadline=deadline, partials=True) as run:
+            async for item in run.items(alive):
+                yield item
 
     async def result(self, run_id: str, *, timeout: float | None = None) -> RunResult:
         """The run once it has ended (see :meth:`follow`)."""
@@ -375,6 +395,7 @@ class RunFollow:
     def __init__(
         self, reader: RunReader, following: Following, history: list[dict[str, Any]],
         last: dict[str, str], *, deadline: float | None, seen: Seen | None,
+        shown: ShownSoFar | None = None,
     ) -> None:
         self.reader = reader
         self.following = following
@@ -387,15 +408,32 @@ class RunFollow:
         self.pending = [entry for entry in (history if end is None else history[: end + 1])
                         if not delivered(entry, seen)]
         self.ended = self.outcome_known and not self.pending
+        #: The partials followed (None: not), given up to where.
+        self.shown = shown
+        if shown is not None and following.partials is not None:
+            last[following.partials] = shown.last
 
     async def entries(self, alive: Callable[[], bool] | None = None) -> AsyncIterator[
         dict[str, Any]
     ]:
         """The entries to give, in order, live, up to the outcome entry (see
         :meth:`RunReader.follow`)."""
-        reader, run_id = self.reader, self.following.run_id
-        for entry in self.pending:
-            yield entry
+        async for item in self.items(alive):
+            if isinstance(item, dict):
+                yield item
+
+    async def items(self, alive: Callable[[], bool] | None = None) -> AsyncIterator[
+        dict[str, Any] | Shown
+    ]:
+        """:meth:`entries`, and when the run's partials are followed its partials and
+        verdicts among them (:func:`~printery.runs.partials.merged`)."""
+        shown = self.shown
+        if shown is not None and not self.outcome_known:
+            for item in merged(self.pending, shown.new(in_progress(shown.items), self.seen)):
+                yield item
+        else:
+            for entry in self.pending:
+                yield entry
         if self.outcome_known:
             return
         while alive is None or alive():
@@ -403,17 +441,32 @@ class RunFollow:
             if self.deadline is not None:
                 left = self.deadline - time.monotonic()
                 if left <= 0:
-                    raise TimeoutError(f"run {run_id} did not end in time")
+                    raise TimeoutError(f"run {self.following.run_id} did not end in time")
                 wait = min(wait, left)
             rows = await self.following.next_batch(wait)
             if rows is None:
                 continue
-            batch = reader.order.sort(
-                reader.view(entry_id, stream, fields)
-                for stream, entry_id, fields in self.following.after(rows, self.last))
-            for entry in batch:
-                if delivered(entry, self.seen):
-                    continue
-                yield entry
-                if reader.is_outcome(entry):
+            for item in await self._given(rows):
+                yield item
+                if isinstance(item, dict) and self.reader.is_outcome(item):
                     return
+
+    async def _given(self, rows: list[Row]) -> list[dict[str, Any] | Shown]:
+        """What to give of a batch of the tail, in order, up to the run's outcome."""
+        reader, shown, partials = self.reader, self.shown, self.following.partials
+        fresh = self.following.after(rows, self.last)
+        entries = [entry for entry in reader.order.sort(
+            reader.view(entry_id, stream, fields) for stream, entry_id, fields in fresh
+            if stream != partials) if not delivered(entry, self.seen)]
+        if shown is None:
+            return list(entries)
+        given: list[dict[str, Any] | Shown] = []
+        for item in merged(entries, shown.add(fresh, partials, self.seen)):
+            if isinstance(item, dict) and reader.is_outcome(item):
+                # Written before the outcome, not read by the tail yet (it joined a read
+                # of the partition under way): given before the outcome they led to.
+                given += await shown.before(reader.client, item)
+                given.append(item)
+                break
+            given.append(item)
+        return given

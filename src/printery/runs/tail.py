@@ -55,6 +55,9 @@ class Following:
     run_id: str
     partition: int
     batches: asyncio.Queue[list[Row] | BaseException] = field(default_factory=asyncio.Queue)
+    #: The run's partials stream, read beside the partition's streams for this follower
+    #: (reference: streaming through the gate); None: not read.
+    partials: str | None = None
 
     async def next_batch(self, timeout: float) -> list[Row] | None:
         """The next batch, or None when none came within ``timeout`` seconds. Raises
@@ -81,6 +84,10 @@ class _PartitionRead:
         self.streams = streams
         self.followers: dict[str, set[Following]] = {}
         self.positions: dict[str, str] = {}
+        #: The partials streams read beside ``streams``: stream -> its run, and how many
+        #: followers read each.
+        self.partials: dict[str, str] = {}
+        self.readers: dict[str, int] = {}
         self.started: asyncio.Future[None] | None = None
         self.task: asyncio.Task[None] | None = None
 
@@ -109,15 +116,25 @@ class RunTail:
         return sum(len(followers) for read in self._reads.values()
                    for followers in read.followers.values())
 
-    async def follow(self, run_id: str, partition: int) -> Following:
+    async def follow(self, run_id: str, partition: int, *, partials: str | None = None) -> (
+        Following
+    ):
         """Start handing ``run_id``'s entries to a new :class:`Following`: every entry
         added after this returns (and some before) reaches it. Read the run's history
-        after this, and :meth:`leave` when done."""
+        after this, and :meth:`leave` when done.
+
+        ``partials`` (the run's partials stream) is read too, from its start (the
+        follower drops what it read itself, :meth:`Following.after`): by the read's next
+        turn, within :data:`BLOCK_MS` when the partition's read is under way."""
         read = self._reads.get(partition)
         if read is None:
             read = self._reads[partition] = _PartitionRead(self.streams_of(partition))
-        following = Following(run_id, partition)
+        following = Following(run_id, partition, partials=partials)
         read.followers.setdefault(run_id, set()).add(following)
+        if partials is not None:
+            read.partials[partials] = run_id
+            read.readers[partials] = read.readers.get(partials, 0) + 1
+            read.positions.setdefault(partials, "0-0")
         if read.task is None:  # the first follower starts the read
             read.started = asyncio.get_running_loop().create_future()
             read.task = asyncio.create_task(self._read(partition, read),
@@ -137,10 +154,16 @@ class RunTail:
         if read is None:
             return
         mine = read.followers.get(following.run_id)
-        if mine is not None:
+        if mine is not None and following in mine:
             mine.discard(following)
             if not mine:
                 del read.followers[following.run_id]
+            stream = following.partials
+            if stream is not None:
+                read.readers[stream] -= 1
+                if not read.readers[stream]:
+                    del read.readers[stream], read.partials[stream]
+                    read.positions.pop(stream, None)
 
     async def close(self) -> None:
         """End every read now (its followers get :class:`ConnectionError`)."""
@@ -153,7 +176,9 @@ class RunTail:
         assert read.started is not None
         ended: BaseException | None = None
         try:
-            read.positions = await self._retrying(lambda: self._last_ids(read.streams), read)
+            read.positions = {
+                **{stream: read.positions.get(stream, "0-0") for stream in read.partials},
+                **await self._retrying(lambda: self._last_ids(read.streams), read)}
             if not read.started.done():
                 read.started.set_result(None)
             while read.followers:
@@ -176,15 +201,20 @@ class RunTail:
                     for following in followers:
                         following.batches.put_nowait(ended)
                 read.followers.clear()
+                for stream in read.partials:
+                    read.positions.pop(stream, None)
+                read.partials.clear()
+                read.readers.clear()
 
     def _hand_over(self, read: _PartitionRead, reply: list[Any]) -> None:
         """Move the positions on and give each follower its run's entries."""
         batches: dict[str, list[Row]] = {}
         for stream, rows in reply:
             for entry_id, fields in rows:
-                read.positions[stream] = entry_id
+                if stream in read.positions:  # (a partials stream no one reads any more)
+                    read.positions[stream] = entry_id
                 if read.followers:
-                    run = self.run_of(fields)
+                    run = read.partials.get(stream) or self.run_of(fields)
                     if run in read.followers:
                         batches.setdefault(run, []).append((stream, entry_id, fields))
         for run, rows in batches.items():

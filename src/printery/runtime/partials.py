@@ -24,7 +24,7 @@ from __future__ import annotations
 import asyncio
 import contextvars
 from collections.abc import Mapping, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import structlog
 
@@ -32,9 +32,6 @@ from printery import _json
 from printery.errors import describe
 from printery.keys import StreamKeys
 from printery.transport.connection import Redis
-
-if TYPE_CHECKING:
-    from printery.runtime.handler import Message
 
 __all__ = ["FLUSH_S", "MAXLEN", "TTL_S", "PartialWriter", "current", "passed", "retract",
            "using"]
@@ -50,6 +47,17 @@ MAXLEN = 10_000
 TTL_S = 3600
 #: ``kind`` of the two sorts of entry of a partials stream.
 PARTIAL, VERDICT = "partial", "verdict"
+
+class Attempt(Protocol):
+    """What a partial or a verdict is of: a handler call's message (a
+    :class:`~printery.Message`), named without importing it (it calls this module)."""
+
+    worker: str
+    attempt: int
+
+    @property
+    def correlation_id(self) -> str: ...
+
 
 _writer: contextvars.ContextVar[PartialWriter | None] = contextvars.ContextVar(
     "printery_partials", default=None)
@@ -85,7 +93,7 @@ class PartialWriter:
         self._lock = asyncio.Lock()
         self._task: asyncio.Task[None] | None = None
 
-    def add(self, message: Message, text: str) -> None:
+    def add(self, message: Attempt, text: str) -> None:
         """Queue ``text`` as the next partial of ``message``'s attempt."""
         key = self.keys.of(message.correlation_id).partials(message.correlation_id)
         step, attempt = message.worker, str(message.attempt)
@@ -97,7 +105,7 @@ class PartialWriter:
                 return
         self._queue(key, {"kind": PARTIAL, "step": step, "attempt": attempt, "text": text})
 
-    def verdict(self, message: Message, *, passed: bool,
+    def verdict(self, message: Attempt, *, passed: bool,
                 reasons: Sequence[Mapping[str, Any]] = ()) -> None:
         """Queue the verdict of ``message``'s attempt (written by the next flush)."""
         key = self.keys.of(message.correlation_id).partials(message.correlation_id)
@@ -157,7 +165,7 @@ class PartialWriter:
 FAILED = "work_failed"
 
 
-async def passed(message: Message) -> None:
+async def passed(message: Attempt) -> None:
     """Commit what ``message``'s handler showed: its partials and a verdict that passed
     are on the server before its outputs are committed."""
     writer = current()
@@ -166,7 +174,7 @@ async def passed(message: Message) -> None:
         await writer.flush()
 
 
-async def retract(message: Message, exc: BaseException) -> None:
+async def retract(message: Attempt, exc: BaseException) -> None:
     """Retract what ``message``'s handler showed before it failed with ``exc`` (the
     reasons name the failure). Never raises: the handler's own failure is what the
     runtime must see; a cancellation is not waited on (the verdict goes with the next
@@ -189,7 +197,7 @@ async def retract(message: Message, exc: BaseException) -> None:
             log.warning("retraction not written", error=repr(failed))
 
 
-async def verdict(message: Message, *, passed: bool,
+async def verdict(message: Attempt, *, passed: bool,
                   reasons: Sequence[Mapping[str, Any]]) -> None:
     """Publish the gate's verdict on ``message``'s attempt (a validator's judgement of
     an attempt that streamed), before what the gate commits."""

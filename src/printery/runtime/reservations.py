@@ -18,6 +18,7 @@ work.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -105,3 +106,21 @@ class Reservations:
                 limit.field, limit.unit, limit.limit + decode_spent(raised), decode_spent(spent),
                 limit.budget.on_exceeded, limit.step, reserved=decode_spent(reserved))
         return found
+
+
+def reserved_sums(held: Mapping[str, str], now_ms: float | None = None) -> dict[str, float]:
+    """What the live reservations of a run's reservations hash (``StreamKeys.reserved``,
+    as ``reserve.lua`` writes it: ``<expires ms> <field> <amount> ...``) hold, per budget
+    field, in units; a lapsed one counts for nothing (the next reservation sweeps it)."""
+    now = time.time() * 1000 if now_ms is None else now_ms
+    sums: dict[str, float] = {}
+    for value in held.values():
+        expires, *pairs = value.split()
+        try:
+            if float(expires) <= now:
+                continue
+        except ValueError:
+            continue
+        for field, amount in zip(pairs[::2], pairs[1::2], strict=False):
+            sums[field] = sums.get(field, 0.0) + decode_spent(amount)
+    return sums

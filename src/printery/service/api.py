@@ -37,6 +37,7 @@ from printery.keys import DLQ, REVIEW, StreamKeys
 from printery.logging import get_logger
 from printery.pipeline.dag import Pipeline
 from printery.reason import Reason
+from printery.runs.cost import budget_status
 from printery.runs.facade import Runs
 from printery.runs.reader import run_cost, run_status
 from printery.service.access import Access, service_access
@@ -275,10 +276,12 @@ def _run_routes(api: web.Application, runs: Runs, body_limit: int) -> None:
         except UnknownRun as exc:
             return error(404, "unknown_run", str(exc))
         spent = run_cost(runs.pipeline, entries)
+        budget = await budget_status(runs.redis, runs.keys, runs.pipeline, run_id)
         return respond({"run_id": run_id, "status": run_status(runs.reader.outcome_of(entries)),
                         "entries": entries,
                         "cost": spent["total"]["cost"],
-                        "steps": step_summary(runs, entries, spent["steps"])})
+                        "steps": step_summary(runs, entries, spent["steps"]),
+                        **({} if budget is None else {"budget": budget})})
 
     async def run_events(request: web.Request) -> web.StreamResponse:
         """The run's entries as server-sent events (see :func:`event_id`): 404 for an

@@ -34,6 +34,7 @@ from printery.errors import (
 )
 from printery.inbox import dead_letters, reviews
 from printery.logging import get_logger
+from printery.runs.partials import Drafts
 from printery.service.access import ConsoleAuth
 from printery.service.console.views import Views
 
@@ -340,13 +341,19 @@ def _live_routes(app: web.Application, console: Console, page: Guard) -> None:
         await response.write(f"{head}data: {_json.dumps({'html': html})}\n\n".encode())
 
     async def run_live(request: web.Request) -> web.StreamResponse:
-        """The run's page part, sent again at each of its entries; ends after the outcome."""
+        """The run's page part, sent again at each of its entries and at what its steps
+        show while they work (its drafts, provisional until their verdict); ends after
+        the outcome."""
         run_id = request.match_info["run_id"]
         response = await stream(request)
         entries: list[dict[str, Any]] = []
-        async for entry in views.runs.reader.follow(run_id, alive=lambda: alive(request)):
-            entries.append(entry)
-            view = views.run_view(run_id, entries)
+        drafts = Drafts()
+        async for item in views.runs.reader.watch(run_id, alive=lambda: alive(request)):
+            if isinstance(item, dict):
+                entries.append(item)
+            else:
+                drafts.add(item)
+            view = views.run_view(run_id, entries, drafts.drafts)
             await send(response, console.fragment("_run.html", request, **view))
         await send(response, "", "end")
         await response.write_eof()

@@ -19,6 +19,7 @@ from printery.pipeline.render import loop_summary, to_text
 from printery.runs.facade import Runs
 from printery.runs.history import id_order
 from printery.runs.index import RunIndexReader
+from printery.runs.partials import Draft
 from printery.runs.reader import run_cost
 from printery.runtime.run_index import RUNNING, run_status
 from printery.service.api import step_summary
@@ -101,7 +102,10 @@ class Views:
             return None
         return self.run_view(run_id, entries)
 
-    def run_view(self, run_id: str, entries: list[dict[str, Any]]) -> dict[str, Any]:
+    def run_view(self, run_id: str, entries: list[dict[str, Any]],
+                 drafts: list[Draft] | None = None) -> dict[str, Any]:
+        """One run's page; ``drafts``: what its steps showed while they worked, as a live
+        follower saw it (reference: streaming through the gate)."""
         outcome = self.runs.reader.outcome_of(entries)
         spent = run_cost(self.pipeline, entries)
         steps = step_summary(self.runs, entries, spent["steps"])
@@ -116,7 +120,8 @@ class Views:
         states = {s["step"]: s["status"] for s in steps}
         return {"run_id": run_id, "status": status, "ended": status != RUNNING,
                 "steps": steps, "timeline": timeline, "cost": spent["total"]["cost"],
-                "graph": self.graph(states, item_counts(self.pipeline, entries))}
+                "graph": self.graph(states, item_counts(self.pipeline, entries)),
+                "drafts": drafts or []}
 
     def graph(self, states: Mapping[str, str] | None = None,
               counts: Mapping[str, ItemCounts] | None = None) -> Layout:
