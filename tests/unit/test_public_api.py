@@ -19,6 +19,8 @@ EXPECTED = {
     "review_fields",
     # runs: submitting work and following it (docs/reference.md, Runs)
     "Client", "SyncClient", "RunResult", "InvalidInput", "UnknownRun",
+    # what followers see while a step works (docs/reference.md, Streaming through the gate)
+    "Partial", "Verdict",
     # the review inbox of any pipeline (docs/reference.md, Review inbox)
     "ReviewCase", "ReviewKind", "ReviewOutcome", "ReviewError", "ReviewNotFound",
     "ReviewRefused", "ReviewInvalid", "ReviewActionFailed",
@@ -31,6 +33,8 @@ EXPECTED = {
     "RUN_FAILED", "WorkerCrashed",
     # quota-aware fallbacks (reference: flow control and model steps)
     "QuotaExhausted",
+    # fan-out over run-time data (reference: fan-out)
+    "Map",
 }
 
 
