@@ -58,8 +58,8 @@ from printery.runtime.handler import Handler, Message, Output, outputs_of
 from printery.runtime.limit_gate import LimitGate, Ticket
 from printery.runtime.observe import Observer
 from printery.runtime.payloads import PayloadStore
+from printery.runtime.placement import Placer
 from printery.runtime.reservations import INVALID_ESTIMATE, Reservations
-from printery.runtime.route import Router
 from printery.runtime.run_handlers import HandlerRunner
 from printery.runtime.run_index import RunIndex, RunMark
 from printery.runtime.spans import bind_spans
@@ -90,7 +90,7 @@ class EntryPipeline:
         connectivity: Connectivity,
         budget: BudgetGuard | None = None,
         gate: LimitGate | None = None,
-        router: Router | None = None,
+        placer: Placer | None = None,
         index: RunIndex | None = None,
     ) -> None:
         self.worker = worker
@@ -109,7 +109,7 @@ class EntryPipeline:
         self.budget = budget
         self.gate = gate
         #: Only with several partitions: places entries in their run's partition.
-        self.router = router
+        self.placer = placer
         self.index = index
         #: Each stream's event type (the default of an entry that names none).
         self._types: dict[str, str] = {}
@@ -154,8 +154,8 @@ class EntryPipeline:
             try:
                 if PayloadStore.reference_of(fields.get("data", "")) is not None:
                     fields = await self.payloads.resolve_fields(fields)
-                if self.router is not None:
-                    fields = dict(self.router.named(fields))
+                if self.placer is not None:
+                    fields = dict(self.placer.named(fields))
                 stream_type = types.get(delivery.stream)
                 if stream_type is None:
                     stream_type = types[delivery.stream] = self.keys.event_type(delivery.stream)
@@ -164,7 +164,7 @@ class EntryPipeline:
                 decided.append(self.failures.dead_letter(delivery, fields, exc.reason_code, str(exc)))
                 continue
             targets = envelope.extra.get(REPLAY_FOR)
-            routed = self.router is not None and await self.router.placed(delivery, fields, envelope)
+            routed = self.placer is not None and await self.placer.placed(delivery, fields, envelope)
             if routed or (targets is not None and self.worker not in targets.split(",")):
                 # Moved to its run's partition, or a replay's copy meant for other steps of
                 # this stream: acked here, not run.

@@ -36,7 +36,7 @@ log = structlog.get_logger("printery.worker")
 ROUTE_GUARD_TTL_MS = 7 * 86_400_000
 
 
-class Router:
+class Placer:
     """Places entries of one partition's streams (``keys``, a partition's view)."""
 
     def __init__(self, client: Redis, keys: StreamKeys, codec: Codec,

@@ -44,7 +44,7 @@ from printery.runtime.limit_gate import LimitGate, window_seconds
 from printery.runtime.observe import NullObserver, Observer
 from printery.runtime.partials import PartialWriter, using
 from printery.runtime.payloads import PayloadStore
-from printery.runtime.route import Router
+from printery.runtime.placement import Placer
 from printery.runtime.run_index import RunIndex
 from printery.runtime.step_context import Companion, StepContext
 from printery.transport.channel import DirectChannel
@@ -251,7 +251,7 @@ class StreamWorker:
                 self.budget, keys=keys, codec=self.codec, worker=self.name, client=self.client,
                 reserve_ms=int((self.settings.timeout + self.settings.visibility_timeout) * 1000)),
             gate=self._gate, index=run_index,
-            router=Router(self.client, keys, self.codec, connectivity) if keys.partitioned else None,
+            placer=Placer(self.client, keys, self.codec, connectivity) if keys.partitioned else None,
         )
         streams = [stream for stream in self.streams if keys.partitions == 1
                    or keys.locate(stream)[0] == keys.partition]
