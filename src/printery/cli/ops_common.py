@@ -18,8 +18,6 @@ from dataclasses import dataclass, field
 from typing import Any, NoReturn, TypeVar
 
 import click
-import redis.asyncio as aioredis
-from redis.exceptions import RedisError
 
 from printery import _json
 from printery.apps import LoadedApp, load_app_settings
@@ -31,6 +29,7 @@ from printery.layout import resolve_keys
 from printery.pipeline.dag import Pipeline
 from printery.redact import redact_text
 from printery.servers.embedded import find_running
+from printery.store import Redis, ServerError
 from printery.transport.connection import connect
 
 T = TypeVar("T")
@@ -103,7 +102,7 @@ class OpsContext:
             )
         return url
 
-    def run(self, body: Callable[[aioredis.Redis], Awaitable[T]]) -> T:
+    def run(self, body: Callable[[Redis], Awaitable[T]]) -> T:
         """Run ``body`` with a connected client; a connection problem exits 1 cleanly."""
         url = self.redis_url()
 
@@ -122,7 +121,7 @@ class OpsContext:
             return asyncio.run(main())
         except Failure as exc:
             fail(str(exc), exc.code)
-        except (RedisError, OSError, TransportError) as exc:
+        except (ServerError, OSError, TransportError) as exc:
             fail(f"redis error: {redact_text(str(exc))}")
 
 

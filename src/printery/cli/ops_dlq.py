@@ -6,7 +6,6 @@ from __future__ import annotations
 from typing import Any
 
 import click
-import redis.asyncio as aioredis
 
 from printery.cli.ops_common import (
     fail,
@@ -30,6 +29,7 @@ from printery.inbox.dead_letters import (
     purge,
     replay_dead_letter,
 )
+from printery.store import Redis
 
 
 @click.group()
@@ -85,7 +85,7 @@ def dlq_replay(entry_ids: tuple[str, ...], replay_all: bool, as_json: bool) -> N
         raise click.UsageError("give dlq entry IDs or --all (not both)")
     ops = get_ctx()
 
-    async def body(client: aioredis.Redis) -> list[dict[str, Any]]:
+    async def body(client: Redis) -> list[dict[str, Any]]:
         ids = list(entry_ids) or await dead_letter_ids(client, ops.keys)
         field = ops.pipeline.correlation_field
         return [await replay_dead_letter(client, ops.keys, entry_id, field) for entry_id in ids]
@@ -107,7 +107,7 @@ def dlq_purge(entry_ids: tuple[str, ...], purge_all: bool, yes: bool, as_json: b
         raise click.UsageError("--all deletes every dead letter: confirm with --yes")
     ops = get_ctx()
 
-    async def body(client: aioredis.Redis) -> list[dict[str, Any]]:
+    async def body(client: Redis) -> list[dict[str, Any]]:
         ids = list(entry_ids)
         if purge_all:
             ids = await dead_letter_ids(client, ops.keys)

@@ -14,7 +14,6 @@ import time
 from typing import Any, NoReturn
 
 import click
-import redis.asyncio as aioredis
 
 from printery import _json
 from printery._util import new_id
@@ -35,6 +34,7 @@ from printery.fields import ERROR, KIND, REASON_CODE, SOURCE_ID, SOURCE_STREAM
 from printery.keys import DLQ, REVIEW
 from printery.runs.facade import Runs
 from printery.runs.reader import run_status
+from printery.store import Redis
 
 #: ``status`` of ``emit --wait --json`` when the request itself went to ``dlq``.
 DEAD_LETTERED = "dead_lettered"
@@ -144,7 +144,7 @@ def emit(
         request[pipeline.correlation_field] = new_id(pipeline.id_prefix)
     reviews: list[str] = []
 
-    async def body(client: aioredis.Redis) -> tuple[str, str, dict[str, Any] | None]:
+    async def body(client: Redis) -> tuple[str, str, dict[str, Any] | None]:
         runs = Runs(client, ops.keys, pipeline, producer=PRODUCER,
                     replicated=ops.settings.transport.submit_wait,
                     payload_limit=ops.settings.transport.payload_limit_bytes)

@@ -7,7 +7,6 @@ from __future__ import annotations
 from typing import Any
 
 import click
-import redis.asyncio as aioredis
 
 from printery.cli.ops_common import (
     EXIT_USAGE,
@@ -26,6 +25,7 @@ from printery.inbox.pending import (
     find_pending,
     pending_entries,
 )
+from printery.store import Redis
 
 worker_option = click.option(
     "--worker", "worker", metavar="W", default=None,
@@ -81,7 +81,7 @@ def pending(ctx: click.Context, worker: str | None, as_json: bool) -> None:
     chosen = resolve_worker(ops, worker)
     pipeline = ops.pipeline
 
-    async def body(client: aioredis.Redis) -> list[PendingEntry]:
+    async def body(client: Redis) -> list[PendingEntry]:
         return await pending_entries(client, ops.keys, pipeline.groups(),
                                      pipeline.correlation_field, worker=chosen)
 
@@ -129,7 +129,7 @@ def pending_dlq(ref: str, reason: str | None, worker: str | None, as_json: bool)
     chosen = resolve_worker(ops, worker)
     pipeline = ops.pipeline
 
-    async def body(client: aioredis.Redis) -> dict[str, Any]:
+    async def body(client: Redis) -> dict[str, Any]:
         found = await find_pending(client, ops.keys, pipeline.groups(),
                                    pipeline.correlation_field, ref, worker=chosen)
         entry = _one(found, ref, chosen)

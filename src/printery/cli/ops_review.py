@@ -13,7 +13,6 @@ from collections.abc import Awaitable, Callable
 from typing import Any, TextIO, TypeVar
 
 import click
-import redis.asyncio as aioredis
 
 from printery import _json
 from printery.cli.ops_common import (
@@ -30,6 +29,7 @@ from printery.errors import ReviewError, ReviewInvalid
 from printery.fields import KIND, REASON, STEP
 from printery.inbox.reviews import REVIEW_PAGE, approve, get_review, list_reviews, reject
 from printery.redact import redact_text
+from printery.store import Redis
 
 T = TypeVar("T")
 
@@ -39,11 +39,11 @@ def review() -> None:
     """Escalations waiting for a human: list, show, approve, reject."""
 
 
-def _run(body: Callable[[aioredis.Redis], Awaitable[T]]) -> T:
+def _run(body: Callable[[Redis], Awaitable[T]]) -> T:
     """Run ``body``; a review error exits 1, or 2 for input the decision refuses."""
     ops = get_ctx()
 
-    async def guarded(client: aioredis.Redis) -> T:
+    async def guarded(client: Redis) -> T:
         try:
             return await body(client)
         except ReviewInvalid as exc:

@@ -11,7 +11,6 @@ from __future__ import annotations
 from typing import Any
 
 import click
-import redis.asyncio as aioredis
 
 from printery._util import stream_id_ms
 from printery.cli.ops_common import (
@@ -29,6 +28,7 @@ from printery.runs.cost import budget_status, cost_summary, parse_duration
 from printery.runs.reader import RunReader
 from printery.runs.replay import ReplayError
 from printery.runs.replay import replay as replay_run
+from printery.store import Redis
 
 
 @click.command()
@@ -101,7 +101,7 @@ def replay(deployment_id: str, from_step: str | None, new_id: str | None, as_jso
     ops = get_ctx()
     pipeline = ops.pipeline
 
-    async def body(client: aioredis.Redis) -> dict[str, Any]:
+    async def body(client: Redis) -> dict[str, Any]:
         try:
             result = await replay_run(client, ops.keys, pipeline, deployment_id, from_step,
                                       new_id, producer="printery-cli")
@@ -128,7 +128,7 @@ def cost(deployment_id: str | None, since: str | None, as_json: bool) -> None:
         raise click.BadParameter(str(exc), param_hint="--since") from None
     ops = get_ctx()
 
-    async def body(client: aioredis.Redis) -> dict[str, Any]:
+    async def body(client: Redis) -> dict[str, Any]:
         summary = await cost_summary(client, ops.keys, ops.pipeline, deployment_id,
                                      since_seconds)
         # No step's figures for that id: an unknown id is a failure, as for `trace`.
@@ -155,7 +155,7 @@ def cost(deployment_id: str | None, since: str | None, as_json: bool) -> None:
                          ["budget", "unit", "spent", "reserved", "limit", "warn_at", "status"]))
 
 
-async def run_entries(client: aioredis.Redis, ops: OpsContext, run_id: str) -> list[dict[str, Any]]:
+async def run_entries(client: Redis, ops: OpsContext, run_id: str) -> list[dict[str, Any]]:
     """Every entry of the run so far, as ``trace`` shows them (:class:`RunReader`)."""
     found, _ = await RunReader(client, ops.keys, ops.pipeline).history(run_id)
     return found

@@ -9,11 +9,11 @@ import time
 from typing import Any
 
 import click
-import redis.asyncio as aioredis
 
 from printery import _json
 from printery.cli.ops_common import EXIT_TIMEOUT, Failure, get_ctx, json_option
 from printery.runs.reader import RunReader, run_status
+from printery.store import Redis
 
 
 @click.command()
@@ -26,7 +26,7 @@ def watch(run_id: str, timeout: float | None, as_json: bool) -> None:
     ops = get_ctx()
     field = ops.pipeline.correlation_field
 
-    async def body(client: aioredis.Redis) -> str:
+    async def body(client: Redis) -> str:
         reader = RunReader(client, ops.keys, ops.pipeline)
         deadline = None if timeout is None else time.monotonic() + timeout
         first: int | None = None

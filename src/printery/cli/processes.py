@@ -46,7 +46,6 @@ from prometheus_client import CollectorRegistry, Counter, generate_latest
 from prometheus_client.core import Metric
 from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.registry import Collector
-from redis.exceptions import RedisError
 
 from printery._util import hostname, idle, log_failure, now_rfc3339
 from printery.config import Settings
@@ -61,6 +60,7 @@ from printery.service.api import service_api
 from printery.service.console import service_console
 from printery.service.http import HttpServer
 from printery.service.lifecycle import EXIT_CONFIG, EXIT_OK, ProcessLifecycle
+from printery.store import ServerError
 from printery.supervisor.manager import WorkerManager
 from printery.supervisor.process import ChildProcess
 from printery.transport.connection import connect
@@ -231,7 +231,7 @@ class Parent(ProcessLifecycle):
         settings' when the server does not answer yet (logged)."""
         try:
             return await resolve_keys(client, self.settings)
-        except (RedisError, OSError, ConfigError) as exc:  # a ConfigError stops the children
+        except (ServerError, OSError, ConfigError) as exc:  # a ConfigError stops the children
             log.warning("the recorded layout could not be read: the HTTP API uses the "
                         "partitions setting", error=str(exc))
             return self.settings.keys

@@ -9,7 +9,6 @@ from dataclasses import fields as dc_fields
 from dataclasses import replace
 from typing import Any
 
-import redis.asyncio as aioredis
 from pydantic import BaseModel
 
 from printery.budgets import (
@@ -35,6 +34,7 @@ from printery.runtime.observe import Observer
 from printery.runtime.payloads import PayloadStore
 from printery.runtime.run_index import RunIndex
 from printery.runtime.stream_worker import StreamWorker
+from printery.store import Redis
 from printery.supervisor.graph import find_cycle
 
 #: Streams that record rather than carry a run forward: never a run's outcome.
@@ -322,7 +322,7 @@ class Pipeline:
     def build_workers(
         self,
         *,
-        client: aioredis.Redis,
+        client: Redis,
         keys: StreamKeys,
         settings: ConsumerSettings | None = None,
         overrides: Mapping[str, Mapping[str, Any]] | None = None,

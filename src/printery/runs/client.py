@@ -18,8 +18,6 @@ from collections.abc import AsyncIterator, Coroutine, Iterator
 from types import TracebackType
 from typing import Any, TypeVar
 
-import redis.asyncio as aioredis
-
 from printery.apps import load_app
 from printery.errors import ConfigError
 from printery.layout import resolve_keys
@@ -28,6 +26,7 @@ from printery.runs.facade import PRODUCER, Runs
 from printery.runs.partials import Partial, Verdict
 from printery.runs.reader import RunResult
 from printery.servers.embedded import find_running
+from printery.store import Redis
 from printery.transport.connection import connect
 from printery.transport.streams import public_api
 
@@ -61,11 +60,11 @@ class Client:
         )
         self.keys = self.settings.keys
         self.producer = producer
-        self._client: aioredis.Redis | None = None
+        self._client: Redis | None = None
         self._run_ops: Runs | None = None
 
     @property
-    def redis(self) -> aioredis.Redis:
+    def redis(self) -> Redis:
         """The connected client (after ``async with`` or :meth:`connect`)."""
         if self._client is None:
             raise RuntimeError("Client is not connected: use `async with Client(...)`")

@@ -32,15 +32,14 @@ import time
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any, cast
+from typing import Any
 
 import psutil
-import redis
 
 from printery import _json
 from printery._util import now_rfc3339
 from printery.errors import ServerStartError
-from printery.servers.process import ServerProcess
+from printery.servers.process import ServerProcess, server_info
 
 log = logging.getLogger(__name__)
 
@@ -240,7 +239,7 @@ class EmbeddedServer:
     def _record(self, server: ServerProcess) -> ServerState:
         process = server.process
         assert process is not None
-        info = _server_info(server.host, server.port, timeout=2.0)
+        info = server_info(server.host, server.port, timeout=2.0)
         if info is None:
             server.stop()
             raise ServerStartError(f"server on port {server.port} did not answer INFO")
@@ -367,24 +366,12 @@ def _is_ours(state: ServerState, patience: float = 0.0) -> bool:
     while True:
         if not _pid_alive(state.pid):
             return False
-        info = _server_info(state.host, state.port, timeout=0.5)
+        info = server_info(state.host, state.port, timeout=0.5)
         if info is not None:
             return str(info.get("run_id")) == state.run_id and int(info["process_id"]) == state.pid
         if time.monotonic() >= deadline:
             return False
         time.sleep(0.1)
-
-
-def _server_info(host: str, port: int, timeout: float) -> dict[str, Any] | None:
-    client = redis.Redis(
-        host=host, port=port, socket_timeout=timeout, socket_connect_timeout=timeout
-    )
-    try:
-        return cast("dict[str, Any]", client.info("server"))
-    except (redis.RedisError, OSError):
-        return None
-    finally:
-        client.close()
 
 
 def _pid_alive(pid: int) -> bool:

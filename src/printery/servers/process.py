@@ -59,6 +59,39 @@ def _answers_ping(host: str, port: int, password: str | None) -> bool:
         return False
 
 
+def server_info(host: str, port: int, timeout: float) -> dict[str, str] | None:
+    """The ``INFO server`` fields of the server at ``host:port`` (blocking, each read
+    bounded by ``timeout``), or None when none answers there: whether a recorded server is
+    still the one we started. Spoken on a socket, as the readiness check is: starting and
+    recognising a server needs no client library."""
+    try:
+        with socket.create_connection((host, port), timeout=timeout) as sock:
+            sock.sendall(b"INFO server\r\n")
+            reply = b""
+            while b"\r\n" not in reply:
+                chunk = sock.recv(4096)
+                if not chunk:
+                    return None
+                reply += chunk
+            header, _, body = reply.partition(b"\r\n")
+            if not header.startswith(b"$"):
+                return None  # an error reply (-NOAUTH ...): not a server we can recognise
+            size = int(header[1:])
+            while len(body) < size:
+                chunk = sock.recv(max(4096, size - len(body)))
+                if not chunk:
+                    return None
+                body += chunk
+    except (OSError, ValueError):
+        return None
+    fields = {}
+    for line in body[:size].decode("utf-8", errors="replace").splitlines():
+        name, sep, value = line.partition(":")
+        if sep and not line.startswith("#"):
+            fields[name] = value
+    return fields
+
+
 class ServerProcess:
     """One server process on a fixed loopback port with its data in ``data_dir``.
 

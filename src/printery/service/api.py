@@ -16,7 +16,6 @@ from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 from urllib.parse import quote, unquote
 
-import redis.asyncio as aioredis
 from aiohttp import web
 
 from printery import _json
@@ -41,6 +40,7 @@ from printery.runs.cost import budget_status
 from printery.runs.facade import Runs
 from printery.runs.reader import run_cost, run_status
 from printery.service.access import Access, service_access
+from printery.store import Redis
 
 __all__ = ["build_api", "refusal", "service_api"]
 
@@ -208,7 +208,7 @@ def step_summary(runs: Runs, entries: list[dict[str, Any]],
 
 
 def service_api(
-    client: aioredis.Redis, keys: StreamKeys, pipeline: Pipeline, settings: Settings,
+    client: Redis, keys: StreamKeys, pipeline: Pipeline, settings: Settings,
     env: Mapping[str, str],
 ) -> tuple[web.Application, Runs]:
     """The ``/v1`` application of a process serving ``--http-addr`` (a service, or the

@@ -21,7 +21,6 @@ from urllib.parse import parse_qsl, quote
 
 import jinja2
 from aiohttp import web
-from redis.exceptions import RedisError
 
 from printery import _json
 from printery._util import idle
@@ -37,6 +36,7 @@ from printery.logging import get_logger
 from printery.runs.partials import Drafts
 from printery.service.access import ConsoleAuth
 from printery.service.console.views import Views
+from printery.store import ServerError
 
 __all__ = ["add_console"]
 
@@ -100,7 +100,7 @@ class Console:
 
     def failure(self, request: web.Request, exc: BaseException) -> web.Response:
         """The error page: the kind of failure, never its text (see the module doc)."""
-        if isinstance(exc, RedisError | OSError | TimeoutError):
+        if isinstance(exc, ServerError | OSError | TimeoutError):
             return self.html(request, "error.html", 503, title="Redis is not answering",
                              detail="The server did not answer; the page shows again "
                                     "once it does.")
