@@ -16,7 +16,7 @@ from printery.service.registry import ProcessRegistry, list_processes
 from printery.testing import wait_for_sync
 from printery.transport.channel import DirectChannel
 from printery.transport.connection import connect
-from printery.transport.limits import WAIT_FOR_SLOT, Ask, Bound, LimitStore, Report
+from printery.transport.limit_store import WAIT_FOR_SLOT, Ask, Bound, LimitStore, Report
 from printery.transport.streams import CONNECTION_ERRORS, one_slot
 from support.cluster import ValkeyCluster
 

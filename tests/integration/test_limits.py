@@ -24,7 +24,7 @@ from printery.runtime.handler import Message, Output
 from printery.runtime.limit_gate import WINDOW_ENV
 from printery.servers.process import ServerProcess
 from printery.testing import wait_for
-from printery.transport.limits import WAIT_FOR_SLOT, Ask, Bound, LimitStore, Report
+from printery.transport.limit_store import WAIT_FOR_SLOT, Ask, Bound, LimitStore, Report
 from support.spine import publish, running
 
 TESTS = Path(__file__).resolve().parents[1]

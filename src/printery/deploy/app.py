@@ -28,6 +28,7 @@ from printery import (
     review_fields,
     review_output,
 )
+from printery.deploy.decisions import register_review_kinds
 from printery.deploy.delivery import delivery_key, parse_channel, post_webhook, redact_channel
 from printery.deploy.events import (
     AGGREGATOR,
@@ -49,7 +50,6 @@ from printery.deploy.events import (
 )
 from printery.deploy.merge import merge_outcome
 from printery.deploy.probes import check_dependencies, watch_health
-from printery.deploy.review_kinds import register_review_kinds
 from printery.deploy.settings import CONFIG, DeploySettings, HasTables
 from printery.deploy.validation import Validation, validate_request
 

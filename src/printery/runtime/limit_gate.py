@@ -39,7 +39,7 @@ from printery.limits import WINDOW_SECONDS, Limit
 from printery.runtime.handler import Message
 from printery.runtime.limit_waits import HELD_BY_SLOT, HELD_BY_WINDOW, LimitWaits
 from printery.runtime.observe import Observer
-from printery.transport.limits import WAIT_FOR_SLOT, Ask, Bound, LimitStore, Report
+from printery.transport.limit_store import WAIT_FOR_SLOT, Ask, Bound, LimitStore, Report
 from printery.transport.streams import CONNECTION_ERRORS
 
 log = structlog.get_logger("printery.worker")

@@ -50,7 +50,7 @@ from printery.runtime.step_context import Companion, StepContext
 from printery.transport.channel import DirectChannel
 from printery.transport.commit import Committer
 from printery.transport.connection import Redis
-from printery.transport.limits import LimitStore
+from printery.transport.limit_store import LimitStore
 from printery.transport.records import RecordLookup
 from printery.transport.streams import (
     CONNECTION_ERRORS,
