@@ -36,6 +36,7 @@ from pydantic_core import PydanticCustomError
 
 from printery.config_doc import SettingDoc, settings_doc
 from printery.config_tables import (
+    ConsoleSettings,
     ReviewSettings,
     SettingsTable,
     TelemetrySettings,
@@ -51,6 +52,7 @@ from printery.transport.connection import CLUSTER_SCHEMES, cluster_nodes
 __all__ = [
     "SETTINGS_DOC",
     "AppConfig",
+    "ConsoleSettings",
     "ReviewSettings",
     "SettingDoc",
     "Settings",
@@ -215,6 +217,7 @@ class Settings(SettingsTable):
     workers: dict[str, WorkerSettings] = Field(default_factory=dict)
     review: dict[str, ReviewSettings] = Field(default_factory=dict)
     telemetry: TelemetrySettings = TelemetrySettings()
+    console: ConsoleSettings = ConsoleSettings()
 
     _app_config: AppConfig | None = PrivateAttr(default=None)
 

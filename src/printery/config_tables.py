@@ -117,6 +117,14 @@ class ReviewSettings(SettingsTable):
     timeout: float | None = Field(default=None, gt=0)
 
 
+class ConsoleSettings(SettingsTable):
+    """``[console]``: the web console's sessions (docs/reference.md, The web console)."""
+
+    #: Seconds a login to the console lasts; then the token is asked for again. Logging
+    #: out ends a session sooner, for every process.
+    session_ttl: float = Field(default=43200.0, gt=0)
+
+
 class TelemetrySettings(SettingsTable):
     """``[telemetry]``: OpenTelemetry traces (docs/reference.md, Tracing,
     :mod:`printery.telemetry`)."""

@@ -287,6 +287,11 @@ class StreamKeys:
         """Heartbeat key of one running service process (the process registry)."""
         return f"{self.prefix}:process:{process_id}"
 
+    def console_session(self, session_id: str) -> str:
+        """An open console session (a string, alive for the session's max age); logging
+        out deletes it (:mod:`printery.store.sessions`)."""
+        return f"{self.prefix}:console-session:{session_id}"
+
     @property
     def pipeline(self) -> str:
         """Where a running service publishes its pipeline's description."""

@@ -264,3 +264,22 @@ def test_6_ids_an_operator_can_take_to_the_cli(
              "the run the dead letter ended: failed")
     shot(browser, "run-failed")
     conn.close()
+
+
+def test_7_log_out_ends_the_session(service: tuple[ServiceHandle, str], browser: Any) -> None:
+    """Logging out ends the session in the server: the browser is back at the login form,
+    and the cookie it had, copied before, opens nothing after."""
+    handle, _ = service
+    open_page(browser, handle, "/")
+    wait_for(browser, lambda d: css(d, "form.logout button"), "the overview, signed in")
+    copied = browser.get_cookie("printery_session")["value"]
+    page = httpx.get(f"{handle.http_base}/runs", cookies={"printery_session": copied},
+                     timeout=10)
+    assert page.status_code == 200  # the copy passes while the session is open
+    click(browser, "form.logout button")
+    wait_for(browser, lambda d: d.current_url == f"{handle.http_base}/login", "the login form")
+    open_page(browser, handle, "/runs")
+    assert "/login?next=" in browser.current_url  # signed out: the login form again
+    after = httpx.get(f"{handle.http_base}/runs", cookies={"printery_session": copied},
+                      timeout=10)
+    assert after.status_code == 303 and after.headers["location"].startswith("/login")

@@ -58,6 +58,7 @@ def logged_in(handle: ServiceHandle) -> httpx.Client:
     assert answer.status_code == 303 and answer.headers["location"] == "/runs"
     cookie = answer.headers["set-cookie"]
     assert "HttpOnly" in cookie and "SameSite=Strict" in cookie and TOKEN not in cookie
+    assert "Max-Age=" in cookie  # a session that ends: [console] session_ttl
     return client
 
 
@@ -240,3 +241,87 @@ def test_reviews_are_paged(secured: tuple[ServiceHandle, ServerProcess, str]) ->
         assert live.status_code == 200
         event = next(line for line in live.iter_lines() if line.startswith("data:"))
     assert json.loads(event[5:])["html"].count('class="card review"') == 2
+
+
+def cookie_of(client: httpx.Client) -> str:
+    value = client.cookies.get("printery_session")
+    assert value, "no session cookie"
+    return value
+
+
+def holding(handle: ServiceHandle, cookie: str) -> httpx.Client:
+    """A client that never logged in, holding a copy of ``cookie``."""
+    return httpx.Client(base_url=str(handle.http_base), timeout=10,
+                        cookies={"printery_session": cookie})
+
+
+def refused(client: httpx.Client) -> bool:
+    """The cookie opens nothing: a page sends to the login form, a live fragment and a
+    form POST answer 401."""
+    page = client.get("/runs")
+    return (page.status_code == 303 and page.headers["location"].startswith("/login")
+            and client.get("/live/overview").status_code == 401
+            and client.post("/dlq/1-0/purge", data={"csrf": "0" * 64}).status_code == 401)
+
+
+def test_logout_ends_the_session_a_copied_cookie_included(
+    secured: tuple[ServiceHandle, ServerProcess, str],
+) -> None:
+    handle, server, prefix = secured
+    first, second = logged_in(handle), logged_in(handle)
+    cookie = cookie_of(first)
+    assert cookie != cookie_of(second), "every login opens a session of its own"
+    copy = holding(handle, cookie)
+    assert copy.get("/runs").status_code == 200  # the copy passes while the session is open
+    conn = redis.Redis.from_url(server.url, decode_responses=True)
+    assert len(conn.keys(f"{prefix}:console-session:*")) == 2
+    out = first.post("/logout", data={"csrf": csrf_of(first.get("/runs").text)})
+    assert out.status_code == 303 and out.headers["location"] == "/login"
+    assert refused(copy) and refused(holding(handle, cookie))
+    assert len(conn.keys(f"{prefix}:console-session:*")) == 1
+    assert second.get("/runs").status_code == 200  # another session lives on
+    conn.close()
+
+
+@pytest.fixture
+def short_sessions(tmp_path: Path, server: ServerProcess) -> Iterator[tuple[ServiceHandle, str]]:
+    """A service whose console sessions last 3 s."""
+    config = tmp_path / "sessions.toml"
+    config.write_text("[console]\nsession_ttl = 3\n")
+    prefix = unique_prefix()
+    handle = spawn(["--redis-url", server.url, "--stream-prefix", prefix, "--config", str(config)],
+                   env={"PRINTERY_API_TOKEN": TOKEN}, cwd=tmp_path)
+    try:
+        yield handle, prefix
+    finally:
+        handle.stop()
+
+
+def test_a_session_expires_at_its_max_age(short_sessions: tuple[ServiceHandle, str]) -> None:
+    handle, _ = short_sessions
+    client = logged_in(handle)
+    cookie = cookie_of(client)
+    assert client.get("/runs").status_code == 200
+    handle.wait_until(lambda: refused(holding(handle, cookie)), timeout=15,
+                      what="the session refused once past its max age")
+    assert client.get("/runs").status_code == 303  # the login's own client too
+
+
+def test_a_new_token_ends_every_session(tmp_path: Path, server: ServerProcess) -> None:
+    """The cookie is signed with the token: a service restarted with another token
+    refuses it, though its session is still open in the server."""
+    prefix = unique_prefix()
+    args = ["--redis-url", server.url, "--stream-prefix", prefix]
+    handle = spawn(args, env={"PRINTERY_API_TOKEN": TOKEN}, cwd=tmp_path)
+    try:
+        cookie = cookie_of(logged_in(handle))
+    finally:
+        handle.stop()
+    rotated = spawn(args, env={"PRINTERY_API_TOKEN": "a-new-token-3b9e"}, cwd=tmp_path)
+    try:
+        conn = redis.Redis.from_url(server.url, decode_responses=True)
+        assert len(conn.keys(f"{prefix}:console-session:*")) == 1  # still open
+        conn.close()
+        assert refused(holding(rotated, cookie))
+    finally:
+        rotated.stop()

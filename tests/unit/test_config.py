@@ -241,6 +241,9 @@ def test_unknown_config_keys_are_rejected(tmp_path: Path, text: str, setting: st
         ('[telemetry]\notlp_endpoint = "collector:4318"\n', "telemetry.otlp_endpoint"),
         ('[telemetry]\notlp_endpoint = "grpc://collector:4317"\n', "telemetry.otlp_endpoint"),
         ("[telemetry]\notlp_endpoint = 4318\n", "telemetry.otlp_endpoint"),
+        ("[console]\nsession_ttl = 0\n", "console.session_ttl"),
+        ('[console]\nsession_ttl = "12h"\n', "console.session_ttl"),
+        ("[console]\nsessions = 1\n", "console.sessions"),
     ],
 )
 def test_bad_config_file_values(tmp_path: Path, text: str, expected: str) -> None:
@@ -336,3 +339,11 @@ def test_settings_doc_covers_every_command_line_setting() -> None:
     assert SETTINGS_DOC["supervised"].metavar is None
     assert SETTINGS_DOC["supervised"].default == "false"
     assert SETTINGS_DOC["http_addr"].default == "127.0.0.1:9464"
+
+
+def test_console_table(tmp_path: Path) -> None:
+    """``[console] session_ttl`` (docs/reference.md, The web console): 12 hours unless
+    the config file says otherwise."""
+    assert load().console.session_ttl == 43_200
+    path = write_config(tmp_path, "[console]\nsession_ttl = 900\n")
+    assert load(env={"PRINTERY_CONFIG": path}).console.session_ttl == 900

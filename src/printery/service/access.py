@@ -8,12 +8,17 @@ by logging in with the token; without one, only a loopback listener answers (403
 elsewhere). ``/v1`` renders a refusal as its JSON error, the console as its page; who
 passes is decided here only.
 
-The cookie never carries the token: it is an HMAC of a fixed label keyed by the token,
-so it proves the token was given and changes when the token does (every session ends).
-``HttpOnly`` (no script reads it), ``SameSite=Strict`` (no other site's page sends it),
-``Secure`` when the request came over TLS. Every form carries a CSRF token, an HMAC of
-the session keyed by a secret of this process, checked on every POST: a form rendered
-by another process (or before a restart) is refused and simply loaded again.
+A login opens a session (:class:`ConsoleAuth`): a random id kept in the server for
+``[console] session_ttl`` seconds (:mod:`printery.store.sessions`), named by a cookie
+signed and timestamped with the token (itsdangerous, as Flask and Starlette sign theirs,
+rather than an HMAC of our own). The cookie passes while its signature holds (a new token
+ends every session), while it is younger than the TTL and while its session is open:
+logging out closes the session for every process, so a copy of the cookie taken before
+is refused after. It never carries the token. ``HttpOnly`` (no script reads it),
+``SameSite=Strict`` (no other site's page sends it), ``Secure`` when the request came
+over TLS. Every form carries a CSRF token, an HMAC of the session keyed by a secret of
+this process, checked on every POST: a form rendered by another process (or before a
+restart) is refused and simply loaded again.
 """
 
 from __future__ import annotations
@@ -21,13 +26,18 @@ from __future__ import annotations
 import hashlib
 import hmac
 import ipaddress
+import math
 import secrets
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from aiohttp import web
+from itsdangerous import BadSignature, URLSafeTimedSerializer
 
 from printery.config import Settings
+from printery.keys import StreamKeys
+from printery.store import Redis
+from printery.store.sessions import end_session, open_session, session_open
 
 __all__ = ["COOKIE", "Access", "ConsoleAuth", "is_loopback", "service_access"]
 
@@ -75,38 +85,57 @@ def service_access(settings: Settings, env: Mapping[str, str]) -> Access:
 
 
 COOKIE = "printery_session"
-_LABEL = b"printery console session v1"
+#: Signs a session cookie (with the token as the key), so that no other signed value of
+#: printery's can pass for one.
+_SALT = "printery console session"
 #: The CSRF token's session when there is none: the login form, and a loopback console
 #: without a token.
 _ANONYMOUS = "anonymous"
 
 
-@dataclass(frozen=True)
 class ConsoleAuth:
-    """Sessions and CSRF tokens for one process's console."""
+    """Sessions and CSRF tokens for one process's console: sessions live in the server
+    (``client``, under ``keys``) for ``session_ttl`` seconds from their login."""
 
-    access: Access
-    secret: bytes = field(default_factory=lambda: secrets.token_bytes(32))
+    def __init__(self, access: Access, client: Redis, keys: StreamKeys, *,
+                 session_ttl: float, secret: bytes | None = None) -> None:
+        self.access = access
+        self.client = client
+        self.keys = keys
+        self.session_ttl = session_ttl
+        self.secret = secret if secret is not None else secrets.token_bytes(32)
+        self._signer = (None if access.token is None
+                        else URLSafeTimedSerializer(access.token, salt=_SALT))
 
     @property
     def needs_login(self) -> bool:
         return self.access.token is not None
 
-    def session_value(self) -> str:
-        assert self.access.token is not None
-        return hmac.new(self.access.token.encode(), _LABEL, hashlib.sha256).hexdigest()
-
     def token_matches(self, given: str) -> bool:
         return self.access.token_matches(given)
 
-    def signed_in(self, request: web.Request) -> bool:
-        """Whether the request carries a valid session cookie or bearer header."""
+    def _session(self, cookie: str, *, fresh: bool) -> str | None:
+        """The session id ``cookie`` names when its signature holds (with ``fresh``, also
+        when it is younger than the TTL), else None."""
+        if self._signer is None or not cookie:
+            return None
+        try:
+            session = self._signer.loads(
+                cookie, max_age=math.ceil(self.session_ttl) if fresh else None)
+        except BadSignature:  # SignatureExpired is one too
+            return None
+        return session if isinstance(session, str) else None
+
+    async def signed_in(self, request: web.Request) -> bool:
+        """Whether the request carries the bearer header, or the cookie of an open
+        session. Asks the server (the session may have been closed by another process):
+        raises what the client raises when it does not answer."""
         if self.access.token is None:
             return not self.access.forbidden
-        cookie = request.cookies.get(COOKIE, "")
-        if cookie and hmac.compare_digest(cookie.encode(), self.session_value().encode()):
+        if self.access.bearer(request):
             return True
-        return self.access.bearer(request)
+        session = self._session(request.cookies.get(COOKIE, ""), fresh=True)
+        return session is not None and await session_open(self.client, self.keys, session)
 
     def forbidden(self) -> bool:
         """No token and a listener beyond loopback: the console answers 403, as ``/v1``."""
@@ -120,10 +149,19 @@ class ConsoleAuth:
     def csrf_valid(self, request: web.Request, given: str) -> bool:
         return bool(given) and hmac.compare_digest(given.encode(), self.csrf(request).encode())
 
-    def login(self, response: web.StreamResponse, request: web.Request) -> None:
-        response.set_cookie(COOKIE, self.session_value(), httponly=True, samesite="Strict",
-                            secure=request.secure, path="/")
+    async def login(self, response: web.StreamResponse, request: web.Request) -> None:
+        """Open a session and give ``response`` its cookie."""
+        assert self._signer is not None
+        session = secrets.token_urlsafe(24)
+        await open_session(self.client, self.keys, session, self.session_ttl)
+        response.set_cookie(COOKIE, self._signer.dumps(session),
+                            max_age=math.ceil(self.session_ttl), httponly=True,
+                            samesite="Strict", secure=request.secure, path="/")
 
-    @staticmethod
-    def logout(response: web.StreamResponse) -> None:
+    async def logout(self, response: web.StreamResponse, request: web.Request) -> None:
+        """Close the request's session for every process (an expired one too) and drop
+        its cookie."""
+        session = self._session(request.cookies.get(COOKIE, ""), fresh=False)
+        if session is not None:
+            await end_session(self.client, self.keys, session)
         response.del_cookie(COOKIE, path="/")

@@ -26,6 +26,8 @@ def service_console(runs: Runs, settings: Settings, env: Mapping[str, str]) -> (
 ):
     """What adds the console's routes to the HTTP application of a process serving
     ``--http-addr`` (a service, or the parent of ``--processes``)."""
-    views, auth = Views(runs), ConsoleAuth(service_access(settings, env))
+    views = Views(runs)
+    auth = ConsoleAuth(service_access(settings, env), runs.redis, runs.keys,
+                       session_ttl=settings.console.session_ttl)
     limit = settings.transport.payload_limit_bytes
     return lambda app: add_console(app, views, auth, body_limit=limit)

@@ -119,11 +119,11 @@ def add_console(app: web.Application, views: Views, auth: ConsoleAuth, *,
         async def guarded(request: web.Request) -> web.StreamResponse:
             if auth.forbidden():
                 return console.forbidden(request)
-            if not auth.signed_in(request):
-                if live or request.method == "POST":
-                    raise web.HTTPUnauthorized(headers=_HEADERS)
-                raise web.HTTPSeeOther(f"/login?next={quote(request.path_qs, safe='')}")
             try:
+                if not await auth.signed_in(request):  # a server that fails: the error page
+                    if live or request.method == "POST":
+                        raise web.HTTPUnauthorized(headers=_HEADERS)
+                    raise web.HTTPSeeOther(f"/login?next={quote(request.path_qs, safe='')}")
                 if request.method == "POST":
                     form = await _form(request, body_limit)
                     if not auth.csrf_valid(request, str(form.get("csrf", ""))):
@@ -192,7 +192,10 @@ def _login_routes(app: web.Application, console: Console) -> None:
                                 problem="That is not the token.")
         response = web.HTTPSeeOther(target, headers=_HEADERS)
         if auth.needs_login:
-            auth.login(response, request)
+            try:
+                await auth.login(response, request)
+            except Exception as exc:
+                return console.failure(request, exc)
         raise response
 
     async def logout(request: web.Request) -> web.Response:
@@ -201,7 +204,10 @@ def _login_routes(app: web.Application, console: Console) -> None:
             return console.html(request, "error.html", 403, title="Refused",
                                 detail="The form's CSRF token is missing or stale.")
         response = web.HTTPSeeOther("/login")
-        auth.logout(response)
+        try:
+            await auth.logout(response, request)
+        except Exception as exc:
+            return console.failure(request, exc)
         raise response
 
     app.router.add_get("/login", login_form)
