@@ -18,7 +18,7 @@ from printery.keys import StreamKeys
 from printery.runs.history import decode_fields, id_order
 from printery.runtime.run_index import DEAD_LETTER, RUNNING, now_ms
 from printery.store import Redis, ServerError, WatchConflict
-from printery.store.scan import read_entry
+from printery.store.scan import read_entry, scan_partitions
 from printery.transport.streams import CONNECTION_ERRORS, WATCH_RETRIES, public_api
 
 #: The status of a run a dead letter ended (its ``run:failed`` outcome, docs/reference.md).
@@ -42,10 +42,8 @@ async def dead_letters(
     client: Redis, keys: StreamKeys, correlation_field: str, *, count: int = 1000
 ) -> list[dict[str, Any]]:
     """The oldest ``count`` dead letters of every partition, each with every field."""
-    found = []
-    for part in keys.each():
-        for entry_id, fields in await client.xrange(part.dlq, count=count):
-            found.append((id_order(entry_id), part.entry_ref(entry_id), fields))
+    found = [(id_order(entry_id), part.entry_ref(entry_id), fields) async for part, entry_id, fields
+             in scan_partitions(client, keys, lambda part: part.dlq, count=count)]
     found.sort(key=lambda row: row[0])
     return [view(ref, fields, correlation_field) for _, ref, fields in found[:count]]
 
@@ -147,5 +145,5 @@ async def purge(client: Redis, keys: StreamKeys, entry_id: str) -> dict[str, Any
 @public_api
 async def dead_letter_ids(client: Redis, keys: StreamKeys) -> list[str]:
     """Every dead letter's id as commands name it, of every partition."""
-    return [part.entry_ref(str(entry_id)) for part in keys.each()
-            for entry_id, _ in await client.xrange(part.dlq)]
+    return [part.entry_ref(entry_id)
+            async for part, entry_id, _ in scan_partitions(client, keys, lambda part: part.dlq)]

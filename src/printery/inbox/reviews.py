@@ -54,7 +54,7 @@ from printery.runs.history import id_order
 from printery.runtime.payloads import PayloadStore
 from printery.runtime.run_index import RunIndex
 from printery.store import Redis, WatchConflict
-from printery.store.scan import read_entry
+from printery.store.scan import read_entry, scan_stream
 from printery.transport.streams import WATCH_RETRIES
 
 __all__ = [
@@ -327,26 +327,21 @@ async def _expire_partition(
     now_ms: int, newest: int, producer: str,
 ) -> list[dict[str, Any]]:
     made: list[dict[str, Any]] = []
-    start = "-"
-    while True:
-        chunk = await client.xrange(keys.review, start, str(max(newest, 0)), count=_CHUNK)
-        for entry_id, fields in chunk:
-            timeout = timeouts.get(fields.get(KIND, ""))
-            if timeout is None or stream_id_ms(entry_id) + timeout * 1000 > now_ms:
-                continue
-            note = f"undecided after {timeout:g} s"
-            try:
-                made.append(await reject(client, keys, pipeline, keys.entry_ref(entry_id),
-                                         by=TIMEOUT_BY,
-                                         note=note, producer=producer))
-            except ReviewNotFound:
-                continue
-            except ReviewError as exc:
-                log.warning("review deadline: could not reject", review_id=entry_id,
-                            error=str(exc))
-        if len(chunk) < _CHUNK:
-            return made
-        start = "(" + chunk[-1][0]
+    async for entry_id, fields in scan_stream(client, keys.review, "-", str(max(newest, 0)),
+                                              chunk=_CHUNK):
+        timeout = timeouts.get(fields.get(KIND, ""))
+        if timeout is None or stream_id_ms(entry_id) + timeout * 1000 > now_ms:
+            continue
+        note = f"undecided after {timeout:g} s"
+        try:
+            made.append(await reject(client, keys, pipeline, keys.entry_ref(entry_id),
+                                     by=TIMEOUT_BY, note=note, producer=producer))
+        except ReviewNotFound:
+            continue
+        except ReviewError as exc:
+            log.warning("review deadline: could not reject", review_id=entry_id,
+                        error=str(exc))
+    return made
 
 
 def sweep_interval(timeouts: Mapping[str, float]) -> float:
