@@ -84,3 +84,27 @@ def test_reference_names_every_public_name_with_its_signature() -> None:
         if f"\n{signature}\n" not in text:
             wrong.append(signature)
     assert not wrong, "signatures missing from docs/reference.md (or changed):\n" + "\n".join(wrong)
+
+
+#: How a citation of the external contract file looked: the word in capitals followed by
+#: a section sign or a version, or a bare section sign and a number (built from parts, so
+#: that this file does not match itself).
+CITATION = re.compile("contract".upper() + r"(\s+v\d|\s*\u00a7)|\u00a7\s*\d")
+#: Where a user or a contributor reads: the contract of this project is docs/reference.md.
+READ = ("src", "docs", "examples", "tests", "README.md", "pyproject.toml", "Makefile")
+TEXT = {".py", ".md", ".lua", ".toml", ".html", ".js", ".css", ".txt", ".cfg", ""}
+
+
+def test_nothing_cites_a_document_outside_the_repository() -> None:
+    """Code, help text and docs cite sections of docs/reference.md, never the contract
+    file the project was specified with (users do not have it)."""
+    found = []
+    for top in READ:
+        root = ROOT / top
+        for path in [root] if root.is_file() else sorted(root.rglob("*")):
+            if not path.is_file() or path.suffix not in TEXT or "__pycache__" in path.parts:
+                continue
+            for number, line in enumerate(path.read_text(errors="replace").splitlines(), 1):
+                if CITATION.search(line):
+                    found.append(f"{path.relative_to(ROOT)}:{number}: {line.strip()}")
+    assert not found, "citations of the contract file:\n" + "\n".join(found)

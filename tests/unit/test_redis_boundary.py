@@ -14,7 +14,7 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parents[2]
 LINT = Path(sys.executable).parent / "lint-imports"
-CONTRACT = "Only store/ and transport/ import redis-py"
+BOUNDARY = "Only store/ and transport/ import redis-py"
 
 #: Imports of redis-py where it does not belong: (module, the line added to it).
 STRAYS = [
@@ -28,8 +28,8 @@ def contract() -> dict[str, Any]:
     config = tomllib.loads((ROOT / "pyproject.toml").read_text())
     importlinter = config["tool"]["importlinter"]
     assert importlinter.get("include_external_packages") is True, "redis-py is not in the graph"
-    found = [c for c in importlinter["contracts"] if c["name"] == CONTRACT]
-    assert len(found) == 1, f"pyproject.toml has no contract {CONTRACT!r}"
+    found = [c for c in importlinter["contracts"] if c["name"] == BOUNDARY]
+    assert len(found) == 1, f"pyproject.toml has no contract {BOUNDARY!r}"
     return found[0]
 
 
@@ -50,7 +50,7 @@ def test_the_contract_names_every_module_but_store_and_transport() -> None:
 
 def test_redis_py_outside_store_and_transport_breaks_the_contract(tmp_path: Path) -> None:
     result = lint(ROOT)
-    assert f"{CONTRACT} KEPT" in result.stdout, result.stdout + result.stderr
+    assert f"{BOUNDARY} KEPT" in result.stdout, result.stdout + result.stderr
 
     shutil.copytree(ROOT / "src", tmp_path / "src",
                     ignore=shutil.ignore_patterns("__pycache__", "*.egg-info"))
@@ -59,6 +59,6 @@ def test_redis_py_outside_store_and_transport_breaks_the_contract(tmp_path: Path
         path = (tmp_path / "src" / Path(*module.split("."))).with_suffix(".py")
         path.write_text(path.read_text() + f"\n{line}  # redis-py outside the store\n")
     broken = lint(tmp_path, {**os.environ, "PYTHONPATH": str(tmp_path / "src")})
-    assert broken.returncode != 0 and f"{CONTRACT} BROKEN" in broken.stdout, broken.stdout
+    assert broken.returncode != 0 and f"{BOUNDARY} BROKEN" in broken.stdout, broken.stdout
     for module, _ in STRAYS:
         assert f"{module} -> redis" in broken.stdout, (module, broken.stdout)
