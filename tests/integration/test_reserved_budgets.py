@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 import redis.asyncio as aioredis
 
-from printery import Budget, Loop, Message, Output, Pipeline, PipelineError
+from printery import Budget, Loop, Message, Output, Pipeline, PipelineError, Reject
 from printery.budgets import BudgetPlan
 from printery.keys import StreamKeys
 from printery.runs.cost import budget_status
@@ -231,3 +231,44 @@ def test_an_estimate_is_checked_when_the_pipeline_is_defined() -> None:
 
 async def _noop(message: Message) -> None:
     return None
+
+
+async def test_a_dead_lettered_entry_gives_its_reservation_back_at_once(
+    client: aioredis.Redis, prefix: str
+) -> None:
+    """Limit 200, 100 each: the first entry is refused by its handler (dead-lettered);
+    its reservation goes with its dead letter, so the next two both fit (had it stayed
+    until it lapsed, the third would stop the run)."""
+    keys = StreamKeys(prefix)
+    pipeline = Pipeline("r", ingress=["job"], cost_units=["tokens"],
+                        budget=Budget(tokens=200, on_exceeded="stop"), outcomes=())
+
+    @pipeline.step("work", consumes=["job"], produces=["done"], cost_units=["tokens"],
+                   estimate={"tokens": 100})
+    async def work(message: Message) -> Output:
+        if message.data["n"] == 0:
+            raise Reject("unreadable")
+        message.report_cost("tokens", 100)
+        return Output("done", message.data, idempotency_key=f"done:{message.data['n']}")
+
+    async with running_pipeline(pipeline, client=client, keys=keys, settings=settings()):
+        await submit(client, keys, "run-1", 1)
+
+        async def dead() -> bool:
+            return await client.xlen(keys.stream("dlq")) == 1
+
+        await wait_for(dead, timeout=15, message="the first entry dead-lettered")
+        assert await client.hgetall(keys.reserved("run-1")) == {}
+        pipe = client.pipeline(transaction=True)
+        for i in (1, 2):
+            envelope = CODEC.new("job", {"n": i}, correlation_id="run-1", producer="test",
+                                 idempotency_key=f"job:run-1:{i}")
+            pipe.xadd(keys.stream("job"), CODEC.encode(envelope))
+        await pipe.execute()
+
+        async def done() -> bool:
+            return await client.xlen(keys.stream("done")) == 2
+
+        await wait_for(done, timeout=15, message="both others done")
+    assert await client.xlen(keys.stream("budget:exceeded")) == 0
+    assert await spent(client, keys, "run-1") == 200

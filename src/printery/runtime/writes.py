@@ -134,6 +134,8 @@ def dead_letter_write(
     if not run:
         return DeadLetterWrite(stream, group, consumer, entry_id, keys.dlq, entry,
                                last_error=last_error)
+    # What the entry reserved of its run's budget (a step's estimate=), if anything.
+    reserved, reservation = keys.reserved(run), fields.get("idempotency_key", "")
     said: dict[str, object] = {"status": "failed", "step": group, "reason_code": reason_code,
                                "error": error[:2000]}
     item = _item_of(fields)
@@ -158,7 +160,8 @@ def dead_letter_write(
         return DeadLetterWrite(
             stream, group, consumer, entry_id, keys.dlq, entry, outcome=keys.stream(result),
             outcome_fields={**marker, "data": ""}, data_before=before, data_after=after,
-            run_info=keys.run_info(run), last_error=last_error, ends_run=False)
+            run_info=keys.run_info(run), last_error=last_error, ends_run=False,
+            reserved=reserved, reservation=reservation)
     outcome = codec.new_fields(RUN_FAILED, None, correlation_id=run, producer=group,
                                idempotency_key=f"{RUN_FAILED}:{run}:{group}:{stream}:{entry_id}",
                                extra=extra)
@@ -170,7 +173,8 @@ def dead_letter_write(
     return DeadLetterWrite(
         stream, group, consumer, entry_id, keys.dlq, entry, outcome=outcome_stream,
         outcome_fields={**outcome, "data": ""}, data_before=before, data_after=after,
-        run_info=keys.run_info(run), index=writes, last_error=last_error)
+        run_info=keys.run_info(run), index=writes, last_error=last_error, reserved=reserved,
+        reservation=reservation)
 
 
 def _item_of(fields: Mapping[str, str]) -> int | None:

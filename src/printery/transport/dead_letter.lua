@@ -12,7 +12,9 @@
 -- record ('' none), ARGV[10] a once key that makes this dead letter written at most once
 -- ('' none; a join's, whose failure no entry holds), ARGV[11] its ttl in ms, ARGV[12] '1'
 -- when the KEYS[3] entry ends the run, '0' when it is a plain entry (a skipped Map item's
--- result for its collector: written whatever the run's status, no index writes); then the
+-- result for its collector: written whatever the run's status, no index writes), ARGV[13]
+-- the run's reservations hash and ARGV[14] the entry's reservation in it ('' none: a step's
+-- estimate= reserved for the entry is given back with its dead letter); then the
 -- dlq fields, the run:failed fields (its `data` value is replaced) and the index writes
 -- (per command its argument count, then the command).
 -- An entry id '' dead-letters what no entry holds (a join decided by a sweep): no fence,
@@ -35,7 +37,7 @@ end
 if ARGV[10] ~= '' and not redis.call('SET', ARGV[10], '1', 'NX', 'PX', ARGV[11]) then
   return -1
 end
-local a = 13
+local a = 15
 local letter = {}
 for j = a, a + nd - 1 do letter[#letter + 1] = ARGV[j] end
 a = a + nd
@@ -69,4 +71,5 @@ elseif nf > 0 then
 end
 if id ~= '' then redis.call('XACK', KEYS[1], group, id) end
 if ARGV[9] ~= '' then redis.call('DEL', ARGV[9]) end
+if ARGV[14] ~= '' then redis.call('HDEL', ARGV[13], ARGV[14]) end
 return dlq_id

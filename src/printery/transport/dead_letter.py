@@ -34,7 +34,9 @@ class DeadLetterWrite:
     holds (a join a sweep decided: no fence, no ack); ``once`` a key that makes it
     written at most once (kept ``once_ttl_ms``), "" none. ``ends_run`` False writes
     ``outcome_fields`` to ``outcome`` as a plain entry (a skipped Map item's result for its
-    collector): no run ends, the index is not touched."""
+    collector): no run ends, the index is not touched. ``reservation`` the entry's field
+    in its run's reservations hash ``reserved`` (a step's ``estimate=``), removed with it
+    ("" none): a failed entry's estimate stops counting against its run's budget at once."""
 
     source: str
     group: str
@@ -52,6 +54,8 @@ class DeadLetterWrite:
     once: str = ""
     once_ttl_ms: int = 0
     ends_run: bool = True
+    reserved: str = ""
+    reservation: str = ""
 
     def script_keys(self) -> list[str]:
         keys = [self.source, self.dlq]
@@ -69,7 +73,7 @@ class DeadLetterWrite:
         return [self.group, self.consumer, self.entry_id, len(letter), len(outcome),
                 self.data_before, self.data_after, len(index), self.last_error,
                 self.once, self.once_ttl_ms, "1" if self.ends_run else "0",
-                *letter, *outcome, *index]
+                self.reserved, self.reservation, *letter, *outcome, *index]
 
 
 async def write_dead_letter(scripts: Scripts, write: DeadLetterWrite) -> str | None:
