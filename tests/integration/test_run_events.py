@@ -79,7 +79,10 @@ async def served(server: ServerProcess, prefix: str) -> AsyncIterator[Served]:
     access = Access(token=None, public=False)
     http_server = HttpServer(
         Provider(), api=build_api(runs, access, body_limit=LIMIT),
-        console=lambda app: add_console(app, Views(runs), ConsoleAuth(access), body_limit=LIMIT))
+        console=lambda app: add_console(
+            app, Views(runs), ConsoleAuth(access, conn, settings.keys,
+                                          session_ttl=settings.console.session_ttl),
+            body_limit=LIMIT))
     port = await http_server.start("127.0.0.1", 0)
     async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}", timeout=10) as http:
         yield Served(http, conn, runs, settings.keys, pipeline)
