@@ -18,7 +18,7 @@ import redis
 
 from printery.testing import unique_prefix
 from support.operator_cli import cli_sync
-from support.service import spawn
+from support.service import ServiceHandle, spawn
 
 APP = textwrap.dedent(
     """
@@ -53,12 +53,7 @@ def test_a_40_item_map_survives_a_kill_9_of_one_of_two_processes(
                  "--backoff", "50"], cwd=tmp_path)
     r = redis.Redis.from_url(server.url, decode_responses=True)
     try:
-        def children() -> list[int]:
-            procs = svc.json("/status")["processes"]
-            alive = [p["pid"] for p in procs if p["alive"] and p["workers"]]
-            return alive if len(alive) == 2 else []
-
-        first = svc.wait_until(children, what="two children")
+        first = svc.wait_until(lambda: _children(svc), what="two children")
         pages = [f"page-{n}" for n in range(40)]
         r.xadd(f"{prefix}:document", {"data": json.dumps({"correlation_id": "doc-1",
                                                             "pages": pages})})
@@ -107,6 +102,73 @@ def test_a_40_item_map_survives_a_kill_9_of_one_of_two_processes(
                 "by pages:collect into merged") in printery("pipeline", "show")
         trace = printery("trace", "doc-1")
         assert all(f"item {n}/40" in trace for n in range(40)), trace
+    finally:
+        r.close()
+        assert svc.stop() == 0, svc.log()
+
+
+def _children(svc: ServiceHandle) -> list[int]:
+    """The two children's pids once both run their workers, else []."""
+    procs = svc.json("/status")["processes"]
+    alive = [p["pid"] for p in procs if p["alive"] and p["workers"]]
+    return alive if len(alive) == 2 else []
+
+
+LOOP_APP = textwrap.dedent(
+    """
+    import asyncio
+    import os
+
+    from printery import Loop, Map, Message, Pipeline, Reason
+
+    pipeline = Pipeline("pages", ingress=["document"])
+
+
+    async def draft(message: Message) -> dict:
+        await asyncio.sleep(0.05)  # a model call: the other process takes items meanwhile
+        return {"page": message.data, "attempt": message.attempt, "pid": os.getpid()}
+
+
+    def check(message: Message) -> list:
+        if message.data["page"] != "never" and message.data["attempt"] >= 2:
+            return []
+        return [Reason("not_yet", "page", f"attempt {message.data['attempt']}")]
+
+
+    pipeline.add(Map("pages", consumes="document", produces="merged",
+                     split=lambda message: message.data["pages"], on_item_failure="skip",
+                     each=Loop("pages:draft", consumes="pages:item", produces="pages:result",
+                               work=draft, validate=check, max_attempts=2, concurrency=2)))
+    """
+)
+
+
+def test_a_loop_as_each_under_two_processes_skips_the_item_it_exhausted(
+    server: Any, tmp_path: Path
+) -> None:
+    (tmp_path / "loopmap.py").write_text(LOOP_APP)
+    prefix = unique_prefix("map-loop")
+    svc = spawn(["--redis-url", server.url, "--stream-prefix", prefix, "--processes", "2",
+                 "--app", "loopmap:pipeline"], cwd=tmp_path)
+    r = redis.Redis.from_url(server.url, decode_responses=True)
+    try:
+        svc.wait_until(lambda: len(_children(svc)) == 2, what="two children")
+        pages = [f"page-{n}" for n in range(20)]
+        pages[7] = "never"
+        r.xadd(f"{prefix}:document", {"data": json.dumps({"correlation_id": "doc-2",
+                                                            "pages": pages})})
+        svc.wait_until(lambda: r.xlen(f"{prefix}:merged") == 1, timeout=60,
+                       what="the merged output")
+        ((_, merged),) = r.xrange(f"{prefix}:merged")
+        data = json.loads(merged["data"])
+        assert data["failed"] == [7]
+        assert [o and (o["page"], o["attempt"]) for o in data["items"]] == [
+            None if n == 7 else (page, 2) for n, page in enumerate(pages)]
+        verdicts = [f for _, f in r.xrange(f"{prefix}:pages:draft:loop")
+                    if f["type"] == "pages:draft:verdict"]
+        assert Counter(int(f["item"]) for f in verdicts) == {n: 2 for n in range(20)}
+        assert r.xlen(f"{prefix}:run:failed") == 0  # the exhausted item ended nothing
+        assert len({o["pid"] for o in data["items"] if o}) == 2, "both processes drafted"
     finally:
         r.close()
         assert svc.stop() == 0, svc.log()
