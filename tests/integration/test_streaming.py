@@ -26,6 +26,7 @@ from printery import (
     StreamKeys,
     Verdict,
     WorkerManager,
+    escalate,
 )
 from printery.models import OpenAICompatible
 from printery.testing import wait_for
@@ -260,3 +261,49 @@ async def _has(items: list[Any], text: str) -> bool:
 
 async def _shown_text(client: aioredis.Redis, prefix: str, run_id: str, text: str) -> bool:
     return any(s.get("text") == text for s in await shown(client, prefix, run_id))
+
+
+async def test_a_gate_that_fails_closed_retracts_the_attempt(
+    running: Any, client: aioredis.Redis, prefix: str
+) -> None:
+    """A validator that answers no list of reasons fails the entry (validator_error):
+    what the attempt showed is retracted with that reason, never left provisional."""
+    async def work(message: Message) -> AsyncIterator[str]:
+        yield "a draft"
+
+    pipeline = Pipeline("answers", ingress=["request"])
+    pipeline.add(Loop("draft", consumes="request", produces="answer", work=work,
+                      validate=lambda message: None, max_attempts=2))
+    submitter = await running(pipeline)
+    run_id = await submitter.submit({"question": "why?"})
+    assert (await submitter.result(run_id, timeout=30)).status == "failed"
+    found = await shown(client, prefix, run_id)
+    assert found[0] == {"step": "draft", "attempt": 1, "text": "a draft"}
+    assert found[1]["passed"] is False and len(found) == 2
+    assert [r["code"] for r in found[1]["reasons"]] == ["validator_error"]
+
+
+async def test_an_escalated_step_retracts_its_draft_before_the_fallback_streams(
+    running: Any, client: aioredis.Redis, prefix: str
+) -> None:
+    async def handler(message: Message) -> Output:
+        await message.partial("first try")
+        raise RuntimeError("the model is down")
+
+    async def fallback(message: Message) -> Output:
+        await message.partial("from the fallback")
+        return Output("answer", {"text": "from the fallback"})
+
+    pipeline = Pipeline("answers", ingress=["request"])
+    pipeline.step("write", consumes=["request"], produces=["answer"])(
+        escalate(handler, attempts=1, fallback=fallback))
+    submitter = await running(pipeline)
+    run_id = await submitter.submit({"question": "why?"})
+    assert (await submitter.result(run_id, timeout=30)).data == {"text": "from the fallback"}
+    assert await shown(client, prefix, run_id) == [
+        {"step": "write", "attempt": 1, "text": "first try"},
+        {"step": "write", "attempt": 1, "passed": False, "reasons": [
+            {"code": "work_failed", "field": "", "message": "RuntimeError: the model is down"}]},
+        {"step": "write", "attempt": 1, "text": "from the fallback"},
+        {"step": "write", "attempt": 1, "passed": True, "reasons": []},
+    ]

@@ -299,7 +299,9 @@ def mode_of(data: Any, stage: int) -> str:
 
 
 async def misbehave(mode: str, message: Message) -> None:
-    """The failures that happen before a handler's answer."""
+    """The failures that happen before a handler's answer (after it showed a partial:
+    every handler streams, so every failure must retract what it showed)."""
+    await message.partial(f"{mode} ")
     if mode == "stall":
         if message.deliveries == 1:
             time.sleep(STALL)  # noqa: ASYNC251 - synchronous code in a handler, on purpose
@@ -842,6 +844,8 @@ async def check(ctx: Context, figures: Figures) -> None:
     problems += [f"unsettled: {line}" for line in await unsettled(ctx)]
     problems += await _run_problems(ctx, figures)
     problems += await _write_problems(ctx)
+    if not figures.kills:  # a process killed mid-attempt cannot retract what it showed
+        problems += await _stream_problems(ctx)
     if problems:
         raise AssertionError("invariants broken:\n  " + "\n  ".join(problems) + "\n"
                              + await diagnosis(ctx))
@@ -903,6 +907,23 @@ async def _write_problems(ctx: Context) -> list[str]:
             if abs(spent - committed) > 1e-6:
                 problems.append(f"run {run}: spent {spent!r} but its entries committed "
                                 f"{committed!r} ({sorted(calls.get(run, {}).values())})")
+    return problems
+
+
+async def _stream_problems(ctx: Context) -> list[str]:
+    """Every draft shown is closed: each step's partials of a run are followed by a
+    verdict of that step (passed or retracted), whatever failed (reference: streaming
+    through the gate)."""
+    problems = []
+    for run in ctx.runs:
+        open_: dict[str, str] = {}
+        for entry_id, fields in await ctx.redis.xrange(ctx.keys.of(run).partials(run)):
+            if fields.get("kind") == "partial":
+                open_.setdefault(fields["step"], entry_id)
+            else:
+                open_.pop(fields["step"], None)
+        problems += [f"run {run}: the draft of {step} shown at {at} has no verdict"
+                     for step, at in open_.items()]
     return problems
 
 

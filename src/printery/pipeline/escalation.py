@@ -13,6 +13,7 @@ from printery.keys import REVIEW
 from printery.limits import mark_fallback
 from printery.pipeline.review_kinds import Escalation, mark_escalation
 from printery.runtime.handler import Handler, HandlerResult, Message, Output, outputs_of
+from printery.runtime.partials import retract
 
 log = structlog.get_logger("printery.escalation")
 
@@ -72,9 +73,11 @@ def escalate(
         else:
             done, failure = await _call(handler, message, attempts)
             if failure is not None and fallback is not None:
+                await _retracted(message, failure)
                 done, failure = await _fall_back(fallback, message, attempts)
         if failure is None:
             return done
+        await _retracted(message, failure)
         outputs: list[Output] = []
         if review_kind:
             outputs.append(review_output(message, kind=review_kind, reason=str(failure),
@@ -109,6 +112,14 @@ async def _call(
         if message.deliveries < attempts:
             raise
         return None, exc
+
+
+async def _retracted(message: Message, failure: BaseException) -> None:
+    """What the failed call showed is not the output (reference: streaming through the
+    gate): retracted, and what runs next (the fallback) streams anew."""
+    if message.streamed:
+        await retract(message, failure)
+        message.streamed = False
 
 
 async def _fall_back(

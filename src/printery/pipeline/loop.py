@@ -279,9 +279,14 @@ class Loop:
             reasons = [dict(failed)]
         else:
             seen = _seen(message, output, shape.attempt_type, n, feedback)
-            found = await _settled(self.validate(seen))
-            reasons = [r.as_dict() for r in checked_reasons(
-                found, f"loop {self.name!r}: validate")]
+            try:
+                found = await _settled(self.validate(seen))
+                reasons = [r.as_dict() for r in checked_reasons(
+                    found, f"loop {self.name!r}: validate")]
+            except BaseException as exc:  # a gate that fails closed retracts what was shown
+                if message.fields.get(STREAMED):
+                    await retract(dataclasses.replace(message, attempt=n), exc)
+                raise
         if message.fields.get(STREAMED):  # followers learn what became of its partials
             await publish_verdict(dataclasses.replace(message, attempt=n), passed=not reasons,
                                   reasons=reasons)

@@ -45,6 +45,8 @@ FLUSH_S = 0.05
 MAXLEN = 10_000
 #: Seconds a run's partials stream outlives its last write.
 TTL_S = 3600
+#: Longest a failed handler's retraction is waited for before its failure goes on.
+RETRACT_WAIT_S = 1.0
 #: ``kind`` of the two sorts of entry of a partials stream.
 PARTIAL, VERDICT = "partial", "verdict"
 
@@ -176,9 +178,10 @@ async def passed(message: Attempt) -> None:
 
 async def retract(message: Attempt, exc: BaseException) -> None:
     """Retract what ``message``'s handler showed before it failed with ``exc`` (the
-    reasons name the failure). Never raises: the handler's own failure is what the
-    runtime must see; a cancellation is not waited on (the verdict goes with the next
-    batch)."""
+    reasons name the failure), before the failure is handled: a handler cancelled at its
+    step timeout too, so no follower meets the dead letter that ends a run before the
+    retraction. Waits at most :data:`RETRACT_WAIT_S`; never raises what the server
+    answers (the handler's own failure is what the runtime must see)."""
     writer = current()
     if writer is None:
         return
@@ -190,11 +193,11 @@ async def retract(message: Attempt, exc: BaseException) -> None:
     writer.verdict(message, passed=False, reasons=[{
         "code": code if isinstance(code, str) and code else FAILED, "field": "",
         "message": describe(exc)}])
-    if isinstance(exc, Exception):
-        try:
+    try:
+        async with asyncio.timeout(RETRACT_WAIT_S):
             await writer.flush()
-        except Exception as failed:  # the handler's own failure is raised
-            log.warning("retraction not written", error=repr(failed))
+    except Exception as failed:  # logged: the handler's own failure is the one raised
+        log.warning("retraction not written", error=repr(failed))
 
 
 async def verdict(message: Attempt, *, passed: bool,
