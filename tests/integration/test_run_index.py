@@ -12,11 +12,11 @@ from printery import ConsumerSettings, Message, Output, Pipeline
 from printery._json import dumps
 from printery.apps import load_app
 from printery.keys import StreamKeys
-from printery.runs import index as index_reads
 from printery.runs.facade import Runs
 from printery.runs.history import id_order
 from printery.runs.index import RunIndexReader
 from printery.runtime.run_index import RUNNING, RunIndex, RunMark, now_ms
+from printery.store import run_index as index_reads
 from printery.testing import wait_for
 from printery.transport.commit import Append, Committer, EntryCommit
 from support.spine import running_pipeline

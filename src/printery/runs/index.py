@@ -16,15 +16,17 @@ from typing import Any
 from printery.keys import StreamKeys
 from printery.runtime.run_index import RUNNING, now_ms
 from printery.store import Redis
-from printery.transport.scripts import Scripts, script
+from printery.store.run_index import (
+    cost_of_minutes,
+    counts,
+    forget_ended,
+    is_indexed,
+    newest,
+    run_rows,
+)
+from printery.transport.scripts import Scripts
 
-__all__ = ["FORGET_BATCH", "RunIndexReader"]
-
-#: Runs forgotten per script call at most, so a sweep never holds the server long.
-FORGET_BATCH = 500
-
-#: Forgets the runs whose outcome is older than the retention (``forget.lua``).
-FORGET = script("forget")
+__all__ = ["RunIndexReader"]
 
 
 class RunIndexReader:
@@ -40,89 +42,36 @@ class RunIndexReader:
         """Forget the runs whose outcome is older than ``retention_s`` (server clock), in
         every partition, a bounded batch per script call; how many went. Running runs
         stay: they have no outcome to age from."""
-        runner = scripts or Scripts(client)
-        forgotten = 0
-        for keys in self.keys.whole.each():
-            statuses = sorted(str(s) for s in await client.smembers(keys.run_statuses))  # type: ignore[misc]
-            ended = [keys.run_index(status) for status in statuses if status != RUNNING]
-            if not ended:
-                continue
-            while True:
-                went, looked_at = await runner.call(
-                    FORGET, [keys.run_index(), *ended],
-                    [int(retention_s * 1000), FORGET_BATCH, keys.run_info("")])
-                forgotten += int(went)
-                if int(looked_at) < FORGET_BATCH:
-                    break
-        return forgotten
+        return await forget_ended(client, self.keys, retention_s, running=RUNNING, scripts=scripts)
 
     async def page(self, client: Redis, *, status: str = "", offset: int = 0,
                    count: int = 50) -> tuple[list[dict[str, Any]], int]:
         """Runs newest first (``status``: of that status only) from ``offset``, and how
-        many there are: two round trips whatever the size of the index (each partition
-        gives its newest ``offset + count``, merged here)."""
-        parts = list(self.keys.whole.each())
-        async with client.pipeline(transaction=False) as pipe:
-            for keys in parts:
-                pipe.zrevrange(keys.run_index(status), 0, offset + count - 1, withscores=True)
-                pipe.zcard(keys.run_index(status))
-            replies = await pipe.execute()
-        members = sorted((member for n in range(len(parts)) for member in replies[2 * n]),
-                         key=lambda member: -float(member[1]))[offset : offset + count]
-        total = sum(int(replies[2 * n + 1]) for n in range(len(parts)))
-        return await self.rows(client, [str(m) for m, _ in members]), total
+        many there are: two round trips whatever the size of the index."""
+        run_ids, total = await newest(client, self.keys, status, offset, count)
+        return await self.rows(client, run_ids), total
 
     async def rows(self, client: Redis, run_ids: Sequence[str]) -> list[dict[str, Any]]:
         """Each run's ``run_id``, ``status``, ``started`` and ``ended`` (ms, 0: not yet):
         one round trip for the lot."""
-        if not run_ids:
-            return []
-        whole = self.keys.whole
-        async with client.pipeline(transaction=False) as pipe:
-            for run_id in run_ids:
-                keys = whole.of(run_id)
-                pipe.zscore(keys.run_index(), run_id)
-                pipe.hmget(keys.run_info(run_id), ["status", "ended"])
-            replies = await pipe.execute()
-        rows = []
-        for n, run_id in enumerate(run_ids):
-            started, (status, ended) = replies[2 * n], replies[2 * n + 1]
-            rows.append({"run_id": run_id, "status": str(status) if status else RUNNING,
-                         "started": int(started or 0), "ended": int(ended or 0)})
-        return rows
+        return [{"run_id": run_id, "status": status or RUNNING, "started": started,
+                 "ended": ended}
+                for run_id, (started, status, ended)
+                in zip(run_ids, await run_rows(client, self.keys, run_ids), strict=True)]
 
     async def find(self, client: Redis, run_id: str) -> list[dict[str, Any]]:
         """The run of exactly this id, when it is indexed (search by id)."""
-        score = await client.zscore(self.keys.whole.of(run_id).run_index(), run_id)
-        return [] if score is None else await self.rows(client, [run_id])
+        return await self.rows(client, [run_id]) if await is_indexed(client, self.keys, run_id) \
+            else []
 
     async def summary(self, client: Redis) -> dict[str, Any]:
         """``runs`` (all indexed), ``running``, and the status names seen."""
-        parts = list(self.keys.whole.each())
-        async with client.pipeline(transaction=False) as pipe:
-            for keys in parts:
-                pipe.zcard(keys.run_index())
-                pipe.zcard(keys.run_index(RUNNING))
-                pipe.smembers(keys.run_statuses)
-            replies = await pipe.execute()
-        statuses = {str(s) for n in range(len(parts)) for s in replies[3 * n + 2]}
-        return {"runs": sum(int(replies[3 * n]) for n in range(len(parts))),
-                "running": sum(int(replies[3 * n + 1]) for n in range(len(parts))),
-                "statuses": sorted({RUNNING, *statuses})}
+        runs, running, statuses = await counts(client, self.keys, RUNNING)
+        return {"runs": runs, "running": running, "statuses": sorted({RUNNING, *statuses})}
 
     async def cost_last_hour(self, client: Redis, at_ms: int | None = None) -> (
         dict[str, float]
     ):
         """What the steps reported spending in the last 60 minutes, per unit."""
         minute = (now_ms() if at_ms is None else at_ms) // 60_000
-        async with client.pipeline(transaction=False) as pipe:
-            for keys in self.keys.whole.each():
-                for m in range(minute - 59, minute + 1):
-                    pipe.hgetall(keys.cost_minute(m))
-            buckets = await pipe.execute()
-        total: dict[str, float] = {}
-        for bucket in buckets:
-            for unit, amount in bucket.items():
-                total[str(unit)] = total.get(str(unit), 0.0) + float(amount)
-        return total
-
+        return await cost_of_minutes(client, self.keys, minute - 59, minute)
