@@ -1,8 +1,23 @@
-"""printery: worker orchestration over Redis Streams."""
+"""printery: worker orchestration over Redis Streams.
+
+Everything here is the public API, described in docs/reference.md ("Python API"); the
+names of ``__all__`` are grouped as its sections are. Other modules are internal, but
+for ``printery.models``, whose names are also here (imported on first use: they load
+an HTTP client that only a model step needs).
+"""
+
+from typing import TYPE_CHECKING
 
 from printery.backoff import compute_backoff
-from printery.budgets import Budget
+from printery.budgets import Budget, BudgetPlan
 from printery.config import AppConfig, Settings, SettingsTable
+from printery.config_tables import (
+    ConsoleSettings,
+    ReviewSettings,
+    TelemetrySettings,
+    TransportSettings,
+    WorkerSettings,
+)
 from printery.envelope import Codec, Envelope
 from printery.errors import (
     BlobMissing,
@@ -12,6 +27,8 @@ from printery.errors import (
     HandlerError,
     InvalidInput,
     MessageError,
+    OutputContractError,
+    PartitionError,
     PayloadTooLarge,
     PipelineError,
     PrinteryError,
@@ -23,6 +40,8 @@ from printery.errors import (
     ReviewInvalid,
     ReviewNotFound,
     ReviewRefused,
+    ServerStartError,
+    StepTimeout,
     SupervisorError,
     TransportError,
     UnknownRun,
@@ -30,7 +49,7 @@ from printery.errors import (
     WorkerFailed,
 )
 from printery.fields import review_fields
-from printery.keys import DLQ, REVIEW, REVIEW_DECIDED, RUN_FAILED, PartitionError, StreamKeys, partition_of
+from printery.keys import DLQ, REVIEW, REVIEW_DECIDED, RUN_FAILED, StreamKeys, partition_of
 from printery.limits import Limit
 from printery.pipeline.aggregate import (
     Aggregator,
@@ -46,9 +65,9 @@ from printery.pipeline.fanout import Map
 from printery.pipeline.loop import Loop
 from printery.pipeline.render import to_mermaid, to_text
 from printery.pipeline.review_kinds import ReviewCase, ReviewKind, ReviewOutcome
-from printery.pipeline.step import Step
+from printery.pipeline.step import LoopShape, Step, StepSource
 from printery.reason import Reason
-from printery.redact import redact_text, redact_url
+from printery.redact import redact_text, redact_url, register_secret
 from printery.runs.client import Client, SyncClient
 from printery.runs.cost import cost_summary
 from printery.runs.partials import Partial, Verdict
@@ -56,88 +75,66 @@ from printery.runs.reader import RunResult
 from printery.runs.replay import ReplayError, ReplayResult, replay
 from printery.runtime.consumer import ConsumerSettings
 from printery.runtime.handler import Handler, HandlerResult, Message, Output
+from printery.runtime.observe import Observer
+from printery.runtime.payloads import PayloadStore
+from printery.runtime.run_index import RunIndex, RunMark
+from printery.runtime.step_context import Companion, Emit, StepContext
 from printery.runtime.stream_worker import StreamWorker
 from printery.supervisor.manager import WorkerManager
 from printery.worker import RunContext, Worker, WorkerState, WorkerStats
 
-__all__ = [
-    "DLQ",
-    "REVIEW",
-    "REVIEW_DECIDED",
-    "RUN_FAILED",
-    "Aggregator",
-    "AppConfig",
-    "BlobMissing",
-    "Budget",
-    "Client",
-    "Codec",
-    "ConfigError",
-    "ConsumerSettings",
-    "DecodeError",
-    "DependencyCycle",
-    "Envelope",
-    "Handler",
-    "HandlerError",
-    "HandlerResult",
-    "InvalidInput",
-    "JoinState",
-    "Limit",
-    "Loop",
-    "Map",
-    "MergePolicy",
-    "Message",
-    "MessageError",
-    "Output",
-    "Partial",
-    "PartitionError",
-    "PayloadTooLarge",
-    "Pipeline",
-    "PipelineError",
-    "PrinteryError",
-    "QuotaExhausted",
-    "Reason",
-    "Reject",
-    "ReplayError",
-    "ReplayResult",
+if TYPE_CHECKING:
+    from printery.models import Completion, OpenAICompatible
+
+__all__ = [  # noqa: RUF022 - grouped as docs/reference.md's sections, sorted within each
+    # Pipelines and steps
+    "Companion", "Emit", "Pipeline", "PipelineError", "Step", "StepContext", "StepSource",
+    "to_mermaid", "to_text",
+    # Budgets
+    "Budget", "BudgetPlan",
+    # Handlers
+    "Handler", "HandlerResult", "Message", "Output", "QuotaExhausted", "Reason", "Reject",
     "Retry",
-    "ReviewActionFailed",
-    "ReviewCase",
-    "ReviewError",
-    "ReviewInvalid",
-    "ReviewKind",
-    "ReviewNotFound",
-    "ReviewOutcome",
-    "ReviewRefused",
-    "RunContext",
-    "RunResult",
-    "Settings",
-    "SettingsTable",
-    "Step",
-    "StreamKeys",
-    "StreamWorker",
-    "SupervisorError",
-    "SyncClient",
-    "TransportError",
-    "UnknownRun",
-    "Verdict",
-    "Worker",
-    "WorkerCrashed",
-    "WorkerFailed",
-    "WorkerManager",
-    "WorkerState",
-    "WorkerStats",
-    "all_must_pass",
-    "any_pass",
-    "compute_backoff",
-    "cost_summary",
-    "escalate",
-    "first_wins",
-    "partition_of",
-    "redact_text",
-    "redact_url",
-    "replay",
-    "review_fields",
-    "review_output",
-    "to_mermaid",
-    "to_text",
+    # Flow control and model steps
+    "Completion", "Limit", "OpenAICompatible",
+    # Joins
+    "Aggregator", "JoinState", "MergePolicy", "all_must_pass", "any_pass", "first_wins",
+    # Escalation
+    "escalate", "review_fields", "review_output",
+    # Validation loops
+    "Loop", "LoopShape",
+    # Streaming through the gate
+    "Partial", "Verdict",
+    # Fan-out: Map
+    "Map",
+    # Review inbox
+    "REVIEW", "REVIEW_DECIDED", "ReviewActionFailed", "ReviewCase", "ReviewError",
+    "ReviewInvalid", "ReviewKind", "ReviewNotFound", "ReviewOutcome", "ReviewRefused",
+    # Running workers
+    "ConsumerSettings", "Observer", "PartitionError", "PayloadStore", "RunContext",
+    "RunIndex", "RunMark", "StreamKeys", "StreamWorker", "Worker", "WorkerCrashed", "WorkerManager",
+    "WorkerState", "WorkerStats", "compute_backoff", "partition_of",
+    # Replay and cost
+    "DLQ", "RUN_FAILED", "ReplayError", "ReplayResult", "cost_summary", "replay",
+    # Runs: submitting work and following it
+    "Client", "InvalidInput", "RunResult", "SyncClient", "UnknownRun",
+    # Settings and applications
+    "AppConfig", "ConsoleSettings", "ReviewSettings", "Settings", "SettingsTable",
+    "TelemetrySettings", "TransportSettings", "WorkerSettings",
+    # Envelopes, errors and redaction
+    "BlobMissing", "Codec", "ConfigError", "DecodeError", "DependencyCycle", "Envelope",
+    "HandlerError", "MessageError", "OutputContractError", "PayloadTooLarge",
+    "PrinteryError", "ServerStartError", "StepTimeout", "SupervisorError", "TransportError",
+    "WorkerFailed", "redact_text", "redact_url", "register_secret",
 ]
+
+#: The names of :mod:`printery.models`, imported on first use (it loads httpx).
+_MODELS = frozenset({"Completion", "OpenAICompatible"})
+
+
+def __getattr__(name: str) -> object:
+    if name in _MODELS:
+        from printery import models
+
+        return getattr(models, name)
+    raise AttributeError(f"module 'printery' has no attribute {name!r}")

@@ -26,6 +26,8 @@
      |    +-- WorkerFailed      a worker exhausted its restarts (or failed standalone)
      +-- PipelineError          a pipeline definition is invalid
      +-- ReplayError            a run cannot be replayed (unknown id, step or entry)
+     +-- PartitionError         a partitioned key asked of the whole keyspace of several
+     |                          partitions (also a LookupError)
      +-- InvalidInput           submitted data the ingress step refuses (`reasons`)
      +-- UnknownRun             no entry of that run id exists
      +-- ReviewError            a review decision could not be made
@@ -151,6 +153,13 @@ class QuotaExhausted(Reject):
     def __init__(self, message: str = "", *, retry_after: float | None = None) -> None:
         self.retry_after = retry_after
         super().__init__(QUOTA_EXHAUSTED, message)
+
+
+class PartitionError(PrinteryError, LookupError):
+    """A partitioned key was asked of the whole keyspace of several partitions: the
+    caller must name the partition (:meth:`~printery.StreamKeys.at`,
+    :meth:`~printery.StreamKeys.of`). A ``LookupError`` too, as it was before it joined
+    the error tree."""
 
 
 class OutputContractError(PrinteryError):

@@ -21,6 +21,8 @@ import zlib
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
+from printery.errors import PartitionError
+
 DLQ = "dlq"
 REVIEW = "review"
 REVIEW_DECIDED = "review:decided"
@@ -69,11 +71,6 @@ def new_id_in(partition: int, partitions: int, make: Callable[[], str]) -> str:
         made = make()
         if partition_of(made, partitions) == partition:
             return made
-
-
-class PartitionError(LookupError):
-    """A partitioned key was asked of the whole keyspace of several partitions: the
-    caller must name the partition (:meth:`StreamKeys.at`, :meth:`StreamKeys.of`)."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -195,7 +195,7 @@ class Aggregator:
             produces=(self.emits, *self.extra_produces),
             handler=self.handle,
             concurrency=self.concurrency,
-            companions=(self.sweep,),
+            companions=(self._sweep,),
             on_context=self._bind,
             # One join evaluation at a time per consumer, so a branch that arrives after the
             # decision sees it and is recorded as late; across consumers the ``once`` guard
@@ -244,15 +244,15 @@ class Aggregator:
             raise RuntimeError("aggregator used before a worker was built for it")
         return self._context, self._joins
 
-    async def sweep(self, context: StepContext) -> None:
+    async def _sweep(self, context: StepContext) -> None:
         """Finish joins whose deadline passed, with the missing branches named."""
         joins = JoinStore(context.store, self.name, ttl_s=self.ttl_s)  # its script loaded once
         while True:
             await idle(self.sweep_interval)
             with contextlib.suppress(*UNREACHABLE):
-                await self.sweep_once(context, joins)
+                await self._sweep_once(context, joins)
 
-    async def sweep_once(self, context: StepContext, joins: JoinStore | None = None) -> int:
+    async def _sweep_once(self, context: StepContext, joins: JoinStore | None = None) -> int:
         """Finish (or fail) due joins of every partition; the results written. A
         connection error ends it."""
         finished = 0
