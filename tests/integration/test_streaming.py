@@ -18,6 +18,7 @@ from printery import (
     Client,
     ConsumerSettings,
     Loop,
+    Map,
     Message,
     Output,
     Partial,
@@ -29,6 +30,7 @@ from printery import (
     escalate,
 )
 from printery.models import OpenAICompatible
+from printery.runs.partials import Drafts
 from printery.testing import wait_for
 from support.stream_model import StreamModel, serving
 
@@ -307,3 +309,38 @@ async def test_an_escalated_step_retracts_its_draft_before_the_fallback_streams(
         {"step": "write", "attempt": 1, "text": "from the fallback"},
         {"step": "write", "attempt": 1, "passed": True, "reasons": []},
     ]
+
+
+async def test_the_items_of_a_map_stream_drafts_of_their_own(
+    running: Any, client: aioredis.Redis, prefix: str
+) -> None:
+    """Three pages drafted at once by one Loop (a Map's each): each item's partials and
+    verdicts name the item, so a follower keeps three drafts apart, each closed by its
+    own verdict (page 1's first attempt retracted, the others passed)."""
+    async def work(message: Message) -> AsyncIterator[str]:
+        yield f"page {message.data} "
+        yield f"attempt {message.attempt}"
+
+    def validate(message: Message) -> list[Reason]:
+        if message.data == "page 1 attempt 1":
+            return [Reason("too_short", "", "page 1 needs another go")]
+        return []
+
+    pipeline = Pipeline("docs", ingress=["document"])
+    pipeline.add(Map("pages", consumes="document", produces="merged",
+                     split=lambda message: list(range(3)),
+                     each=Loop("pages:draft", consumes="pages:item", produces="pages:result",
+                               work=work, validate=validate, max_attempts=2, concurrency=3)))
+    submitter = await running(pipeline)
+    run_id = await submitter.submit({"document": "three pages"})
+    items = [item async for item in submitter.watch(run_id, timeout=30)]
+    assert items[-1]["data"]["items"] == ["page 0 attempt 1", "page 1 attempt 2",
+                                          "page 2 attempt 1"]
+    drafts = Drafts()
+    for item in items:
+        if isinstance(item, (Partial, Verdict)):
+            assert item.item in (0, 1, 2) and item.step == "pages:draft"
+            drafts.add(item)
+    assert sorted((d.item, d.attempt, d.text, d.state) for d in drafts.drafts) == [
+        (0, 1, "page 0 attempt 1", "committed"), (1, 1, "page 1 attempt 1", "retracted"),
+        (1, 2, "page 1 attempt 2", "committed"), (2, 1, "page 2 attempt 1", "committed")]

@@ -39,10 +39,13 @@ class Partial:
     attempt: int
     text: str
     id: str = field(default="", compare=False)
+    #: The Map item whose draft it is (None: not a Map's item).
+    item: int | None = None
 
     def as_event(self) -> dict[str, Any]:
         """The ``data`` of its ``partial`` event."""
-        return {"step": self.step, "attempt": self.attempt, "text": self.text}
+        return _with_item({"step": self.step, "attempt": self.attempt, "text": self.text},
+                          self.item)
 
 
 @dataclass(frozen=True, slots=True)
@@ -56,11 +59,18 @@ class Verdict:
     passed: bool
     reasons: list[dict[str, Any]]
     id: str = field(default="", compare=False)
+    item: int | None = None
 
     def as_event(self) -> dict[str, Any]:
         """The ``data`` of its ``verdict`` event."""
-        return {"step": self.step, "attempt": self.attempt, "passed": self.passed,
-                "reasons": self.reasons}
+        return _with_item({"step": self.step, "attempt": self.attempt, "passed": self.passed,
+                           "reasons": self.reasons}, self.item)
+
+
+def _with_item(data: dict[str, Any], item: int | None) -> dict[str, Any]:
+    if item is not None:
+        data["item"] = item
+    return data
 
 
 Shown = Partial | Verdict
@@ -70,23 +80,25 @@ def shown_of(run_id: str, entry_id: str, fields: Mapping[str, str]) -> Shown | N
     """One entry of a run's partials stream as what followers get (None: not one)."""
     try:
         step, attempt = fields["step"], int(fields["attempt"])
+        item = int(fields["item"]) if fields.get("item") else None
         if fields.get("kind") == VERDICT:
             reasons = _json.loads(fields.get("reasons") or "[]")
             return Verdict(run_id, step, attempt, fields.get("passed") == "1",
-                           reasons if isinstance(reasons, list) else [], entry_id)
-        return Partial(run_id, step, attempt, fields["text"], entry_id)
+                           reasons if isinstance(reasons, list) else [], entry_id, item)
+        return Partial(run_id, step, attempt, fields["text"], entry_id, item)
     except (KeyError, ValueError):
         return None  # not written by printery: nothing to show
 
 
 def in_progress(items: Sequence[Shown]) -> list[Shown]:
-    """The partials of the attempts in progress: each step's after its last verdict."""
-    closed: dict[str, int] = {}
+    """The partials of the attempts in progress: each step's (each Map item's) after its
+    last verdict."""
+    closed: dict[tuple[str, int | None], int] = {}
     for n, item in enumerate(items):
         if isinstance(item, Verdict):
-            closed[item.step] = n
+            closed[item.step, item.item] = n
     return [item for n, item in enumerate(items)
-            if isinstance(item, Partial) and n > closed.get(item.step, -1)]
+            if isinstance(item, Partial) and n > closed.get((item.step, item.item), -1)]
 
 
 def merged(entries: Iterable[dict[str, Any]], shown: Iterable[Shown]) -> list[
@@ -190,6 +202,7 @@ class Draft:
     text: str
     state: str = PROVISIONAL
     reasons: list[dict[str, Any]] = field(default_factory=list)
+    item: int | None = None
 
 
 class Drafts:
@@ -201,13 +214,13 @@ class Drafts:
     def add(self, item: Shown) -> None:
         """Add a partial to its step's open draft (a new one for a new attempt, or for
         the next delivery of a plain step), or close that draft with its verdict."""
-        open_ = next((d for d in reversed(self.drafts)
-                      if d.step == item.step and d.state == PROVISIONAL), None)
+        open_ = next((d for d in reversed(self.drafts) if d.step == item.step
+                      and d.item == item.item and d.state == PROVISIONAL), None)
         if isinstance(item, Partial):
             if open_ is not None and open_.attempt == item.attempt:
                 open_.text += item.text
             else:
-                self.drafts.append(Draft(item.step, item.attempt, item.text))
+                self.drafts.append(Draft(item.step, item.attempt, item.text, item=item.item))
         elif open_ is not None and open_.attempt == item.attempt:
             open_.state = COMMITTED if item.passed else RETRACTED
             open_.reasons = list(item.reasons)

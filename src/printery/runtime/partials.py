@@ -30,6 +30,7 @@ import structlog
 
 from printery import _json
 from printery.errors import describe
+from printery.fields import ITEM
 from printery.keys import StreamKeys
 from printery.transport.connection import Redis
 
@@ -56,9 +57,16 @@ class Attempt(Protocol):
 
     worker: str
     attempt: int
+    envelope: Any
 
     @property
     def correlation_id(self) -> str: ...
+
+
+def item_of(message: Attempt) -> str:
+    """The Map item a message is of ("" for none): the concurrent items of one run
+    stream drafts of their own."""
+    return str(message.envelope.extra.get(ITEM, ""))
 
 
 _writer: contextvars.ContextVar[PartialWriter | None] = contextvars.ContextVar(
@@ -76,9 +84,12 @@ def using(writer: PartialWriter | None) -> contextvars.Token[PartialWriter | Non
 
 
 def verdict_fields(step: str, attempt: int, passed: bool,
-                   reasons: Sequence[Mapping[str, Any]]) -> dict[str, str]:
-    return {"kind": VERDICT, "step": step, "attempt": str(attempt),
-            "passed": "1" if passed else "0", "reasons": _json.dumps(list(reasons))}
+                   reasons: Sequence[Mapping[str, Any]], item: str = "") -> dict[str, str]:
+    fields = {"kind": VERDICT, "step": step, "attempt": str(attempt),
+              "passed": "1" if passed else "0", "reasons": _json.dumps(list(reasons))}
+    if item:
+        fields[ITEM] = item
+    return fields
 
 
 class PartialWriter:
@@ -98,20 +109,24 @@ class PartialWriter:
     def add(self, message: Attempt, text: str) -> None:
         """Queue ``text`` as the next partial of ``message``'s attempt."""
         key = self.keys.of(message.correlation_id).partials(message.correlation_id)
-        step, attempt = message.worker, str(message.attempt)
+        step, attempt, item = message.worker, str(message.attempt), item_of(message)
         if self._pending:
             last_key, last = self._pending[-1]
             if (last_key == key and last["kind"] == PARTIAL and last["step"] == step
-                    and last["attempt"] == attempt):
+                    and last["attempt"] == attempt and last.get(ITEM, "") == item):
                 last["text"] += text
                 return
-        self._queue(key, {"kind": PARTIAL, "step": step, "attempt": attempt, "text": text})
+        fields = {"kind": PARTIAL, "step": step, "attempt": attempt, "text": text}
+        if item:
+            fields[ITEM] = item
+        self._queue(key, fields)
 
     def verdict(self, message: Attempt, *, passed: bool,
                 reasons: Sequence[Mapping[str, Any]] = ()) -> None:
         """Queue the verdict of ``message``'s attempt (written by the next flush)."""
         key = self.keys.of(message.correlation_id).partials(message.correlation_id)
-        self._queue(key, verdict_fields(message.worker, message.attempt, passed, reasons))
+        self._queue(key, verdict_fields(message.worker, message.attempt, passed, reasons,
+                                        item_of(message)))
 
     def _queue(self, key: str, fields: dict[str, str]) -> None:
         self._pending.append((key, fields))
