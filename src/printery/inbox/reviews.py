@@ -16,7 +16,7 @@ processes) deciding at once cannot both win.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import Any, cast
+from typing import Any
 
 from pydantic import ValidationError
 
@@ -54,8 +54,8 @@ from printery.runs.history import id_order
 from printery.runtime.payloads import PayloadStore
 from printery.runtime.run_index import RunIndex
 from printery.store import Redis, WatchConflict
+from printery.store.inbox import decide_review
 from printery.store.scan import read_entry, scan_stream
-from printery.transport.streams import WATCH_RETRIES
 
 __all__ = [
     "DEFAULT_PRODUCER",
@@ -279,24 +279,12 @@ async def _commit(
     client: Redis, keys: StreamKeys, review_id: str, decided: dict[str, str],
     outputs: list[tuple[str, dict[str, str]]], commands: Sequence[tuple[Any, ...]] = (),
 ) -> None:
-    for _ in range(WATCH_RETRIES):
-        async with client.pipeline(transaction=True) as pipe:
-            try:
-                await pipe.watch(keys.review)
-                if await read_entry(pipe, keys.review, review_id) is None:
-                    raise ReviewNotFound(review_id)
-                pipe.multi()  # type: ignore[no-untyped-call]
-                for stream, fields in outputs:
-                    pipe.xadd(stream, cast(Any, fields))
-                pipe.xadd(keys.review_decided, cast(Any, decided))
-                pipe.xdel(keys.review, review_id)
-                for command in commands:
-                    pipe.execute_command(*command)
-                await pipe.execute()
-                return
-            except WatchConflict:
-                continue
-    raise ReviewError(f"review {review_id}: too much concurrent change, try again")
+    try:
+        written = await decide_review(client, keys, review_id, decided, outputs, commands)
+    except WatchConflict:
+        raise ReviewError(f"review {review_id}: too much concurrent change, try again") from None
+    if not written:
+        raise ReviewNotFound(review_id)
 
 
 # -- deadlines --------------------------------------------------------------------------------
