@@ -6,8 +6,10 @@ page, an error page included."""
 
 from __future__ import annotations
 
+import concurrent.futures
 import json
 import re
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -264,6 +266,21 @@ def refused(client: httpx.Client) -> bool:
             and client.post("/dlq/1-0/purge", data={"csrf": "0" * 64}).status_code == 401)
 
 
+def last_event(handle: ServiceHandle, cookie: str, opened: threading.Event) -> str:
+    """Follow ``/live/overview`` with ``cookie`` until the server ends the stream: the
+    name of its last event ("" for a plain fragment)."""
+    event = ""
+    with holding(handle, cookie).stream("GET", "/live/overview",
+                                        timeout=httpx.Timeout(10, read=30)) as answer:
+        assert answer.status_code == 200
+        for line in answer.iter_lines():
+            if line.startswith("data:"):
+                opened.set()
+            if line.startswith("event:"):
+                event = line.removeprefix("event:").strip()
+    return event
+
+
 def test_logout_ends_the_session_a_copied_cookie_included(
     secured: tuple[ServiceHandle, ServerProcess, str],
 ) -> None:
@@ -273,11 +290,16 @@ def test_logout_ends_the_session_a_copied_cookie_included(
     assert cookie != cookie_of(second), "every login opens a session of its own"
     copy = holding(handle, cookie)
     assert copy.get("/runs").status_code == 200  # the copy passes while the session is open
+    opened = threading.Event()
     conn = redis.Redis.from_url(server.url, decode_responses=True)
-    assert len(conn.keys(f"{prefix}:console-session:*")) == 2
-    out = first.post("/logout", data={"csrf": csrf_of(first.get("/runs").text)})
-    assert out.status_code == 303 and out.headers["location"] == "/login"
-    assert refused(copy) and refused(holding(handle, cookie))
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        live = pool.submit(last_event, handle, cookie, opened)
+        assert opened.wait(15), "the live overview did not answer"
+        assert len(conn.keys(f"{prefix}:console-session:*")) == 2
+        out = first.post("/logout", data={"csrf": csrf_of(first.get("/runs").text)})
+        assert out.status_code == 303 and out.headers["location"] == "/login"
+        assert refused(copy) and refused(holding(handle, cookie))
+        assert live.result(timeout=15) == "end"  # the live stream opened before ends too
     assert len(conn.keys(f"{prefix}:console-session:*")) == 1
     assert second.get("/runs").status_code == 200  # another session lives on
     conn.close()

@@ -373,7 +373,8 @@ def _live_routes(app: web.Application, console: Console, page: Guard) -> None:
     }
 
     async def polled(request: web.Request) -> web.StreamResponse:
-        """A page's live part, sent when it changed (checked once a second)."""
+        """A page's live part, sent when it changed (checked once a second), for as long
+        as its session is open: a logout (or its max age) ends the stream too."""
         name = request.match_info["page"]
         if name not in renders:
             raise web.HTTPNotFound()
@@ -381,6 +382,9 @@ def _live_routes(app: web.Application, console: Console, page: Guard) -> None:
         response = await stream(request)
         last = None
         while alive(request):
+            if not await console.auth.signed_in(request):
+                await send(response, "", "end")
+                break
             html = console.fragment(template, request, **await read(request))
             if html != last:
                 await send(response, html)
