@@ -358,15 +358,19 @@ end
 local function charge(warned)
   for _, s in ipairs(segs) do
     local b = s.budget
+    if b and b.reserved ~= '' and s.marks then  -- only a step that reserves: per segment
+      for x = 1, s.n do
+        if verdict[s.first + x] == nil then
+          redis.call('HDEL', b.reserved .. ARGV[b.runs + x - 1], ARGV[s.marks + x - 1])
+        end
+      end
+    end
     if b then
       for x = 1, s.n do
         local e = s.first + x
         if verdict[e] == nil then
           local run = ARGV[b.runs + x - 1]
           local key, fresh = b.prefix .. run, true
-          if b.reserved ~= '' and s.marks then
-            redis.call('HDEL', b.reserved .. run, ARGV[s.marks + x - 1])
-          end
           for _, f in ipairs(b.fields) do
             local amount = ARGV[f.col + x - 1]
             if amount ~= '0' then
