@@ -22,7 +22,7 @@ from printery.store import CommandRefused, Redis, ServerError
 from printery.store.scan import read_entry
 from printery.transport.dead_letter import write_dead_letter
 from printery.transport.scripts import Scripts
-from printery.transport.streams import CONNECTION_ERRORS
+from printery.transport.streams import CONNECTION_ERRORS, pending_range
 
 __all__ = ["OPERATOR", "PendingEntry", "dead_letter_pending", "find_pending", "pending_entries"]
 
@@ -86,8 +86,7 @@ async def _page(
     """One page of ``XPENDING stream group start + count``; empty when the stream or
     the group does not exist (no worker ever started on it)."""
     try:
-        rows: list[dict[str, Any]] = await client.xpending_range(
-            stream, group, min=start, max="+", count=count)
+        rows = await pending_range(client, stream, group, start, "+", count)
     except CommandRefused as exc:
         if isinstance(exc, CONNECTION_ERRORS) or "NOGROUP" not in str(exc):
             raise
@@ -171,8 +170,8 @@ async def find_pending(
     for event_type, group in _pairs(groups, worker):
         for part in parts:
             try:
-                rows = await client.xpending_range(part.stream(event_type), group,
-                                                   min=entry_id, max=entry_id, count=1)
+                rows = await pending_range(client, part.stream(event_type), group, entry_id,
+                                           entry_id, 1)
             except ServerError as exc:
                 if isinstance(exc, CONNECTION_ERRORS):
                     raise

@@ -49,6 +49,7 @@ from printery.runs.partials import Shown, ShownSoFar, in_progress, merged, read_
 from printery.runs.tail import Following, Row, RunTail
 from printery.runtime.run_index import RUNNING, run_status
 from printery.store import Outage, Redis
+from printery.store.scan import scan_stream
 
 __all__ = ["RUNNING", "RunFollow", "RunOrder", "RunReader", "RunResult", "run_cost",
            "run_status"]
@@ -298,17 +299,11 @@ class RunReader:
         found: list[dict[str, Any]] = []
         last: dict[str, str] = {}
         for stream in self.streams_of(run_id):
-            lower, last[stream] = start, "0-0" if start == "-" else _before(start)
-            while True:
-                batch = await self.client.xrange(stream, lower, "+", count=_CHUNK)
-                for entry_id, fields in batch:
-                    if self.belongs(fields, run_id):
-                        found.append(self.view(entry_id, stream, fields))
-                if batch:
-                    last[stream] = batch[-1][0]
-                if len(batch) < _CHUNK:
-                    break
-                lower = "(" + batch[-1][0]
+            last[stream] = "0-0" if start == "-" else _before(start)
+            async for entry_id, fields in scan_stream(self.client, stream, start, chunk=_CHUNK):
+                if self.belongs(fields, run_id):
+                    found.append(self.view(entry_id, stream, fields))
+                last[stream] = entry_id
         return self.order.sort(found), last
 
     async def exists(self, run_id: str) -> bool:

@@ -31,6 +31,7 @@ import structlog
 from printery._util import stop_tasks, where
 from printery.runs.history import id_order
 from printery.store import Outage, Redis
+from printery.store.scan import last_ids, read_after
 
 __all__ = ["Following", "RunTail"]
 
@@ -222,17 +223,11 @@ class RunTail:
                 following.batches.put_nowait(rows)
 
     async def _read_once(self, read: _PartitionRead) -> Any:
-        positions: dict[Any, Any] = dict(read.positions)
-        return await self.client.xread(positions, count=COUNT, block=BLOCK_MS)
+        return await read_after(self.client, read.positions, count=COUNT, block_ms=BLOCK_MS)
 
     async def _last_ids(self, streams: list[str]) -> dict[str, str]:
         """Each stream's last id now ("0-0" for an empty or missing stream)."""
-        pipe = self.client.pipeline(transaction=False)
-        for stream in streams:
-            pipe.xrevrange(stream, "+", "-", count=1)
-        replies = await pipe.execute()
-        return {stream: rows[0][0] if rows else "0-0"
-                for stream, rows in zip(streams, replies, strict=True)}
+        return await last_ids(self.client, streams)
 
     async def _retrying(self, call: Callable[[], Any], read: _PartitionRead) -> Any:
         """``call()``, again after a backoff while the server cannot be reached, as long

@@ -1,4 +1,5 @@
-"""Reading streams back: one scan of a stream, one of every partition, one entry by id.
+"""Reading streams back: one scan of a stream, one of every partition, one entry by id,
+and what was added after a position (the live read of followers).
 
 Streams are append-only history; a scan reads one with ``XRANGE`` a chunk at a time
 (bounded memory per round trip, O(stream length) in all): fine for what operators and
@@ -9,7 +10,7 @@ nothing is read twice and entries added meanwhile are read too.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from typing import Any
 
 from redis.exceptions import RedisError
@@ -18,7 +19,7 @@ from printery.keys import StreamKeys
 from printery.transport.connection import Redis
 from printery.transport.streams import CONNECTION_ERRORS
 
-__all__ = ["CHUNK", "read_entry", "scan_partitions", "scan_stream"]
+__all__ = ["CHUNK", "last_ids", "read_after", "read_entry", "scan_partitions", "scan_stream"]
 
 #: Entries per round trip of a scan.
 CHUNK = 1000
@@ -66,3 +67,23 @@ async def read_entry(client: Any, stream: str, entry_id: str) -> dict[str, str] 
             raise
         return None
     return dict(found[0][1]) if found else None
+
+
+async def read_after(client: Redis, positions: Mapping[str, str], *, count: int,
+                     block_ms: int) -> list[tuple[str, list[Entry]]]:
+    """What was added to each stream after its position (``XREAD``), at most ``count``
+    per stream, waiting up to ``block_ms`` for something to arrive; per stream its new
+    entries (none when nothing came)."""
+    streams: dict[Any, Any] = dict(positions)
+    reply = await client.xread(streams, count=count, block=block_ms)
+    return reply or []
+
+
+async def last_ids(client: Redis, streams: Sequence[str]) -> dict[str, str]:
+    """Each stream's last id now ("0-0" for an empty or missing stream), one round trip."""
+    async with client.pipeline(transaction=False) as pipe:
+        for stream in streams:
+            pipe.xrevrange(stream, "+", "-", count=1)
+        replies = await pipe.execute()
+    return {stream: rows[0][0] if rows else "0-0"
+            for stream, rows in zip(streams, replies, strict=True)}

@@ -190,3 +190,14 @@ async def remove_consumer(scripts: Scripts, stream: str, group: str, consumer: s
     ``min_idle_ms`` (checked by the server in the same step as the delete:
     ``delconsumer.lua``); whether it was deleted."""
     return int(await scripts.call(DELCONSUMER_LUA, [stream], [group, consumer, min_idle_ms])) == 1
+
+
+async def pending_range(client: aioredis.Redis, stream: str, group: str, start: str, end: str,
+                        count: int) -> list[dict[str, Any]]:
+    """Up to ``count`` entries ``group`` holds pending on ``stream`` from ``start`` to
+    ``end`` (``XPENDING`` extended form: ``message_id``, ``consumer``,
+    ``time_since_delivered``, ``times_delivered`` each). A missing stream or group raises
+    ``ResponseError`` (NOGROUP)."""
+    rows: list[dict[str, Any]] = await client.xpending_range(stream, group, min=start, max=end,
+                                                             count=count)
+    return rows
