@@ -189,7 +189,8 @@ async def test_followers_see_drafts_retracted_then_committed_and_the_outcome(
     try:
         assert service.http_base is not None
         async with httpx.AsyncClient(base_url=service.http_base, timeout=10) as http:
-            answer = await http.post("/v1/runs", json={"data": {"question": "why?"}})
+            answer = await http.post("/v1/runs", json={"data": {"question": "why?"},
+                                                        "event_type": "request"})
         assert answer.status_code == 202, answer.text
         run_id = answer.json()["run_id"]
         async with Client(redis_url, stream_prefix=prefix, app="streamapp:pipeline") as client:

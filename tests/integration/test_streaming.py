@@ -30,7 +30,7 @@ from printery import (
     escalate,
 )
 from printery.models import OpenAICompatible
-from printery.runs.partials import Drafts
+from printery.runs.partials import POSITION, Drafts
 from printery.testing import wait_for
 from support.stream_model import StreamModel, serving
 
@@ -344,3 +344,37 @@ async def test_the_items_of_a_map_stream_drafts_of_their_own(
     assert sorted((d.item, d.attempt, d.text, d.state) for d in drafts.drafts) == [
         (0, 1, "page 0 attempt 1", "committed"), (1, 1, "page 1 attempt 1", "retracted"),
         (1, 2, "page 1 attempt 2", "committed"), (2, 1, "page 2 attempt 1", "committed")]
+
+
+async def test_a_reconnect_gets_what_it_missed_after_its_last_event(
+    running: Any, client: aioredis.Redis, prefix: str
+) -> None:
+    """An event stream that went away mid-attempt and comes back after the run ended
+    (its ``Last-Event-ID``'s positions as ``seen``): the rest of the draft, the verdict
+    and the entries it missed, up to the outcome; nothing it had, nothing after."""
+    work = Streaming()
+    pipeline = Pipeline("answers", ingress=["request"])
+    pipeline.add(Loop("draft", consumes="request", produces="answer", work=work.work,
+                      validate=lambda message: [], max_attempts=1))
+    submitter = await running(pipeline)
+    run_id = await submitter.submit({"question": "why?"})
+    given: list[Any] = []
+    async for item in submitter.watch(run_id, timeout=30):
+        given.append(item)
+        if isinstance(item, Partial):
+            break  # the connection goes: attempt 1 holds after its first chunk
+    work.go_on.set()
+    await submitter.result(run_id, timeout=30)
+    seen = {POSITION: given[-1].id, **{e["stream"]: e["id"] for e in given
+                                       if isinstance(e, dict)}}
+    reader = (await submitter._runs()).reader
+    async with reader.open(run_id, seen=seen, partials=True) as run:
+        rest = [item async for item in run.items()]
+    kinds = [type(i).__name__ if not isinstance(i, dict) else i.get("type") for i in rest]
+    # (The verdict may share its millisecond with the attempt it judged: then it comes
+    # first, a partial or verdict going before an entry of its millisecond.)
+    assert sorted(kinds) == sorted(["Partial", "draft:attempt", "Verdict", "draft:verdict",
+                                    "answer"]), rest
+    assert kinds[0] == "Partial" and kinds[-1] == "answer"
+    assert kinds.index("Verdict") < kinds.index("draft:verdict")
+    assert rest[0].text == "1" and rest[2].passed is True

@@ -19,7 +19,9 @@ from aiohttp import web
 
 #: An app (``streamapp:pipeline``) whose Loop streams its drafts: attempt n shows
 #: ``draft n: ``, then holds until the test pushes to ``<STREAM_GATES>:<run>:<n>`` (a
-#: list: the wait is a BLPOP, no sleep), then shows ``the end``; attempt 2 passes.
+#: list: the wait is a BLPOP, no sleep), then shows ``the end``; attempt 2 passes. Its
+#: step ``idle`` (of a type no one writes) lets a process serve HTTP without the loop
+#: (``--worker idle``): one that can be killed without touching the run.
 STREAM_APP = textwrap.dedent(
     """
     import os
@@ -29,7 +31,7 @@ STREAM_APP = textwrap.dedent(
     from printery import Loop, Message, Pipeline, Reason
 
     GATES = os.environ["STREAM_GATES"]
-    pipeline = Pipeline("drafts", ingress=["request"])
+    pipeline = Pipeline("drafts", ingress=["request", "never"], outcomes=["answer"])
     _gates = []
 
 
@@ -52,6 +54,11 @@ STREAM_APP = textwrap.dedent(
 
     pipeline.add(Loop("draft", consumes="request", produces="answer", work=work,
                       validate=validate, max_attempts=3))
+
+
+    @pipeline.step("idle", consumes=["never"], produces=["never:done"])
+    async def idle(message: Message) -> None:
+        return None
     """
 )
 

@@ -142,6 +142,27 @@ class ShownSoFar:
         mark = id_order(given)
         return [item for item in items if id_order(item.id) > mark]
 
+    def head(self, seen: Mapping[str, str] | None, until: int | None) -> list[Shown]:
+        """What a follower gets of what was on the stream when it joined: a new one, the
+        attempts in progress (none once the run has ended); a reconnect, everything after
+        the last partial or verdict it was given (the verdicts and drafts it missed), or,
+        given none, after its last entry and the attempts in progress. ``until``: the
+        outcome's millisecond (nothing after the outcome is given)."""
+        if seen and seen.get(POSITION):
+            found = self.new(self.items, seen)
+        elif seen:
+            mark = max(id_order(position)[0] for position in seen.values())
+            going = {item.id for item in in_progress(self.items)}
+            found = [item for item in self.items
+                     if item.id in going or id_order(item.id)[0] > mark]
+        elif until is not None:
+            return []
+        else:
+            found = in_progress(self.items)
+        if until is not None:
+            found = [item for item in found if id_order(item.id)[0] <= until]
+        return found
+
     def add(self, rows: Iterable[tuple[str, str, Mapping[str, str]]], stream: str | None,
             seen: Mapping[str, str] | None) -> list[Shown]:
         """The rows of ``stream`` among ``rows`` (a tail's batch), as what to give."""

@@ -45,7 +45,7 @@ from printery.keys import DLQ, REVIEW, REVIEW_DECIDED, RUN_FAILED, StreamKeys, p
 from printery.pipeline.dag import Pipeline
 from printery.runs.cost import CallTally
 from printery.runs.history import decode_fields, id_order
-from printery.runs.partials import Shown, ShownSoFar, in_progress, merged, read_shown
+from printery.runs.partials import Shown, ShownSoFar, merged, read_shown
 from printery.runs.tail import Following, Row, RunTail
 from printery.runtime.run_index import RUNNING, run_status
 from printery.store import Outage, Redis
@@ -400,6 +400,8 @@ class RunFollow:
         self.known = bool(history)
         end = reader.ending(history)
         self.outcome_known = end is not None
+        #: The millisecond of the outcome entry (None before it).
+        self.outcome_ms = None if end is None else id_order(str(history[end]["id"]))[0]
         self.pending = [entry for entry in (history if end is None else history[: end + 1])
                         if not delivered(entry, seen)]
         self.ended = self.outcome_known and not self.pending
@@ -423,12 +425,12 @@ class RunFollow:
         """:meth:`entries`, and when the run's partials are followed its partials and
         verdicts among them (:func:`~printery.runs.partials.merged`)."""
         shown = self.shown
-        if shown is not None and not self.outcome_known:
-            for item in merged(self.pending, shown.new(in_progress(shown.items), self.seen)):
-                yield item
-        else:
+        if shown is None:
             for entry in self.pending:
                 yield entry
+        else:
+            for item in merged(self.pending, shown.head(self.seen, self.outcome_ms)):
+                yield item
         if self.outcome_known:
             return
         while alive is None or alive():
