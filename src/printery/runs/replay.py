@@ -25,6 +25,7 @@ from printery.keys import StreamKeys
 from printery.pipeline.dag import Pipeline, steps_reached
 from printery.runs.history import find_entries, id_order
 from printery.store import Redis
+from printery.store.blobs import read_blob
 from printery.store.scan import scan_stream
 from printery.transport.streams import public_api
 
@@ -190,7 +191,7 @@ async def _data(client: Redis, keys: StreamKeys, raw: str) -> Any:
     data = _json.loads(raw)
     ref = data.get("$ref") if isinstance(data, dict) else None
     if isinstance(ref, str) and ref.startswith(_REF_PREFIX):
-        blob = await client.get(keys.blob(ref[len(_REF_PREFIX):]))
+        blob = await read_blob(client, keys, ref[len(_REF_PREFIX):])
         if blob is None:
             raise ReplayError(f"the entry's payload {ref} has expired")
         return _json.loads(blob)

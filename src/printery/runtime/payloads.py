@@ -9,6 +9,7 @@ import hashlib
 from printery import _json
 from printery.errors import BlobMissing, PayloadTooLarge
 from printery.keys import StreamKeys
+from printery.store.blobs import read_blob, write_blob
 from printery.transport.connection import Redis
 
 REF_PREFIX = "blob:"
@@ -68,10 +69,9 @@ class PayloadStore:
         if ref is None:
             return fields
         digest, _size = ref
-        blob = await self.client.get(self.keys.blob(digest))
-        if blob is None:
+        text = await read_blob(self.client, self.keys, digest)
+        if text is None:
             raise BlobMissing(f"blob {digest} does not exist (expired or never written)")
-        text = blob.decode() if isinstance(blob, bytes) else str(blob)
         if len(text) > self.limit:
             raise PayloadTooLarge(f"resolved data is {len(text)} bytes, limit {self.limit}")
         return {**fields, "data": text}
@@ -84,6 +84,5 @@ class PayloadStore:
 
     async def store(self, data_json: str) -> str:
         digest = hashlib.sha256(data_json.encode()).hexdigest()
-        # Content-addressed: writing the same blob again only refreshes its TTL.
-        await self.client.set(self.keys.blob(digest), data_json, px=self.ttl_ms)
+        await write_blob(self.client, self.keys, digest, data_json, ttl_ms=self.ttl_ms)
         return _json.dumps({"$ref": f"{REF_PREFIX}{digest}", "size": len(data_json)})
