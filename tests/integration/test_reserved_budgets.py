@@ -12,7 +12,8 @@ import pytest
 import redis.asyncio as aioredis
 
 from printery import Budget, Loop, Message, Output, Pipeline, PipelineError, Reject
-from printery.budgets import BudgetPlan
+from printery.budgets import BudgetPlan, held_type
+from printery.inbox import reviews
 from printery.keys import StreamKeys
 from printery.runs.cost import budget_status
 from printery.runtime.consumer import ConsumerSettings
@@ -272,3 +273,48 @@ async def test_a_dead_lettered_entry_gives_its_reservation_back_at_once(
         await wait_for(done, timeout=15, message="both others done")
     assert await client.xlen(keys.stream("budget:exceeded")) == 0
     assert await spent(client, keys, "run-1") == 200
+
+
+async def test_a_refused_reservation_under_review_asks_once_and_approval_runs_the_held(
+    client: aioredis.Redis, prefix: str
+) -> None:
+    """``on_exceeded="review"``, limit 200, 100 each, four entries at once: two reserve and
+    run, the two refused are held with one review between them (not one each); its
+    approval raises the limit once (to 400) and the held two reserve and run beside the
+    first two: four done, spent 400."""
+    keys = StreamKeys(prefix)
+    started: list[int] = []
+    release = asyncio.Event()
+    pipeline = Pipeline("r", ingress=["job"], cost_units=["tokens"],
+                        budget=Budget(tokens=200, on_exceeded="review"), outcomes=())
+
+    @pipeline.step("work", consumes=["job"], produces=["done"], cost_units=["tokens"],
+                   concurrency=4, estimate={"tokens": 100})
+    async def work(message: Message) -> Output:
+        started.append(message.data["n"])
+        await release.wait()
+        message.report_cost("tokens", 100)
+        return Output("done", message.data, idempotency_key=f"done:{message.data['n']}")
+
+    async with running_pipeline(pipeline, client=client, keys=keys, settings=settings()):
+        await submit(client, keys, "run-1", 4)
+
+        async def one_review() -> list[dict[str, Any]]:
+            found = await reviews.list_reviews(client, keys, pipeline)
+            return found if len(started) == 2 and await client.xlen(
+                keys.stream(held_type("run-1"))) == 2 else []
+
+        (review,) = await wait_for(one_review, timeout=15, message="two running, two held")
+        assert review["kind"] == "budget_exceeded"
+        await reviews.approve(client, keys, pipeline, review["id"], by="ops")
+        await wait_for(lambda: _now(len(started) == 4), timeout=15, message="the held two run")
+        release.set()
+
+        async def done() -> bool:
+            return await client.xlen(keys.stream("done")) == 4
+
+        await wait_for(done, timeout=15, message="four done")
+    assert await spent(client, keys, "run-1") == 400
+    assert decode_spent(await client.hget(keys.budget("run-1"), "raise:tokens")) == 200
+    assert await reviews.list_reviews(client, keys, pipeline) == []
+    assert await client.hgetall(keys.reserved("run-1")) == {}
