@@ -72,10 +72,10 @@ class Outage:
         """Seconds to wait after the ``failures``-th failed attempt of an outage."""
         return compute_backoff(failures, base_ms=self.base_ms, cap_ms=self.cap_ms)
 
-    async def trouble(self, exc: BaseException, failures: int) -> None:
-        """Note a failed attempt (see ``on_attempt``) and wait the backoff, or less if the
-        caller is stopping."""
-        delay = self.delay(failures)
+    async def trouble(self, exc: BaseException, failures: int, delay: float | None = None) -> None:
+        """Note a failed attempt (see ``on_attempt``) and wait the backoff (``delay``, else
+        :meth:`delay`'s), or less if the caller is stopping."""
+        delay = self.delay(failures) if delay is None else delay
         if self.on_attempt is not None:
             self.on_attempt(exc, failures, delay)
         elif self.connected:
@@ -101,9 +101,10 @@ class Outage:
                 if give_up is not None and give_up():
                     raise
                 failures += 1
-                if deadline is not None and time.monotonic() + self.delay(failures) > deadline:
+                delay = self.delay(failures)  # once: it is jittered
+                if deadline is not None and time.monotonic() + delay > deadline:
                     raise TimeoutError(f"server unreachable: {exc}") from exc
-                await self.trouble(exc, failures)
+                await self.trouble(exc, failures, delay)
                 if self.stopping is not None and self.stopping.is_set():
                     raise
                 continue
