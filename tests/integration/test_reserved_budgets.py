@@ -79,8 +79,8 @@ async def test_fifty_siblings_reserve_and_the_run_stops_within_its_limit(
         await wait_for(held, timeout=15, message="ten running, forty held")
         (exceeded,) = await client.xrange(keys.stream("budget:exceeded"))
         data = CODEC.decode(exceeded[1], "budget:exceeded").data
-        assert (data["status"], data["unit"], data["limit"], data["spent"]) == (
-            "budget_exceeded", "tokens", 1000.0, 0.0)
+        assert (data["status"], data["unit"], data["limit"], data["spent"], data["reserved"]) == (
+            "budget_exceeded", "tokens", 1000.0, 0.0, 1000.0)
         reserved = await client.hgetall(keys.reserved("run-1"))
         assert len(reserved) == 10
         (row,) = await budget_status(client, keys, pipeline, "run-1") or []

@@ -151,7 +151,8 @@ class BudgetGuard:
             return [Output(
                 BUDGET_EXCEEDED,
                 {**exceeded_data(exceeded.unit, exceeded.limit, exceeded.spent),
-                 **({"step": exceeded.step} if exceeded.step else {})},
+                 **({"step": exceeded.step} if exceeded.step else {}),
+                 **({"reserved": exceeded.reserved} if exceeded.reserved else {})},
                 idempotency_key=f"{BUDGET_EXCEEDED}:{run}", once=f"budget-exceeded:{run}",
             )]
         budget = self.plan.own if exceeded.step else self.plan.run
