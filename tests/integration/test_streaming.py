@@ -32,6 +32,8 @@ from printery import (
 from printery.models import OpenAICompatible
 from printery.runs.partials import POSITION, Drafts
 from printery.testing import wait_for
+from printery.transport.connection import connect
+from support.cluster import ValkeyCluster
 from support.stream_model import StreamModel, serving
 
 
@@ -378,3 +380,53 @@ async def test_a_reconnect_gets_what_it_missed_after_its_last_event(
     assert kinds[0] == "Partial" and kinds[-1] == "answer"
     assert kinds.index("Verdict") < kinds.index("draft:verdict")
     assert rest[0].text == "1" and rest[2].passed is True
+
+
+async def test_a_streamed_loop_on_a_cluster(
+    cluster: ValkeyCluster, prefix: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Nine partitions over three masters: each run's partials stream lives in its
+    partition's slot, beside the streams its followers read with it (one XREAD per
+    partition), and the writer's batch spans slots."""
+    monkeypatch.setenv("PRINTERY_PARTITIONS", "9")
+    client = connect(cluster.url)
+    keys = StreamKeys(prefix, 9)
+    work = Streaming()  # attempt 1 holds until every follower has its first chunk
+    pipeline = Pipeline("answers", ingress=["request"])
+    pipeline.add(Loop("draft", consumes="request", produces="answer", work=work.work,
+                      validate=work.validate, max_attempts=3, concurrency=4))
+    manager = WorkerManager(drain_timeout=2)
+    for worker, deps in pipeline.build_workers(client=client, keys=keys, settings=ConsumerSettings(
+            block_ms=100, retry_backoff_ms=10, max_deliveries=3)):
+        manager.register(worker, deps)
+    await manager.start_all()
+    try:
+        async with Client(cluster.url, stream_prefix=prefix, app=pipeline) as submitter:
+            runs = [await submitter.submit({"n": n}) for n in range(4)]
+            stories: list[list[Any]] = [[] for _ in runs]
+            watching = [asyncio.create_task(_collect(submitter.watch(run_id, timeout=30), told))
+                        for run_id, told in zip(runs, stories, strict=True)]
+
+            async def every_first_chunk() -> bool:
+                return all(any(isinstance(i, Partial) for i in told) for told in stories)
+
+            await wait_for(every_first_chunk, timeout=20)
+            work.go_on.set()
+            await asyncio.wait_for(asyncio.gather(*watching), 30)
+    finally:
+        await manager.stop_all(2)
+        await client.aclose()
+    assert len({keys.of(run_id).partition for run_id in runs}) > 1
+    for told in stories:
+        drafts = Drafts()
+        for item in told:
+            if not isinstance(item, dict):
+                drafts.add(item)
+        assert [(d.attempt, d.text, d.state) for d in drafts.drafts] == [
+            (1, "draft 1", "retracted"), (2, "draft 2", "committed")]
+        assert told[-1]["stream"] == "answer"
+
+
+async def _collect(items: AsyncIterator[Any], into: list[Any]) -> None:
+    async for item in items:
+        into.append(item)
