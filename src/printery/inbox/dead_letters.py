@@ -17,9 +17,10 @@ from printery.fields import DLQ_FIELDS, REPLAYED_FROM, SOURCE_STREAM
 from printery.keys import StreamKeys
 from printery.runs.history import decode_fields, id_order
 from printery.runtime.run_index import DEAD_LETTER, RUNNING, now_ms
-from printery.store import Redis, ServerError, WatchConflict
+from printery.store import Redis, WatchConflict
+from printery.store.inbox import Requeue, delete_letter, requeue_letter
 from printery.store.scan import read_entry, scan_partitions
-from printery.transport.streams import CONNECTION_ERRORS, WATCH_RETRIES, public_api
+from printery.transport.streams import public_api
 
 #: The status of a run a dead letter ended (its ``run:failed`` outcome, docs/reference.md).
 FAILED = "failed"
@@ -84,61 +85,51 @@ async def replay_dead_letter(
     if found is None:
         return {"id": ref, "replayed": False, "error": "no such dlq entry"}
     part, entry_id = found[0], found[1]
-    dlq_key = part.dlq
-    for _ in range(WATCH_RETRIES):
-        async with client.pipeline(transaction=True) as pipe:
-            try:
-                await pipe.watch(dlq_key)
-                fields = await read_entry(pipe, dlq_key, entry_id)
-                if fields is None:
-                    await pipe.unwatch()  # type: ignore[no-untyped-call]
-                    return {"id": ref, "replayed": False, "error": "no such dlq entry"}
-                source = fields.get(SOURCE_STREAM, "")
-                if not source:
-                    await pipe.unwatch()  # type: ignore[no-untyped-call]
-                    return {"id": ref, "replayed": False,
-                            "error": "entry has no source_stream"}
-                # Everything but what dead-lettering added is the original entry.
-                original = {k: v for k, v in fields.items() if k not in DLQ_FIELDS}
-                try:
-                    attempt = int(original.get("attempt") or 1)
-                except ValueError:
-                    attempt = 1
-                original["attempt"] = str(attempt + 1)
-                original[REPLAYED_FROM] = entry_id
-                run = correlation_of(original, correlation_field) if correlation_field else None
-                failed = bool(run) and bool(await pipe.hget(  # type: ignore[misc]
-                    part.run_info(run or ""), DEAD_LETTER))
-                pipe.multi()  # type: ignore[no-untyped-call]
-                pipe.xadd(source, original)  # type: ignore[arg-type]
-                pipe.xdel(dlq_key, entry_id)
-                if failed and run:
-                    pipe.zrem(part.run_index(FAILED), run)
-                    pipe.zadd(part.run_index(RUNNING), {run: now_ms()})
-                    pipe.hdel(part.run_info(run), "status", "ended", DEAD_LETTER)
-                new_id, *_ = await pipe.execute()
-            except WatchConflict:
-                continue
-        return {"id": ref, "replayed": True, "source_stream": source,
-                "new_id": part.entry_ref(str(new_id))}
-    raise TransportError(f"dlq entry {entry_id}: too much concurrent change, try again")
+
+    def rewrite(fields: dict[str, str]) -> Requeue:
+        source = fields.get(SOURCE_STREAM, "")
+        if not source:
+            return "entry has no source_stream"
+        # Everything but what dead-lettering added is the original entry.
+        original = {k: v for k, v in fields.items() if k not in DLQ_FIELDS}
+        try:
+            attempt = int(original.get("attempt") or 1)
+        except ValueError:
+            attempt = 1
+        original["attempt"] = str(attempt + 1)
+        original[REPLAYED_FROM] = entry_id
+        run = correlation_of(original, correlation_field) if correlation_field else None
+        return source, original, run or None
+
+    def reopen(run: str) -> list[tuple[Any, ...]]:
+        """The run this dead letter ended is running again: its next outcome decides."""
+        return [("ZREM", part.run_index(FAILED), run),
+                ("ZADD", part.run_index(RUNNING), now_ms(), run),
+                ("HDEL", part.run_info(run), "status", "ended", DEAD_LETTER)]
+
+    try:
+        done = await requeue_letter(client, part, entry_id, rewrite, ended_by=DEAD_LETTER,
+                                    reopen=reopen)
+    except WatchConflict:
+        raise TransportError(
+            f"dlq entry {entry_id}: too much concurrent change, try again") from None
+    if isinstance(done, str):
+        return {"id": ref, "replayed": False, "error": done or "no such dlq entry"}
+    source, new_id = done
+    return {"id": ref, "replayed": True, "source_stream": source,
+            "new_id": part.entry_ref(new_id)}
 
 
 @public_api
 async def purge(client: Redis, keys: StreamKeys, entry_id: str) -> dict[str, Any]:
     """Delete one dead letter for good: ``purged`` true, or false with an ``error``."""
     parts, stream_id = keys.resolve_ref(entry_id)
-    deleted = 0
+    deleted = False
     for part in parts:
-        try:
-            deleted = await client.xdel(part.dlq, stream_id)
-        except ServerError as exc:
-            if isinstance(exc, CONNECTION_ERRORS):
-                raise
-            deleted = 0  # a malformed id is an unknown id
+        deleted = await delete_letter(client, part, stream_id)
         if deleted:
             break
-    return {"id": entry_id, "purged": bool(deleted),
+    return {"id": entry_id, "purged": deleted,
             "error": "" if deleted else "no such dlq entry"}
 
 

@@ -1,5 +1,5 @@
-"""What waits for people: open reviews and dead letters, over every partition, counted,
-and a review's decision written.
+"""What waits for people: open reviews and dead letters, over every partition, counted;
+a review's decision written, a dead letter put back or deleted.
 
 One read for both counts (an ``XLEN`` of each partition's ``review`` and ``dlq`` streams, one
 round trip), so the gauges, the console's overview and its pages count them alike. A
@@ -9,17 +9,18 @@ stream's length is the number open.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, cast
 
 from printery.keys import StreamKeys
-from printery.store.errors import WatchConflict
+from printery.store.errors import ServerError, WatchConflict
+from printery.store.outage import unreachable
 from printery.store.scan import read_entry
 from printery.transport.connection import Redis
 from printery.transport.streams import WATCH_RETRIES
 
-__all__ = ["Waiting", "decide_review", "waiting"]
+__all__ = ["Requeue", "Waiting", "decide_review", "delete_letter", "requeue_letter", "waiting"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -69,3 +70,54 @@ async def decide_review(
             except WatchConflict:
                 continue
     raise WatchConflict(f"review {review_id}: too much concurrent change")
+
+
+#: Where a dead letter goes back to (its source stream, the entry to add there, the run it
+#: belongs to or None), or why it cannot (a reason).
+Requeue = tuple[str, dict[str, str], str | None] | str
+
+
+async def requeue_letter(
+    client: Redis, part: StreamKeys, entry_id: str, rewrite: Callable[[dict[str, str]], Requeue],
+    *, ended_by: str, reopen: Callable[[str], Sequence[tuple[Any, ...]]],
+) -> tuple[str, str] | str:
+    """Move the dead letter ``entry_id`` of ``part`` back in one WATCH/MULTI transaction
+    fenced on it (two operators: one replay): ``rewrite(fields)`` says where to or why
+    not; a run whose info hash holds the field ``ended_by`` (this dead letter ended it) is
+    reopened by ``reopen(run)``'s commands in the same transaction. The source stream and
+    the new entry's id, or why nothing was written ("" when there is no such letter).
+    Raises :class:`WatchConflict` after :data:`WATCH_RETRIES` attempts overtaken."""
+    for _ in range(WATCH_RETRIES):
+        async with client.pipeline(transaction=True) as pipe:
+            try:
+                await pipe.watch(part.dlq)
+                fields = await read_entry(pipe, part.dlq, entry_id)
+                planned = "" if fields is None else rewrite(fields)
+                if isinstance(planned, str):
+                    await pipe.unwatch()  # type: ignore[no-untyped-call]
+                    return planned
+                source, entry, run = planned
+                ended = bool(run) and bool(await pipe.hget(  # type: ignore[misc]
+                    part.run_info(run or ""), ended_by))
+                pipe.multi()  # type: ignore[no-untyped-call]
+                pipe.xadd(source, cast(Any, entry))
+                pipe.xdel(part.dlq, entry_id)
+                if ended and run:
+                    for command in reopen(run):
+                        pipe.execute_command(*command)
+                new_id, *_ = await pipe.execute()
+            except WatchConflict:
+                continue
+        return source, str(new_id)
+    raise WatchConflict(f"dlq entry {entry_id}: too much concurrent change")
+
+
+async def delete_letter(client: Redis, part: StreamKeys, entry_id: str) -> bool:
+    """Delete the dead letter ``entry_id`` of ``part``; whether there was one (an id the
+    server refuses is no letter)."""
+    try:
+        return bool(await client.xdel(part.dlq, entry_id))
+    except ServerError as exc:
+        if unreachable(exc):
+            raise
+        return False
