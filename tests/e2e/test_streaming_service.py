@@ -236,3 +236,52 @@ async def test_followers_see_drafts_retracted_then_committed_and_the_outcome(
     assert all(t[0] == "partial" and t[1] == 2 for t in told[2:-2])
     # Partials are no entries of the run.
     assert {e["stream"] for e in trace} == {"request", "draft:loop", "answer"}
+
+
+async def test_a_draft_left_open_by_a_killed_process_is_retracted_by_the_next_delivery(
+    redis_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The process running attempt 1 is killed (-9) after its first chunk: it never
+    writes a verdict. Another process takes the entry over once its lease lapses; its
+    first partial is preceded by a restart mark, which followers take for the
+    retraction of the draft left open (reason ``redelivered``), and attempt 1 streams
+    anew."""
+    (tmp_path / "streamapp.py").write_text(STREAM_APP)
+    (tmp_path / "fast.toml").write_text("[transport]\nvisibility_timeout = 1\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    prefix = unique_prefix("stream-kill")
+    gates = f"{prefix}:test-gates"
+    monkeypatch.setenv("STREAM_GATES", gates)
+    monkeypatch.setenv("STREAM_REDIS", redis_url)
+    args = ["--redis-url", redis_url, "--stream-prefix", prefix, "--app", "streamapp:pipeline",
+            "--config", str(tmp_path / "fast.toml"), "--worker", "draft"]
+    env = {"STREAM_GATES": gates, "STREAM_REDIS": redis_url}
+    first = spawn(args, env=env, cwd=tmp_path, http=False)
+    second = None
+    r = aioredis.Redis.from_url(redis_url, decode_responses=True)
+    try:
+        async with Client(redis_url, stream_prefix=prefix, app="streamapp:pipeline") as client:
+            run_id = await client.submit({"question": "why?"}, event_type="request")
+            seen = Seen()
+            watcher = asyncio.create_task(watching(client, run_id, seen))
+            await seen.until(has_partial(1), "attempt 1's first chunk")
+            first.kill()
+            second = spawn(args, env=env, cwd=tmp_path, http=False)
+
+            def retracted(items: list[Any]) -> bool:
+                return any(isinstance(i, Verdict) for i in items)
+
+            await seen.until(retracted, "the retraction of the draft left open")
+            await r.rpush(f"{gates}:{run_id}:1", "go")
+            await seen.until(has_partial(2), "attempt 2's first chunk")
+            await r.rpush(f"{gates}:{run_id}:2", "go")
+            await asyncio.wait_for(watcher, 30)
+    finally:
+        await r.aclose()
+        if second is not None:
+            second.stop()
+        first.kill()
+    lost = [{"code": "redelivered", "field": "",
+             "message": "an earlier delivery ended without a verdict (its process stopped)"}]
+    assert story(seen.items) == [("partial", 1, "draft 1: "), ("verdict", 1, False, lost),
+                                 *EXPECTED]

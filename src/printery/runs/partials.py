@@ -18,7 +18,7 @@ from typing import Any
 
 from printery import _json
 from printery.runs.history import id_order
-from printery.runtime.partials import VERDICT
+from printery.runtime.partials import RESTART, VERDICT
 
 __all__ = ["POSITION", "Draft", "Drafts", "Partial", "Shown", "ShownSoFar", "Verdict",
            "in_progress", "merged", "read_shown", "shown_of"]
@@ -81,7 +81,7 @@ def shown_of(run_id: str, entry_id: str, fields: Mapping[str, str]) -> Shown | N
     try:
         step, attempt = fields["step"], int(fields["attempt"])
         item = int(fields["item"]) if fields.get("item") else None
-        if fields.get("kind") == VERDICT:
+        if fields.get("kind") in (VERDICT, RESTART):
             reasons = _json.loads(fields.get("reasons") or "[]")
             return Verdict(run_id, step, attempt, fields.get("passed") == "1",
                            reasons if isinstance(reasons, list) else [], entry_id, item)
@@ -132,6 +132,23 @@ class ShownSoFar:
     stream: str
     items: list[Shown]
     last: str = "0-0"
+    #: The drafts (step, item) this follower was given and no verdict closed yet.
+    open: set[tuple[str, int | None]] = field(default_factory=set)
+
+    def passed_on(self, items: Iterable[Shown]) -> list[Shown]:
+        """``items`` less the verdicts that close no draft this follower has (a restart
+        mark after a delivery that did retract; a verdict of a draft it never saw)."""
+        given = []
+        for item in items:
+            key = (item.step, item.item)
+            if isinstance(item, Partial):
+                self.open.add(key)
+            elif key in self.open:
+                self.open.discard(key)
+            else:
+                continue
+            given.append(item)
+        return given
 
     def new(self, items: Iterable[Shown], seen: Mapping[str, str] | None) -> list[Shown]:
         """``items`` less those a follower with ``seen`` positions was given (an event
@@ -149,6 +166,8 @@ class ShownSoFar:
         given none, after its last entry and the attempts in progress. ``until``: the
         outcome's millisecond (nothing after the outcome is given)."""
         if seen and seen.get(POSITION):
+            given = id_order(seen[POSITION])  # the drafts open then are this follower's
+            self.passed_on(item for item in self.items if id_order(item.id) <= given)
             found = self.new(self.items, seen)
         elif seen:
             mark = max(id_order(position)[0] for position in seen.values())
@@ -161,7 +180,7 @@ class ShownSoFar:
             found = in_progress(self.items)
         if until is not None:
             found = [item for item in found if id_order(item.id)[0] <= until]
-        return found
+        return self.passed_on(found)
 
     def add(self, rows: Iterable[tuple[str, str, Mapping[str, str]]], stream: str | None,
             seen: Mapping[str, str] | None) -> list[Shown]:
@@ -174,7 +193,7 @@ class ShownSoFar:
             item = shown_of(self.run_id, entry_id, fields)
             if item is not None:
                 found.append(item)
-        return self.new(found, seen)
+        return self.passed_on(self.new(found, seen))
 
     async def before(self, client: Any, outcome: Mapping[str, Any]) -> list[Shown]:
         """What was written before ``outcome`` and not read yet: a follower that joined
@@ -189,7 +208,7 @@ class ShownSoFar:
             item = shown_of(self.run_id, entry_id, fields)
             if item is not None:
                 found.append(item)
-        return found
+        return self.passed_on(found)
 
 
 async def read_shown(client: Any, run_id: str, stream: str) -> ShownSoFar:

@@ -100,9 +100,9 @@ class Message:
         if not isinstance(text, str):
             raise TypeError(f"partial takes text (str), not {type(text).__name__}")
         writer = partials.current()
-        self.streamed = True
+        first, self.streamed = not self.streamed, True
         if writer is not None and text:
-            writer.add(self, text)
+            writer.add(self, text, restarted=first and self.deliveries > 1)
 
 
 HandlerResult = Output | Sequence[Output] | None

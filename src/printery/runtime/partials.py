@@ -48,8 +48,11 @@ MAXLEN = 10_000
 TTL_S = 3600
 #: Longest a failed handler's retraction is waited for before its failure goes on.
 RETRACT_WAIT_S = 1.0
-#: ``kind`` of the two sorts of entry of a partials stream.
-PARTIAL, VERDICT = "partial", "verdict"
+#: ``kind`` of the sorts of entry of a partials stream: a piece of a draft, the verdict
+#: that closes it, and the mark a redelivered attempt writes before its first partial.
+PARTIAL, VERDICT, RESTART = "partial", "verdict", "restart"
+#: The reason code of a draft closed by a restart: the delivery that wrote it died.
+REDELIVERED = "redelivered"
 
 class Attempt(Protocol):
     """What a partial or a verdict is of: a handler call's message (a
@@ -106,10 +109,19 @@ class PartialWriter:
         self._lock = asyncio.Lock()
         self._task: asyncio.Task[None] | None = None
 
-    def add(self, message: Attempt, text: str) -> None:
-        """Queue ``text`` as the next partial of ``message``'s attempt."""
+    def add(self, message: Attempt, text: str, *, restarted: bool = False) -> None:
+        """Queue ``text`` as the next partial of ``message``'s attempt. ``restarted``: the
+        first partial of a delivery after the first; a ``restart`` mark goes before it, which
+        followers take for the retraction of a draft the earlier delivery left open (its
+        process died before its verdict), and pass over when there is none."""
         key = self.keys.of(message.correlation_id).partials(message.correlation_id)
         step, attempt, item = message.worker, str(message.attempt), item_of(message)
+        if restarted:
+            mark = verdict_fields(step, message.attempt, False, [{
+                "code": REDELIVERED, "field": "",
+                "message": "an earlier delivery ended without a verdict (its process stopped)"}],
+                item)
+            self._queue(key, {**mark, "kind": RESTART})
         if self._pending:
             last_key, last = self._pending[-1]
             if (last_key == key and last["kind"] == PARTIAL and last["step"] == step
