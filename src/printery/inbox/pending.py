@@ -19,7 +19,7 @@ from printery.runs.history import id_order
 from printery.runtime.run_index import RunIndex
 from printery.runtime.writes import dead_letter_write
 from printery.store import CommandRefused, Redis, ServerError
-from printery.store.scan import read_entry
+from printery.store.scan import read_entries, read_entry
 from printery.transport.dead_letter import write_dead_letter
 from printery.transport.scripts import Scripts
 from printery.transport.streams import CONNECTION_ERRORS, pending_range
@@ -108,16 +108,9 @@ async def _with_runs(
     done: list[PendingEntry] = []
     for start in range(0, len(entries), PAGE):
         chunk = entries[start:start + PAGE]
-        pipe = client.pipeline(transaction=False)
-        for entry in chunk:
-            pipe.xrange(entry.stream, entry.entry_id, entry.entry_id, count=1)
-        replies = await pipe.execute(raise_on_error=False)
-        for entry, found in zip(chunk, replies, strict=True):
-            if isinstance(found, CONNECTION_ERRORS):
-                raise found
-            run_id = ""
-            if isinstance(found, list) and found:
-                run_id = correlation_of(found[0][1], correlation_field) or ""
+        found = await read_entries(client, [(entry.stream, entry.entry_id) for entry in chunk])
+        for entry, fields in zip(chunk, found, strict=True):
+            run_id = "" if fields is None else correlation_of(fields, correlation_field) or ""
             done.append(PendingEntry(entry.keys, entry.event_type, entry.entry_id,
                                      entry.worker, entry.consumer, entry.deliveries,
                                      entry.idle_ms, run_id))

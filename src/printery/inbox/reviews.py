@@ -55,7 +55,8 @@ from printery.runtime.payloads import PayloadStore
 from printery.runtime.run_index import RunIndex
 from printery.store import Redis, WatchConflict
 from printery.store.inbox import decide_review
-from printery.store.scan import read_entry, scan_stream
+from printery.store.scan import read_entry, read_page, scan_stream
+from printery.store.servers import server_ms
 
 __all__ = [
     "DEFAULT_PRODUCER",
@@ -100,7 +101,7 @@ async def list_reviews(
     found = []
     for k, part in enumerate(keys.each()):
         low = "-" if not after else start if k > start_part else f"({start}"
-        read = await client.xrange(part.review, low, "+", count=limit)
+        read = await read_page(client, part.review, low, limit)
         found += [(id_order(entry_id), k, part, entry_id, fields) for entry_id, fields in read]
     found.sort(key=lambda row: row[:2])
     return [await _view(client, part, pipeline, part.entry_ref(entry_id), fields)
@@ -300,8 +301,7 @@ async def expire_reviews(
     kind's hook fails stays open and is logged, to be tried again next sweep."""
     if not timeouts:
         return []
-    seconds, micros = await client.time()
-    now_ms = int(seconds) * 1000 + int(micros) // 1000
+    now_ms = await server_ms(client)
     newest = now_ms - int(min(timeouts.values()) * 1000)
     made: list[dict[str, Any]] = []
     for part in keys.each():

@@ -23,6 +23,7 @@ from printery.keys import DLQ, REVIEW, StreamKeys
 from printery.pipeline.dag import Pipeline
 from printery.runtime.reservations import reserved_sums
 from printery.store import Redis
+from printery.store.budgets import budget_hashes
 from printery.store.scan import scan_stream
 from printery.transport.commit import decode_spent
 from printery.transport.streams import public_api
@@ -82,9 +83,8 @@ async def budget_status(
     without budgets."""
     if not pipeline.has_budgets:
         return None
-    part = keys.of(run_id)
-    held: dict[str, str] = await client.hgetall(part.budget(run_id))  # type: ignore[misc]
-    reserved = reserved_sums(await client.hgetall(part.reserved(run_id)))  # type: ignore[misc]
+    held, reserving = await budget_hashes(client, keys, run_id)
+    reserved = reserved_sums(reserving)
     rows = []
     scopes = [("", pipeline.budget, "")] + [
         (name, step.budget, f"step:{name}:") for name, step in pipeline.steps.items()]

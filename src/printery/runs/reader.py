@@ -49,6 +49,7 @@ from printery.runs.partials import Shown, ShownSoFar, merged, read_shown
 from printery.runs.tail import Following, Row, RunTail
 from printery.runtime.run_index import RUNNING, run_status
 from printery.store import Outage, Redis
+from printery.store.run_index import run_start
 from printery.store.scan import scan_stream
 
 __all__ = ["RUNNING", "RunFollow", "RunOrder", "RunReader", "RunResult", "run_cost",
@@ -287,8 +288,7 @@ class RunReader:
 
     async def start_of(self, run_id: str) -> str:
         """Where the run's entries begin: its start record, else the beginning."""
-        start = await self.client.get(self.keys.of(run_id).run_start(run_id))
-        return str(start) if start else "-"
+        return await run_start(self.client, self.keys, run_id) or "-"
 
     async def history(self, run_id: str) -> tuple[list[dict[str, Any]], dict[str, str]]:
         """The run's entries so far in order (:class:`RunOrder`), and per stream the

@@ -26,7 +26,7 @@ from printery.pipeline.dag import Pipeline, steps_reached
 from printery.runs.history import find_entries, id_order
 from printery.store import Redis
 from printery.store.blobs import read_blob
-from printery.store.scan import scan_stream
+from printery.store.scan import append_entries, scan_stream
 from printery.transport.streams import public_api
 
 __all__ = ["ReplayError", "ReplayResult", "find_entries", "replay", "rerun_steps", "scan_stream"]
@@ -141,10 +141,7 @@ async def replay(
             extra[REPLAY_FOR] = ",".join(readers)
         envelope = codec.new(event_type, data, correlation_id=new_id, producer=producer, extra=extra)
         encoded.append((target.stream(event_type), codec.encode(envelope)))
-    async with client.pipeline(transaction=True) as pipe:
-        for stream, entry in encoded:
-            pipe.xadd(stream, entry)  # type: ignore[arg-type]
-        ids = await pipe.execute()
+    ids = await append_entries(client, encoded)
     entries = [{"stream": s, "id": str(i)} for (s, _), i in zip(encoded, ids, strict=True)]
     return ReplayResult(correlation_id, new_id, from_step, entries, steps)
 

@@ -18,7 +18,7 @@ from printery.transport.connection import Redis
 from printery.transport.scripts import Scripts, script
 
 __all__ = ["FORGET_BATCH", "IndexCounts", "cost_of_minutes", "counts", "forget_ended", "is_indexed",
-           "newest", "run_rows"]
+           "newest", "run_rows", "run_start"]
 
 #: Runs forgotten per script call at most, so a sweep never holds the server long.
 FORGET_BATCH = 500
@@ -86,6 +86,12 @@ async def run_rows(client: Redis, keys: StreamKeys,
         started, (status, ended) = replies[2 * n], replies[2 * n + 1]
         rows.append((int(started or 0), str(status) if status else None, int(ended or 0)))
     return rows
+
+
+async def run_start(client: Redis, keys: StreamKeys, run_id: str) -> str | None:
+    """The id of the run's first entry, from its start record (None: no record)."""
+    start = await client.get(keys.of(run_id).run_start(run_id))
+    return str(start) if start else None
 
 
 async def is_indexed(client: Redis, keys: StreamKeys, run_id: str) -> bool:

@@ -1,5 +1,6 @@
-"""Reading streams back: one scan of a stream, one of every partition, one entry by id,
-and what was added after a position (the live read of followers).
+"""Streams read back (and written to) outside the commit path: one scan of a stream, one
+of every partition, entries by id, a page, what was added after a position (the live read
+of followers), and entries added together (a replay's copies).
 
 Streams are append-only history; a scan reads one with ``XRANGE`` a chunk at a time
 (bounded memory per round trip, O(stream length) in all): fine for what operators and
@@ -11,7 +12,7 @@ nothing is read twice and entries added meanwhile are read too.
 from __future__ import annotations
 
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
-from typing import Any
+from typing import Any, cast
 
 from redis.exceptions import RedisError
 
@@ -19,7 +20,8 @@ from printery.keys import StreamKeys
 from printery.transport.connection import Redis
 from printery.transport.streams import CONNECTION_ERRORS
 
-__all__ = ["CHUNK", "last_ids", "read_after", "read_entry", "scan_partitions", "scan_stream"]
+__all__ = ["CHUNK", "append_entries", "last_ids", "read_after", "read_entries", "read_entry", "read_page",
+           "scan_partitions", "scan_stream"]
 
 #: Entries per round trip of a scan.
 CHUNK = 1000
@@ -87,3 +89,34 @@ async def last_ids(client: Redis, streams: Sequence[str]) -> dict[str, str]:
         replies = await pipe.execute()
     return {stream: rows[0][0] if rows else "0-0"
             for stream, rows in zip(streams, replies, strict=True)}
+
+
+async def read_page(client: Redis, stream: str, start: str, count: int | None) -> list[Entry]:
+    """Up to ``count`` entries of ``stream`` from ``start`` (None: every one): one page."""
+    page: list[Entry] = await client.xrange(stream, start, "+", count=count)
+    return page
+
+
+async def read_entries(client: Redis, refs: Sequence[tuple[str, str]]) -> list[dict[str, str] | None]:
+    """The fields of each ``(stream, id)``, None for one that is gone (trimmed, deleted)
+    or that the server refuses; one round trip. Connection errors raise."""
+    async with client.pipeline(transaction=False) as pipe:
+        for stream, entry_id in refs:
+            pipe.xrange(stream, entry_id, entry_id, count=1)
+        replies = await pipe.execute(raise_on_error=False)
+    found: list[dict[str, str] | None] = []
+    for reply in replies:
+        if isinstance(reply, CONNECTION_ERRORS):
+            raise reply
+        found.append(dict(reply[0][1]) if isinstance(reply, list) and reply else None)
+    return found
+
+
+async def append_entries(client: Redis, entries: Sequence[tuple[str, dict[str, str]]]) -> list[str]:
+    """Add each ``(stream, fields)`` in one transaction (all or none: their streams share
+    a slot); their ids."""
+    async with client.pipeline(transaction=True) as pipe:
+        for stream, fields in entries:
+            pipe.xadd(stream, cast(Any, fields))
+        ids = await pipe.execute()
+    return [str(entry_id) for entry_id in ids]

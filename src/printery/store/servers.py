@@ -1,5 +1,6 @@
-"""What the servers themselves report (``INFO``), for the benchmark's figures: per master
-of a cluster, since a cluster client's ``INFO`` answers for one node at a time."""
+"""What the servers themselves report: their clock, and (``INFO``, for the benchmark's
+figures) per master of a cluster, since a cluster client's ``INFO`` answers for one node
+at a time."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ from redis.asyncio.cluster import RedisCluster
 from printery.transport.connection import Redis
 from printery.transport.streams import one_slot
 
-__all__ = ["master_cpu_seconds"]
+__all__ = ["master_cpu_seconds", "server_ms"]
 
 
 async def master_cpu_seconds(client: Redis) -> dict[str, float] | None:
@@ -24,3 +25,10 @@ async def master_cpu_seconds(client: Redis) -> dict[str, float] | None:
         info: Any = await cluster.info("cpu", target_nodes=node)
         found[node.name] = float(info["used_cpu_user"]) + float(info["used_cpu_sys"])
     return found
+
+
+async def server_ms(client: Redis) -> int:
+    """The server's clock in milliseconds: what entry ids are made of, so ages computed
+    from ids against it do not depend on this host's clock."""
+    seconds, micros = await client.time()
+    return int(seconds) * 1000 + int(micros) // 1000
