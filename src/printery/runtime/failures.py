@@ -30,6 +30,7 @@ from printery.runtime.handler import Message
 from printery.runtime.observe import Observer
 from printery.runtime.run_index import RunIndex
 from printery.runtime.writes import Writes
+from printery.store.records import read_record, write_record
 from printery.transport.commit import FENCED, EntryCommit
 from printery.transport.dead_letter import DeadLetterWrite, write_dead_letter
 from printery.transport.streams import Leases
@@ -92,7 +93,7 @@ class Failures:
         process that handled it died each time)."""
         limit = self.settings.max_deliveries
         key = self.keys.last_error(self.worker, delivery.stream, delivery.entry_id)
-        raw = await self.connectivity.retrying(lambda: self.leases.scripts.client.get(key))
+        raw = await self.connectivity.retrying(lambda: read_record(self.leases.scripts.client, key))
         said = f"delivered {delivery.deliveries} times (limit {limit})"
         if raw:
             try:
@@ -152,7 +153,7 @@ class Failures:
         key = self.keys.last_error(self.worker, delivery.stream, delivery.entry_id)
         ttl = int(self.settings.record_ttl * 1000)
         await self.connectivity.retrying(
-            lambda: self.leases.scripts.client.set(key, record, px=ttl))
+            lambda: write_record(self.leases.scripts.client, key, record, ttl_ms=ttl))
 
     async def _again(self, delivery: Delivery, message: Message, exc: BaseException) -> Message:
         """Wait the backoff (or the handler's ``Retry(delay=...)``) without holding a slot,

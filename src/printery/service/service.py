@@ -59,6 +59,8 @@ from printery.service.lifecycle import (
 )
 from printery.service.registry import ProcessRegistry
 from printery.store import Outage, Redis, ServerError
+from printery.store.layout import describe_pipeline
+from printery.store.servers import answers
 from printery.supervisor.manager import WorkerManager
 from printery.transport.connection import connect
 from printery.transport.refusal import refused
@@ -156,7 +158,7 @@ class Service(ProcessLifecycle):
                     for group in groups:
                         for part in self.keys.each():
                             await ensure_group(client, part.stream(event_type), group)
-                await client.set(self.keys.pipeline, _json.dumps(self.pipeline.describe()))
+                await describe_pipeline(client, self.keys, _json.dumps(self.pipeline.describe()))
             except (ServerError, OSError) as exc:
                 refusal = refused(exc, self.display_url, self.settings.stream_prefix)
                 if refusal is not None:
@@ -309,7 +311,7 @@ class Service(ProcessLifecycle):
             return False
         try:
             async with asyncio.timeout(PING_TIMEOUT):
-                self._redis_ok = bool(await self.client.ping())
+                self._redis_ok = await answers(self.client)
         except (ServerError, OSError, TimeoutError):
             self._redis_ok = False
         return self._redis_ok

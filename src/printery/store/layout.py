@@ -1,6 +1,7 @@
 """The layout record's reads and writes (``<prefix>:layout``; what it means and who
-writes it: :mod:`printery.layout`), and the two facts of the server a first record is
-chosen by: how many masters a cluster has, and which streams exist already."""
+writes it: :mod:`printery.layout`), the two facts of the server a first record is chosen
+by (how many masters a cluster has, which streams exist already), and the description of
+the pipeline a service runs (``<prefix>:pipeline``)."""
 
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ from printery.transport.connection import Redis
 from printery.transport.scripts import Scripts, script
 from printery.transport.streams import one_slot
 
-__all__ = ["existing_streams", "master_count", "read_layout", "record_layout"]
+__all__ = ["describe_pipeline", "existing_streams", "master_count", "read_layout", "record_layout"]
 
 LAYOUT = script("layout")
 
@@ -52,3 +53,8 @@ async def existing_streams(client: Redis, streams: Sequence[str]) -> list[str]:
             pipe.exists(stream)
         found = await pipe.execute()
     return [stream for stream, n in zip(streams, found, strict=True) if n]
+
+
+async def describe_pipeline(client: Redis, keys: StreamKeys, description: str) -> None:
+    """Keep the pipeline's description (JSON) where operators' tools read it."""
+    await client.set(keys.pipeline, description)

@@ -11,7 +11,7 @@ from redis.asyncio.cluster import RedisCluster
 from printery.transport.connection import Redis
 from printery.transport.streams import one_slot
 
-__all__ = ["master_cpu_seconds", "server_ms"]
+__all__ = ["answers", "master_cpu_seconds", "server_ms"]
 
 
 async def master_cpu_seconds(client: Redis) -> dict[str, float] | None:
@@ -32,3 +32,8 @@ async def server_ms(client: Redis) -> int:
     from ids against it do not depend on this host's clock."""
     seconds, micros = await client.time()
     return int(seconds) * 1000 + int(micros) // 1000
+
+
+async def answers(client: Redis) -> bool:
+    """Whether the server answers a ``PING`` (errors raise: the caller says what they mean)."""
+    return bool(await client.ping())
