@@ -8,11 +8,20 @@ rest takes the client as :data:`Redis` and calls in here:
 * :mod:`~printery.store.overview`: one :class:`StreamOverview` (length, pending,
   undelivered count, lag in seconds per event type, partition and group) for
   ``printery streams``, the console and the gauges;
-* :mod:`~printery.store.inbox`: how many reviews and dead letters wait, one read;
+* :mod:`~printery.store.inbox`: how many reviews and dead letters wait (one read), a
+  review's decision, a dead letter's replay and purge;
 * :mod:`~printery.store.outage`: one outage policy and one definition of unreachable;
 * :mod:`~printery.store.errors`: the client's errors by what they mean;
-* :mod:`~printery.store.joins`: an aggregator's keyspace (:class:`JoinStore`);
-* :mod:`~printery.store.scan`: one scan of a stream and of every partition.
+* :mod:`~printery.store.scan`: one scan of a stream and of every partition, entries by
+  id, the followers' live read;
+* :mod:`~printery.store.joins` (an aggregator's joins, :class:`JoinStore`),
+  :mod:`~printery.store.item_counts` (a Map's), :mod:`~printery.store.run_index` (the run
+  index's reads), :mod:`~printery.store.processes` (the process registry),
+  :mod:`~printery.store.layout` (the layout record), :mod:`~printery.store.blobs`
+  (payloads by reference), :mod:`~printery.store.budgets`, :mod:`~printery.store.records`
+  (a failed entry's last error), :mod:`~printery.store.sessions` (console sessions) and
+  :mod:`~printery.store.servers` (what the servers report): each keyspace, its keys
+  named in :mod:`printery.keys`.
 """
 
 from __future__ import annotations

@@ -53,24 +53,6 @@ class JoinStore:
             results = await pipe.execute()
         return bool(results[0]), results[-1]
 
-    async def count_in(self, keys: StreamKeys, cid: str, *, once: str, slot: str, data: str,
-                       ) -> tuple[bool, int]:
-        """Record ``slot``'s arrival unless it arrived before (a fan-in that waits for a
-        number of slots, not for named branches); in one transaction with the read:
-        whether the join was decided (``once`` set) and how many slots arrived."""
-        join_key = keys.join(self.name, cid)
-        async with self.client.pipeline(transaction=True) as pipe:
-            pipe.exists(once)
-            pipe.hsetnx(join_key, slot, data)
-            pipe.expire(join_key, self.ttl_s)
-            pipe.hlen(join_key)
-            decided, _, _, arrived = await pipe.execute()
-        return bool(decided), int(arrived)
-
-    async def arrived(self, keys: StreamKeys, cid: str) -> dict[str, str]:
-        """The join's hash as it is now."""
-        return await cast(Awaitable[dict[str, str]], self.client.hgetall(keys.join(self.name, cid)))
-
     async def late(self, keys: StreamKeys, cid: str, slot: str, at: str) -> None:
         """Note that ``slot`` arrived ``at`` after the join was decided."""
         await cast(Awaitable[int], self.client.hset(keys.join(self.name, cid), f"late:{slot}", at))
