@@ -11,12 +11,16 @@ committed (passed) or retracted (not passed, with the reasons), and a follower t
 joins late shows only the partials after a step's last verdict, the attempt in progress.
 
 A handler's path pays no round trip per chunk: :meth:`PartialWriter.add` appends to a
-buffer (merged with the chunk before it of the same attempt) and one task per process
+buffer (merged with the chunk before it of the same attempt) and one task per worker
 writes what gathered every :data:`FLUSH_S` seconds with one pipelined round trip. The
 attempt's end is the only wait: its partials and its verdict are on the server before
 what the step commits (:meth:`PartialWriter.flush`), so no follower sees an outcome
 before the verdict that led to it. A step that never calls ``partial`` pays nothing: no
 buffer, no task, no key.
+
+A process killed mid-attempt writes no verdict; the first partial of the entry's next
+delivery goes after a ``restart`` mark, which followers take for the retraction of the
+draft left open (:mod:`printery.runs.partials`).
 """
 
 from __future__ import annotations
@@ -54,6 +58,7 @@ PARTIAL, VERDICT, RESTART = "partial", "verdict", "restart"
 #: The reason code of a draft closed by a restart: the delivery that wrote it died.
 REDELIVERED = "redelivered"
 
+
 class Attempt(Protocol):
     """What a partial or a verdict is of: a handler call's message (a
     :class:`~printery.Message`), named without importing it (it calls this module)."""
@@ -88,6 +93,8 @@ def using(writer: PartialWriter | None) -> contextvars.Token[PartialWriter | Non
 
 def verdict_fields(step: str, attempt: int, passed: bool,
                    reasons: Sequence[Mapping[str, Any]], item: str = "") -> dict[str, str]:
+    """A verdict's fields (a restart mark's too, under its own ``kind``): followers parse
+    both alike."""
     fields = {"kind": VERDICT, "step": step, "attempt": str(attempt),
               "passed": "1" if passed else "0", "reasons": _json.dumps(list(reasons))}
     if item:
