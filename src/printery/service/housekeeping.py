@@ -8,8 +8,8 @@ else it raised is logged as an error with its traceback."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Coroutine
-from typing import Any
+from collections.abc import Awaitable, Callable, Coroutine
+from typing import Any, TypeVar
 
 from printery._util import idle
 from printery.config import Settings
@@ -31,6 +31,8 @@ __all__ = ["DEPARTED_INTERVAL", "GAUGE_INTERVAL", "LAG_INTERVAL", "Housekeeping"
 
 log = get_logger("printery.service")
 
+T = TypeVar("T")
+
 #: Seconds between refreshes of the per-worker gauges (up, uptime, pending).
 GAUGE_INTERVAL = 1.0
 #: Seconds between refreshes of the queue lag gauge (a bounded read per stream, see
@@ -49,14 +51,8 @@ async def remove_consumers(
     never one that still owns entries (see :mod:`printery.service.departed`)."""
     readers = [(part.stream(event_type), group) for part in keys.each()
                for event_type, groups in pipeline.groups().items() for group in groups]
-    try:
-        removed = await remove_departed(client, readers, gone, min_idle=min_idle)
-    except UNREACHABLE as exc:
-        log.warning("could not remove stopped consumers", error=describe(exc))
-        return
-    except Exception as exc:
-        log.error("could not remove stopped consumers", error=describe(exc), exc_info=exc)
-        return
+    removed = await _swept("removing stopped consumers",
+                           lambda: remove_departed(client, readers, gone, min_idle=min_idle))
     if removed:
         log.info("removed consumers of stopped processes", count=len(removed),
                  consumers=sorted({name for _, _, name in removed}))
@@ -107,24 +103,13 @@ class Housekeeping:
         read = [event_type for event_type, groups in self.pipeline.groups().items()
                 if mine.intersection(groups)]
         while True:
-            try:
-                counts = await waiting(self.client, self.keys)
-            except UNREACHABLE as exc:
-                log.warning("backlog sweep failed: retrying next interval", error=describe(exc))
-            except Exception as exc:
-                log.error("backlog sweep failed: retrying next interval", error=describe(exc),
-                          exc_info=exc)
-            else:
+            counts = await _swept("backlog sweep", lambda: waiting(self.client, self.keys))
+            if counts is not None:
                 self.metrics.reviews_open.set(counts.reviews)
                 self.metrics.dlq_entries.set(counts.dead_letters)
-            try:
-                overview = await read_overview(self.client, self.keys, read, mine)
-            except UNREACHABLE as exc:
-                log.warning("lag sweep failed: retrying next interval", error=describe(exc))
-            except Exception as exc:
-                log.error("lag sweep failed: retrying next interval", error=describe(exc),
-                          exc_info=exc)
-            else:
+            overview = await _swept(
+                "lag sweep", lambda: read_overview(self.client, self.keys, read, mine))
+            if overview is not None:
                 for event_type in read:
                     for group, seconds in overview.lags(event_type).items():
                         self.metrics.queue_lag.labels(event_type, group).set(seconds)
@@ -136,15 +121,10 @@ class Housekeeping:
         process takes to leave the registry."""
         while True:
             await idle(DEPARTED_INTERVAL)
-            try:
-                live = live_owners(await list_processes(self.client, self.keys))
-            except UNREACHABLE as exc:
-                log.warning("consumer sweep failed: retrying next interval", error=describe(exc))
+            processes = await _swept("consumer sweep", lambda: list_processes(self.client, self.keys))
+            if processes is None:
                 continue
-            except Exception as exc:
-                log.error("consumer sweep failed: retrying next interval", error=describe(exc),
-                          exc_info=exc)
-                continue
+            live = live_owners(processes)
             live.add(self.owner)
             await remove_consumers(self.client, self.keys, self.pipeline,
                                    _not_in(frozenset(live)), min_idle=self.registry.ttl)
@@ -158,19 +138,18 @@ class Housekeeping:
         transport = self.settings.transport
         event_types = self.pipeline.event_types()
         index, scripts = RunIndexReader(self.keys), Scripts(self.client)  # loaded once, not per sweep
+
+        async def sweep() -> tuple[dict[str, int], int]:
+            trimmed = await trim_pipeline_streams(
+                self.client, self.keys, event_types, transport.retention,
+                trim_without_groups=True,
+            )
+            return trimmed, await index.forget_ended(self.client, transport.retention, scripts)
+
         while True:
-            try:
-                trimmed = await trim_pipeline_streams(
-                    self.client, self.keys, event_types, transport.retention,
-                    trim_without_groups=True,
-                )
-                forgotten = await index.forget_ended(self.client, transport.retention, scripts)
-            except UNREACHABLE as exc:
-                log.warning("retention sweep failed: retrying next interval", error=str(exc))
-            except Exception as exc:
-                log.error("retention sweep failed: retrying next interval", error=describe(exc),
-                          exc_info=exc)
-            else:
+            swept = await _swept("retention sweep", sweep)
+            if swept is not None:
+                trimmed, forgotten = swept
                 removed = {event_type: n for event_type, n in trimmed.items() if n}
                 for event_type, n in removed.items():
                     self.metrics.stream_trimmed.labels(event_type).inc(n)
@@ -184,18 +163,26 @@ class Housekeeping:
         reviews`), so more processes only repeat a cheap range read."""
         timeouts = self.settings.review_timeouts()
         while True:
-            try:
-                made = await expire_reviews(self.client, self.keys, self.pipeline, timeouts)
-            except UNREACHABLE as exc:
-                log.warning("review deadline sweep failed: retrying", error=str(exc))
-            except Exception as exc:  # an application's reject hook: logged, retried
-                log.error("review deadline sweep failed: retrying", error=str(exc),
-                          exc_info=exc)
-            else:
-                for record in made:
+            # What an application's reject hook raises is logged and retried as well.
+            made = await _swept("review deadline sweep", lambda: expire_reviews(
+                self.client, self.keys, self.pipeline, timeouts))
+            for record in made or ():
                     log.info("review rejected at its deadline", review_id=record["review_id"],
                              kind=record["kind"], outputs=record["outputs"])
             await idle(sweep_interval(timeouts))
+
+
+async def _swept(what: str, action: Callable[[], Awaitable[T]]) -> T | None:
+    """``action()``'s result, or None when it failed: the server unreachable
+    (:data:`~printery.store.UNREACHABLE`) is logged as a warning, anything else as an
+    error with its traceback; either way the sweep tries again at its next interval."""
+    try:
+        return await action()
+    except UNREACHABLE as exc:
+        log.warning(f"{what} failed: retrying next interval", error=describe(exc))
+    except Exception as exc:
+        log.error(f"{what} failed: retrying next interval", error=describe(exc), exc_info=exc)
+    return None
 
 
 def _not_in(live: frozenset[str]) -> Callable[[str], bool]:
