@@ -30,6 +30,7 @@ from printery import (
     escalate,
 )
 from printery.models import OpenAICompatible
+from printery.runs import tail
 from printery.runs.partials import POSITION, Drafts
 from printery.testing import wait_for
 from printery.transport.connection import connect
@@ -440,3 +441,41 @@ async def test_a_streamed_loop_on_a_cluster(
 async def _collect(items: AsyncIterator[Any], into: list[Any]) -> None:
     async for item in items:
         into.append(item)
+
+
+async def test_a_follower_joining_a_read_under_way_gets_the_partials_live_at_once(
+    running: Any, client: aioredis.Redis, prefix: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The partition's read blocks for 8 s (no entry comes to end it): a follower that
+    joins it mid-block reads its run's partials itself meanwhile, so a chunk shown after
+    it joined reaches it long before that block ends."""
+    monkeypatch.setattr(tail, "BLOCK_MS", 8000)
+    gates = {"other": asyncio.Event(), "this": asyncio.Event(), "end": asyncio.Event()}
+    pipeline = Pipeline("answers", ingress=["request"])
+
+    @pipeline.step("write", consumes=["request"], produces=["answer"], concurrency=2)
+    async def write(message: Message) -> Output:
+        name = message.data["name"]
+        await message.partial(f"{name} draft")
+        await gates[name].wait()
+        await message.partial(" and more")
+        await gates["end"].wait()
+        return Output("answer", {"text": "done"})
+
+    submitter = await running(pipeline)
+    other = await submitter.submit({"name": "other"})
+    run_id = await submitter.submit({"name": "this"})
+    await wait_for(lambda: _shown_text(client, prefix, run_id, "this draft"), timeout=10)
+    other_items: list[Any] = []
+    reading = asyncio.create_task(_collect(submitter.watch(other, timeout=60), other_items))
+    await wait_for(lambda: _has(other_items, "other draft"), timeout=10)  # the read blocks
+    items: list[Any] = []
+    following = asyncio.create_task(_collect(submitter.watch(run_id, timeout=60), items))
+    await wait_for(lambda: _has(items, "this draft"), timeout=10)
+    gates["this"].set()
+    await wait_for(lambda: _has(items, " and more"), timeout=5, message="the chunk, live")
+    for gate in gates.values():
+        gate.set()
+    await asyncio.wait_for(asyncio.gather(reading, following), 30)
+    assert [type(i).__name__ if not isinstance(i, dict) else i["stream"] for i in items] == [
+        "request", "Partial", "Partial", "Verdict", "answer"]

@@ -48,9 +48,9 @@ from printery.runs.history import decode_fields, id_order
 from printery.runs.partials import Shown, ShownSoFar, merged, read_shown
 from printery.runs.tail import Following, Row, RunTail
 from printery.runtime.run_index import RUNNING, run_status
-from printery.store import Outage, Redis
+from printery.store import UNREACHABLE, Outage, Redis
 from printery.store.run_index import run_start
-from printery.store.scan import scan_stream
+from printery.store.scan import read_after, scan_stream
 
 __all__ = ["RUNNING", "RunFollow", "RunOrder", "RunReader", "RunResult", "run_cost",
            "run_status"]
@@ -60,6 +60,9 @@ _CHUNK = 1000
 #: Longest a follower waits for its run's next entries before it checks its deadline and
 #: whether its reader is still there.
 _FOLLOW_WAIT_S = 1.0
+#: Longest one read of a run's partials by its follower blocks, while the partition's
+#: read under way does not read them yet.
+_BRIDGE_MS = 100
 
 
 @dataclass(frozen=True, slots=True)
@@ -440,13 +443,28 @@ class RunFollow:
                 if left <= 0:
                     raise TimeoutError(f"run {self.following.run_id} did not end in time")
                 wait = min(wait, left)
-            rows = await self.following.next_batch(wait)
-            if rows is None:
+            rows = await self._next(wait)
+            if not rows:
                 continue
             for item in await self._given(rows):
                 yield item
                 if isinstance(item, dict) and self.reader.is_outcome(item):
                     return
+
+    async def _next(self, wait: float) -> list[Row] | None:
+        """The tail's next batch. While the partition's read under way does not read the
+        run's partials yet (this follower joined it mid-block), they are read here
+        meanwhile, a short block at a time: live from the first, not a block late."""
+        stream = self.following.partials
+        if stream is None or self.reader.tail.reads_partials(self.following):
+            return await self.following.next_batch(wait)
+        try:
+            reply = await read_after(self.reader.client, {stream: self.last[stream]},
+                                     count=_CHUNK, block_ms=_BRIDGE_MS)
+        except UNREACHABLE:  # the tail's own read waits for the server
+            return await self.following.next_batch(wait)
+        rows = [(stream, entry_id, fields) for _, found in reply for entry_id, fields in found]
+        return [*self.following.ready(), *rows]
 
     async def _given(self, rows: list[Row]) -> list[dict[str, Any] | Shown]:
         """What to give of a batch of the tail, in order, up to the run's outcome."""
@@ -458,7 +476,10 @@ class RunFollow:
         if shown is None:
             return list(entries)
         given: list[dict[str, Any] | Shown] = []
-        for item in merged(entries, shown.add(fresh, partials, self.seen)):
+        added = shown.add(fresh, partials, self.seen)
+        if partials is not None:  # what was given is not given again (read twice, or late)
+            self.last[partials] = shown.last
+        for item in merged(entries, added):
             if isinstance(item, dict) and reader.is_outcome(item):
                 # Written before the outcome, not read by the tail yet (it joined a read
                 # of the partition under way): given before the outcome they led to.

@@ -71,6 +71,17 @@ class Following:
             raise batch
         return batch
 
+    def ready(self) -> list[Row]:
+        """The rows of every batch handed over already, without waiting. Raises what
+        ended the partition's read."""
+        rows: list[Row] = []
+        while not self.batches.empty():
+            batch = self.batches.get_nowait()
+            if isinstance(batch, BaseException):
+                raise batch
+            rows += batch
+        return rows
+
     @staticmethod
     def after(rows: list[Row], last: Mapping[str, str]) -> list[Row]:
         """``rows`` less those at or before ``last[stream]`` (read in the history)."""
@@ -89,6 +100,8 @@ class _PartitionRead:
         #: followers read each.
         self.partials: dict[str, str] = {}
         self.readers: dict[str, int] = {}
+        #: The partials streams the read under way reads (those added since, the next).
+        self.reading: frozenset[str] = frozenset()
         self.started: asyncio.Future[None] | None = None
         self.task: asyncio.Task[None] | None = None
 
@@ -222,7 +235,14 @@ class RunTail:
             for following in read.followers.get(run, ()):
                 following.batches.put_nowait(rows)
 
+    def reads_partials(self, following: Following) -> bool:
+        """Whether the partition's read under way reads ``following``'s partials stream
+        (a follower that joined it mid-block waits for its next turn, up to a block)."""
+        read = self._reads.get(following.partition)
+        return read is not None and following.partials in read.reading
+
     async def _read_once(self, read: _PartitionRead) -> Any:
+        read.reading = frozenset(read.partials)
         return await read_after(self.client, read.positions, count=COUNT, block_ms=BLOCK_MS)
 
     async def _last_ids(self, streams: list[str]) -> dict[str, str]:
