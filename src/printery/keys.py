@@ -41,6 +41,7 @@ def result_type(map_name: str) -> str:
     failed item's dead letter writes for the Map's collector, under ``skip``)."""
     return f"{map_name}:result"
 
+
 #: The commands' and the client's stream prefix for an app that declares none
 #: (docs/reference.md, Commands); the framework's own :class:`~printery.Settings` default
 #: is ``printery``.

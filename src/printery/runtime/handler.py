@@ -61,13 +61,13 @@ class Message:
     #: last before the entry is dead-lettered (a loop turns that failure into a failed
     #: attempt, docs/reference.md).
     max_deliveries: int = 5
+    #: Whether :meth:`partial` was called on this message: its attempt then ends with a
+    #: verdict (reference: streaming through the gate).
+    streamed: bool = False
     #: Set (to the limit's name) when the entry would have waited longer than a
     #: ``Limit``'s ``max_wait``: the call runs the step's fallback instead of its handler
     #: (``escalate(..., fallback=)``, a ``Loop``'s ``fallback``), without that wait.
     over_limit: str = ""
-    #: Whether :meth:`partial` was called on this message: its attempt then ends with a
-    #: verdict (reference: streaming through the gate).
-    streamed: bool = False
 
     @property
     def last_delivery(self) -> bool:

@@ -38,6 +38,7 @@ from printery.pipeline.dag import Pipeline
 from printery.reason import Reason
 from printery.runs.cost import budget_status
 from printery.runs.facade import Runs
+from printery.runs.partials import POSITION, Partial
 from printery.runs.reader import run_cost, run_status
 from printery.service.access import Access, service_access
 from printery.store import Redis
@@ -298,7 +299,7 @@ def _run_routes(api: web.Application, runs: Runs, body_limit: int) -> None:
             return transport is not None and not transport.is_closing()
 
         try:
-            async with runs.reader.open(run_id, seen=seen) as run:
+            async with runs.reader.open(run_id, seen=seen, partials=True) as run:
                 if not run.known:
                     return error(404, "unknown_run", f"no entries of "
                                  f"{runs.pipeline.correlation_field} {run_id!r}")
@@ -307,10 +308,17 @@ def _run_routes(api: web.Application, runs: Runs, body_limit: int) -> None:
                 await response.prepare(request)
                 await response.write(f"retry: {RETRY_MS}\n\n".encode())
                 positions = dict(seen or {})
-                async for entry in run.entries(alive):
-                    positions[entry["stream"]] = entry["id"]
-                    await response.write(f"id: {event_id(entry, positions)}\ndata: ".encode()
-                                         + _json.dumps(entry).encode() + b"\n\n")
+                async for item in run.items(alive):
+                    if isinstance(item, dict):
+                        positions[item["stream"]] = item["id"]
+                        head = f"id: {event_id(item, positions)}\ndata: "
+                        body = item
+                    else:  # a partial or a verdict: positioned in the run's partials stream
+                        positions[POSITION] = item.id
+                        kind = "partial" if isinstance(item, Partial) else "verdict"
+                        at = event_id({"stream": POSITION, "id": item.id}, positions)
+                        head, body = f"event: {kind}\nid: {at}\ndata: ", item.as_event()
+                    await response.write(head.encode() + _json.dumps(body).encode() + b"\n\n")
                 await response.write_eof()
         except ConnectionResetError:  # the client went away: nothing to report
             log.debug("event stream client went away", run_id=run_id)
