@@ -78,12 +78,14 @@ def test_lists_every_groups_unacknowledged_entries_with_their_runs(
     r.xdel(started, gone)
 
     rows = pending(server, prefix, "--json")
-    assert [(row["id"], row["worker"]) for row in rows] == [
-        (first, "validator"), (second, "validator"),
-        *sorted(((shared, group) for group in ("aggregator", "dependency-checker",
-                                               "health-monitor")),
-                key=lambda pair: pair[1]),
-        (gone, "validator")]
+    # By entry id, then stream, then worker: two streams' entries of one millisecond
+    # sort by their sequence numbers, whichever was written first.
+    expected = [(first, started, "validator"), (second, started, "validator"),
+                *((shared, validated, group) for group in ("aggregator", "dependency-checker",
+                                                          "health-monitor")),
+                (gone, started, "validator")]
+    expected.sort(key=lambda row: (tuple(int(part) for part in row[0].split("-")), row[1], row[2]))
+    assert [(row["id"], row["worker"]) for row in rows] == [(i, w) for i, _, w in expected]
     by = {(row["id"], row["worker"]): row for row in rows}
     assert by[(first, "validator")] == {
         "id": first, "stream": started, "type": STARTED, "worker": "validator",

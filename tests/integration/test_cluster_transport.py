@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import hashlib
 
 import pytest
 from redis.exceptions import ConnectionError as RedisConnectionError
@@ -17,10 +18,12 @@ from printery.testing import wait_for_sync
 from printery.transport.channel import DirectChannel
 from printery.transport.connection import connect
 from printery.transport.limit_store import WAIT_FOR_SLOT, Ask, Bound, LimitStore, Report
+from printery.transport.scripts import Script
 from printery.transport.streams import CONNECTION_ERRORS, one_slot
 from support.cluster import ValkeyCluster
 
-INCR_LUA = "return redis.call('INCRBY', KEYS[1], ARGV[1])"
+_INCR_SOURCE = "return redis.call('INCRBY', KEYS[1], ARGV[1])"
+INCR_LUA = Script("incr", _INCR_SOURCE, hashlib.sha1(_INCR_SOURCE.encode()).hexdigest())
 
 
 def _keys(n: int) -> list[str]:

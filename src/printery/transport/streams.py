@@ -21,6 +21,7 @@ from redis.exceptions import (
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
+from printery._util import as_text
 from printery.errors import TransportError, describe
 from printery.transport.scripts import Scripts, script
 
@@ -181,7 +182,7 @@ async def consumers_of(client: aioredis.Redis, stream: str, group: str) -> list[
         infos = await client.xinfo_consumers(stream, group)
     except ResponseError:
         return []
-    return [(str(info.get("name")), int(info.get("pending", 0))) for info in infos]
+    return [(as_text(info.get("name") or ""), int(info.get("pending", 0))) for info in infos]
 
 
 async def remove_consumer(scripts: Scripts, stream: str, group: str, consumer: str,
