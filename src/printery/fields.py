@@ -74,6 +74,11 @@ REPLAYED_FROM = "replayed_from"
 #: without calling its handler, so a sibling of STEP does not run again.
 REPLAY_FOR = "replay_for"
 
+#: On a loop's attempt entry whose ``work`` showed partials: its verdict is published to
+#: the run's followers when it is judged, or its draft retracted when a budget stops the
+#: run first (reference: streaming through the gate).
+STREAMED = "streamed"
+
 #: On every entry while tracing is on (docs/reference.md, Tracing): the W3C trace context
 #: of the span that wrote it (or of a producer's span, given to a submit).
 TRACEPARENT = "traceparent"

@@ -54,7 +54,7 @@ from printery.errors import (
     WorkerCrashed,
     describe,
 )
-from printery.fields import item_fields, item_key
+from printery.fields import STREAMED, item_fields, item_key
 from printery.keys import REVIEW
 from printery.limits import Limit
 from printery.pipeline.escalation import review_output
@@ -83,9 +83,6 @@ Check = Callable[[Message], Any]
 
 #: What a verdict leads to (its ``next`` field).
 PASSED, RETRY, FALLBACK, REVIEWED, EXHAUSTED = "passed", "retry", "fallback", "review", "exhausted"
-#: The field of an attempt entry whose ``work`` showed partials: its verdict is published
-#: to the run's followers (reference: streaming through the gate).
-STREAMED = "streamed"
 #: The reason code of an attempt whose ``work`` (or fallback) raised on its last delivery.
 WORK_FAILED = "work_failed"
 #: Seconds one ``work`` or fallback call may take when the loop names no ``timeout``

@@ -31,6 +31,7 @@ finish, those finishing together again in one commit.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import functools
 import time
 from collections.abc import Sequence
@@ -47,8 +48,9 @@ from printery.errors import (
     WorkerCrashed,
     describe,
 )
-from printery.fields import REPLAY_FOR
+from printery.fields import REPLAY_FOR, STREAMED
 from printery.keys import StreamKeys
+from printery.runtime import partials
 from printery.runtime.accounting import Accounting, Decided
 from printery.runtime.budget_guard import BudgetGuard
 from printery.runtime.connectivity import Connectivity
@@ -201,17 +203,28 @@ class EntryPipeline:
                 decided.append(Decided(delivery, commit, "duplicate"))
             elif over and (exceeded := over.get(n)) is not None:
                 assert budget is not None
-                decided.append(self._held(budget, delivery, message, exceeded))
+                decided.append(await self._held(budget, delivery, message, exceeded))
             else:
                 to_run.append((delivery, message))
         if budget is not None and budget.reservations is not None and to_run:
             return await self._reserve(budget, budget.reservations, to_run, decided)
         return to_run
 
-    def _held(self, budget: BudgetGuard, delivery: Delivery, message: Message,
-              exceeded: Exceeded) -> Decided:
+    async def _held(self, budget: BudgetGuard, delivery: Delivery, message: Message,
+                    exceeded: Exceeded) -> Decided:
         """The commit of an entry its run's budget holds: what the budget says instead of
-        running (reference: budgets)."""
+        running (reference: budgets). A loop's attempt that showed partials, held by a
+        budget that stops the run, will never be judged: its draft is retracted first, so
+        no follower is left with a draft that never gets a verdict."""
+        if exceeded.on_exceeded == "stop" and message.fields.get(STREAMED):
+            attempt = message.data.get("attempt") if isinstance(message.data, dict) else None
+            await partials.verdict(
+                dataclasses.replace(message, attempt=attempt if isinstance(attempt, int)
+                                    else message.attempt),
+                passed=False, reasons=[{"code": "budget_exceeded", "field": "",
+                                        "message": f"the run's budget of {exceeded.limit:g} "
+                                                   f"{exceeded.unit} stopped it before this "
+                                                   "attempt was judged"}])
         appends = self.writes.appends(outputs_of(budget.held(message, exceeded)), message, 0.0)
         commit = EntryCommit(delivery.stream, delivery.consumer.name, delivery.entry_id,
                              message.envelope.idempotency_key, appends,
@@ -241,7 +254,7 @@ class EntryPipeline:
         if not refused:
             return kept
         for n, exceeded in refused.items():
-            decided.append(self._held(budget, *kept[n], exceeded))
+            decided.append(await self._held(budget, *kept[n], exceeded))
         return [entry for n, entry in enumerate(kept) if n not in refused]
 
     # -- handle --------------------------------------------------------------------------------
