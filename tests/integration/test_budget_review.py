@@ -21,7 +21,6 @@ from printery import (
     Output,
     Pipeline,
     Reason,
-    WorkerManager,
 )
 from printery.budgets import held_type
 from printery.inbox import reviews
@@ -29,33 +28,16 @@ from printery.keys import StreamKeys, partition_of
 from printery.servers.process import ServerProcess
 from printery.testing import wait_for
 from printery.transport.commit import decode_spent
-from support.spine import running_pipeline
+from support.spine import pipeline_starter, running_pipeline
 
 Start = Callable[[Pipeline], Awaitable[Client]]
 
 
 @pytest.fixture
 async def start(server: ServerProcess, client: aioredis.Redis, prefix: str) -> AsyncIterator[Start]:
-    managers: list[WorkerManager] = []
-    clients: list[Client] = []
-
-    async def run(pipeline: Pipeline) -> Client:
-        manager = WorkerManager(drain_timeout=2)
-        settings = ConsumerSettings(block_ms=100, retry_backoff_ms=10, max_deliveries=3)
-        for worker, deps in pipeline.build_workers(client=client, keys=StreamKeys(prefix),
-                                                   settings=settings):
-            manager.register(worker, deps)
-        await manager.start_all()
-        managers.append(manager)
-        submitter = Client(server.url, stream_prefix=prefix, app=pipeline)
-        clients.append(await submitter.connect())
-        return submitter
-
-    yield run
-    for manager in managers:
-        await manager.stop_all(2)
-    for submitter in clients:
-        await submitter.aclose()
+    """Start ``pipeline``'s workers in this process; yields a submitting client."""
+    async with pipeline_starter(server.url, client, prefix, max_deliveries=3) as start:
+        yield start
 
 
 # -- one decision per breach --------------------------------------------------------------------

@@ -15,7 +15,6 @@ import redis.asyncio as aioredis
 from printery import (
     Budget,
     Client,
-    ConsumerSettings,
     Limit,
     Loop,
     Message,
@@ -23,12 +22,12 @@ from printery import (
     Reason,
     Reject,
     StreamKeys,
-    WorkerManager,
     replay,
 )
 from printery.inbox import reviews
 from printery.servers.process import ServerProcess
 from printery.testing import wait_for
+from support.spine import pipeline_starter
 
 
 class Drafts:
@@ -82,26 +81,8 @@ Running = Callable[[Pipeline], AsyncIterator[Client]]
 @pytest.fixture
 async def running(server: ServerProcess, client: aioredis.Redis, prefix: str) -> AsyncIterator[Any]:
     """Start ``pipeline``'s workers in this process; yields a submitting client."""
-    managers: list[WorkerManager] = []
-    clients: list[Client] = []
-
-    async def start(pipeline: Pipeline) -> Client:
-        manager = WorkerManager(drain_timeout=2)
-        settings = ConsumerSettings(block_ms=100, retry_backoff_ms=10, max_deliveries=3)
-        for worker, deps in pipeline.build_workers(client=client, keys=StreamKeys(prefix),
-                                                   settings=settings):
-            manager.register(worker, deps)
-        await manager.start_all()
-        managers.append(manager)
-        submitter = Client(server.url, stream_prefix=prefix, app=pipeline)
-        clients.append(await submitter.connect())
-        return submitter
-
-    yield start
-    for manager in managers:
-        await manager.stop_all(2)
-    for submitter in clients:
-        await submitter.aclose()
+    async with pipeline_starter(server.url, client, prefix, max_deliveries=3) as start:
+        yield start
 
 
 def reasons_of(n: int) -> list[dict[str, str]]:

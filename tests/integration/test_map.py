@@ -15,8 +15,6 @@ import redis.asyncio as aioredis
 
 from printery import (
     Budget,
-    Client,
-    ConsumerSettings,
     Loop,
     Map,
     Message,
@@ -25,13 +23,13 @@ from printery import (
     Reason,
     ReplayError,
     StreamKeys,
-    WorkerManager,
     replay,
     to_mermaid,
     to_text,
 )
 from printery.service.console.graph import item_counts
 from printery.testing import wait_for
+from support.spine import pipeline_starter
 
 
 def pages(message: Message) -> list[Any]:
@@ -55,27 +53,9 @@ def map_pipeline(**options: Any) -> Pipeline:
 
 @pytest.fixture
 async def running(server: Any, client: aioredis.Redis, prefix: str) -> AsyncIterator[Any]:
-    """Start a pipeline's workers in this process; yields a submitting client."""
-    managers: list[WorkerManager] = []
-    clients: list[Client] = []
-
-    async def start(pipeline: Pipeline) -> Client:
-        manager = WorkerManager(drain_timeout=2)
-        settings = ConsumerSettings(block_ms=100, retry_backoff_ms=10, max_deliveries=2)
-        for worker, deps in pipeline.build_workers(client=client, keys=StreamKeys(prefix),
-                                                   settings=settings):
-            manager.register(worker, deps)
-        await manager.start_all()
-        managers.append(manager)
-        submitter = Client(server.url, stream_prefix=prefix, app=pipeline)
-        clients.append(await submitter.connect())
-        return submitter
-
-    yield start
-    for manager in managers:
-        await manager.stop_all(2)
-    for submitter in clients:
-        await submitter.aclose()
+    """Start ``pipeline``'s workers in this process; yields a submitting client."""
+    async with pipeline_starter(server.url, client, prefix, max_deliveries=2) as start:
+        yield start
 
 
 async def test_every_item_is_an_entry_of_the_run_and_the_output_keeps_their_order(

@@ -35,32 +35,15 @@ from printery.runs.partials import POSITION, Drafts
 from printery.testing import wait_for
 from printery.transport.connection import connect
 from support.cluster import ValkeyCluster
+from support.spine import pipeline_starter
 from support.stream_model import StreamModel, serving
 
 
 @pytest.fixture
 async def running(redis_url: str, client: aioredis.Redis, prefix: str) -> AsyncIterator[Any]:
     """Start ``pipeline``'s workers in this process; yields a submitting client."""
-    managers: list[WorkerManager] = []
-    clients: list[Client] = []
-
-    async def start(pipeline: Pipeline) -> Client:
-        manager = WorkerManager(drain_timeout=2)
-        settings = ConsumerSettings(block_ms=100, retry_backoff_ms=10, max_deliveries=3)
-        for worker, deps in pipeline.build_workers(client=client, keys=StreamKeys(prefix),
-                                                   settings=settings):
-            manager.register(worker, deps)
-        await manager.start_all()
-        managers.append(manager)
-        submitter = Client(redis_url, stream_prefix=prefix, app=pipeline)
-        clients.append(await submitter.connect())
-        return submitter
-
-    yield start
-    for manager in managers:
-        await manager.stop_all(2)
-    for submitter in clients:
-        await submitter.aclose()
+    async with pipeline_starter(redis_url, client, prefix, max_deliveries=3) as start:
+        yield start
 
 
 async def shown(client: aioredis.Redis, prefix: str, run_id: str) -> list[dict[str, Any]]:

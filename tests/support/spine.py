@@ -9,7 +9,7 @@ from typing import Any
 
 import redis.asyncio as aioredis
 
-from printery import ConsumerSettings, StreamWorker
+from printery import Client, ConsumerSettings, StreamWorker
 from printery.envelope import Codec
 from printery.keys import StreamKeys
 from printery.runtime.handler import Handler, Message, Output
@@ -134,3 +134,35 @@ class Counting:
         if self.delay:
             await asyncio.sleep(self.delay)
         return Output("out", msg.data)
+
+
+@asynccontextmanager
+async def pipeline_starter(
+    url: str, client: Any, prefix: str, *, max_deliveries: int
+) -> AsyncIterator[Callable[[Any], Awaitable[Client]]]:
+    """A ``start(pipeline)`` that runs the pipeline's workers in this process (quick
+    retries, short blocking reads) and returns a connected :class:`Client` submitting to
+    it; everything started is stopped at the end (the fixture of the pipeline tests)."""
+    managers: list[WorkerManager] = []
+    clients: list[Client] = []
+
+    async def start(pipeline: Any) -> Client:
+        manager = WorkerManager(drain_timeout=2)
+        settings = ConsumerSettings(block_ms=100, retry_backoff_ms=10,
+                                    max_deliveries=max_deliveries)
+        for worker, deps in pipeline.build_workers(client=client, keys=StreamKeys(prefix),
+                                                   settings=settings):
+            manager.register(worker, deps)
+        await manager.start_all()
+        managers.append(manager)
+        submitter = Client(url, stream_prefix=prefix, app=pipeline)
+        clients.append(await submitter.connect())
+        return submitter
+
+    try:
+        yield start
+    finally:
+        for manager in managers:
+            await manager.stop_all(2)
+        for submitter in clients:
+            await submitter.aclose()
