@@ -371,10 +371,16 @@ async def _settled(value: Any) -> Any:
 def _failure(message: Message, exc: BaseException, said: str,
              code: str = WORK_FAILED) -> dict[str, str]:
     """The reason of a failed attempt (what its verdict and feedback show), logged with
-    its traceback: the runtime does not see this failure."""
-    log.warning("loop attempt failed", worker=message.worker, entry_id=message.entry_id,
-                correlation_id=message.correlation_id, deliveries=message.deliveries,
-                error=said, exc_info=exc)
+    its traceback: the runtime does not see this failure. An exhausted quota is an
+    expected answer of a provider, not a defect: it is logged without one."""
+    if code == QUOTA_EXHAUSTED:
+        log.info("loop attempt out of quota: to the fallback", worker=message.worker,
+                 entry_id=message.entry_id, correlation_id=message.correlation_id,
+                 error=said)
+    else:
+        log.warning("loop attempt failed", worker=message.worker, entry_id=message.entry_id,
+                    correlation_id=message.correlation_id, deliveries=message.deliveries,
+                    error=said, exc_info=exc)
     return {"code": code, "field": "", "message": said}
 
 
