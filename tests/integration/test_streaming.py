@@ -15,6 +15,7 @@ import pytest
 import redis.asyncio as aioredis
 
 from printery import (
+    Budget,
     Client,
     ConsumerSettings,
     Loop,
@@ -462,3 +463,28 @@ async def test_a_follower_joining_a_read_under_way_gets_the_partials_live_at_onc
     await asyncio.wait_for(asyncio.gather(reading, following), 30)
     assert [type(i).__name__ if not isinstance(i, dict) else i["stream"] for i in items] == [
         "request", "Partial", "Partial", "Verdict", "answer"]
+
+
+async def test_a_budget_that_stops_the_run_before_the_verdict_retracts_the_draft(
+    running: Any, client: aioredis.Redis, prefix: str
+) -> None:
+    """An attempt that streamed and spent the run's whole budget is never judged (the
+    budget holds the judging turn and stops the run): its draft is retracted, naming the
+    budget, so no follower keeps a draft that never gets a verdict."""
+
+    async def work(message: Message) -> AsyncIterator[str]:
+        message.report_cost("usd", 2.0)
+        yield "an expensive draft"
+
+    pipeline = Pipeline("answers", ingress=["request"], cost_units=["usd"],
+                        budget=Budget(usd=1.0, on_exceeded="stop"))
+    pipeline.add(Loop("draft", consumes="request", produces="answer", work=work,
+                      validate=lambda message: [], max_attempts=2, cost_units=["usd"]))
+    submitter = await running(pipeline)
+    run_id = await submitter.submit({"question": "why?"})
+    result = await submitter.result(run_id, timeout=30)
+    assert result.status == "budget_exceeded"
+    found = await shown(client, prefix, run_id)
+    assert found[0] == {"step": "draft", "attempt": 1, "text": "an expensive draft"}
+    assert len(found) == 2 and found[1]["passed"] is False
+    assert [reason["code"] for reason in found[1]["reasons"]] == ["budget_exceeded"]

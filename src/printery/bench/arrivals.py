@@ -16,6 +16,7 @@ clock the load stamps ``t`` with.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -56,10 +57,11 @@ class ArrivalRecorder:
 
     async def stop(self) -> None:
         """Stop flushing, then send what is left."""
-        if self._task is not None:
-            self._task.cancel()
-            await asyncio.gather(self._task, return_exceptions=True)
-            self._task = None
+        task, self._task = self._task, None
+        if task is not None:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task  # a flush that failed is raised here, not lost
         await self.flush()
 
     async def _run(self) -> None:

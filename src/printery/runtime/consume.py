@@ -218,13 +218,12 @@ class EntryPipeline:
         no follower is left with a draft that never gets a verdict."""
         if exceeded.on_exceeded == "stop" and message.fields.get(STREAMED):
             attempt = message.data.get("attempt") if isinstance(message.data, dict) else None
-            await partials.verdict(
+            await partials.withdraw(
                 dataclasses.replace(message, attempt=attempt if isinstance(attempt, int)
                                     else message.attempt),
-                passed=False, reasons=[{"code": "budget_exceeded", "field": "",
-                                        "message": f"the run's budget of {exceeded.limit:g} "
-                                                   f"{exceeded.unit} stopped it before this "
-                                                   "attempt was judged"}])
+                [{"code": "budget_exceeded", "field": "",
+                  "message": f"the run's budget of {exceeded.limit:g} {exceeded.unit} "
+                             "stopped it before this attempt was judged"}])
         appends = self.writes.appends(outputs_of(budget.held(message, exceeded)), message, 0.0)
         commit = EntryCommit(delivery.stream, delivery.consumer.name, delivery.entry_id,
                              message.envelope.idempotency_key, appends,

@@ -39,7 +39,7 @@ from printery.keys import StreamKeys
 from printery.transport.connection import Redis
 
 __all__ = ["FLUSH_S", "MAXLEN", "TTL_S", "PartialWriter", "current", "passed", "retract",
-           "using"]
+           "using", "withdraw"]
 
 log = structlog.get_logger("printery.partials")
 
@@ -214,23 +214,29 @@ async def retract(message: Attempt, exc: BaseException) -> None:
     """Retract what ``message``'s handler showed before it failed with ``exc`` (the
     reasons name the failure), before the failure is handled: a handler cancelled at its
     step timeout too, so no follower meets the dead letter that ends a run before the
-    retraction. Waits at most :data:`RETRACT_WAIT_S`; never raises what the server
-    answers (the handler's own failure is what the runtime must see)."""
-    writer = current()
-    if writer is None:
-        return
+    retraction (see :func:`withdraw`)."""
     code = getattr(exc, "reason_code", None)
     if isinstance(exc, TimeoutError):
         code = "timeout"
     elif isinstance(exc, asyncio.CancelledError):
         code = "cancelled"
-    writer.verdict(message, passed=False, reasons=[{
-        "code": code if isinstance(code, str) and code else FAILED, "field": "",
-        "message": describe(exc)}])
+    await withdraw(message, [{"code": code if isinstance(code, str) and code else FAILED,
+                              "field": "", "message": describe(exc)}])
+
+
+async def withdraw(message: Attempt, reasons: Sequence[Mapping[str, Any]]) -> None:
+    """Retract ``message``'s attempt with ``reasons`` when it will never be judged (its
+    handler failed, or a budget stopped the run first). Waits at most
+    :data:`RETRACT_WAIT_S`; never raises what the server answers (what ends the attempt
+    is what the runtime must see, not a lost verdict)."""
+    writer = current()
+    if writer is None:
+        return
+    writer.verdict(message, passed=False, reasons=reasons)
     try:
         async with asyncio.timeout(RETRACT_WAIT_S):
             await writer.flush()
-    except Exception as failed:  # logged: the handler's own failure is the one raised
+    except Exception as failed:  # logged: a draft left open is shown as such
         log.warning("retraction not written", error=repr(failed))
 
 
