@@ -4,9 +4,12 @@ a real server. A generation's age is set through its index, so no test waits for
 from __future__ import annotations
 
 import asyncio
+import contextlib
+from typing import Any
 
 import redis.asyncio as aioredis
 
+from printery import Message, Pipeline
 from printery.keys import StreamKeys
 from printery.runtime.handler import Output
 from printery.testing import wait_for
@@ -14,7 +17,7 @@ from printery.transport.channel import DirectChannel
 from printery.transport.commit import DUPLICATE, Append, Committer, EntryCommit
 from printery.transport.records import RecordLookup
 from printery.transport.streams import ensure_group
-from support.spine import Counting, running, stream_worker
+from support.spine import Counting, pipeline_starter, running, stream_worker
 
 TTL_MS = 7 * 86400 * 1000  # ConsumerSettings.record_ttl's default
 
@@ -145,3 +148,69 @@ async def test_lookups_made_at_once_do_not_wait_for_each_other(
             == len(names), "no connection more for the same number of lookups at once"
     finally:
         await lookup.close()
+
+
+async def test_only_entries_no_step_wrote_are_looked_up_before_their_handler(
+    server: Any, client: aioredis.Redis, prefix: str
+) -> None:
+    """A step writes one idempotency key once, so the entries it wrote are checked by the
+    next step's commit alone: of a three-step chain only the ingress step asks the records
+    before handling (seen in the server's own command log). An outside writer's copy of
+    a step's entry is still committed nothing (its key has a record), and an ingress
+    duplicate still reaches no handler."""
+    calls: dict[str, int] = {"a": 0, "b": 0, "c": 0}
+
+    def relay(name: str, out: str | None) -> Any:
+        async def handle(message: Message) -> Output | None:
+            calls[name] += 1
+            return Output(out, message.data) if out else None
+        return handle
+
+    pipeline = Pipeline("chain", ingress=["t0"])
+    pipeline.step("a", consumes=["t0"], produces=["t1"])(relay("a", "t1"))
+    pipeline.step("b", consumes=["t1"], produces=["t2"])(relay("b", "t2"))
+    pipeline.step("c", consumes=["t2"], produces=[])(relay("c", None))
+    keys = StreamKeys(prefix)
+    lookups: list[str] = []
+
+    async def watch() -> None:
+        async with aioredis.Redis.from_url(server.url, decode_responses=True).monitor() as log:
+            async for command in log.listen():
+                text = command.get("command", "")
+                if text.startswith("SMISMEMBER") and command.get("client_type") != "lua" \
+                        and f"{prefix}:" in text:
+                    lookups.append(text.split()[1])
+
+    watcher = asyncio.create_task(watch())
+    try:
+        async with pipeline_starter(server.url, client, prefix, max_deliveries=2) as start:
+            submitter = await start(pipeline)
+            for n in range(3):
+                await submitter.submit({"n": n}, run_id=f"run-{n}")
+                await wait_for(lambda n=n: _reached(calls, "c", n + 1))
+            # An outside copy of what a wrote for run-0, and an ingress duplicate of run-1.
+            ((_, wrote),) = await client.xrange(keys.stream("t1"), count=1)
+            await client.xadd(keys.stream("t1"), wrote)
+            ((_, first),) = await client.xrange(keys.stream("t0"), count=1)
+            await client.xadd(keys.stream("t0"), first)
+            for stream, group in ((keys.stream("t1"), "b"), (keys.stream("t0"), "a")):
+                await wait_for(lambda s=stream, g=group: _group_settled(client, s, g, 4))
+        assert calls["a"] == 3, "an ingress duplicate reaches no handler"
+        assert await client.xlen(keys.stream("t2")) == 3, "an outside copy commits nothing"
+        assert lookups, "the ingress step looked its records up"
+        assert {key.rsplit(":", 2)[-2] for key in lookups} == {"a"}, lookups
+    finally:
+        watcher.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await watcher
+
+
+async def _reached(calls: dict[str, int], step: str, count: int) -> bool:
+    return calls[step] == count
+
+
+async def _group_settled(client: aioredis.Redis, stream: str, group: str, read: int) -> bool:
+    for info in await client.xinfo_groups(stream):
+        if info["name"] == group:
+            return bool(info["pending"] == 0 and info["entries-read"] == read)
+    return False

@@ -224,6 +224,13 @@ class Pipeline:
     def producers_of(self, event_type: str) -> list[str]:
         return [s.name for s in self.steps.values() if event_type in s.produces]
 
+    def _writers_of(self, step: Step) -> tuple[str, ...]:
+        """The steps that write what ``step`` consumes, the ingress aside (outside
+        producers write there, so its entries are always looked up before handling)."""
+        return tuple(dict.fromkeys(writer for event_type in step.consumes
+                                   if event_type not in self.ingress
+                                   for writer in self.producers_of(event_type)))
+
     def dependencies(self) -> dict[str, tuple[str, ...]]:
         """Step -> the steps it depends on: declared ones plus the producers of its inputs.
         Steps that merely exchange events in a loop would be a cycle, which is refused;
@@ -352,7 +359,7 @@ class Pipeline:
                 handler=step.guarded_handler(), codec=codec,
                 settings=_settings_from(base, fields), observer=observer, payloads=payloads,
                 companions=step.companions, budget=self.budget_plan(step), limits=step.limits,
-                index=index,
+                index=index, written_by=self._writers_of(step),
             )
             if step.on_context is not None:
                 step.on_context(worker.context)

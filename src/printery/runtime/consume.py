@@ -3,7 +3,8 @@
 1. **decode** each entry once (a ``$ref`` payload resolved first); an undecodable entry,
    or one delivered more than ``max_deliveries`` times, is dead-lettered without a
    handler call;
-2. **look up** the idempotency records of the batch in one round trip; a duplicate is
+2. **look up** the idempotency records of the batch in one round trip (of the entries no
+   step of the pipeline wrote: a step writes one key once); a duplicate is
    acked without a handler call, as is a replay's copy meant for other steps (``replay_for``);
    with budgets, the same round trip reads the runs' spent, and an entry of a run at a
    hard limit writes what its budget says instead of running (:mod:`.budgets`);
@@ -94,6 +95,7 @@ class EntryPipeline:
         gate: LimitGate | None = None,
         placer: Placer | None = None,
         index: RunIndex | None = None,
+        written_by: frozenset[str] = frozenset(),
     ) -> None:
         self.worker = worker
         self.handler = handler
@@ -113,6 +115,9 @@ class EntryPipeline:
         #: Only with several partitions: places entries in their run's partition.
         self.placer = placer
         self.index = index
+        #: The steps that write what this worker reads: their entries skip the record
+        #: lookup before the handler (:meth:`_recorded`).
+        self.written_by = written_by
         #: Each stream's event type (the default of an entry that names none).
         self._types: dict[str, str] = {}
         self.failures = Failures(worker, keys=keys, writes=self.writes, leases=leases,
@@ -188,7 +193,7 @@ class EntryPipeline:
         keys = [message.envelope.idempotency_key for _, message in admitted]
         budget, over = self.budget, dict[int, Any]()
         if budget is None:
-            seen = await self.connectivity.retrying(lambda: self.records.recorded(keys))
+            seen = await self._recorded(admitted, keys)
         else:
             runs = [message.envelope.correlation_id for _, message in admitted]
             reads = budget.reads(runs)
@@ -209,6 +214,26 @@ class EntryPipeline:
         if budget is not None and budget.reservations is not None and to_run:
             return await self._reserve(budget, budget.reservations, to_run, decided)
         return to_run
+
+    async def _recorded(self, admitted: list[tuple[Delivery, Message]], keys: list[str]) -> list[bool]:
+        """Which entries' keys have a record, asked only of entries no step of the
+        pipeline wrote: a step writes one key once (its commit checks the key's record
+        atomically), so an entry a step wrote has none yet unless an outside writer
+        copied it there, and that copy still commits nothing (the commit checks again).
+        A batch of only such entries makes no round trip."""
+        written_by = self.written_by
+        ask = [n for n, (_, message) in enumerate(admitted)
+               if message.envelope.producer not in written_by]
+        if not ask:
+            return [False] * len(keys)
+        if len(ask) == len(keys):
+            return await self.connectivity.retrying(lambda: self.records.recorded(keys))
+        asked = [keys[n] for n in ask]
+        found = await self.connectivity.retrying(lambda: self.records.recorded(asked))
+        seen = [False] * len(keys)
+        for n, recorded in zip(ask, found, strict=True):
+            seen[n] = recorded
+        return seen
 
     async def _held(self, budget: BudgetGuard, delivery: Delivery, message: Message,
                     exceeded: Exceeded) -> Decided:

@@ -22,7 +22,7 @@ worker: its supervisor restarts it or marks it failed (docs/reference.md, Runnin
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from typing import Any
 
 import structlog
@@ -73,7 +73,9 @@ class StreamWorker:
     ``budget`` what the step checks and charges of its runs' budgets (docs/reference.md,
     Budgets). ``limits`` are the step's flow-control limits (:class:`~printery.Limit`);
     ``index`` the run index its commits keep (:mod:`printery.runtime.run_index`; None:
-    none).
+    none). ``written_by``: the steps that write what it consumes; an entry one of them
+    wrote (its ``producer``) is not looked up before its handler, only checked by its
+    commit (a step writes one idempotency key once; docs/reference.md, Streams and entries).
     """
 
     def __init__(
@@ -92,6 +94,7 @@ class StreamWorker:
         budget: BudgetPlan | None = None,
         limits: Sequence[Limit] = (),
         index: RunIndex | None = None,
+        written_by: Collection[str] = (),
     ) -> None:
         self._name = name
         self.client = client
@@ -107,6 +110,7 @@ class StreamWorker:
         self.budget = budget
         self.limits = tuple(limits)
         self.index = index
+        self.written_by = frozenset(written_by)
         #: What the step's companions get of this worker.
         self.context = StepContext(name, keys, self.settings, self.codec, client, index, self.emit)
         self._gate: LimitGate | None = None
@@ -250,7 +254,7 @@ class StreamWorker:
             budget=None if self.budget is None else BudgetGuard(
                 self.budget, keys=keys, codec=self.codec, worker=self.name, client=self.client,
                 reserve_ms=int((self.settings.timeout + self.settings.visibility_timeout) * 1000)),
-            gate=self._gate, index=run_index,
+            gate=self._gate, index=run_index, written_by=self.written_by,
             placer=Placer(self.client, keys, self.codec, connectivity) if keys.partitioned else None,
         )
         streams = [stream for stream in self.streams if keys.partitions == 1
