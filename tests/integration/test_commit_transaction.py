@@ -287,3 +287,32 @@ async def test_the_script_parses_exactly_what_the_python_half_encodes(
     # cjson writes an empty table as an object.
     assert [[*entry[:4], entry[4] or [], entry[5] or []] for entry in seen] == expected
     assert run.appends == [out for e in entries for out in e.appends]
+
+
+async def test_a_commit_after_the_server_forgot_the_script_writes_once(
+    client: aioredis.Redis, prefix: str
+) -> None:
+    """Commits run the script by SHA, loaded by the committer's connection before its
+    first commit. A ``SCRIPT FLUSH`` between two commits makes the next transaction's
+    ``XADD``s run without it: they are withdrawn, the script loaded again and the commit
+    sent again, so every output is written once and every entry acked once."""
+    keys = StreamKeys(prefix)
+    stream, out, index = keys.stream("in"), keys.stream("out"), keys.idempotency_index("g")
+    await _fill(client, stream, 4)
+    ids = await _read(client, stream, "c", 4)
+    committer = Committer(client, index_key=index, group="g", ttl_ms=TTL_MS)
+
+    def entry(n: int, key: int | None = None) -> EntryCommit:
+        return EntryCommit(stream, "c", ids[n], f"k{n if key is None else key}",
+                           [Append(out, {"data": str(n)}), Append(out, {"data": f"{n}b"})])
+
+    try:
+        assert await committer.commit([entry(0)]) == [3]
+        await client.script_flush()
+        assert await committer.commit([entry(1), entry(2)]) == [3, 3]
+        await client.script_flush()
+        assert await committer.commit([entry(3, key=1)]) == [DUPLICATE], "1's record was written"
+    finally:
+        await committer.close()
+    assert [f["data"] for _, f in await client.xrange(out)] == ["0", "0b", "1", "1b", "2", "2b"]
+    assert (await client.xpending(stream, "g"))["pending"] == 0

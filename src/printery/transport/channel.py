@@ -81,11 +81,16 @@ class DirectChannel:
     own (``ConnectionError``, ``TimeoutError``).
     """
 
-    def __init__(self, client: aioredis.Redis) -> None:
+    def __init__(self, client: aioredis.Redis, *, preload: Sequence[Script] = ()) -> None:
         self.client = client
         cluster: object = client
         self._cluster = cluster if isinstance(cluster, RedisCluster) else None
         self._conns: dict[str, AbstractConnection] = {}
+        #: Scripts every connection loads (``SCRIPT LOAD``, in its first write) before it
+        #: sends anything else, so that a transaction can run them by SHA.
+        self._preload = [("SCRIPT", "LOAD", script.source) for script in preload]
+        #: Node names ("" on one server) whose connection has not loaded them yet.
+        self._unloaded: set[str] = set()
         self._timeout: float | None = None
         #: Rounds sent with ``WAIT`` that no replica confirmed in time (see :meth:`commands`).
         self.unreplicated = 0
@@ -145,15 +150,23 @@ class DirectChannel:
             self._replicas[name] = (now, replicas)
         return replicas > 0
 
+    def forget_scripts(self) -> None:
+        """The server forgot its scripts (``SCRIPT FLUSH``; a restart or a failover comes
+        with a new connection anyway): every connection loads them again first thing."""
+        self._unloaded.update(self._conns)
+
     async def _transactions_on(
         self, node: ClusterNode | None, transactions: Sequence[Sequence[Command]]
     ) -> list[Any]:
         conn = await self._connection(node)
-        packed = b"".join(self._pack(conn, command) for commands in transactions for command in commands)
+        loads = self._loads(node)
+        packed = b"".join(self._pack(conn, command) for commands in (loads, *transactions)
+                          for command in commands)
         try:
             await conn.send_packed_command(packed, check_health=False)
             replies: list[Any] = []
             async with self._deadline():
+                await self._loaded(conn, node, len(loads))
                 for commands in transactions:
                     # +OK, then +QUEUED per command (or the refusal of one)
                     refused = await self._skip(conn, len(commands) - 1)
@@ -175,11 +188,13 @@ class DirectChannel:
 
     async def _commands_on(self, node: ClusterNode | None, commands: Sequence[Command]) -> list[Any]:
         conn = await self._connection(node)
-        packed = b"".join(self._pack(conn, command) for command in commands)
+        loads = self._loads(node)
+        packed = b"".join(self._pack(conn, command) for command in (*loads, *commands))
         try:
             await conn.send_packed_command(packed, check_health=False)
             replies: list[Any] = []
             async with self._deadline():
+                await self._loaded(conn, node, len(loads))
                 for _ in commands:
                     try:
                         replies.append(await conn.read_response())
@@ -266,6 +281,20 @@ class DirectChannel:
         except RedisClusterException as exc:
             raise RedisConnectionError(f"cluster slot map unavailable: {exc}") from exc
 
+    def _loads(self, node: ClusterNode | None) -> list[Command]:
+        """The ``SCRIPT LOAD``s a write to ``node`` starts with (none once loaded)."""
+        return self._preload if (node.name if node is not None else "") in self._unloaded else []
+
+    async def _loaded(self, conn: AbstractConnection, node: ClusterNode | None, count: int) -> None:
+        """Read the replies of ``count`` ``SCRIPT LOAD``s; a refused one raises (an ACL
+        without ``script|load``: docs/security.md), and the write fails with it."""
+        if not count:
+            return
+        refused = await self._skip(conn, count)
+        if refused is not None:
+            raise refused
+        self._unloaded.discard(node.name if node is not None else "")
+
     async def _skip(self, conn: AbstractConnection, count: int) -> ResponseError | None:
         """Consume ``count`` replies unread (a queued command's error shows again as
         EXECABORT); the first error among them. Replies already received are taken from
@@ -302,6 +331,8 @@ class DirectChannel:
             self._timeout = settings.get("socket_timeout")
             settings["socket_timeout"] = None
             conn = self._conns[name] = cast(AbstractConnection, pool.connection_class(**settings))
+            if self._preload:
+                self._unloaded.add(name)
         return conn
 
     def _deadline(self) -> contextlib.AbstractAsyncContextManager[Any]:

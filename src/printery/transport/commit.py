@@ -21,7 +21,7 @@ from itertools import chain
 from typing import Any, NamedTuple, cast
 
 import redis.asyncio as aioredis
-from redis.exceptions import ResponseError
+from redis.exceptions import NoScriptError, ResponseError
 
 from printery._util import check_cancelled, fail_waiters
 from printery.transport.channel import Command, DirectChannel
@@ -45,16 +45,11 @@ SPENT_SCALE = 10**9
 #: The most a budget field counts (a commit that would pass it stops there).
 SPENT_MAX = 2**63 - 1
 
-COMMIT_LUA = script("commit").source
+COMMIT_SCRIPT = script("commit")
+COMMIT_LUA = COMMIT_SCRIPT.source
 #: The line of commit.lua after which its arguments are parsed (the test runs the script
 #: up to there with a decoder of its own).
 ARGUMENTS_PARSED = "-- end of argument parsing"
-#: What a commit sends: the script without comments and indentation, since the server
-#: hashes ``EVAL``'s source on every run.
-COMMIT_LUA_WIRE = "\n".join(
-    line.strip() for line in COMMIT_LUA.splitlines()
-    if line.strip() and not line.strip().startswith("--")
-)
 
 
 class Append(NamedTuple):
@@ -250,17 +245,19 @@ def decode_spent(value: str | bytes | None) -> float:
 
 
 def commit_commands(run: CommitRun) -> list[Command]:
-    """``MULTI``, a plain ``XADD`` per output, the script, ``EXEC``.
+    """``MULTI``, a plain ``XADD`` per output, the script by its SHA, ``EXEC``.
 
     Why not write the outputs from the script: every argument of a script is allocated
     again as a Lua string and again when the script calls ``XADD``; that made the script
-    cost the server about four times what the ``XADD`` does. ``EVAL`` rather than
-    ``EVALSHA``: a script the server forgot would fail inside ``EXEC`` after the
-    ``XADD``s ran (hashing the source costs well under a microsecond per entry)."""
+    cost the server about four times what the ``XADD`` does. By SHA (``EVALSHA``), not
+    ``EVAL`` of its 18 KB: sending, packing and hashing the source on every commit cost
+    both sides more than the script's own work at low load. The committer's connection
+    loads the script before its first commit (:class:`DirectChannel`'s ``preload``); a
+    server that forgot it meanwhile (``SCRIPT FLUSH``) is :meth:`Committer._forgotten`'s."""
     commands: list[Command] = [("MULTI",)]
     for stream, fields, _ in run.appends:
         commands.append(("XADD", stream, "*", *chain.from_iterable(fields.items())))
-    commands.append(("EVAL", COMMIT_LUA_WIRE, len(run.keys), *run.keys, *run.args))
+    commands.append(("EVALSHA", COMMIT_SCRIPT.sha, len(run.keys), *run.keys, *run.args))
     commands.append(("EXEC",))
     return commands
 
@@ -296,7 +293,7 @@ class Committer:
         self, client: aioredis.Redis, *, index_key: str, group: str, ttl_ms: int,
         index_writes: IndexWrites | None = None,
     ) -> None:
-        self._channel = DirectChannel(client)
+        self._channel = DirectChannel(client, preload=[COMMIT_SCRIPT])
         self._header = (index_key, group, ttl_ms)
         self._index_writes = index_writes
         self._queue: list[_Queued] = []
@@ -355,6 +352,8 @@ class Committer:
                 for i in range(0, len(entries), MAX_ENTRIES_PER_RUN)]
         try:
             replies = await self._channel.transactions([commit_commands(run) for run in runs])
+            if any(map(_forgotten, replies)):
+                replies = await self._forgotten(runs, replies)
         except BaseException as exc:
             # Connection trouble, or the flushing task was cancelled mid-reply.
             fail_waiters((future for _, future in batch), exc, "commit")
@@ -369,3 +368,35 @@ class Committer:
             if not future.done():
                 future.set_result(results[start : start + len(group)])
             start += len(group)
+
+    async def _forgotten(self, runs: list[CommitRun], replies: list[Any]) -> list[Any]:
+        """Commit again the runs whose script the server had forgotten (``SCRIPT FLUSH``
+        between two commits). The transaction's ``XADD``s ran without it, so nothing
+        decided them: they are deleted first (a reader that took one meanwhile finds its
+        key recorded when the run commits, and commits nothing), then the script is loaded
+        and the runs sent again; they acked and recorded nothing, so that is safe."""
+        again = [n for n, executed in enumerate(replies) if _forgotten(executed)]
+        await self._withdraw([(runs[n], replies[n]) for n in again])
+        self._channel.forget_scripts()
+        retried = await self._channel.transactions([commit_commands(runs[n]) for n in again])
+        if any(map(_forgotten, retried)):  # flushed once more between the two
+            await self._withdraw([(runs[n], executed) for n, executed in zip(again, retried, strict=True)
+                                  if _forgotten(executed)])
+        replies = list(replies)
+        for n, executed in zip(again, retried, strict=True):
+            replies[n] = executed
+        return replies
+
+    async def _withdraw(self, executed: list[tuple[CommitRun, list[Any]]]) -> None:
+        """Delete the outputs that transactions wrote without their script."""
+        commands: list[Command] = [("XDEL", append.stream, entry_id)
+                                   for run, replies in executed
+                                   for append, entry_id in zip(run.appends, replies, strict=False)
+                                   if isinstance(entry_id, str | bytes)]
+        if commands:
+            await self._channel.commands(commands)
+
+
+def _forgotten(executed: Any) -> bool:
+    """Whether a transaction ran without its script (the server did not know the SHA)."""
+    return isinstance(executed, list) and bool(executed) and isinstance(executed[-1], NoScriptError)

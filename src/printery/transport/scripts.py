@@ -6,8 +6,10 @@ script goes through :class:`Scripts` (by SHA over the pooled client, loaded agai
 server restart, and on a cluster sent as ``EVAL`` when a promoted replica answers
 ``NOSCRIPT``: :mod:`printery.transport.cluster`); many at once through
 :meth:`~printery.transport.channel.DirectChannel.scripts`, the same protocol on a channel
-of its own. A script inside a ``MULTI`` is sent as ``EVAL`` of :attr:`Script.source`: a
-transaction cannot load what it lacks halfway through.
+of its own. A script inside a ``MULTI`` is either loaded by its channel's connection
+before anything else (``DirectChannel(preload=)``: the commit) or sent as ``EVAL`` of
+:attr:`Script.source` (:meth:`Script.command`): a transaction cannot load what it lacks
+halfway through.
 """
 
 from __future__ import annotations
