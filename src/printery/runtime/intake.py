@@ -22,6 +22,7 @@ from printery._util import wait_event
 from printery.runtime.connectivity import Connectivity
 from printery.runtime.consumer import Consumer, ConsumerSettings
 from printery.runtime.departed import died_here
+from printery.transport.channel import DirectChannel
 from printery.transport.connection import Redis
 from printery.transport.streams import (
     CONNECTION_ERRORS,
@@ -64,27 +65,31 @@ class Intake:
     async def read(self, consumer: Consumer, streams: Sequence[str]) -> None:
         """``consumer``'s blocking reads of new entries of ``streams``, while it has room."""
         ctx, closing, connectivity, failures = self.ctx, self.closing, self.connectivity, 0
-        while not (ctx.stopping.is_set() or closing.is_set()):
-            ctx.beat()
-            if consumer.free == 0:
-                consumer.room.clear()
-                await wait_event(consumer.room, self.settings.block_ms / 1000)
-                continue
-            try:
-                reply = await read_new(self.client, self.group, consumer.name, streams,
-                                       count=consumer.read_count, block_ms=self.settings.block_ms)
-            except CONNECTION_ERRORS as exc:
-                failures += 1
-                await connectivity.trouble(exc, failures)
-                continue
-            except GroupGone:
-                await connectivity.retrying(self.prepare)  # the stream was deleted
-                continue
-            if failures:
-                failures = 0
-                connectivity.restored()
-            for stream, entries in reply:
-                self.accept(consumer, stream, [(eid, fields, 1) for eid, fields in entries])
+        channel = DirectChannel(self.client)  # the consumer's own connection for its reads
+        try:
+            while not (ctx.stopping.is_set() or closing.is_set()):
+                ctx.beat()
+                if consumer.free == 0:
+                    consumer.room.clear()
+                    await wait_event(consumer.room, self.settings.block_ms / 1000)
+                    continue
+                try:
+                    reply = await read_new(channel, self.group, consumer.name, streams,
+                                           count=consumer.read_count, block_ms=self.settings.block_ms)
+                except CONNECTION_ERRORS as exc:
+                    failures += 1
+                    await connectivity.trouble(exc, failures)
+                    continue
+                except GroupGone:
+                    await connectivity.retrying(self.prepare)  # the stream was deleted
+                    continue
+                if failures:
+                    failures = 0
+                    connectivity.restored()
+                for stream, entries in reply:
+                    self.accept(consumer, stream, [(eid, fields, 1) for eid, fields in entries])
+        finally:
+            await channel.close()
 
     async def claim(self, streams: Sequence[str]) -> None:
         """Claim entries of ``streams`` idle past the visibility timeout, and at once

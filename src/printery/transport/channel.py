@@ -28,6 +28,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
+import weakref
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, cast
 
@@ -105,12 +106,21 @@ class DirectChannel:
             return await self._transactions_on(None, transactions)
         return await self._routed(transactions, self._transactions_on, _transaction_key)
 
-    async def commands(self, commands: Sequence[Command], *, replicated: float = 0.0) -> list[Any]:
+    async def commands(self, commands: Sequence[Command], *, replicated: float = 0.0,
+                       blocking: float = 0.0) -> list[Any]:
         """Send commands (no transaction) in one write; each one's reply, or the
         :class:`ResponseError` it answered with. ``replicated`` > 0: each node whose
         writes have a replica is also sent ``WAIT 1`` with that many seconds, on the same
         connection, so the replies come once a replica has the writes (or the time is up:
-        :attr:`unreplicated` counts those rounds)."""
+        :attr:`unreplicated` counts those rounds). ``blocking``: the seconds a command
+        may block on the server (``BLOCK``), added to the wait for the replies."""
+        if blocking > 0:
+            async def send_blocking(node: ClusterNode | None, batch: Sequence[Command]) -> list[Any]:
+                return await self._commands_on(node, batch, blocking)
+
+            if self._cluster is None:
+                return await send_blocking(None, commands)
+            return await self._routed(commands, send_blocking, _command_key)
         if replicated <= 0:
             if self._cluster is None:
                 return await self._commands_on(None, commands)
@@ -186,14 +196,15 @@ class DirectChannel:
             await self._drop(node)
             raise
 
-    async def _commands_on(self, node: ClusterNode | None, commands: Sequence[Command]) -> list[Any]:
+    async def _commands_on(self, node: ClusterNode | None, commands: Sequence[Command],
+                           blocking: float = 0.0) -> list[Any]:
         conn = await self._connection(node)
         loads = self._loads(node)
         packed = b"".join(self._pack(conn, command) for command in (*loads, *commands))
         try:
             await conn.send_packed_command(packed, check_health=False)
             replies: list[Any] = []
-            async with self._deadline():
+            async with self._deadline(blocking):
                 await self._loaded(conn, node, len(loads))
                 for _ in commands:
                     try:
@@ -335,12 +346,12 @@ class DirectChannel:
                 self._unloaded.add(name)
         return conn
 
-    def _deadline(self) -> contextlib.AbstractAsyncContextManager[Any]:
-        """The client's socket timeout over all the replies of one round trip; one bound
-        per round trip, not per reply (each ``asyncio.timeout`` schedules a timer)."""
+    def _deadline(self, blocking: float = 0.0) -> contextlib.AbstractAsyncContextManager[Any]:
+        """The client's socket timeout over all the replies of one round trip (plus what a
+        blocking command may wait): one bound per round trip, not per reply."""
         if self._timeout is None:
             return contextlib.nullcontext()
-        return asyncio.timeout(self._timeout)
+        return _Deadline(self._timeout + blocking)
 
     @staticmethod
     def _pack(conn: AbstractConnection, command: Command) -> bytes:
@@ -355,12 +366,70 @@ class DirectChannel:
         return b"".join(conn.pack_command(*command))
 
 
+class _Deadline:
+    """Bounds one round trip like ``asyncio.timeout``, but without a timer of its own:
+    one check per event loop and second (:class:`_Overdue`) cancels the task of a round
+    trip past its deadline, which then raises :class:`TimeoutError`. A timer scheduled
+    and cancelled per round trip cost a tenth of a worker's CPU at one entry per round
+    trip; the deadline is the socket timeout (seconds), so a second's slack is nothing."""
+
+    __slots__ = ("at", "expired", "overdue", "task")
+
+    def __init__(self, seconds: float) -> None:
+        self.at = time.monotonic() + seconds
+        self.expired = False
+        self.task: asyncio.Task[Any] | None = None
+        self.overdue: _Overdue | None = None
+
+    async def __aenter__(self) -> None:
+        self.task = asyncio.current_task()
+        self.overdue = _Overdue.of(asyncio.get_running_loop())
+        self.overdue.waiting.add(self)
+
+    async def __aexit__(self, exc_type: type[BaseException] | None, *_: object) -> None:
+        if self.overdue is not None:
+            self.overdue.waiting.discard(self)
+        if self.expired and exc_type is asyncio.CancelledError and self.task is not None \
+                and self.task.uncancel() == 0:
+            raise TimeoutError("no reply from the server within the socket timeout")
+
+
+class _Overdue:
+    """The round trips of one event loop in flight, looked at once a second while any is."""
+
+    _loops: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _Overdue] = weakref.WeakKeyDictionary()
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self.loop = loop
+        self.waiting: set[_Deadline] = set()
+        self._timer: asyncio.TimerHandle | None = None
+
+    @classmethod
+    def of(cls, loop: asyncio.AbstractEventLoop) -> _Overdue:
+        overdue = cls._loops.get(loop)
+        if overdue is None:
+            overdue = cls._loops[loop] = cls(loop)
+        if overdue._timer is None:
+            overdue._timer = loop.call_later(1.0, overdue._check)
+        return overdue
+
+    def _check(self) -> None:
+        now = time.monotonic()
+        for deadline in list(self.waiting):
+            if now >= deadline.at and not deadline.expired and deadline.task is not None:
+                deadline.expired = True
+                deadline.task.cancel()
+        self._timer = self.loop.call_later(1.0, self._check) if self.waiting else None
+
+
 def _command_key(command: Command) -> str | None:
     """The key a command is routed by on a cluster: a script's first key, else the first
     argument (every command the channel sends names its key first)."""
     name = str(command[0]).upper()
     if name in ("EVAL", "EVALSHA"):
         return str(command[3]) if int(command[2]) > 0 else None
+    if name in ("XREADGROUP", "XREAD"):
+        return str(command[[str(arg).upper() for arg in command].index("STREAMS") + 1])
     if name in ("MULTI", "EXEC") or len(command) < 2:
         return None
     return str(command[1])
