@@ -106,6 +106,13 @@ class BudgetGuard:
         if self.reservations is not None:
             self._charge_plan = self._charge_plan._replace(reserved=keys.reserved_prefix)
 
+    def over_count(self) -> Command | None:
+        """The command counting the runs at a hard limit (None: no hard limit to check).
+        A read sends it along (:mod:`printery.runtime.intake`): the server runs it right
+        after the read returns, so a run over its limit before its entries were read is
+        counted, and a batch read with a count of 0 needs no :meth:`reads`."""
+        return ("ZCARD", self.keys.budgets_over) if self._limits else None
+
     def reads(self, runs: Sequence[str]) -> list[Command]:
         """The command that finds which of ``runs`` (those of a read batch's entries)
         reached a hard limit: sent with the batch's record lookup, its replies go to

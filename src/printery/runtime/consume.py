@@ -127,7 +127,7 @@ class EntryPipeline:
         self.spans, handle, self._settle = bind_spans(worker, self._run, account)
         self.handlers = HandlerRunner(handle, self._commit, connectivity)
 
-    async def process(self, batch: Sequence[Delivery]) -> None:
+    async def process(self, batch: Sequence[Delivery], none_over: bool = False) -> None:
         """Take a batch through the pipeline. Raises :class:`WorkerCrashed` when a handler
         raised a ``BaseException``. Every entry is released at the end (one not committed
         stays pending and is delivered again), unless the batch failed or was cancelled:
@@ -135,7 +135,7 @@ class EntryPipeline:
         as it stops."""
         begun = time.perf_counter()
         decided: list[Decided] = []
-        admitted = await self._admit(batch, decided)
+        admitted = await self._admit(batch, decided, none_over)
         if self.connectivity.stopping.is_set():
             await self._commit(decided, begun)  # what was admitted never starts
             return
@@ -148,10 +148,12 @@ class EntryPipeline:
     # -- decode and look up ------------------------------------------------------------------
 
     async def _admit(
-        self, batch: Sequence[Delivery], decided: list[Decided]
+        self, batch: Sequence[Delivery], decided: list[Decided], none_over: bool = False
     ) -> list[tuple[Delivery, Message]]:
         """Decode every entry and look up all idempotency records in one round trip; the
-        undecodable, over-delivered and duplicate entries go to ``decided``."""
+        undecodable, over-delivered and duplicate entries go to ``decided``. ``none_over``:
+        no run was at a hard limit of its budget as the batch was read, so its runs'
+        budgets need no check."""
         admitted: list[tuple[Delivery, Message]] = []
         limit = self.settings.max_deliveries
         now = time.monotonic()
@@ -191,15 +193,8 @@ class EntryPipeline:
         if not admitted:  # every entry settled before any handler: nothing to look up
             return admitted
         keys = [message.envelope.idempotency_key for _, message in admitted]
-        budget, over = self.budget, dict[int, Any]()
-        if budget is None:
-            seen = await self._recorded(admitted, keys)
-        else:
-            runs = [message.envelope.correlation_id for _, message in admitted]
-            reads = budget.reads(runs)
-            seen, budgets = await self.connectivity.retrying(
-                lambda: self.records.recorded_and_read(keys, reads))
-            over = await self.connectivity.retrying(lambda: budget.over(runs, budgets))
+        budget = self.budget
+        seen, over = await self._checked(admitted, keys, none_over)
         to_run = []
         for n, ((delivery, message), duplicate) in enumerate(zip(admitted, seen, strict=True)):
             if duplicate:
@@ -215,25 +210,44 @@ class EntryPipeline:
             return await self._reserve(budget, budget.reservations, to_run, decided)
         return to_run
 
-    async def _recorded(self, admitted: list[tuple[Delivery, Message]], keys: list[str]) -> list[bool]:
+    async def _checked(
+        self, admitted: list[tuple[Delivery, Message]], keys: list[str], none_over: bool
+    ) -> tuple[list[bool], dict[int, Exceeded]]:
+        """Which entries are duplicates, and which are of a run at a hard limit of its
+        budget (by position), in one round trip at most."""
+        budget = self.budget
+        if budget is None:
+            seen, _ = await self._recorded(admitted, keys)
+            return seen, {}
+        runs = [message.envelope.correlation_id for _, message in admitted]
+        reads = budget.reads(runs)
+        seen, budgets = await self._recorded(admitted, keys, () if none_over else reads)
+        if none_over:
+            return seen, {}
+        return seen, await self.connectivity.retrying(lambda: budget.over(runs, budgets))
+
+    async def _recorded(
+        self, admitted: list[tuple[Delivery, Message]], keys: list[str], reads: Sequence[Any] = ()
+    ) -> tuple[list[bool], list[Any]]:
         """Which entries' keys have a record, asked only of entries no step of the
         pipeline wrote: a step writes one key once (its commit checks the key's record
         atomically), so an entry a step wrote has none yet unless an outside writer
         copied it there, and that copy still commits nothing (the commit checks again).
-        A batch of only such entries makes no round trip."""
+        With the replies of ``reads`` (the budgets' check), from the same round trip; a
+        batch of only such entries and no reads makes none."""
         written_by = self.written_by
         ask = [n for n, (_, message) in enumerate(admitted)
                if message.envelope.producer not in written_by]
-        if not ask:
-            return [False] * len(keys)
         if len(ask) == len(keys):
-            return await self.connectivity.retrying(lambda: self.records.recorded(keys))
+            return await self.connectivity.retrying(
+                lambda: self.records.recorded_and_read(keys, reads))
         asked = [keys[n] for n in ask]
-        found = await self.connectivity.retrying(lambda: self.records.recorded(asked))
+        found, replies = await self.connectivity.retrying(
+            lambda: self.records.recorded_and_read(asked, reads))
         seen = [False] * len(keys)
         for n, recorded in zip(ask, found, strict=True):
             seen[n] = recorded
-        return seen
+        return seen, replies
 
     async def _held(self, budget: BudgetGuard, delivery: Delivery, message: Message,
                     exceeded: Exceeded) -> Decided:

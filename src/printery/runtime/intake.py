@@ -22,7 +22,7 @@ from printery._util import wait_event
 from printery.runtime.connectivity import Connectivity
 from printery.runtime.consumer import Consumer, ConsumerSettings
 from printery.runtime.departed import died_here
-from printery.transport.channel import DirectChannel
+from printery.transport.channel import Command, DirectChannel
 from printery.transport.connection import Redis
 from printery.transport.streams import (
     CONNECTION_ERRORS,
@@ -37,8 +37,9 @@ from printery.worker import RunContext, WorkerStats
 
 log = structlog.get_logger("printery.worker")
 
-#: Takes a batch one consumer now holds: its stream and ``(id, fields, deliveries)``.
-Accept = Callable[[Consumer, str, list[tuple[str, dict[str, str] | None, int]]], None]
+#: Takes a batch one consumer now holds: its stream, ``(id, fields, deliveries)``, and
+#: whether no run was at a hard limit of its budget as it was read (False: not known).
+Accept = Callable[[Consumer, str, list[tuple[str, dict[str, str] | None, int]], bool], None]
 
 
 @dataclass(slots=True)
@@ -62,8 +63,13 @@ class Intake:
     accept: Accept
     stats: WorkerStats
 
-    async def read(self, consumer: Consumer, streams: Sequence[str]) -> None:
-        """``consumer``'s blocking reads of new entries of ``streams``, while it has room."""
+    async def read(self, consumer: Consumer, streams: Sequence[str],
+                   over_counts: Sequence[Command] = ()) -> None:
+        """``consumer``'s blocking reads of new entries of ``streams``, while it has room.
+        ``over_counts``: the commands counting the runs at a hard limit of their budget in
+        the partitions of ``streams`` (``ZCARD``), sent with every read: when each is 0,
+        the batch needs no check of its runs' budgets before handling (one round trip
+        less per batch of a step with budgets)."""
         ctx, closing, connectivity, failures = self.ctx, self.closing, self.connectivity, 0
         channel = DirectChannel(self.client)  # the consumer's own connection for its reads
         try:
@@ -74,8 +80,9 @@ class Intake:
                     await wait_event(consumer.room, self.settings.block_ms / 1000)
                     continue
                 try:
-                    reply = await read_new(channel, self.group, consumer.name, streams,
-                                           count=consumer.read_count, block_ms=self.settings.block_ms)
+                    reply, counts = await read_new(
+                        channel, self.group, consumer.name, streams, count=consumer.read_count,
+                        block_ms=self.settings.block_ms, also=over_counts)
                 except CONNECTION_ERRORS as exc:
                     failures += 1
                     await connectivity.trouble(exc, failures)
@@ -86,8 +93,10 @@ class Intake:
                 if failures:
                     failures = 0
                     connectivity.restored()
+                none_over = bool(counts) and all(count == 0 for count in counts)
                 for stream, entries in reply:
-                    self.accept(consumer, stream, [(eid, fields, 1) for eid, fields in entries])
+                    self.accept(consumer, stream, [(eid, fields, 1) for eid, fields in entries],
+                                none_over)
         finally:
             await channel.close()
 
@@ -124,7 +133,7 @@ class Intake:
             counts = await delivery_counts(self.client, stream, self.group, [e for e, _ in claimed])
             log.info("claimed the entries of a process that died", worker=self.group,
                      consumer=consumer.name, died=dead, count=len(claimed))
-            self.accept(consumer, stream, [(eid, f, counts.get(eid, 1)) for eid, f in claimed])
+            self.accept(consumer, stream, [(eid, f, counts.get(eid, 1)) for eid, f in claimed], False)
 
     async def _claim_once(self, streams: Sequence[str], min_idle: int) -> None:
         for stream in streams:
@@ -138,4 +147,4 @@ class Intake:
                 counts = await delivery_counts(self.client, stream, self.group, [e for e, _ in claimed])
                 log.info("claimed idle entries", worker=self.group, consumer=consumer.name,
                          count=len(claimed))
-                self.accept(consumer, stream, [(eid, f, counts.get(eid, 1)) for eid, f in claimed])
+                self.accept(consumer, stream, [(eid, f, counts.get(eid, 1)) for eid, f in claimed], False)

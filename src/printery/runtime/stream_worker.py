@@ -47,7 +47,7 @@ from printery.runtime.payloads import PayloadStore
 from printery.runtime.placement import Placer
 from printery.runtime.run_index import RunIndex
 from printery.runtime.step_context import Companion, StepContext
-from printery.transport.channel import DirectChannel
+from printery.transport.channel import Command, DirectChannel
 from printery.transport.commit import Committer
 from printery.transport.connection import Redis
 from printery.transport.limit_store import LimitStore
@@ -183,7 +183,8 @@ class StreamWorker:
     async def _run(self, ctx: RunContext, connectivity: Connectivity, lanes: Lanes,
                    holdings: Holdings, intake: Intake) -> None:
         await connectivity.retrying(self.prepare)
-        readers = [asyncio.create_task(intake.read(c, streams), name=f"{c.name}:read")
+        readers = [asyncio.create_task(intake.read(c, streams, self._over_counts(lanes, streams)),
+                                       name=f"{c.name}:read")
                    for c in self._consumers for streams in lanes.read_sets(one_slot(self.client))]
         loops = [
             *(asyncio.create_task(lane.committer.run(), name=f"{self.name}:commit")
@@ -238,6 +239,18 @@ class StreamWorker:
         return await self._lanes.of_run(correlation_id).pipeline.emit(
             outputs, correlation_id=correlation_id)
 
+    @staticmethod
+    def _over_counts(lanes: Lanes, streams: Sequence[str]) -> list[Command]:
+        """What a read of ``streams`` also counts: the runs at a hard limit of their budget
+        in each partition it reads (none without such a budget)."""
+        counts: dict[Command, None] = {}
+        for stream in streams:
+            budget = lanes.of_stream(stream).pipeline.budget
+            count = budget.over_count() if budget is not None else None
+            if count is not None:
+                counts[count] = None
+        return list(counts)
+
     def _lane(self, keys: StreamKeys, connectivity: Connectivity) -> Lane:
         """The commit path of one partition (``keys``), for :class:`Lanes`."""
         index = keys.idempotency_index(self.name)
@@ -264,16 +277,18 @@ class StreamWorker:
     # -- batches ---------------------------------------------------------------------------
 
     def _accept(
-        self, consumer: Consumer, stream: str, entries: list[tuple[str, dict[str, str] | None, int]]
+        self, consumer: Consumer, stream: str, entries: list[tuple[str, dict[str, str] | None, int]],
+        none_over: bool,
     ) -> None:
-        """Hold a read (or claimed) batch and start it through the pipeline."""
+        """Hold a read (or claimed) batch and start it through the pipeline (``none_over``:
+        no run was at a hard limit of its budget as it was read)."""
         assert self._lanes is not None and self._ctx is not None
         held = [consumer.hold(stream, eid, fields or {}, deliveries)
                 for eid, fields, deliveries in entries]
         batch = [delivery for delivery in held if delivery is not None]
         if self._ctx.stopping.is_set() or not batch:
             return  # read after the stop signal: never started, handed back by the drain
-        task = asyncio.create_task(self._lanes.of_stream(stream).pipeline.process(batch))
+        task = asyncio.create_task(self._lanes.of_stream(stream).pipeline.process(batch, none_over))
         self._batches.add(task)
         task.add_done_callback(self._batch_done)
 

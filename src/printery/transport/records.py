@@ -51,11 +51,14 @@ class RecordLookup:
         self, idempotency_keys: Sequence[str], reads: Sequence[Command] = ()
     ) -> tuple[list[bool], list[Any]]:
         """:meth:`recorded`, and the replies of ``reads`` (read-only commands, such as the
-        budgets of the runs of a batch) from the same round trip."""
-        if not idempotency_keys:
+        budgets of the runs of a batch) from the same round trip (with no key to look up,
+        the reads alone, outside a transaction)."""
+        if not idempotency_keys and not reads:
             return [], []
         channel = self._idle.pop() if self._idle else self._another()
         try:
+            if not idempotency_keys:
+                return [], await channel.commands(reads)
             for _ in range(3):
                 guess = self._generation
                 commands: list[Command] = [("MULTI",), ("HMGET", self.index_key, "gen")]

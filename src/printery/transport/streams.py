@@ -23,7 +23,7 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from printery._util import as_text
 from printery.errors import TransportError, describe
-from printery.transport.channel import DirectChannel
+from printery.transport.channel import Command, DirectChannel
 from printery.transport.scripts import Scripts, script
 
 #: What "the server is not reachable right now" looks like: worth waiting and retrying.
@@ -129,10 +129,11 @@ class GroupGone(Exception):
 
 
 async def read_new(channel: DirectChannel, group: str, consumer: str, streams: Sequence[str],
-                   *, count: int, block_ms: int) -> Read:
+                   *, count: int, block_ms: int, also: Sequence[Command] = ()) -> tuple[Read, list[Any]]:
     """``consumer``'s blocking read of entries of ``streams`` no one of ``group`` was given
-    yet (``XREADGROUP ... >``): their first delivery. Raises :class:`GroupGone` when the
-    group is not there (NOGROUP).
+    yet (``XREADGROUP ... >``): their first delivery, and the replies of the commands
+    ``also`` (on the keys of the streams' slot), which the server runs right after the
+    read returns. Raises :class:`GroupGone` when the group is not there (NOGROUP).
 
     On a channel of the consumer's own rather than the pooled client: at one entry per
     read (below saturation) redis-py's per-command path (a pooled connection, its health
@@ -140,17 +141,17 @@ async def read_new(channel: DirectChannel, group: str, consumer: str, streams: S
     the rest of the read."""
     command = ("XREADGROUP", "GROUP", group, consumer, "COUNT", count, "BLOCK", block_ms,
                "STREAMS", *streams, *[">"] * len(streams))
-    (reply,) = await channel.commands([command], blocking=block_ms / 1000)
+    reply, *after = await channel.commands([command, *also], blocking=block_ms / 1000)
     if isinstance(reply, ResponseError):
         if "NOGROUP" in str(reply):
             raise GroupGone(str(reply)) from reply
         raise reply
     if not reply:
-        return []
+        return [], after
     # RESP2: [[stream, entries]]; RESP3: {stream: entries}. An entry trimmed since its
     # delivery comes as [id, nil].
     return [(as_text(stream), [(as_text(entry_id), _fields(flat)) for entry_id, flat in entries])
-            for stream, entries in (reply.items() if isinstance(reply, dict) else reply)]
+            for stream, entries in (reply.items() if isinstance(reply, dict) else reply)], after
 
 
 def _fields(flat: list[Any] | None) -> dict[str, str] | None:
