@@ -228,15 +228,23 @@ async def withdraw(message: Attempt, reasons: Sequence[Mapping[str, Any]]) -> No
     """Retract ``message``'s attempt with ``reasons`` when it will never be judged (its
     handler failed, or a budget stopped the run first). Waits at most
     :data:`RETRACT_WAIT_S`; never raises what the server answers (what ends the attempt
-    is what the runtime must see, not a lost verdict)."""
+    is what the runtime must see, not a lost verdict).
+
+    The write goes on past the wait: cut short, it would drop the verdict with the batch
+    it was in (on a loaded machine a second passes), and the draft would stay open for
+    ever. Its end is logged when it fails, whenever that is."""
     writer = current()
     if writer is None:
         return
     writer.verdict(message, passed=False, reasons=reasons)
-    try:
-        async with asyncio.timeout(RETRACT_WAIT_S):
-            await writer.flush()
-    except Exception as failed:  # logged: a draft left open is shown as such
+    writing = asyncio.ensure_future(writer.flush())
+    writing.add_done_callback(_retraction_written)
+    await asyncio.wait({writing}, timeout=RETRACT_WAIT_S)
+
+
+def _retraction_written(writing: asyncio.Future[None]) -> None:
+    """Log a retraction the server did not take (a draft left open is shown as such)."""
+    if not writing.cancelled() and (failed := writing.exception()) is not None:
         log.warning("retraction not written", error=repr(failed))
 
 
