@@ -23,7 +23,7 @@ from printery.keys import REVIEW
 from printery.limits import FallsBack, Limit, fallback_of, mark_fallback
 from printery.reason import Reason
 from printery.runtime.handler import Handler, HandlerResult, Message, outputs_of
-from printery.runtime.partials import passed, retract
+from printery.runtime.partials import retract
 from printery.runtime.step_context import Companion, StepContext
 
 
@@ -236,8 +236,8 @@ class Step:
                 if message.streamed:  # what it showed is retracted; the next call streams anew
                     await retract(message, exc)
                 raise
-            if message.streamed:  # its partials and verdict before what it commits
-                await passed(message)
+            # Its verdict (passed) goes once its outputs are encoded, before the commit
+            # (the entry pipeline): an output that cannot be written retracts it instead.
             return outputs
 
         mark_fallback(handle, self.falls_back)  # for the runtime's limit gate

@@ -371,17 +371,21 @@ class EntryPipeline:
                     appends = self.writes.appends(outputs, message, time.perf_counter() - begun,
                                                   traceparent=tp)
                 except Exception as exc:  # the handler's data, not the runtime
+                    error = f"{self.worker}'s output cannot be encoded as JSON: {describe(exc)}"
+                    await _unshown(message, outputs, "output_not_serializable", error)
                     return self.failures.dead_letter(
-                        delivery, message.fields, "output_not_serializable",
-                        f"{self.worker}'s output cannot be encoded as JSON: {describe(exc)}",
+                        delivery, message.fields, "output_not_serializable", error,
                         deliveries=message.deliveries)
                 if self.writes.has_large(appends):
                     try:
                         appends = await self.writes.store_large(appends)
                     except PayloadTooLarge as exc:
+                        await _unshown(message, outputs, exc.reason_code, str(exc))
                         return self.failures.dead_letter(
                             delivery, message.fields, exc.reason_code, str(exc),
                             deliveries=message.deliveries)
+                if message.streamed:  # its partials and verdict before what it commits
+                    await partials.passed(message)
                 return self._handled(delivery, message, appends)
             next_try = await self.failures.failed(delivery, message, failure)
             if not isinstance(next_try, Message):
@@ -452,3 +456,16 @@ class EntryPipeline:
             raise result
         return max(0, int(result) - 1)
 
+
+async def _unshown(message: Message, outputs: Sequence[Output], code: str, error: str) -> None:
+    """Retract what a call showed whose outputs cannot be written (its entry is
+    dead-lettered at once): its own draft, and the draft of a loop's attempt it carries
+    (an attempt that streamed is judged by the next call, which will never come), so that
+    no follower is left with a draft that gets no verdict."""
+    reasons = [{"code": code, "field": "", "message": error}]
+    if message.streamed:
+        await partials.withdraw(message, reasons)
+    for out in outputs:
+        attempt = out.data.get("attempt") if isinstance(out.data, dict) else None
+        if out.extra.get(STREAMED) and isinstance(attempt, int):
+            await partials.withdraw(dataclasses.replace(message, attempt=attempt), reasons)
