@@ -80,20 +80,27 @@ class HandlerRunner:
         it). ``asyncio.timeout`` and ``TaskGroup`` bind to the task it runs in. And none
         waits for another: a callback scheduled as this begins runs only once this task
         gives the loop a turn, that is once the handler running here waits, and starts
-        the rest in tasks then. The consumer learns its handlers wait
+        the rest in tasks then, which commit as they finish, without waiting for this one. The consumer learns its handlers wait
         (:meth:`Consumer.adapt`), and its next batch starts every handler in a task."""
         loop = asyncio.get_running_loop()
         clean = contextvars.copy_context()
         task = asyncio.current_task()
         begun_here = 0  # the position of the handler running here
         running: list[asyncio.Task[Decided | None]] | None = None
+        #: The commits of the rest, once they started while the handler here waits.
+        rest_settled: asyncio.Task[bool] | None = None
         left_held = False
 
         def start_the_rest() -> None:
-            nonlocal running, left_held
+            nonlocal running, left_held, rest_settled
             left_held = self.connectivity.stopping.is_set()
             rest = [] if left_held else admitted[begun_here + 1 :]
             running = self._start(rest, tickets[begun_here + 1 :] if tickets else None, clean)
+            # Committed as they finish, not once the handler here is done: one of them
+            # may hold the only slot (``parallel=1``, an aggregator's) that a retry of
+            # the handler here waits for after its backoff, which gave that slot back.
+            rest_settled = loop.create_task(self._commit_as_done(running, [], begun),
+                                            context=clean.copy())
 
         signal = loop.call_soon(start_the_rest)
         dirty = False
@@ -119,6 +126,7 @@ class HandlerRunner:
             for started in running or ():
                 started.cancel()
                 started.add_done_callback(log_failure)
+            _abandon(rest_settled)
             raise
         finally:
             signal.cancel()
@@ -130,11 +138,19 @@ class HandlerRunner:
             left_held = bool(start_the_rest_now) and self.connectivity.stopping.is_set()
             running = [] if left_held else self._start(
                 start_the_rest_now, tickets[begun_here:] if tickets else None, clean)
+        else:  # the rest commit in their own task (start_the_rest)
+            running = []
         settle = self._commit_as_done(running, decided, begun)
-        if dirty and read > 1:
-            await loop.create_task(settle, context=clean.copy())
-        else:
-            await settle
+        try:
+            if dirty and read > 1:
+                await loop.create_task(settle, context=clean.copy())
+            else:
+                await settle
+        except BaseException:
+            _abandon(rest_settled)
+            raise
+        if rest_settled is not None:
+            await rest_settled
         return left_held
 
     def _start(
@@ -193,3 +209,10 @@ class HandlerRunner:
         if crash is not None:
             raise crash  # out of the batch, and so the worker crashes
         return decided
+
+
+def _abandon(task: asyncio.Task[bool] | None) -> None:
+    """Cancel the rest's commits as the batch fails; what they raise is logged, not lost."""
+    if task is not None:
+        task.cancel()
+        task.add_done_callback(log_failure)
