@@ -80,8 +80,9 @@ class HandlerRunner:
         it). ``asyncio.timeout`` and ``TaskGroup`` bind to the task it runs in. And none
         waits for another: a callback scheduled as this begins runs only once this task
         gives the loop a turn, that is once the handler running here waits, and starts
-        the rest in tasks then, which commit as they finish, without waiting for this one. The consumer learns its handlers wait
-        (:meth:`Consumer.adapt`), and its next batch starts every handler in a task."""
+        the rest in tasks then, which commit as they finish, without waiting for this
+        one. The consumer learns its handlers wait (:meth:`Consumer.adapt`), and its next
+        batch starts every handler in a task."""
         loop = asyncio.get_running_loop()
         clean = contextvars.copy_context()
         task = asyncio.current_task()
