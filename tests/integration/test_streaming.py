@@ -491,6 +491,41 @@ async def test_a_budget_that_stops_the_run_before_the_verdict_retracts_the_draft
     assert [reason["code"] for reason in found[1]["reasons"]] == ["budget_exceeded"]
 
 
+async def test_a_budget_review_rejected_retracts_the_held_attempts_draft(
+    running: Any, client: aioredis.Redis, prefix: str
+) -> None:
+    """An attempt that streamed and spent past a ``review`` budget is held for the
+    review; rejected, it will never be judged: the rejection retracts its draft, naming
+    the budget (found by the random composition fuzz: a draft with no verdict)."""
+    from printery.inbox import reviews
+
+    async def work(message: Message) -> AsyncIterator[str]:
+        message.report_cost("usd", 2.0)
+        yield "an expensive draft"
+
+    pipeline = Pipeline("answers", ingress=["request"], cost_units=["usd"],
+                        budget=Budget(usd=1.0, on_exceeded="review"))
+    pipeline.add(Loop("draft", consumes="request", produces="answer", work=work,
+                      validate=lambda message: [], max_attempts=2, cost_units=["usd"]))
+    submitter = await running(pipeline)
+    run_id = await submitter.submit({"question": "why?"})
+    keys = StreamKeys(prefix)
+
+    async def review() -> list[dict[str, Any]]:
+        return await reviews.list_reviews(client, keys, pipeline)
+
+    (opened,) = await wait_for(review, timeout=10, message="the budget review")
+    assert await shown(client, prefix, run_id) == [
+        {"step": "draft", "attempt": 1, "text": "an expensive draft"}], "held: still open"
+    await reviews.reject(client, keys, pipeline, opened["id"], by="ops", note="too dear")
+    result = await submitter.result(run_id, timeout=30)
+    assert result.status == "budget_exceeded"
+    found = await shown(client, prefix, run_id)
+    assert len(found) == 2 and found[1]["passed"] is False, found
+    assert [reason["code"] for reason in found[1]["reasons"]] == ["budget_exceeded"]
+    assert "too dear" in found[1]["reasons"][0]["message"]
+
+
 async def test_a_draft_whose_output_cannot_be_written_is_retracted(
     running: Any, client: aioredis.Redis, prefix: str
 ) -> None:

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from printery import _json
 from printery.budgets import (
     BUDGET_EXCEEDED,
     BUDGET_FIELD,
@@ -37,6 +38,7 @@ from printery.pipeline.review_kinds import (
     ReviewKind,
     ReviewOutcome,
 )
+from printery.runtime import partials
 from printery.runtime.handler import Output
 from printery.transport.commit import encode_amount
 from printery.transport.scripts import script
@@ -89,10 +91,15 @@ def budget_review_kind() -> ReviewKind:
         commands: list[tuple[Any, ...]] = []
         if case.keys is not None:
             keys, run = case.keys, case.correlation_id
+            # A held loop attempt that streamed is retracted: it will never be judged.
+            retracted = [{"code": "budget_exceeded", "field": "",
+                          "message": "the run's budget review was rejected"
+                                     + (f": {case.note}" if case.note else "")}]
             commands.append(REJECT.command(
                 [keys.stream(held_type(run)),
-                 keys.once(review_guard(run, fields.get(BUDGET_FIELD, ""))), keys.budget(run)],
-                [REJECTED_KEEP_MS]))
+                 keys.once(review_guard(run, fields.get(BUDGET_FIELD, ""))), keys.budget(run),
+                 keys.partials(run)],
+                [REJECTED_KEEP_MS, _json.dumps(retracted), partials.MAXLEN, partials.TTL_S]))
         return ReviewOutcome([Output(
             BUDGET_EXCEEDED, data, correlation_id=case.correlation_id,
             idempotency_key=f"{BUDGET_EXCEEDED}:{case.correlation_id}",
