@@ -466,22 +466,27 @@ async def test_a_follower_joining_a_read_under_way_gets_the_partials_live_at_onc
         "request", "Partial", "Partial", "Verdict", "answer"]
 
 
-async def test_a_budget_that_stops_the_run_before_the_verdict_retracts_the_draft(
-    running: Any, client: aioredis.Redis, prefix: str
-) -> None:
-    """An attempt that streamed and spent the run's whole budget is never judged (the
-    budget holds the judging turn and stops the run): its draft is retracted, naming the
-    budget, so no follower keeps a draft that never gets a verdict."""
+def _expensive_drafts(on_exceeded: str) -> Pipeline:
+    """A loop whose streamed attempt spends twice the run's budget of 1 usd."""
 
     async def work(message: Message) -> AsyncIterator[str]:
         message.report_cost("usd", 2.0)
         yield "an expensive draft"
 
     pipeline = Pipeline("answers", ingress=["request"], cost_units=["usd"],
-                        budget=Budget(usd=1.0, on_exceeded="stop"))
+                        budget=Budget(usd=1.0, on_exceeded=on_exceeded))
     pipeline.add(Loop("draft", consumes="request", produces="answer", work=work,
                       validate=lambda message: [], max_attempts=2, cost_units=["usd"]))
-    submitter = await running(pipeline)
+    return pipeline
+
+
+async def test_a_budget_that_stops_the_run_before_the_verdict_retracts_the_draft(
+    running: Any, client: aioredis.Redis, prefix: str
+) -> None:
+    """An attempt that streamed and spent the run's whole budget is never judged (the
+    budget holds the judging turn and stops the run): its draft is retracted, naming the
+    budget, so no follower keeps a draft that never gets a verdict."""
+    submitter = await running(_expensive_drafts("stop"))
     run_id = await submitter.submit({"question": "why?"})
     result = await submitter.result(run_id, timeout=30)
     assert result.status == "budget_exceeded"
@@ -499,14 +504,7 @@ async def test_a_budget_review_rejected_retracts_the_held_attempts_draft(
     the budget (found by the random composition fuzz: a draft with no verdict)."""
     from printery.inbox import reviews
 
-    async def work(message: Message) -> AsyncIterator[str]:
-        message.report_cost("usd", 2.0)
-        yield "an expensive draft"
-
-    pipeline = Pipeline("answers", ingress=["request"], cost_units=["usd"],
-                        budget=Budget(usd=1.0, on_exceeded="review"))
-    pipeline.add(Loop("draft", consumes="request", produces="answer", work=work,
-                      validate=lambda message: [], max_attempts=2, cost_units=["usd"]))
+    pipeline = _expensive_drafts("review")
     submitter = await running(pipeline)
     run_id = await submitter.submit({"question": "why?"})
     keys = StreamKeys(prefix)
