@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import time
 import weakref
 from collections.abc import Awaitable, Callable, Sequence
@@ -112,19 +113,14 @@ class DirectChannel:
         :class:`ResponseError` it answered with. ``replicated`` > 0: each node whose
         writes have a replica is also sent ``WAIT 1`` with that many seconds, on the same
         connection, so the replies come once a replica has the writes (or the time is up:
-        :attr:`unreplicated` counts those rounds). ``blocking``: the seconds a command
-        may block on the server (``BLOCK``), added to the wait for the replies."""
-        if blocking > 0:
-            async def send_blocking(node: ClusterNode | None, batch: Sequence[Command]) -> list[Any]:
-                return await self._commands_on(node, batch, blocking)
-
-            if self._cluster is None:
-                return await send_blocking(None, commands)
-            return await self._routed(commands, send_blocking, _command_key)
+        :attr:`unreplicated` counts those rounds). ``blocking`` (without ``replicated``):
+        the seconds a command may block on the server (``BLOCK``), added to the wait for
+        the replies."""
         if replicated <= 0:
+            plain = functools.partial(self._commands_on, blocking=blocking)
             if self._cluster is None:
-                return await self._commands_on(None, commands)
-            return await self._routed(commands, self._commands_on, _command_key)
+                return await plain(None, commands)
+            return await self._routed(commands, plain, _command_key)
 
         async def send(node: ClusterNode | None, batch: Sequence[Command]) -> list[Any]:
             if not await self._has_replica(node):

@@ -372,9 +372,10 @@ class Committer:
     async def _forgotten(self, runs: list[CommitRun], replies: list[Any]) -> list[Any]:
         """Commit again the runs whose script the server had forgotten (``SCRIPT FLUSH``
         between two commits). The transaction's ``XADD``s ran without it, so nothing
-        decided them: they are deleted first (a reader that took one meanwhile finds its
-        key recorded when the run commits, and commits nothing), then the script is loaded
-        and the runs sent again; they acked and recorded nothing, so that is safe."""
+        decided them: they are deleted first, then the script is loaded and the runs sent
+        again; they acked and recorded nothing, so that is safe. A reader that took one of
+        the deleted outputs meanwhile commits it once: the copy the retry writes carries
+        the same idempotency key, and that reader's commit finds it recorded."""
         again = [n for n, executed in enumerate(replies) if _forgotten(executed)]
         await self._withdraw([(runs[n], replies[n]) for n in again])
         self._channel.forget_scripts()
