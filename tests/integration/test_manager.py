@@ -66,7 +66,11 @@ async def test_worker_manager_shutdown(client: aioredis.Redis, prefix: str) -> N
             await asyncio.sleep(60)
         return Output("out", msg.data)
 
-    worker = stream_worker("w", client, keys, ["in"], handler, prefetch=2, visibility_timeout=1.0)
+    # Two calls at once (``in_flight``): batches of one consumer may reach their handlers
+    # in either order (their record lookups go on connections of their own), and with one
+    # call at a time the slow one could start first and hold the quick one back.
+    worker = stream_worker("w", client, keys, ["in"], handler, prefetch=2, in_flight=2,
+                           visibility_timeout=1.0)
     manager = WorkerManager()
     manager.register(worker)
     await manager.start_all()
