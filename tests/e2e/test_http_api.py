@@ -19,6 +19,7 @@ from hypothesis import strategies as st
 
 from printery.servers.process import ServerProcess, free_port
 from printery.testing import unique_prefix
+from support.operator_cli import cli_sync
 from support.service import ServiceHandle, spawn
 
 TOKEN = "s3cret-token-for-tests"
@@ -318,6 +319,43 @@ def test_dead_letters_through_http(api: tuple[ServiceHandle, str], server: Serve
     assert call(handle, "DELETE", f"/v1/dlq/{again['id']}").status_code == 404
     assert call(handle, "DELETE", "/v1/dlq/not-an-id").status_code == 404
     conn.close()
+
+
+def test_bytes_that_are_not_utf8_are_shown_not_a_500(
+    api: tuple[ServiceHandle, str], server: ServerProcess
+) -> None:
+    """A byte that is not UTF-8 in an entry (here: the data of one, an extra field of
+    another that runs to its outcome) shows as U+FFFD in every JSON answer and page that
+    shows the entry; before, they answered 500 and the event stream sent nothing."""
+    handle, prefix = api
+    conn = redis.Redis.from_url(server.url)
+    started = f"{prefix}:deployment:started"
+    bad = conn.xadd(started, {"deployment_id": "bin-1", "data": b"\xff\xfe"}).decode()
+    good = json.dumps(request()).encode()
+    conn.xadd(started, {"deployment_id": "bin-2", "data": good, "producer": b"ext\xff"})
+    conn.close()
+
+    def dead() -> list[dict[str, Any]]:
+        answer = call(handle, "GET", "/v1/dlq")
+        assert answer.status_code == 200, answer.text
+        return [d for d in answer.json() if d.get("source_id") == bad]
+
+    [letter] = handle.wait_until(dead, what="the dead letter")
+    assert letter["reason_code"] == "undecodable" and letter["data"] == "\ufffd\ufffd"
+    run = handle.wait_until(
+        lambda: (r := call(handle, "GET", "/v1/runs/bin-2")).status_code == 200
+        and r.json()["status"] != "running" and r.json(), what="run bin-2 ended")
+    assert run["status"] == "succeeded"
+    assert any(e.get("producer") == "ext\ufffd" for e in run["entries"]), run["entries"]
+    followed = events(handle, "bin-2")
+    assert followed[0]["producer"] == "ext\ufffd"
+    assert followed[-1]["type"] == "deployment:finished"
+    page = call(handle, "GET", "/dlq")
+    assert page.status_code == 200 and "\ufffd\ufffd" in page.text
+    for args in (("dlq", "list", "--json"), ("trace", "bin-2", "--json")):
+        done = cli_sync(server.url, prefix, *args)
+        assert done.returncode == 0, done.stderr
+        assert "\ufffd" in json.dumps(json.loads(done.stdout), ensure_ascii=False)
 
 
 def test_docflow_review_approved_with_edited_data_over_http(

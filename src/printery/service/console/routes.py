@@ -86,7 +86,7 @@ class Console:
                 "login": self.auth.needs_login, "pipeline": self.views.pipeline.name,
                 "ok": request.query.get("ok", ""), "problem": request.query.get("error", ""),
                 **context}
-        body = self.env.get_template(template).render(page)
+        body = _json.valid_utf8(self.env.get_template(template).render(page))
         return web.Response(text=body, status=http_status, content_type="text/html",
                             headers=_HEADERS)
 
