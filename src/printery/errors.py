@@ -26,6 +26,7 @@
      |    +-- WorkerFailed      a worker exhausted its restarts (or failed standalone)
      +-- PipelineError          a pipeline definition is invalid
      +-- ReplayError            a run cannot be replayed (unknown id, step or entry)
+     |    +-- InvalidReplayId   the new id is one no run may have (CLI exit 2)
      +-- PartitionError         a partitioned key asked of the whole keyspace of several
      |                          partitions (also a LookupError)
      +-- InvalidInput           submitted data the ingress step refuses (`reasons`)
@@ -207,6 +208,10 @@ class PipelineError(PrinteryError):
 
 class ReplayError(PrinteryError):
     """Raised when a run cannot be replayed: unknown id, unknown step, or no entry."""
+
+
+class InvalidReplayId(ReplayError):
+    """Raised when a replay's new id is one no run may have (a usage error)."""
 
 
 class InvalidInput(PrinteryError):

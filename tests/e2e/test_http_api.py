@@ -170,6 +170,45 @@ def test_client_errors_are_4xx(api: tuple[ServiceHandle, str]) -> None:
     assert call(handle, "GET", "/v1/runs/dep-nobody").status_code == 404
 
 
+def test_a_run_id_apart_from_the_data_is_held_to_the_ids_rule(
+    api: tuple[ServiceHandle, str],
+) -> None:
+    """``run_id`` is the deployment id: refused where ``data.deployment_id`` would be (a
+    hostile run had "\u2603" and ids with newlines and escapes accepted and run), and
+    where it contradicts the data's own."""
+    handle, _ = api
+    for bad in ("\u2603", "a b\nc\x1b[31m", "x" * 129):
+        answer = call(handle, "POST", "/v1/runs", json={"data": request(), "run_id": bad})
+        assert answer.status_code == 400, (bad, answer.text)
+        assert [r["field"] for r in answer.json()["reasons"]] == ["run_id"], answer.json()
+    differs = call(handle, "POST", "/v1/runs", json={"data": request("d-one"), "run_id": "d-two"})
+    assert differs.status_code == 400 and differs.json()["reasons"][0]["field"] == "run_id"
+    assert call(handle, "GET", "/v1/runs/d-two").status_code == 404
+    same = call(handle, "POST", "/v1/runs", json={"data": request("d-same"), "run_id": "d-same"})
+    fine = call(handle, "POST", "/v1/runs", json={"data": request(), "run_id": "d.fine:1"})
+    assert (same.status_code, fine.status_code) == (202, 202)
+    assert fine.json()["run_id"] == "d.fine:1"
+    assert events(handle, "d.fine:1")[0]["deployment_id"] == "d.fine:1"
+
+
+def test_an_entry_naming_its_run_by_a_bad_id_is_rejected(
+    api: tuple[ServiceHandle, str], server: ServerProcess
+) -> None:
+    """A producer's entry whose deployment_id field breaks the pattern, the request
+    naming none, is rejected as the request naming it would be (it used to run)."""
+    handle, prefix = api
+    conn = redis.Redis.from_url(server.url, decode_responses=True)
+    conn.xadd(f"{prefix}:deployment:started",
+              {"deployment_id": "bad id", "data": json.dumps(request())})
+    conn.close()
+    followed = events(handle, quote("bad id"))
+    assert followed[-1]["data"]["status"] == "rejected"
+    rejected = [e for e in followed if e.get("type") == "deployment:rejected"]
+    assert len(rejected) == 1, followed
+    [rejected] = rejected
+    assert [r["field"] for r in rejected["data"]["reasons"]] == ["deployment_id"]
+
+
 def test_auth(api: tuple[ServiceHandle, str]) -> None:
     handle, _ = api
     assert call(handle, "GET", "/v1/runs/x", token=None).status_code == 401

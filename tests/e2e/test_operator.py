@@ -314,6 +314,16 @@ def test_replay_from_ingress_and_errors(server: ServerProcess, prefix: str,
     assert step.returncode == 1 and "unknown step" in step.stderr
     taken = cli(server.url, prefix, "replay", cid, "--as", "dep-custom")
     assert taken.returncode == 1 and "already used" in taken.stderr
+    # A new id no run may have is a usage error, and nothing is written (it used to run,
+    # and end rejected, or say an empty id was "already used").
+    before = r.xlen(f"{prefix}:{STARTED}")
+    for bad in ("bad id \u2603", "", "y" * 300):
+        refused = cli(server.url, prefix, "replay", cid, "--as", bad)
+        assert refused.returncode == 2 and "--as" in refused.stderr, refused.stderr
+        assert "already used" not in refused.stderr
+    refused = cli(server.url, prefix, "replay", cid, "--from", "health-monitor", "--as", "a\tb")
+    assert refused.returncode == 2 and "control character" in refused.stderr
+    assert r.xlen(f"{prefix}:{STARTED}") == before
 
 
 def test_no_secret_in_json_output(server: ServerProcess, prefix: str, r: redis.Redis) -> None:

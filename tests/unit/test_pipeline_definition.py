@@ -79,3 +79,28 @@ def test_text_view_shows_the_concurrency_in_effect() -> None:
     assert "s x2: in -> out" in to_text(pipeline)
     assert "s x7: in -> out" in to_text(pipeline, {"s": 7})
     assert pipeline.describe({"s": 7})["steps"][0]["concurrency"] == 7
+
+
+def test_a_run_id_is_checked_as_the_ingress_would_check_the_data_naming_it() -> None:
+    """``Pipeline.run_id_reasons``: a submit's ``run_id`` (or a replay's new id) holds to
+    the ingress step's rule for the correlation field; a model with no such field, which
+    refuses it as unknown, leaves only the generic rule."""
+    from pydantic import BaseModel, ConfigDict, Field
+
+    class Strict(BaseModel):
+        model_config = ConfigDict(extra="forbid")
+        text: str
+
+    class WithId(BaseModel):
+        text: str
+        doc_id: str | None = Field(default=None, pattern=r"^[a-z0-9-]+$")
+
+    for model, refused in ((Strict, False), (WithId, True)):
+        pipeline = Pipeline("docs", ingress=["doc:new"], correlation_field="doc_id")
+        pipeline.add(Step("read", ["doc:new"], [], _noop, input_model=model))
+        assert pipeline.run_id_reasons("doc:new", {"text": "t"}, "doc-1") == []
+        upper = pipeline.run_id_reasons("doc:new", {"text": "t"}, "Doc 1")
+        assert [r.field for r in upper] == (["run_id"] if refused else [])
+        for bad in ("", "a\nb", "\x9b", "x" * 257):
+            [reason] = pipeline.run_id_reasons("doc:new", {"text": "t"}, bad)
+            assert (reason.code, reason.field) == ("invalid_field", "run_id")

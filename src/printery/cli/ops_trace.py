@@ -22,6 +22,7 @@ from printery.cli.ops_common import (
     print_json,
     table,
 )
+from printery.errors import InvalidReplayId
 from printery.fields import DECISION, ITEM, ITEM_FAILED, ITEMS, KIND, REASON, REASON_CODE
 from printery.keys import DLQ, REVIEW
 from printery.runs.cost import budget_status, cost_summary, parse_duration
@@ -105,6 +106,8 @@ def replay(deployment_id: str, from_step: str | None, new_id: str | None, as_jso
         try:
             result = await replay_run(client, ops.keys, pipeline, deployment_id, from_step,
                                       new_id, producer="printery-cli")
+        except InvalidReplayId as exc:
+            raise click.UsageError(str(exc)) from None
         except ReplayError as exc:
             raise Failure(str(exc)) from None
         return result.as_dict()

@@ -107,8 +107,12 @@ def build_pipeline(settings: DeploySettings | None = None) -> Pipeline:
     @pipeline.step(VALIDATOR, consumes=[STARTED], produces=[VALIDATED, REJECTED, REVIEW],
                    concurrency=1, input_check=_input_check(cfg))
     async def validator(message: Message) -> Output:
-        result = check_request(message.data, cfg)
         cid = message.correlation_id
+        data = message.data
+        # The id the run goes by is the request's deployment_id, so it holds to its pattern
+        # also when the entry names it and the request does not.
+        result = check_request({**data, "deployment_id": cid} if isinstance(data, dict)
+                               and "deployment_id" not in data else data, cfg)
         # One decision per deployment id: a later start of the same id is not run again.
         once = f"decided:{cid}"
         if result.reasons or result.request is None:

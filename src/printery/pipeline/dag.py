@@ -37,6 +37,9 @@ from printery.runtime.stream_worker import StreamWorker
 from printery.store import Redis
 from printery.supervisor.graph import find_cycle
 
+#: The longest run id a run may be given (``Client.submit``, ``POST /v1/runs``, replay).
+MAX_RUN_ID = 256
+
 #: Streams that record rather than carry a run forward: never a run's outcome.
 _RECORDS = frozenset({DLQ, REVIEW, REVIEW_DECIDED})
 
@@ -130,6 +133,26 @@ class Pipeline:
                                    f"({', '.join(self.ingress)})")]
         step = self.ingress_step(event_type)
         return step.input_reasons(data) if step is not None else []
+
+    def run_id_reasons(self, event_type: str, data: Any, run_id: str) -> list[Reason]:
+        """Why ``run_id``, given apart from the ingress ``data`` of ``event_type`` (a
+        submit's ``run_id``, a replay's new id), cannot be the run's id (field ``run_id``):
+        it is not 1 to 256 characters without a control character, or the ingress step
+        refuses it as the data's correlation field (so a pipeline whose input check gives
+        its ids a form, the deployment pipeline's ``[A-Za-z0-9._:-]{1,128}``, holds every
+        way of naming a run to it). A step that takes no such field in its data (its
+        refusal is ``unknown_field``) leaves the id to the first rule."""
+        if not 0 < len(run_id) <= MAX_RUN_ID or any(
+                ch < " " or "\x7f" <= ch <= "\x9f" for ch in run_id):
+            return [Reason("invalid_field", "run_id",
+                           f"1 to {MAX_RUN_ID} characters, none of them a control character")]
+        step = self.ingress_step(event_type)
+        if step is None or not isinstance(data, dict):
+            return []
+        field = self.correlation_field
+        return [Reason(reason.code, "run_id", f"as data.{field}: {reason.message}")
+                for reason in step.input_reasons({**data, field: run_id})
+                if reason.field == field and reason.code != "unknown_field"]
 
     def add(self, step: Step | StepSource | Map) -> Step:
         """Add a step, or what builds one (a :class:`~printery.Loop`, an

@@ -34,7 +34,8 @@ def validation_reasons(error: ValidationError) -> list[Reason]:
         path = ""
         for part in item["loc"]:
             path += f"[{part}]" if isinstance(part, int) else (f".{part}" if path else str(part))
-        code = "missing_field" if item["type"] == "missing" else "invalid_field"
+        code = {"missing": "missing_field", "extra_forbidden": "unknown_field"}.get(
+            item["type"], "invalid_field")
         reasons.append(Reason(code=code, field=path, message=item["msg"]))
     return reasons
 

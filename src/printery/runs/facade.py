@@ -77,9 +77,16 @@ class Runs:
                             f"{', '.join(self.pipeline.ingress)}")])
             event_type = self.pipeline.ingress[0]
         reasons = self.pipeline.input_reasons(event_type, data)
+        field = self.pipeline.correlation_field
+        if run_id is not None and not reasons:
+            named = data.get(field) if isinstance(data, dict) else None
+            if isinstance(named, str) and named and named != run_id:
+                reasons = [Reason(code="invalid_field", field="run_id",
+                                  message=f"{run_id!r} is not data.{field} ({named!r})")]
+            else:
+                reasons = self.pipeline.run_id_reasons(event_type, data, run_id)
         if reasons:
             raise InvalidInput(reasons)
-        field = self.pipeline.correlation_field
         if run_id is None and isinstance(data, dict) and isinstance(data.get(field), str):
             run_id = data[field] or None
         if run_id is None and idempotency_key is not None and self.keys.partitioned:

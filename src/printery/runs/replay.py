@@ -19,7 +19,7 @@ from typing import Any
 
 from printery import _json
 from printery.envelope import correlation_of
-from printery.errors import ReplayError
+from printery.errors import InvalidReplayId, ReplayError
 from printery.fields import REPLAY_FOR, TRACEPARENT
 from printery.keys import StreamKeys
 from printery.pipeline.dag import Pipeline, steps_reached
@@ -124,6 +124,8 @@ async def replay(
     if not any(event_type in consumed for event_type, _, _ in originals):
         where = f"step {from_step!r}" if from_step else "the ingress"
         raise ReplayError(f"no entry of {field} {correlation_id!r} consumed by {where}")
+    if new_id is not None:
+        await _check_new_id(client, source, pipeline, new_id, originals if from_step is None else [])
     new_id = await _new_id(client, keys, pipeline, correlation_id, new_id)
     target = keys.of(new_id)  # the copies: one transaction in the new run's partition
     codec = pipeline.codec()
@@ -144,6 +146,21 @@ async def replay(
     ids = await append_entries(client, encoded)
     entries = [{"stream": s, "id": str(i)} for (s, _), i in zip(encoded, ids, strict=True)]
     return ReplayResult(correlation_id, new_id, from_step, entries, steps)
+
+
+async def _check_new_id(
+    client: Redis, source: StreamKeys, pipeline: Pipeline, new_id: str,
+    ingress: list[tuple[str, str, dict[str, str]]],
+) -> None:
+    """Refuse a ``new_id`` no submit could name a run (:meth:`Pipeline.run_id_reasons`,
+    checked against the ``ingress`` entry's data when it is copied)."""
+    event_type, data = "", None
+    if ingress:
+        event_type, _entry_id, fields = ingress[0]
+        data = await _data(client, source, fields.get("data", "null"))
+    reasons = pipeline.run_id_reasons(event_type, data, new_id)
+    if reasons:
+        raise InvalidReplayId(f"--as {new_id!r}: {reasons[0].message}")
 
 
 async def _new_id(
