@@ -181,6 +181,11 @@ class StepTimeout(PrinteryError):
     ``timeout``, docs/reference.md): retried, then dead-lettered."""
 
 
+#: The message of the cancellation of a call at its step's timeout (``Task.cancel``):
+#: what the call sees as it is cancelled tells a timeout from a stop.
+TIMEOUT_CANCEL = "printery: the step's timeout"
+
+
 class SupervisorError(PrinteryError):
     """Base of the supervisor's errors."""
 

@@ -162,3 +162,49 @@ def test_a_handler_error_keeps_its_traceback_in_the_log_and_the_dlq_entry(
     finally:
         assert svc.stop() == 0
         r.close()
+
+
+STUBBORN_APP = textwrap.dedent(
+    """
+    import asyncio
+
+    from printery import Message, Output, Pipeline
+
+    pipeline = Pipeline("stubborn", ingress=["job"])
+
+
+    @pipeline.step("stubborn", consumes=["job"], produces=["done"], timeout=0.5)
+    async def stubborn(msg: Message) -> Output:
+        if msg.data.get("stubborn"):
+            while True:  # swallows every cancellation, as a careless retry loop does
+                try:
+                    await asyncio.sleep(3600)
+                except BaseException:
+                    continue
+        return Output("done", msg.data)
+    """
+)
+
+
+def test_a_process_whose_handler_swallows_its_cancellation_still_exits(
+    server: ServerProcess, tmp_path: Path
+) -> None:
+    """Before (found by a hostile run): SIGTERM logged "service stopped", then the process
+    ran on for ever (closing the event loop waits for every task, and the stubborn call
+    never ends). Now the call is given up on at its timeout, the step goes on, and the
+    process exits after its stop."""
+    prefix = unique_prefix("stubborn")
+    (tmp_path / "stubbornapp.py").write_text(STUBBORN_APP)
+    r = redis.Redis.from_url(server.url, decode_responses=True)
+    svc = spawn(["--redis-url", server.url, "--stream-prefix", prefix, "--app",
+                 "stubbornapp:pipeline", "--shutdown-timeout", "1"], cwd=tmp_path)
+    try:
+        r.xadd(f"{prefix}:job", {"data": json.dumps({"stubborn": True})})
+        svc.wait_until(lambda: "abandoned" in svc.log(), timeout=30, what="the call given up on")
+        r.xadd(f"{prefix}:job", {"data": json.dumps({"plain": 1})})
+        svc.wait_until(lambda: r.xlen(f"{prefix}:done") == 1, what="the next entry handled")
+        assert svc.stop(timeout=40) == 0
+        assert "exiting without the tasks left behind" in svc.log()
+    finally:
+        svc.kill()
+        r.close()

@@ -11,6 +11,7 @@ import asyncio
 import contextlib
 import json
 import sys
+import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from decimal import Decimal
@@ -34,6 +35,7 @@ from printery import (
 from printery.inbox.dead_letters import replay_dead_letter
 from printery.keys import StreamKeys
 from printery.runs.index import RunIndexReader
+from printery.runtime import holding
 from printery.testing import wait_for
 
 
@@ -248,6 +250,78 @@ async def test_a_handler_that_swallows_its_cancellation_still_times_out(
         assert result.status == "failed" and result.data["reason_code"] == "timeout"
         assert states(manager) == {"stubborn": "running"}
     assert await client.xlen(keys.stream("out")) == 0
+
+
+async def test_a_call_that_never_ends_after_its_cancellation_is_given_up_on(
+    client: aioredis.Redis, prefix: str, redis_url: str, monkeypatch: Any
+) -> None:
+    """Before (found by a hostile run): a handler that swallowed every cancellation held
+    its step's one running place for ever, its entry was claimed back again and again
+    (deliveries past max_deliveries) and never dead-lettered, and its run and every run
+    after it never ended. Now the call is given up on a while after its cancellation:
+    the entry is redelivered, then dead-lettered with `timeout`, and the step goes on."""
+    monkeypatch.setattr(holding, "ABANDON_AFTER", 0.3)
+    keys = StreamKeys(prefix)
+    p = Pipeline("t", ingress=["in"])
+    let_go = asyncio.Event()  # the test's own way to end the stubborn calls at its end
+    calls = 0
+
+    @p.step("stubborn", consumes=["in"], produces=["out"], timeout=0.3)
+    async def stubborn(message: Message) -> Output:
+        nonlocal calls
+        if message.data.get("stubborn"):
+            calls += 1
+            while not let_go.is_set():
+                with contextlib.suppress(asyncio.CancelledError):
+                    await asyncio.sleep(0.05)
+        return Output("out", message.data)
+
+    try:
+        async with running(client, keys, p, visibility_timeout=1.0) as manager, \
+                Client(redis_url, stream_prefix=prefix, app=p) as runs:
+            stuck = await runs.submit({"stubborn": True})
+            plain = await runs.submit({"plain": 1})
+            result = await runs.result(stuck, timeout=20)
+            assert result.status == "failed" and result.data["reason_code"] == "timeout"
+            assert "abandoned" in result.data["error"]
+            assert (await runs.result(plain, timeout=20)).status == "out"
+            [letter] = [f for _, f in await client.xrange(keys.dlq)]
+            assert int(letter["deliveries"]) <= 3  # max_deliveries 2 (+1: found over)
+            assert calls == 2
+            assert states(manager) == {"stubborn": "running"}
+            pending = await client.xpending(keys.stream("in"), "stubborn")
+            assert pending["pending"] == 0
+            after = await runs.submit({"plain": 2})
+            assert (await runs.result(after, timeout=20)).status == "out"
+    finally:
+        let_go.set()
+    assert await client.xlen(keys.stream("out")) == 2  # the given-up calls committed nothing
+
+
+async def test_a_blocking_call_past_its_timeout_fails_with_timeout(
+    client: aioredis.Redis, prefix: str, redis_url: str
+) -> None:
+    """Before (found by a hostile run): a handler that blocked the event loop past its
+    timeout (``time.sleep``) could not be cancelled, and its result was committed. Now
+    a call that returns past its timeout fails with `timeout` all the same."""
+    keys = StreamKeys(prefix)
+    p = Pipeline("t", ingress=["in"])
+
+    @p.step("blocking", consumes=["in"], produces=["out"], timeout=0.2)
+    async def blocking(message: Message) -> Output:
+        if message.deliveries == 1:
+            time.sleep(0.5)  # noqa: ASYNC251 - the point of the test
+        return Output("out", {"delivery": message.deliveries})
+
+    async with running(client, keys, p) as manager, \
+            Client(redis_url, stream_prefix=prefix, app=p) as runs:
+        run = await runs.submit({})
+        result = await runs.result(run, timeout=15)
+        assert result.status == "out" and result.data == {"delivery": 2}
+        assert states(manager) == {"blocking": "running"}
+    error = await client.get(keys.last_error("blocking", keys.stream("in"), (
+        await client.xrange(keys.stream("in")))[0][0]))
+    assert error is not None and "without giving the event loop a turn" in error
 
 
 async def test_concurrency_bounds_the_handlers_running_at_once(

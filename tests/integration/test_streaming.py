@@ -157,6 +157,27 @@ async def test_a_plain_step_that_fails_retracts_what_it_showed_and_streams_anew(
     assert verdicts[-1] == (True, []) and verdicts[:-1] in ([], [(False, ["work_failed"])])
 
 
+async def test_a_draft_cut_short_by_the_step_timeout_is_retracted_as_timeout(
+    running: Any, client: aioredis.Redis, prefix: str
+) -> None:
+    """Before (found by a hostile run): retracted as ``cancelled`` while its dead letter
+    said ``timeout``; the retraction now names the step's timeout."""
+    pipeline = Pipeline("answers", ingress=["request"])
+
+    @pipeline.step("write", consumes=["request"], produces=["answer"], timeout=0.3)
+    async def write(message: Message) -> Output:
+        await message.partial("draft ")
+        if message.deliveries == 1:
+            await asyncio.sleep(30)
+        return Output("answer", {"text": "done"})
+
+    submitter = await running(pipeline)
+    run_id = await submitter.submit({"question": "why?"})
+    assert (await submitter.result(run_id, timeout=30)).data == {"text": "done"}
+    [first, *_] = [v for v in await shown(client, prefix, run_id) if "passed" in v]
+    assert first["passed"] is False and [r["code"] for r in first["reasons"]] == ["timeout"]
+
+
 async def test_a_step_that_never_streams_writes_nothing_of_it(
     running: Any, client: aioredis.Redis, prefix: str
 ) -> None:

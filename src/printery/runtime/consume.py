@@ -346,16 +346,32 @@ class EntryPipeline:
             begun = time.perf_counter()
             delivery.began = time.monotonic()
             failure: BaseException
+            if ticket is not None:
+                delivery.ticket = ticket
             try:
                 try:
                     result = await self.handler(message)
+                except BaseException:
+                    if not delivery.abandoned:
+                        raise
+                    return None  # given up on at its timeout (abandon): settled there
                 finally:
                     delivery.began = 0.0
-                    in_flight.leave()
-                    if gate is not None and ticket is not None:  # then a retry's claim
-                        gate.release(ticket, message.costs)
+                    if not delivery.abandoned:  # else given back as it was abandoned
+                        in_flight.leave()
+                        if gate is not None and ticket is not None:  # then a retry's claim
+                            gate.release(ticket, message.costs)
+                if delivery.abandoned:
+                    return None
                 if delivery.timed_out:  # it swallowed its cancellation and returned
                     raise asyncio.CancelledError
+                if (ran := time.perf_counter() - begun) > self.settings.timeout:
+                    # It never let the loop cancel it (a blocking call): past its deadline
+                    # all the same, and its result is not taken.
+                    raise StepTimeout(
+                        f"{self.worker} ran {ran:.1f} s, past its timeout of "
+                        f"{self.settings.timeout:g} s, without giving the event loop a turn "
+                        "to cancel it (a blocking call): its result is not used")
                 outputs = outputs_of(result)
             except WorkerCrashed:
                 raise
@@ -391,6 +407,26 @@ class EntryPipeline:
             if not isinstance(next_try, Message):
                 return next_try  # its dead letter, or None: lost to another consumer
             message = next_try
+
+    async def abandon(self, delivery: Delivery) -> None:
+        """Give up on a handler call that was cancelled at its timeout and still runs
+        (it swallows its cancellation): asyncio cannot end it, so what it holds is given
+        back (its place among the running calls, its limit slots, its handler slot), the
+        attempt counts as failed with ``timeout``, and the entry is handed back to be
+        delivered again, or dead-lettered once past ``max_deliveries``. Its task is left
+        to run; whatever it does later is not committed (:meth:`_run`)."""
+        delivery.abandoned = True
+        delivery.consumer.in_flight.leave()
+        if self.gate is not None and delivery.ticket is not None:
+            self.gate.release(delivery.ticket, {})
+        failure = StepTimeout(
+            f"{self.worker} ran past its timeout of {self.settings.timeout:g} s and ignored "
+            "its cancellation: the call was abandoned (its task left running)")
+        await self.failures.abandoned(delivery, failure)
+        await self.connectivity.retrying(lambda: self.leases.hand_back(
+            delivery.stream, delivery.consumer.name, [delivery.entry_id],
+            int(self.settings.visibility_timeout * 1000) + 1000))
+        delivery.release()
 
     def _timeout(self, delivery: Delivery, cancelled: asyncio.CancelledError) -> StepTimeout:
         """The failure of a call cancelled at its timeout; a cancellation that is a stop

@@ -5,6 +5,10 @@ from __future__ import annotations
 import asyncio
 import time
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from printery.runtime.limit_gate import Ticket
 
 #: The window of a consumer whose prefetch is unset: from (the start, kept while its
 #: handlers wait on I/O), to (reached while they do not).
@@ -187,8 +191,8 @@ class Consumer:
 class Delivery:
     """One entry a consumer holds, from read (or claim) to commit or hand-back."""
 
-    __slots__ = ("began", "consumer", "deliveries", "entry_id", "fields", "released", "slot",
-                 "started", "stream", "task", "timed_out")
+    __slots__ = ("abandoned", "began", "consumer", "deliveries", "entry_id", "fields", "released",
+                 "slot", "started", "stream", "task", "ticket", "timed_out")
 
     def __init__(
         self, consumer: Consumer, stream: str, entry_id: str, fields: dict[str, str], deliveries: int
@@ -209,6 +213,11 @@ class Delivery:
         #: Set when that call was cancelled at its timeout (the cancellation is then
         #: the attempt's failure, not a stop).
         self.timed_out = False
+        #: Set when that call went on regardless and was given up on
+        #: (:meth:`~printery.runtime.consume.EntryPipeline.abandon`).
+        self.abandoned = False
+        #: Its handler call's claim on the step's limits (None: the step has none).
+        self.ticket: Ticket | None = None
 
     def try_take_slot(self) -> bool:
         """Take a free handler slot of the consumer, if there is one (held until

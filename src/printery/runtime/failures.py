@@ -20,6 +20,7 @@ import functools
 import structlog
 
 from printery import _json
+from printery._util import where
 from printery.backoff import compute_backoff
 from printery.errors import Retry, StepTimeout, bounded_traceback, describe
 from printery.keys import StreamKeys
@@ -123,6 +124,16 @@ class Failures:
         await self._remember(delivery, failure, TIMEOUT if timed_out else "")
         again = await self._again(delivery, message, failure)
         return None if again.deliveries < 0 else again
+
+    async def abandoned(self, delivery: Delivery, failure: StepTimeout) -> None:
+        """A call given up on at its timeout (``EntryPipeline.abandon``): logged, and kept
+        as the entry's last error, so the dead letter of a later delivery says why."""
+        log.error("handler ignored its cancellation at its timeout: abandoned",
+                  worker=self.worker, stream=delivery.stream, entry_id=delivery.entry_id,
+                  deliveries=delivery.deliveries,
+                  at=where(delivery.task) if delivery.task is not None else "")
+        self.stats.errors += 1
+        await self._remember(delivery, failure, TIMEOUT)
 
     @staticmethod
     def timed_out(delivery: Delivery) -> bool:

@@ -14,13 +14,17 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import Collection, Sequence
+from collections.abc import Awaitable, Callable, Collection, Sequence
 from dataclasses import dataclass
 
 from printery._util import idle
-from printery.runtime.consumer import Consumer, ConsumerSettings
+from printery.errors import TIMEOUT_CANCEL
+from printery.runtime.consumer import Consumer, ConsumerSettings, Delivery
 from printery.runtime.limit_gate import LimitGate
 from printery.transport.streams import CONNECTION_ERRORS, Leases
+
+#: Seconds a call cancelled at its timeout may take to end before it is given up on.
+ABANDON_AFTER = 5.0
 
 
 @dataclass(slots=True)
@@ -32,6 +36,9 @@ class Holdings:
     leases: Leases
     settings: ConsumerSettings
     gate: LimitGate | None
+    #: Gives up on a call that was cancelled at its timeout and still runs
+    #: (:meth:`~printery.runtime.consume.EntryPipeline.abandon`).
+    abandon: Callable[[Delivery], Awaitable[None]]
 
     async def keep(self, closing: asyncio.Event) -> None:
         """Renew every held entry's lease (and the slots of running handlers) every third
@@ -54,19 +61,28 @@ class Holdings:
         until ``closing`` is set: the entry pipeline sees the cancellation as the
         attempt's failure (``reason_code`` ``timeout``). One sweep a second (or four per
         timeout when that is shorter) rather than a timer per call: the common call
-        costs nothing but noting when it began."""
+        costs nothing but noting when it began. A call still running
+        :data:`ABANDON_AFTER` seconds after its cancellation swallowed it: it is given up
+        on (``abandon``), so that one stubborn call never holds its step, its entry or
+        its run for ever."""
         timeout = self.settings.timeout
         interval = max(0.01, min(1.0, timeout / 4))
         while not closing.is_set():
             await idle(interval)
-            overdue = time.monotonic() - timeout
+            now = time.monotonic()
+            overdue, stubborn = now - timeout, now - timeout - ABANDON_AFTER
             for consumer in self.consumers:
                 for delivery in list(consumer.held.values()):
-                    if 0.0 < delivery.began < overdue and not delivery.timed_out:
-                        task = delivery.task
-                        if task is not None and not task.done():
-                            delivery.timed_out = True
-                            task.cancel()
+                    if not 0.0 < delivery.began < overdue:
+                        continue
+                    task = delivery.task
+                    if task is None or task.done():
+                        continue
+                    if not delivery.timed_out:
+                        delivery.timed_out = True
+                        task.cancel(TIMEOUT_CANCEL)
+                    elif delivery.began < stubborn and not delivery.abandoned:
+                        await self.abandon(delivery)
 
     async def hand_back(self, *, started: bool | None = None) -> None:
         """Make held entries (``started``: only those whose handler did or did not start)

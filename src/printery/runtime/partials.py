@@ -33,7 +33,7 @@ from typing import Any, Protocol
 import structlog
 
 from printery import _json
-from printery.errors import describe
+from printery.errors import TIMEOUT_CANCEL, describe
 from printery.fields import ITEM
 from printery.keys import StreamKeys
 from printery.transport.connection import Redis
@@ -219,7 +219,7 @@ async def retract(message: Attempt, exc: BaseException) -> None:
     if isinstance(exc, TimeoutError):
         code = "timeout"
     elif isinstance(exc, asyncio.CancelledError):
-        code = "cancelled"
+        code = "timeout" if exc.args[:1] == (TIMEOUT_CANCEL,) else "cancelled"
     await withdraw(message, [{"code": code if isinstance(code, str) and code else FAILED,
                               "field": "", "message": describe(exc)}])
 

@@ -100,7 +100,10 @@ class HandlerRunner:
             # Committed as they finish, not once the handler here is done: one of them
             # may hold the only slot (``parallel=1``, an aggregator's) that a retry of
             # the handler here waits for after its backoff, which gave that slot back.
-            rest_settled = loop.create_task(self._commit_as_done(running, [], begun),
+            # The entries decided before it go with them: the handler here may never end
+            # (one that swallows its cancellation is given up on, not ended).
+            before, decided[:] = decided[:], []
+            rest_settled = loop.create_task(self._commit_as_done(running, before, begun),
                                             context=clean.copy())
 
         signal = loop.call_soon(start_the_rest)

@@ -165,7 +165,8 @@ class StreamWorker:
             self._gate = LimitGate(store, self.keys, self.limits, worker=self.name,
                                    observer=self.observer, falls_back=fallback_of(self.handler))
         lanes = self._lanes = Lanes(self.keys, lambda keys: self._lane(keys, connectivity))
-        holdings = Holdings(self._consumers, self._leases, self.settings, self._gate)
+        holdings = Holdings(self._consumers, self._leases, self.settings, self._gate,
+                            lambda delivery: lanes.of_stream(delivery.stream).pipeline.abandon(delivery))
         intake = Intake(self.name, client=self.client, consumers=self._consumers,
                         settings=self.settings, ctx=ctx, closing=self._closing,
                         connectivity=connectivity, prepare=self.prepare, accept=self._accept,

@@ -26,6 +26,7 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
+import sys
 from abc import ABC, abstractmethod
 
 from printery._util import log_failure, stop_tasks, wait_event, where
@@ -116,20 +117,38 @@ class ProcessLifecycle(ABC):
             loop.add_signal_handler(sig, self._on_signal, sig)
         watch = asyncio.create_task(self._watch_server())
         watch.add_done_callback(log_failure)
+        code = EXIT_FAILED
         try:
             code = await self.main()
         finally:
-            await self._stop_leftovers()
+            if await self._stop_leftovers():
+                self._exit_now(EXIT_FAILED if self.server_lost is not None else code)
         return EXIT_FAILED if self.server_lost is not None else code
 
-    async def _stop_leftovers(self) -> None:
+    async def _stop_leftovers(self) -> bool:
         """End every task still running once :meth:`main` is done (the server watch, and
-        any a stop left behind), each named in the log if it will not end: after this
-        the event loop closes, and it would wait on them without bound."""
+        any a stop left behind), each named in the log if it will not end; whether some
+        would not (a handler that swallows its cancellation)."""
         current = asyncio.current_task()
         leftovers = [task for task in asyncio.all_tasks() if task is not current]
-        for task in await stop_tasks(leftovers, timeout=EXIT_TASK_TIMEOUT):
+        left = await stop_tasks(leftovers, timeout=EXIT_TASK_TIMEOUT)
+        for task in left:
             log.error("task did not stop at exit: left behind", task=task.get_name(), at=where(task))
+        return bool(left)
+
+    def _exit_now(self, code: int) -> None:
+        """Exit with ``code`` without closing the event loop: closing it cancels every
+        task and waits for each to end, and a task that swallows its cancellation never
+        does (the process would run on after its stop). What :meth:`run` does after
+        the loop is done here first."""
+        log.error("exiting without the tasks left behind", exit_code=code)
+        try:
+            self.cleanup()
+        finally:
+            self._release_server()
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os._exit(code)
 
     async def _watch_server(self) -> None:
         """Every :data:`SERVER_CHECK_INTERVAL`, the embedded server is checked and
