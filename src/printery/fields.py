@@ -74,6 +74,11 @@ REPLAYED_FROM = "replayed_from"
 #: without calling its handler, so a sibling of STEP does not run again.
 REPLAY_FOR = "replay_for"
 
+#: On the second and later outputs of one handler call: the ``event_id`` of its first.
+#: Every output carries the call's ``duration_ms`` and ``cost``; the sums count a call
+#: once, by the outputs that carry no ``call_of``.
+CALL_OF = "call_of"
+
 #: On a loop's attempt entry whose ``work`` showed partials: its verdict is published to
 #: the run's followers when it is judged, or its draft retracted when a budget stops the
 #: run first (reference: streaming through the gate).

@@ -258,26 +258,30 @@ def test_cost_sums_exactly_per_step_and_unit(server: ServerProcess, prefix: str,
     put("dependencies:checked", "dep-a", "dependency-checker", "10.250", {"probes": 2})
     put("health:checked", "dep-a", "health-monitor", "100.500", {"probes": 5})
     put("health:checked", "dep-b", "health-monitor", "50.250", {"probes": 1})
-    # One notifier call writing three outputs: counted once.
+    # One notifier call writing three outputs (the later ones name the first): counted
+    # once; a second call with the same figures counts again.
     for channel in ("a", "b", "c"):
         put("notification:sent", "dep-a", "notifier", "7.125",
-            {"webhook_posts": 4, "bytes_posted": 1000}, channel=channel)
+            {"webhook_posts": 4, "bytes_posted": 1000}, channel=channel,
+            **({"call_of": "first"} if channel != "a" else {}), event_id=f"n-{channel}")
+    put("notification:sent", "dep-a", "notifier", "7.125",
+        {"webhook_posts": 4, "bytes_posted": 1000}, channel="a", event_id="n-again")
     put(STARTED, "dep-a", "printery-cli", "1.000", {"probes": 99})  # not a step: ignored
 
     summary = as_json(cli(server.url, prefix, "cost", "--json"))
     assert summary["steps"] == {
         "dependency-checker": {"calls": 1, "duration_ms": 10.25, "cost": {"probes": 2}},
         "health-monitor": {"calls": 2, "duration_ms": 150.75, "cost": {"probes": 6}},
-        "notifier": {"calls": 1, "duration_ms": 7.125,
-                     "cost": {"webhook_posts": 4, "bytes_posted": 1000}},
+        "notifier": {"calls": 2, "duration_ms": 14.25,
+                     "cost": {"webhook_posts": 8, "bytes_posted": 2000}},
     }
-    assert summary["total"] == {"calls": 4, "duration_ms": 168.125,
-                                "cost": {"probes": 8, "webhook_posts": 4, "bytes_posted": 1000}}
+    assert summary["total"] == {"calls": 5, "duration_ms": 175.25,
+                                "cost": {"probes": 8, "webhook_posts": 8, "bytes_posted": 2000}}
     one = as_json(cli(server.url, prefix, "cost", "dep-b", "--json"))
     assert one["steps"] == {"health-monitor": {"calls": 1, "duration_ms": 50.25,
                                                "cost": {"probes": 1}}}
     recent = as_json(cli(server.url, prefix, "cost", "--since", "10m", "--json"))
-    assert recent["total"]["calls"] == 4
+    assert recent["total"]["calls"] == 5
     assert cli(server.url, prefix, "cost", "--since", "soon").returncode == 2
     assert "health-monitor" in cli(server.url, prefix, "cost").stdout
 

@@ -23,6 +23,7 @@ from printery import (
     Reason,
     ReplayError,
     StreamKeys,
+    cost_summary,
     replay,
     to_mermaid,
     to_text,
@@ -273,3 +274,29 @@ async def test_replay_from_inside_a_map_is_refused_with_the_step_to_use(
     for step in ("pages:each", "pages:collect"):
         with pytest.raises(ReplayError, match="replay --from pages splits again"):
             await replay(client, StreamKeys(prefix), pipeline, run_id, from_step=step)
+
+
+async def test_every_items_call_is_counted_in_the_runs_cost(
+    running: Any, client: aioredis.Redis, prefix: str, server: Any
+) -> None:
+    """Before (found by a hostile run): calls of one step with the same duration and cost
+    were taken for one call writing several outputs, so 30 items reporting a token each
+    cost 10. Now the later outputs of one call name its first (``call_of``), and each
+    call counts once: the split's items once, every item's call once."""
+    def tokens(message: Message) -> dict[str, Any]:
+        message.report_cost("tokens", 1)
+        return {"n": message.data}
+
+    pipeline = Pipeline("docs", ingress=["document"], cost_units=("tokens",))
+    pipeline.add(Map("pages", consumes="document", produces="merged", split=pages,
+                     each=tokens, cost_units=("tokens",), concurrency=4))
+    submitter = await running(pipeline)
+    run_id = await submitter.submit({"pages": list(range(30))})
+    result = await submitter.result(run_id, timeout=20)
+    assert result.status == "merged" and result.cost == {"tokens": 30}
+    items = [e for e in result.entries if e["type"] == "pages:item"]
+    assert [e.get("call_of") for e in items[1:]] == [items[0]["event_id"]] * 29
+    summary = await cost_summary(client, StreamKeys(prefix), pipeline, run_id)
+    assert summary["steps"]["pages"]["calls"] == 1
+    assert summary["steps"]["pages:each"]["calls"] == 30
+    assert summary["steps"]["pages:each"]["cost"] == {"tokens": 30}

@@ -3,8 +3,9 @@ streams themselves.
 
 Every entry a worker writes carries ``duration_ms`` (handler time) and, when reported,
 ``cost`` (JSON of named amounts); ``producer`` names the step. One handler call that
-writes several outputs puts the same figures on each, so entries are counted once per
-(producer, correlation id, duration_ms, cost) — one handler call. Handler calls that
+writes several outputs puts the same figures on each, and its outputs after the first
+name the first in ``call_of``: a call is counted once, by its first output (calls of a
+step with the same figures, Map items for one, are each counted). Handler calls that
 wrote no output (an aggregator still waiting for branches) leave no trace and are not
 counted. Scans with XRANGE (from the ``since`` time when given): operator use only.
 """
@@ -19,6 +20,7 @@ from typing import Any
 
 from printery import _json
 from printery.envelope import correlation_of
+from printery.fields import CALL_OF
 from printery.keys import DLQ, REVIEW, StreamKeys
 from printery.pipeline.dag import Pipeline
 from printery.runtime.reservations import reserved_sums
@@ -104,27 +106,23 @@ async def budget_status(
 
 
 class CallTally:
-    """Sums handler calls per step: entries of one call (one handler call that wrote
-    several outputs puts the same figures on each) count once. Only entries produced by
-    the pipeline's steps count; ``correlation_id`` restricts to one run."""
+    """Sums handler calls per step: the outputs of one call all carry its figures, and
+    count once (by its first: the others name it in ``call_of``). Only entries produced
+    by the pipeline's steps count; ``correlation_id`` restricts to one run."""
 
     def __init__(self, pipeline: Pipeline, correlation_id: str | None = None) -> None:
         self.pipeline = pipeline
         self.correlation_id = correlation_id
-        self._seen: set[tuple[str, str, str, str]] = set()
         self._steps: dict[str, dict[str, Any]] = {}
 
     def add(self, fields: Mapping[str, str]) -> None:
         producer = fields.get("producer", "")
-        if producer not in self.pipeline.steps or "duration_ms" not in fields:
+        if producer not in self.pipeline.steps or "duration_ms" not in fields \
+                or CALL_OF in fields:
             return
         cid = correlation_of(fields, self.pipeline.correlation_field) or ""
         if self.correlation_id is not None and cid != self.correlation_id:
             return
-        call = (producer, cid, fields.get("duration_ms", ""), fields.get("cost", ""))
-        if call in self._seen:
-            return
-        self._seen.add(call)
         _add(self._steps.setdefault(producer, {"calls": 0, "duration_ms": 0.0, "cost": {}}),
              fields)
 

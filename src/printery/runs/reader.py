@@ -40,7 +40,7 @@ from typing import Any
 
 from printery import _json
 from printery.envelope import correlation_of
-from printery.fields import STEP, WORKER
+from printery.fields import CALL_OF, STEP, WORKER
 from printery.keys import DLQ, REVIEW, REVIEW_DECIDED, RUN_FAILED, StreamKeys, partition_of
 from printery.pipeline.dag import Pipeline
 from printery.runs.cost import CallTally
@@ -86,8 +86,8 @@ def run_cost(pipeline: Pipeline, entries: Iterable[Mapping[str, Any]]) -> dict[s
     as the reader returns them (``cost`` and ``data`` parsed)."""
     tally = CallTally(pipeline)
     for entry in entries:
-        fields = {k: str(entry[k]) for k in ("producer", "duration_ms", pipeline.correlation_field)
-                  if k in entry}
+        fields = {k: str(entry[k]) for k in ("producer", "duration_ms", CALL_OF,
+                                             pipeline.correlation_field) if k in entry}
         cost = entry.get("cost")
         if cost is not None:
             fields["cost"] = cost if isinstance(cost, str) else _json.dumps(cost)

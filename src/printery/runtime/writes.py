@@ -12,6 +12,7 @@ from printery import _json
 from printery.envelope import Codec, correlation_of
 from printery.errors import PayloadTooLarge
 from printery.fields import (
+    CALL_OF,
     ITEM,
     ITEM_FAILED,
     ITEM_FIELDS,
@@ -63,13 +64,15 @@ class Writes:
             replay_of = message.envelope.extra.get("replay_of")
             if replay_of:
                 extra["replay_of"] = replay_of
-        appends = []
+        appends: list[Append] = []
         for out in outputs:
             fields = self.codec.new_fields(
                 out.type, out.data, correlation_id=out.correlation_id or correlation_id,
                 producer=self.worker, idempotency_key=out.idempotency_key, extra=extra,
                 more=out.extra,
             )
+            if not appends:  # the later outputs of the call name it by its first
+                extra = {**extra, CALL_OF: fields["event_id"]}
             once = self.keys.once(out.once) if out.once else ""
             stream = self._streams.get(out.type)
             if stream is None:
