@@ -7,13 +7,14 @@ import json
 import redis.asyncio as aioredis
 from examples import docflow
 
+from printery import Pipeline
 from printery.keys import StreamKeys
 from printery.runtime.handler import Message, Output
 from printery.runtime.payloads import PayloadStore
 from printery.servers.process import ServerProcess
 from printery.supervisor.manager import WorkerManager
 from printery.testing import wait_for
-from support.spine import publish, stream_worker
+from support.spine import pipeline_starter, publish, stream_worker
 
 
 async def test_docflow_example_runs_end_to_end(server: ServerProcess, client: aioredis.Redis,
@@ -100,3 +101,23 @@ async def _gone(client: aioredis.Redis, key: str) -> bool:
 
 async def _async(value: bool) -> bool:
     return value
+
+
+async def test_a_result_over_the_inline_limit_is_its_data_not_its_reference(
+    server: ServerProcess, client: aioredis.Redis, prefix: str
+) -> None:
+    """Before (found by a hostile run): ``Client.result`` gave a large outcome's
+    ``{"$ref", "size"}``, as stored, where the reference promises the outcome's data."""
+    pipeline = Pipeline("big", ingress=["ask"])
+
+    @pipeline.step("write", consumes=["ask"], produces=["answer"])
+    async def write(message: Message) -> Output:
+        return Output("answer", {"text": "y" * 100_000})
+
+    async with pipeline_starter(server.url, client, prefix, max_deliveries=2) as start:
+        submitter = await start(pipeline)
+        run_id = await submitter.submit({})
+        result = await submitter.result(run_id, timeout=20)
+    assert result.status == "answer" and result.data == {"text": "y" * 100_000}
+    [answer] = [e for e in result.entries if e["stream"] == "answer"]
+    assert answer["data"]["$ref"].startswith("blob:")  # the entry as stored

@@ -25,7 +25,6 @@ from printery._util import now_rfc3339, stream_id_ms
 from printery.envelope import correlation_of
 from printery.errors import (
     BlobMissing,
-    PayloadTooLarge,
     ReviewError,
     ReviewInvalid,
     ReviewNotFound,
@@ -163,10 +162,8 @@ async def _data(client: Redis, keys: StreamKeys, fields: Mapping[str, str]) -> A
     cannot be decoded (a decision must still be possible)."""
     raw = fields.get("data", "null")
     try:
-        if PayloadStore.reference_of(raw) is not None:
-            raw = (await PayloadStore(client, keys).resolve_fields({"data": raw}))["data"]
-        return _json.loads(raw)
-    except (ValueError, BlobMissing, PayloadTooLarge):
+        return await PayloadStore(client, keys).resolved(_json.loads(raw))
+    except (ValueError, BlobMissing):
         return raw
 
 

@@ -31,6 +31,7 @@ streams are on disk with the AOF) until the caller's deadline.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import heapq
 import time
 from collections.abc import AsyncIterator, Callable, Iterable, Mapping, Sequence
@@ -40,6 +41,7 @@ from typing import Any
 
 from printery import _json
 from printery.envelope import correlation_of
+from printery.errors import BlobMissing
 from printery.fields import CALL_OF, STEP, WORKER
 from printery.keys import DLQ, REVIEW, REVIEW_DECIDED, RUN_FAILED, StreamKeys, partition_of
 from printery.pipeline.dag import Pipeline
@@ -47,6 +49,7 @@ from printery.runs.cost import CallTally
 from printery.runs.history import decode_fields, id_order
 from printery.runs.partials import Shown, ShownSoFar, merged, read_shown
 from printery.runs.tail import Following, Row, RunTail
+from printery.runtime.payloads import PayloadStore
 from printery.runtime.run_index import RUNNING, run_status
 from printery.store import UNREACHABLE, Outage, Redis
 from printery.store.run_index import run_start
@@ -370,7 +373,10 @@ class RunReader:
         entries = [entry async for entry in self.follow(run_id, deadline=deadline)]
         outcome = entries[-1]
         summary = run_cost(self.pipeline, entries)
-        return RunResult(run_id, run_status(outcome), outcome.get("data"), entries,
+        data = outcome.get("data")
+        with contextlib.suppress(BlobMissing):  # expired: the reference, as stored
+            data = await PayloadStore(self.client, self.keys.of(run_id)).resolved(data)
+        return RunResult(run_id, run_status(outcome), data, entries,
                          dict(summary["total"]["cost"]))
 
     async def _retrying(self, call: Any, deadline: float | None) -> Any:

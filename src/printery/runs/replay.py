@@ -19,13 +19,13 @@ from typing import Any
 
 from printery import _json
 from printery.envelope import correlation_of
-from printery.errors import InvalidReplayId, ReplayError
+from printery.errors import BlobMissing, InvalidReplayId, ReplayError
 from printery.fields import REPLAY_FOR, TRACEPARENT
 from printery.keys import StreamKeys
 from printery.pipeline.dag import Pipeline, steps_reached
 from printery.runs.history import find_entries, id_order
+from printery.runtime.payloads import PayloadStore
 from printery.store import Redis
-from printery.store.blobs import read_blob
 from printery.store.scan import append_entries, scan_stream
 from printery.transport.streams import public_api
 
@@ -202,12 +202,8 @@ def _decodes(fields: Mapping[str, str]) -> bool:
 
 async def _data(client: Redis, keys: StreamKeys, raw: str) -> Any:
     """The entry's data, with a blob reference resolved (the copy must carry the id)."""
-    data = _json.loads(raw)
-    ref = data.get("$ref") if isinstance(data, dict) else None
-    if isinstance(ref, str) and ref.startswith(_REF_PREFIX):
-        blob = await read_blob(client, keys, ref[len(_REF_PREFIX):])
-        if blob is None:
-            raise ReplayError(f"the entry's payload {ref} has expired")
-        return _json.loads(blob)
-    return data
+    try:
+        return await PayloadStore(client, keys).resolved(_json.loads(raw))
+    except BlobMissing as exc:
+        raise ReplayError(f"the entry's payload has expired: {exc}") from None
 

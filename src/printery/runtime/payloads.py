@@ -5,6 +5,7 @@ N}``. Consumers resolve before decoding, so handlers never know."""
 from __future__ import annotations
 
 import hashlib
+from typing import Any
 
 from printery import _json
 from printery.errors import BlobMissing, PayloadTooLarge
@@ -75,6 +76,19 @@ class PayloadStore:
         if len(text) > self.limit:
             raise PayloadTooLarge(f"resolved data is {len(text)} bytes, limit {self.limit}")
         return {**fields, "data": text}
+
+    async def resolved(self, data: Any) -> Any:
+        """``data`` (decoded) with a ``$ref`` replaced by its blob's data, for a reader of
+        entries (a run's result, a review, a replay's copy). Raises :class:`BlobMissing`
+        for a reference to nothing."""
+        ref = data.get("$ref") if isinstance(data, dict) and len(data) <= 2 else None
+        if not isinstance(ref, str) or not ref.startswith(REF_PREFIX):
+            return data
+        digest = ref[len(REF_PREFIX):]
+        text = await read_blob(self.client, self.keys, digest)
+        if text is None:
+            raise BlobMissing(f"blob {digest} does not exist (expired or never written)")
+        return _json.loads(text)
 
     async def store_if_large(self, data_json: str) -> str:
         """The ``data`` field to write: ``data_json`` itself, or a reference to its blob."""
