@@ -79,9 +79,10 @@ REPLAY_FOR = "replay_for"
 #: once, by the outputs that carry no ``call_of``.
 CALL_OF = "call_of"
 
-#: On a loop's attempt entry whose ``work`` showed partials: its verdict is published to
-#: the run's followers when it is judged, or its draft retracted when a budget stops the
-#: run first (reference: streaming through the gate).
+#: On a loop's attempt entry whose ``work`` showed partials (its value: the attempt's
+#: number): its verdict is published to the run's followers when it is judged, or its
+#: draft retracted when a budget stops the run first, or when the entry that wrote it
+#: did not commit (reference: streaming through the gate).
 STREAMED = "streamed"
 
 #: On every entry while tracing is on (docs/reference.md, Tracing): the W3C trace context

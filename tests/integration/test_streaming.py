@@ -124,6 +124,40 @@ async def test_a_loop_streams_each_attempt_and_its_verdict_commits_or_retracts_i
     assert 0 < ttl <= 3600
 
 
+async def test_an_attempt_whose_entry_another_delivery_took_is_retracted(
+    running: Any, client: aioredis.Redis, prefix: str
+) -> None:
+    """Before (found by ``make chaos``): a delivery that streamed an attempt after
+    another delivery had taken its entry (its lease lapsed behind a blocked event loop)
+    committed nothing, and its draft was never judged: no verdict for ever. Now its
+    draft is retracted as ``redelivered``."""
+    work = Streaming()
+    pipeline = Pipeline("answers", ingress=["request"])
+    pipeline.add(Loop("draft", consumes="request", produces="answer", work=work.work,
+                      validate=work.validate, max_attempts=3))
+    submitter = await running(pipeline)
+    run_id = await submitter.submit({"question": "why?"})
+
+    async def first_chunk() -> list[dict[str, Any]]:
+        found = await shown(client, prefix, run_id)
+        return found if found and found[0].get("text") == "draft " else []
+
+    await wait_for(first_chunk, timeout=10)
+    # Another delivery takes the entry and settles it, as a claim after a lapsed lease.
+    stream = StreamKeys(prefix).stream("request")
+    [pending] = await client.xpending_range(stream, "draft", "-", "+", 10)
+    await client.xclaim(stream, "draft", "elsewhere", 0, [pending["message_id"]])
+    await client.xack(stream, "draft", pending["message_id"])
+    work.go_on.set()
+
+    async def retracted() -> list[dict[str, Any]]:
+        return [v for v in await shown(client, prefix, run_id) if "passed" in v]
+
+    [verdict] = await wait_for(retracted, timeout=10, message="the retraction")
+    assert (verdict["attempt"], verdict["passed"]) == (1, False)
+    assert [r["code"] for r in verdict["reasons"]] == ["redelivered"]
+
+
 async def test_a_plain_step_that_fails_retracts_what_it_showed_and_streams_anew(
     running: Any, client: aioredis.Redis, prefix: str
 ) -> None:

@@ -829,7 +829,8 @@ async def diagnosis(ctx: Context) -> str:
         for entry_id, fields in await ctx.redis.xrange(stream):
             shown = {k: (v[:80] + "..." if len(v) > 80 else v) for k, v in fields.items()
                      if k in ("type", "correlation_id", "producer", "reason_code", "error",
-                              "data", "idempotency_key", "cost")}
+                              "data", "idempotency_key", "cost", "kind", "step", "attempt",
+                              "text", "passed", "reasons")}
             lines.append(f"  {stream.removeprefix(ctx.keys.prefix)} {entry_id} {shown}")
     return "\n".join(lines)
 

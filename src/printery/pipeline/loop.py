@@ -266,7 +266,7 @@ class Loop:
         writer = current()  # its partials are on the server before the attempt commits
         if writer is not None:
             await writer.flush()
-        return _entry(self.shape, self.shape.attempt_type, message, n, entry, {STREAMED: "1"})
+        return _entry(self.shape, self.shape.attempt_type, message, n, entry, {STREAMED: str(n)})
 
     async def _judge(self, message: Message, attempt: Mapping[str, Any]) -> list[Output]:
         shape, n, output = self.shape, attempt["attempt"], attempt["data"]

@@ -67,7 +67,7 @@ from printery.runtime.run_handlers import HandlerRunner
 from printery.runtime.run_index import RunIndex, RunMark
 from printery.runtime.spans import bind_spans
 from printery.runtime.writes import Writes
-from printery.transport.commit import Append, Committer, EntryCommit
+from printery.transport.commit import DUPLICATE, FENCED, Append, Committer, EntryCommit
 from printery.transport.records import RecordLookup
 from printery.transport.streams import Leases, public_api
 from printery.worker import WorkerStats
@@ -472,11 +472,16 @@ class EntryPipeline:
             for item in decided:
                 letter = item.letter
                 results.append(next(rest) if letter is None else await self.failures.write(letter))
+        lost = []
         for item, result in zip(decided, results, strict=True):
             try:
                 self._settle(item, result, time.perf_counter() - begun)
             finally:
                 item.delivery.release()
+            if result in (FENCED, DUPLICATE) and item.message is not None:
+                lost.append(item)
+        for item in lost:
+            await _lost_drafts(item)
 
     @public_api
     async def emit(self, outputs: Sequence[Output], *, correlation_id: str) -> int:
@@ -491,6 +496,20 @@ class EntryPipeline:
         if isinstance(result, Exception):
             raise result
         return max(0, int(result) - 1)
+
+
+async def _lost_drafts(item: Decided) -> None:
+    """Retract the draft of a loop's attempt whose entry did not commit here (another
+    delivery took the entry meanwhile, or committed it first): its attempt is never
+    judged, so its verdict would never come; the other delivery's stands."""
+    message = item.message
+    assert message is not None
+    for append in item.commit.appends:
+        attempt = append.fields.get(STREAMED)
+        if attempt and attempt.isdigit():
+            await partials.withdraw(dataclasses.replace(message, attempt=int(attempt)), [{
+                "code": "redelivered", "field": "",
+                "message": "another delivery of the entry took its place"}])
 
 
 async def _unshown(message: Message, outputs: Sequence[Output], code: str, error: str) -> None:
