@@ -103,6 +103,8 @@ def _describe_error(root: type[BaseModel], error: ErrorDetails) -> tuple[str, ob
     info, owner = _field_at(root, loc)
     if error["type"] in ("printery", "printery_key"):
         allowed = str(ctx["allowed"])
+    elif error["type"] == "value_error":  # a table's own validator: its words
+        allowed = str(error["msg"]).removeprefix("Value error, ")
     elif error["type"] == "extra_forbidden":
         known = ", ".join(owner.model_fields) if owner is not None else ""
         allowed = f"no such key; known keys: {known}"

@@ -251,6 +251,14 @@ def test_bad_config_file_values(tmp_path: Path, text: str, expected: str) -> Non
     assert message.startswith(f"invalid {expected} (config file ")
 
 
+def test_a_default_channel_notify_would_refuse_is_a_bad_setting(tmp_path: Path) -> None:
+    """It was accepted, and every deployment then notified nobody (a log line each)."""
+    message = config_error(env={"PRINTERY_CONFIG": write_config(
+        tmp_path, '[notifier]\ndefault_channels = ["log", "ftp://nowhere"]\n')})
+    assert message.startswith("invalid notifier.default_channels (config file ")
+    assert "unknown channel 'ftp://nowhere': expected 'log'" in message
+
+
 def test_review_deadlines_per_kind(tmp_path: Path) -> None:
     path = write_config(tmp_path, "[review.approval]\ntimeout = 90\n[review.other]\n")
     settings = load_settings({"config": path}, {}, app=DEPLOY_APP)

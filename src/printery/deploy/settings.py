@@ -14,9 +14,10 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Literal, Protocol, TypeVar
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, field_validator
 
 from printery import AppConfig, SettingsTable
+from printery.deploy.delivery import parse_channel
 from printery.deploy.events import DEPENDENCY_CHECKER, HEALTH_MONITOR
 
 __all__ = [
@@ -77,6 +78,15 @@ class NotifierSettings(SettingsTable):
     allow_hosts: tuple[str, ...] = ()
     timeout: float = Field(default=10.0, gt=0)
     max_response_bytes: int = Field(default=65_536, ge=1)
+
+    @field_validator("default_channels")
+    @classmethod
+    def _channels(cls, channels: tuple[str, ...]) -> tuple[str, ...]:
+        """Each channel as ``notify`` takes it: a bad one is a bad setting (exit 2), not
+        a log line per deployment that then notifies nobody."""
+        for channel in channels:
+            parse_channel(channel)  # its ValueError says what is wrong and what is allowed
+        return channels
 
 
 class HasTables(Protocol):
