@@ -248,6 +248,10 @@ class Settings(SettingsTable):
             raise not_allowed(f"{allowed} ({exc})" if parts.scheme in CLUSTER_SCHEMES else allowed) from None
         if parts.scheme == "unix" and not parts.path:
             raise not_allowed(allowed)
+        database = parts.path.strip("/") if parts.scheme in ("redis", "rediss") else ""
+        if database and not database.isdigit():  # redis-py would read "/abc" as db 0
+            raise not_allowed(f"{allowed}; the path a database number (/0, /1, ...), "
+                              f"not {database!r}")
         return value.strip()
 
     @field_validator("worker", mode="before")

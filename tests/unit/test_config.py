@@ -87,6 +87,7 @@ def test_defaults_match_the_contract() -> None:
     [
         ({"REDIS_URL": "http://localhost:6379"}, "redis_url"),
         ({"REDIS_URL": "redis://localhost:notaport"}, "redis_url"),
+        ({"REDIS_URL": "redis://localhost:6379/abc"}, "redis_url"),  # was db 0, silently
         ({"LOG_LEVEL": "verbose"}, "log_level"),
         ({"ENVIRONMENT": "prod"}, "environment"),
         ({"WORKER_MODE": "validator,nope"}, "worker"),
