@@ -38,7 +38,7 @@ def dlq() -> None:
 
 
 @dlq.command("list")
-@click.option("--count", type=click.IntRange(min=1), default=1000, show_default=True)
+@click.option("--count", type=click.IntRange(1, 1_000_000), default=1000, show_default=True)
 @json_option
 def dlq_list(count: int, as_json: bool) -> None:
     """List dead letters, oldest first: with --json every field of each (the original

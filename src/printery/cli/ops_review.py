@@ -57,7 +57,7 @@ def _run(body: Callable[[Redis], Awaitable[T]]) -> T:
 
 
 @review.command("list")
-@click.option("--limit", type=click.IntRange(min=1), default=REVIEW_PAGE, show_default=True,
+@click.option("--limit", type=click.IntRange(1, 1_000_000), default=REVIEW_PAGE, show_default=True,
               help="most reviews to show")
 @click.option("--after", default="", metavar="ID", help="show those after this review")
 @json_option

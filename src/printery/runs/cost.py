@@ -59,7 +59,7 @@ async def cost_summary(
     """
     start = "-"
     if since_seconds is not None:
-        start = str(int((time.time() - since_seconds) * 1000))
+        start = str(max(0, int((time.time() - since_seconds) * 1000)))  # before 1970: all
     tally = CallTally(pipeline, correlation_id)
     # One run's entries are in its partition; every run's in every partition
     # (docs/reference.md, Partitions).
