@@ -58,7 +58,7 @@ class _OperatorGroup(click.Group):
               help="the pipeline [env: PRINTERY_APP; default: the deployment pipeline]")
 @click.option("--partitions", metavar="N", default=None,
               help="partitions of every stream, as the workers use [env: "
-                   "PRINTERY_PARTITIONS; default: 1]")
+                   "PRINTERY_PARTITIONS; default: the count recorded in <prefix>:layout]")
 @version_option
 @click.pass_context
 def printery(
