@@ -45,6 +45,29 @@ def dumpb(value: Any, option: int | None = None) -> bytes:
         return orjson.dumps(_valid(value), option=option)
 
 
+def dumps_data(value: Any) -> str:
+    """An entry's ``data`` as JSON: :func:`dumps`, but NaN and Infinity are refused
+    (``ValueError``), where orjson would write ``null``: a model's score of NaN must not
+    reach the next step as a silent null (it fails the output as not serializable)."""
+    text = dumps(value)
+    if "null" in text and _not_finite(value):
+        raise ValueError("NaN and Infinity are not JSON (orjson would write them as null)")
+    return text
+
+
+def _not_finite(value: Any) -> bool:
+    if isinstance(value, float):
+        return value != value or value in (_INF, -_INF)
+    if isinstance(value, dict):
+        return any(_not_finite(v) for v in value.values())
+    if isinstance(value, list | tuple):
+        return any(_not_finite(v) for v in value)
+    return False
+
+
+_INF = float("inf")
+
+
 def dumps(value: Any) -> str:
     try:  # not through dumpb: every output's data is encoded here, a call is a tenth of it
         return orjson.dumps(value).decode()

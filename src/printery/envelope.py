@@ -138,7 +138,7 @@ class Codec:
         """All contract fields of ``envelope`` as strings; ``data_json`` skips encoding
         known JSON again."""
         return self._fields(
-            data_json if data_json is not None else _json.dumps(envelope.data),
+            data_json if data_json is not None else _json.dumps_data(envelope.data),
             envelope.type, envelope.event_id, envelope.correlation_id,
             envelope.idempotency_key, str(envelope.attempt),
             envelope.produced_at or now_rfc3339(), envelope.producer, envelope.extra,
@@ -187,7 +187,7 @@ class Codec:
         handler call's common fields, then the output's own)."""
         event_id, produced_at = stamped_id("evt")
         fields = self._fields(
-            _json.dumps(data), event_type, event_id, correlation_id,
+            _json.dumps_data(data), event_type, event_id, correlation_id,
             idempotency_key or f"{event_type}:{correlation_id}", "1", produced_at,
             producer, extra,
         )

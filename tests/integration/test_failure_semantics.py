@@ -17,6 +17,7 @@ from contextlib import asynccontextmanager
 from decimal import Decimal
 from typing import Any
 
+import pytest
 import redis.asyncio as aioredis
 
 from printery import (
@@ -24,6 +25,7 @@ from printery import (
     Budget,
     Client,
     ConsumerSettings,
+    InvalidInput,
     Limit,
     Message,
     Output,
@@ -322,6 +324,33 @@ async def test_a_blocking_call_past_its_timeout_fails_with_timeout(
     error = await client.get(keys.last_error("blocking", keys.stream("in"), (
         await client.xrange(keys.stream("in")))[0][0]))
     assert error is not None and "without giving the event loop a turn" in error
+
+
+async def test_nan_is_not_json_it_is_not_written_as_null(
+    client: aioredis.Redis, prefix: str, redis_url: str
+) -> None:
+    """Before (found by a hostile run): an output holding NaN was written with ``null`` in
+    its place, silently. Now it is not serializable (dead-lettered at once), and a
+    submit holding one is refused before anything is written."""
+    keys = StreamKeys(prefix)
+    p = Pipeline("t", ingress=["in"])
+
+    @p.step("score", consumes=["in"], produces=["out"])
+    async def score(message: Message) -> Output:
+        return Output("out", {"score": float("nan") if message.data.get("nan") else 0.5})
+
+    async with running(client, keys, p), \
+            Client(redis_url, stream_prefix=prefix, app=p) as runs:
+        bad = await runs.submit({"nan": True})
+        result = await runs.result(bad, timeout=15)
+        assert result.status == "failed"
+        assert result.data["reason_code"] == "output_not_serializable"
+        assert "NaN" in result.data["error"]
+        assert (await runs.result(await runs.submit({}), timeout=15)).data == {"score": 0.5}
+        with pytest.raises(InvalidInput) as refused:
+            await runs.submit({"x": [float("inf")]})
+        assert [r.field for r in refused.value.reasons] == ["data"]
+    assert await client.xlen(keys.stream("out")) == 1
 
 
 async def test_concurrency_bounds_the_handlers_running_at_once(

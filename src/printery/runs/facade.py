@@ -95,9 +95,14 @@ class Runs:
             run_id = new_id_in(partition_of(idempotency_key, self.keys.partitions),
                                self.keys.partitions, lambda: new_id(self.codec.id_prefix))
         run_id = run_id or new_id(self.codec.id_prefix)
-        fields = self.codec.new_fields(
-            event_type, data, correlation_id=run_id, producer=self.producer,
-            idempotency_key=idempotency_key, more={TRACEPARENT: traceparent} if traceparent else None)
+        try:
+            fields = self.codec.new_fields(
+                event_type, data, correlation_id=run_id, producer=self.producer,
+                idempotency_key=idempotency_key,
+                more={TRACEPARENT: traceparent} if traceparent else None)
+        except (TypeError, ValueError) as exc:  # not JSON (a set, NaN): nothing written
+            raise InvalidInput([Reason(code="invalid_field", field="data",
+                                       message=f"not JSON: {exc}")]) from None
         if len(fields["data"]) > self.codec.payload_limit:
             raise PayloadTooLarge(
                 f"data is {len(fields['data'])} bytes, limit {self.codec.payload_limit}")
