@@ -90,9 +90,11 @@ class Streaming:
         return [Reason("not_good_enough", "", f"{message.data!r} is not it")]
 
 
-async def test_a_loop_streams_each_attempt_and_its_verdict_commits_or_retracts_it(
-    running: Any, client: aioredis.Redis, prefix: str
-) -> None:
+async def streaming_loop(running: Any, client: aioredis.Redis, prefix: str) -> tuple[
+    Streaming, Client, str, list[dict[str, Any]]
+]:
+    """A loop of :class:`Streaming` work running, a run submitted, and what it showed
+    once its first chunk is on the server (attempt 1 holds until ``go_on``)."""
     work = Streaming()
     pipeline = Pipeline("answers", ingress=["request"])
     pipeline.add(Loop("draft", consumes="request", produces="answer", work=work.work,
@@ -104,9 +106,15 @@ async def test_a_loop_streams_each_attempt_and_its_verdict_commits_or_retracts_i
         found = await shown(client, prefix, run_id)
         return found if found and found[0].get("text") == "draft " else []
 
+    return work, submitter, run_id, await wait_for(first_chunk, timeout=10)
+
+
+async def test_a_loop_streams_each_attempt_and_its_verdict_commits_or_retracts_it(
+    running: Any, client: aioredis.Redis, prefix: str
+) -> None:
+    work, submitter, run_id, first = await streaming_loop(running, client, prefix)
     # Live: the first chunk is on the server while the attempt still runs, no verdict yet.
-    assert await wait_for(first_chunk, timeout=10) == [
-        {"step": "draft", "attempt": 1, "text": "draft "}]
+    assert first == [{"step": "draft", "attempt": 1, "text": "draft "}]
     work.go_on.set()
     result = await submitter.result(run_id, timeout=30)
     assert result.status == "answer" and result.data == "draft 2"
@@ -131,18 +139,7 @@ async def test_an_attempt_whose_entry_another_delivery_took_is_retracted(
     another delivery had taken its entry (its lease lapsed behind a blocked event loop)
     committed nothing, and its draft was never judged: no verdict for ever. Now its
     draft is retracted as ``redelivered``."""
-    work = Streaming()
-    pipeline = Pipeline("answers", ingress=["request"])
-    pipeline.add(Loop("draft", consumes="request", produces="answer", work=work.work,
-                      validate=work.validate, max_attempts=3))
-    submitter = await running(pipeline)
-    run_id = await submitter.submit({"question": "why?"})
-
-    async def first_chunk() -> list[dict[str, Any]]:
-        found = await shown(client, prefix, run_id)
-        return found if found and found[0].get("text") == "draft " else []
-
-    await wait_for(first_chunk, timeout=10)
+    work, _, run_id, _ = await streaming_loop(running, client, prefix)
     # Another delivery takes the entry and settles it, as a claim after a lapsed lease.
     stream = StreamKeys(prefix).stream("request")
     [pending] = await client.xpending_range(stream, "draft", "-", "+", 10)
