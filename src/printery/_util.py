@@ -9,6 +9,7 @@ import os
 import random
 import socket
 import time
+import weakref
 from collections.abc import Iterable
 from datetime import UTC, datetime
 from typing import Any
@@ -144,13 +145,32 @@ async def idle(seconds: float) -> None:
     await asyncio.sleep(seconds)
 
 
+#: Tasks known to ignore their cancellation (a handler call given up on at its timeout).
+_GIVEN_UP: weakref.WeakSet[asyncio.Task[Any]] = weakref.WeakSet()
+
+
+def give_up(task: asyncio.Task[Any]) -> None:
+    """Mark ``task`` as one that ignores its cancellation: :func:`stop_tasks` cancels it
+    once more and does not wait for it (a stop would only wait out its timeout)."""
+    _GIVEN_UP.add(task)
+
+
+def given_up(task: asyncio.Task[Any]) -> bool:
+    return task in _GIVEN_UP
+
+
 async def stop_tasks(tasks: Iterable[asyncio.Task[Any]], timeout: float,
                      *, again_after: float = 0.5) -> set[asyncio.Task[Any]]:
     """Cancel ``tasks`` and wait up to ``timeout`` seconds for them to end; those still
     running after ``again_after`` seconds are cancelled again (a cancellation can be lost,
     see :func:`check_cancelled`), and so on. Returns the tasks still running at
-    ``timeout``, for the caller to name in its log: a stop never waits without bound."""
+    ``timeout``, for the caller to name in its log: a stop never waits without bound.
+    Tasks given up on (:func:`give_up`) are cancelled, not waited for."""
     pending = {task for task in tasks if not task.done()}
+    hopeless = {task for task in pending if task in _GIVEN_UP}
+    for task in hopeless:
+        task.cancel()
+    pending -= hopeless
     loop = asyncio.get_running_loop()
     deadline = loop.time() + timeout
     while pending:
@@ -160,7 +180,7 @@ async def stop_tasks(tasks: Iterable[asyncio.Task[Any]], timeout: float,
         if left <= 0:
             break
         _, pending = await asyncio.wait(pending, timeout=min(again_after, left))
-    return pending
+    return pending | {task for task in hopeless if not task.done()}
 
 
 def where(task: asyncio.Task[Any]) -> str:

@@ -17,7 +17,7 @@ import time
 from collections.abc import Awaitable, Callable, Collection, Sequence
 from dataclasses import dataclass
 
-from printery._util import idle
+from printery._util import give_up, given_up, idle
 from printery.errors import TIMEOUT_CANCEL
 from printery.runtime.consumer import Consumer, ConsumerSettings, Delivery
 from printery.runtime.limit_gate import LimitGate
@@ -82,6 +82,7 @@ class Holdings:
                         delivery.timed_out = True
                         task.cancel(TIMEOUT_CANCEL)
                     elif delivery.began < stubborn and not delivery.abandoned:
+                        give_up(task)  # a stop does not wait for it
                         await self.abandon(delivery)
 
     async def hand_back(self, *, started: bool | None = None) -> None:
@@ -102,8 +103,9 @@ class Holdings:
                 if delivery.started is None and delivery.task is not None:
                     delivery.task.cancel()
         await self.hand_back(started=False)
+        batches = [batch for batch in batches if not given_up(batch)]
         if batches:
-            await asyncio.wait(list(batches), timeout=timeout)
+            await asyncio.wait(batches, timeout=timeout)
 
     def release(self) -> None:
         """Let go of every delivery still held, once its entries were handed back."""
