@@ -15,7 +15,7 @@ import contextvars
 from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any
 
-from printery._util import log_failure
+from printery._util import given_up, log_failure
 from printery.runtime.accounting import Decided
 from printery.runtime.connectivity import Connectivity
 from printery.runtime.consumer import Consumer, Delivery
@@ -35,6 +35,10 @@ def _task(
     if _eager is not None:
         return _eager(loop, coro, context=context)  # type: ignore[no-any-return]
     return loop.create_task(coro, context=context)
+
+
+#: How often a batch waiting for its handlers looks for calls given up on meanwhile.
+GIVE_UP_CHECK_SECONDS = 1.0
 
 
 class HandlerRunner:
@@ -188,12 +192,15 @@ class HandlerRunner:
                 adapt.adapt(fast=all(task.done() for task in running))
             while True:
                 decided += self._results([task for task in running if task.done()])
-                running = [task for task in running if not task.done()]
+                # A call given up on at its timeout never ends: its entry was settled
+                # without it (``EntryPipeline.abandon``), and the batch goes on.
+                running = [task for task in running if not task.done() and not given_up(task)]
                 await self.commit(decided, begun)
                 if not running:
                     return False
                 decided = []
-                await asyncio.wait(running, return_when=asyncio.FIRST_COMPLETED)
+                await asyncio.wait(running, timeout=GIVE_UP_CHECK_SECONDS,
+                                   return_when=asyncio.FIRST_COMPLETED)
         except BaseException:  # a crash, or cancelled by the drain
             for task in running:
                 task.cancel()
