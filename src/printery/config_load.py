@@ -215,6 +215,15 @@ def load_settings(
         source = sources.get(setting) or sources.get(setting.split(".", 1)[0].split("[", 1)[0])
         label = f"{setting} ({source})" if source else setting
         raise ConfigError(label, value, allowed) from None
+    if config_path is not None and any(sources.get(key) != f"config file {path}"
+                                       for key in from_file):
+        # A value of the file that an env var or flag overrides is a bad setting all the
+        # same: it would start failing the day the override is dropped.
+        try:
+            model.model_validate({**config.defaults, **from_file}, context=context)
+        except ValidationError as exc:
+            setting, value, allowed = _describe_error(model, exc.errors()[0])
+            raise ConfigError(f"{setting} (config file {path})", value, allowed) from None
     problem = settings.cluster_partitions_problem
     if problem is not None:
         source = sources.get("transport.partitions")

@@ -252,6 +252,16 @@ def test_bad_config_file_values(tmp_path: Path, text: str, expected: str) -> Non
     assert message.startswith(f"invalid {expected} (config file ")
 
 
+def test_a_file_value_a_flag_overrides_is_still_checked(tmp_path: Path) -> None:
+    """It was not (found by a hostile run): the file broke the day the flag was dropped."""
+    path = write_config(tmp_path, "redis_url = 5\n")
+    with pytest.raises(ConfigError) as info:
+        load(flags={"config": path, "redis_url": "redis://localhost:6379/0"})
+    assert str(info.value).startswith(f"invalid redis_url (config file {path})")
+    assert load(flags={"config": write_config(tmp_path, 'redis_url = "redis://a:1"\n'),
+                       "redis_url": "redis://b:2"}).redis_url == "redis://b:2"
+
+
 def test_a_default_channel_notify_would_refuse_is_a_bad_setting(tmp_path: Path) -> None:
     """It was accepted, and every deployment then notified nobody (a log line each)."""
     message = config_error(env={"PRINTERY_CONFIG": write_config(
