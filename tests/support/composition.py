@@ -718,18 +718,33 @@ async def _replay(ctx: Context, run_id: str, step: int | None) -> int:
 # -- waiting -------------------------------------------------------------------------------
 
 
+#: Seconds everything must look settled in a row before the example is checked.
+QUIET_S = 0.1
+
+
 async def settle(ctx: Context, what: str) -> None:
     """Decide every open review as the example says, until every run ended, no review
     is open and everything is read and acknowledged; bounded by SETTLE_TIMEOUT."""
 
-    async def settled() -> bool:
+    quiet_since: list[float] = []
+
+    async def still() -> bool:
         await decide_reviews(ctx)
         ended = await outcomes(ctx)
         if set(ctx.runs) - set(ended):
             return False
-        if await open_reviews(ctx):
+        if await unsettled(ctx) or await open_reviews(ctx):
             return False
         return not await unsettled(ctx)
+
+    async def settled() -> bool:
+        """Still for :data:`QUIET_S` in a row: the looks are not one atomic read, and a
+        run that ended failed may still reach a budget's hold (a review) after it."""
+        if not await still():
+            quiet_since.clear()
+            return False
+        quiet_since[:1] = quiet_since[:1] or [time.monotonic()]
+        return time.monotonic() - quiet_since[0] >= QUIET_S
 
     try:
         await wait_for(settled, timeout=SETTLE_TIMEOUT, interval=0.01, message=what)
