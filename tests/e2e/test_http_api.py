@@ -168,6 +168,9 @@ def test_client_errors_are_4xx(api: tuple[ServiceHandle, str]) -> None:
     chunked = call(handle, "POST", "/v1/runs", content=iter([b'{"data": "', b"x" * LIMIT, b'"}']))
     assert chunked.status_code == 413
     assert call(handle, "GET", "/v1/runs/dep-nobody").status_code == 404
+    # An id past 64 bits is no review id (it was a 500 from the server's refusal).
+    huge = call(handle, "GET", "/v1/reviews?limit=1&after=99999999999999999999999-0")
+    assert huge.status_code == 400 and huge.json()["error"] == "invalid_after", huge.text
 
 
 def test_a_run_id_apart_from_the_data_is_held_to_the_ids_rule(
@@ -372,6 +375,7 @@ def test_bytes_that_are_not_utf8_are_shown_not_a_500(
     bad = conn.xadd(started, {"deployment_id": "bin-1", "data": b"\xff\xfe"}).decode()
     good = json.dumps(request()).encode()
     conn.xadd(started, {"deployment_id": "bin-2", "data": good, "producer": b"ext\xff"})
+    conn.xadd(started, {"deployment_id": b"bin\xfe3", "data": good})  # a run id with one
     conn.close()
 
     def dead() -> list[dict[str, Any]]:
@@ -391,6 +395,8 @@ def test_bytes_that_are_not_utf8_are_shown_not_a_500(
     assert followed[-1]["type"] == "deployment:finished"
     page = call(handle, "GET", "/dlq")
     assert page.status_code == 200 and "\ufffd\ufffd" in page.text
+    for path in ("/", "/runs"):  # they list the run whose id holds the byte
+        assert call(handle, "GET", path).status_code == 200, path
     for args in (("dlq", "list", "--json"), ("trace", "bin-2", "--json")):
         done = cli_sync(server.url, prefix, *args)
         assert done.returncode == 0, done.stderr

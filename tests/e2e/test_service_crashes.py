@@ -176,6 +176,7 @@ STUBBORN_APP = textwrap.dedent(
     @pipeline.step("stubborn", consumes=["job"], produces=["done"], timeout=0.5)
     async def stubborn(msg: Message) -> Output:
         if msg.data.get("stubborn"):
+            print("stubborn call started", flush=True)
             while True:  # swallows every cancellation, as a careless retry loop does
                 try:
                     await asyncio.sleep(3600)
@@ -205,6 +206,27 @@ def test_a_process_whose_handler_swallows_its_cancellation_still_exits(
         svc.wait_until(lambda: r.xlen(f"{prefix}:done") == 1, what="the next entry handled")
         assert svc.stop(timeout=40) == 0
         assert "exiting without the tasks left behind" in svc.log()
+    finally:
+        svc.kill()
+        r.close()
+
+
+def test_a_stop_during_such_a_call_does_not_wait_out_the_drain(
+    server: ServerProcess, tmp_path: Path
+) -> None:
+    """Before (found by a hostile run): a SIGTERM before the call was given up on waited
+    the whole --shutdown-timeout. Now the drain stops waiting once it is given up on (5 s
+    after its timeout), far within the 60 s drain asked for here."""
+    prefix = unique_prefix("stubborn-stop")
+    (tmp_path / "stubbornapp.py").write_text(STUBBORN_APP)
+    r = redis.Redis.from_url(server.url, decode_responses=True)
+    svc = spawn(["--redis-url", server.url, "--stream-prefix", prefix, "--app",
+                 "stubbornapp:pipeline", "--shutdown-timeout", "60"], cwd=tmp_path)
+    try:
+        r.xadd(f"{prefix}:job", {"data": json.dumps({"stubborn": True})})
+        svc.wait_until(lambda: "stubborn call started" in svc.log(), what="the call started")
+        assert svc.stop(timeout=40) == 0
+        assert "abandoned" in svc.log()
     finally:
         svc.kill()
         r.close()

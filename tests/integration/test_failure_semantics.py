@@ -27,6 +27,7 @@ from printery import (
     ConsumerSettings,
     InvalidInput,
     Limit,
+    Loop,
     Message,
     Output,
     Pipeline,
@@ -352,6 +353,50 @@ async def test_nan_is_not_json_it_is_not_written_as_null(
             await runs.submit({"x": [float("inf")]})
         assert [r.field for r in refused.value.reasons] == ["data"]
     assert await client.xlen(keys.stream("out")) == 1
+
+
+async def test_a_cost_that_would_pay_back_a_budget_fails_its_call(
+    client: aioredis.Redis, prefix: str, redis_url: str
+) -> None:
+    """Before (found by a hostile run): a handler could report -1000 and spend past a
+    hard limit after it. Now a negative, NaN or infinite amount raises in the handler."""
+    keys = StreamKeys(prefix)
+    p = Pipeline("t", ingress=["in"], cost_units=["usd"])
+
+    @p.step("pay", consumes=["in"], produces=["out"], cost_units=["usd"])
+    async def pay(message: Message) -> Output:
+        amount = message.data["amount"]  # NaN and infinity travel as text (not JSON)
+        message.report_cost("usd", float(amount) if isinstance(amount, str) else amount)
+        return Output("out", {})
+
+    async with running(client, keys, p), \
+            Client(redis_url, stream_prefix=prefix, app=p) as runs:
+        for amount in (-1000, float("nan"), float("inf")):
+            result = await runs.result(await runs.submit({"amount": amount}
+                                                         if amount == -1000 else
+                                                         {"amount": str(amount)}), timeout=15)
+            assert result.status == "failed", (amount, result)
+            assert "not a finite amount of at least 0" in result.data["error"]
+        assert (await runs.result(await runs.submit({"amount": 2}), timeout=15)).cost == {
+            "usd": 2}
+
+
+async def test_a_loops_blocking_work_past_its_timeout_is_a_failed_attempt(
+    client: aioredis.Redis, prefix: str, redis_url: str
+) -> None:
+    """Before (found by a hostile run): a Loop's work that blocked past the loop's
+    timeout, but returned within the step's, had its result taken."""
+    keys = StreamKeys(prefix)
+    p = Pipeline("t", ingress=["in"])
+    p.add(Loop("draft", consumes="in", produces="out", max_attempts=1, timeout=0.2,
+               work=lambda message: time.sleep(0.4) or "late",
+               validate=lambda message: []))
+
+    async with running(client, keys, p), \
+            Client(redis_url, stream_prefix=prefix, app=p) as runs:
+        result = await runs.result(await runs.submit({}), timeout=15)
+    assert result.status == "exhausted", result
+    assert await client.xlen(keys.stream("out")) == 0
 
 
 async def test_concurrency_bounds_the_handlers_running_at_once(

@@ -518,17 +518,24 @@ async def test_a_follower_joining_a_read_under_way_gets_the_partials_live_at_onc
         "request", "Partial", "Partial", "Verdict", "answer"]
 
 
-def _expensive_drafts(on_exceeded: str) -> Pipeline:
-    """A loop whose streamed attempt spends twice the run's budget of 1 usd."""
+def _expensive_drafts(on_exceeded: str, expensive: int = 1) -> Pipeline:
+    """A loop whose streamed attempt ``expensive`` spends twice the run's budget of 1 usd
+    (the attempts before it are free, and refused)."""
 
     async def work(message: Message) -> AsyncIterator[str]:
-        message.report_cost("usd", 2.0)
-        yield "an expensive draft"
+        if message.attempt == expensive:
+            message.report_cost("usd", 2.0)
+            yield "an expensive draft"
+        else:
+            yield "a free draft"
+
+    def validate(message: Message) -> list[Reason]:
+        return [] if message.attempt >= expensive else [Reason("not_yet")]
 
     pipeline = Pipeline("answers", ingress=["request"], cost_units=["usd"],
                         budget=Budget(usd=1.0, on_exceeded=on_exceeded))
     pipeline.add(Loop("draft", consumes="request", produces="answer", work=work,
-                      validate=lambda message: [], max_attempts=2, cost_units=["usd"]))
+                      validate=validate, max_attempts=3, cost_units=["usd"]))
     return pipeline
 
 
@@ -548,15 +555,17 @@ async def test_a_budget_that_stops_the_run_before_the_verdict_retracts_the_draft
     assert [reason["code"] for reason in found[1]["reasons"]] == ["budget_exceeded"]
 
 
+@pytest.mark.parametrize("expensive", [1, 2])
 async def test_a_budget_review_rejected_retracts_the_held_attempts_draft(
-    running: Any, client: aioredis.Redis, prefix: str
+    running: Any, client: aioredis.Redis, prefix: str, expensive: int
 ) -> None:
     """An attempt that streamed and spent past a ``review`` budget is held for the
     review; rejected, it will never be judged: the rejection retracts its draft, naming
-    the budget (found by the random composition fuzz: a draft with no verdict)."""
+    the budget (found by the random composition fuzz: a draft with no verdict; the
+    second attempt's, by a hostile run)."""
     from printery.inbox import reviews
 
-    pipeline = _expensive_drafts("review")
+    pipeline = _expensive_drafts("review", expensive)
     submitter = await running(pipeline)
     run_id = await submitter.submit({"question": "why?"})
     keys = StreamKeys(prefix)
@@ -565,13 +574,16 @@ async def test_a_budget_review_rejected_retracts_the_held_attempts_draft(
         return await reviews.list_reviews(client, keys, pipeline)
 
     (opened,) = await wait_for(review, timeout=10, message="the budget review")
-    assert await shown(client, prefix, run_id) == [
-        {"step": "draft", "attempt": 1, "text": "an expensive draft"}], "held: still open"
+    before = (await shown(client, prefix, run_id))[:-1]
+    assert len(before) == 2 * (expensive - 1)  # the free attempts, each judged
+    assert (await shown(client, prefix, run_id))[-1] == {
+        "step": "draft", "attempt": expensive, "text": "an expensive draft"}, "held: open"
     await reviews.reject(client, keys, pipeline, opened["id"], by="ops", note="too dear")
     result = await submitter.result(run_id, timeout=30)
     assert result.status == "budget_exceeded"
-    found = await shown(client, prefix, run_id)
+    found = (await shown(client, prefix, run_id))[len(before):]
     assert len(found) == 2 and found[1]["passed"] is False, found
+    assert found[1]["attempt"] == expensive
     assert [reason["code"] for reason in found[1]["reasons"]] == ["budget_exceeded"]
     assert "too dear" in found[1]["reasons"][0]["message"]
 

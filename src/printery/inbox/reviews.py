@@ -113,7 +113,7 @@ def _cursor(keys: StreamKeys, after: str) -> tuple[str, int]:
     if not after:
         return "", keys.partitions
     parts, entry_id = keys.resolve_ref(after)
-    if id_order(entry_id) == (0, 0):
+    if id_order(entry_id) == (0, 0) or max(id_order(entry_id)) >= 1 << 64:  # no entry id
         raise ReviewInvalid(f"after must be a review id as listed, not {after!r}")
     return entry_id, (parts[0].partition or 0) if len(parts) == 1 else keys.partitions
 

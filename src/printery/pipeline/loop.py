@@ -38,6 +38,7 @@ import asyncio
 import contextlib
 import dataclasses
 import inspect
+import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
@@ -241,8 +242,11 @@ class Loop:
             entry["over_limit"] = message.over_limit
         try:
             try:
+                began = time.monotonic()
                 async with asyncio.timeout(self.call_timeout):
                     entry["data"] = await _output(run(seen), seen)
+                if time.monotonic() - began > self.call_timeout:  # a blocking call's
+                    raise TimeoutError  # result, returned past its deadline: not used
             except QuotaExhausted as exc:  # asking again will not help: judged now
                 entry["failed"] = _failure(message, exc, f"{label} raised {describe(exc)}",
                                            QUOTA_EXHAUSTED)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import reprlib
 import time
 from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
@@ -87,7 +88,13 @@ class Message:
         return self.envelope.correlation_id
 
     def report_cost(self, unit: str, amount: float) -> None:
-        """Add ``amount`` of ``unit`` (tokens, usd, probes, ...) to this step's cost."""
+        """Add ``amount`` of ``unit`` (tokens, usd, probes, ...) to this step's cost.
+        Raises ``ValueError`` for an amount that is not a finite number of at least 0: a
+        negative one would pay back what a budget counts, and NaN or infinity cannot be
+        counted at all."""
+        if isinstance(amount, bool) or not isinstance(amount, int | float) \
+                or not 0 <= amount < math.inf:
+            raise ValueError(f"cost {unit!r}: {amount!r} is not a finite amount of at least 0")
         self.costs[unit] = self.costs.get(unit, 0) + amount
 
     async def partial(self, text: str) -> None:

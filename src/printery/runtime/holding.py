@@ -103,9 +103,14 @@ class Holdings:
                 if delivery.started is None and delivery.task is not None:
                     delivery.task.cancel()
         await self.hand_back(started=False)
-        batches = [batch for batch in batches if not given_up(batch)]
-        if batches:
-            await asyncio.wait(batches, timeout=timeout)
+        # A call given up on meanwhile (at its timeout, during the drain) is not waited
+        # for: looked for once a second.
+        deadline = time.monotonic() + timeout
+        while left := [batch for batch in batches if not batch.done() and not given_up(batch)]:
+            wait = deadline - time.monotonic()
+            if wait <= 0:
+                break
+            await asyncio.wait(left, timeout=min(wait, 1.0))
 
     def release(self) -> None:
         """Let go of every delivery still held, once its entries were handed back."""

@@ -16,7 +16,7 @@ if redis.call('EXISTS', KEYS[1]) == 1 then
   for _, entry in ipairs(redis.call('XRANGE', KEYS[1], '-', '+')) do
     local f, fields = {}, entry[2]
     for i = 1, #fields, 2 do f[fields[i]] = fields[i + 1] end
-    if f['streamed'] == '1' and f['data'] then
+    if f['streamed'] and f['streamed'] ~= '' and f['streamed'] ~= '0' and f['data'] then
       local ok, data = pcall(cjson.decode, f['data'])
       local attempt = ok and type(data) == 'table' and data['attempt']
       if type(attempt) == 'number' then

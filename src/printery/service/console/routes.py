@@ -65,7 +65,8 @@ def _environment() -> jinja2.Environment:
     env.filters["amounts"] = lambda cost: ", ".join(
         f"{unit} {amount:g}" for unit, amount in sorted((cost or {}).items())) or ""
     env.filters["ms"] = lambda value: "" if value is None else f"{float(value):,.1f} ms"
-    env.filters["url"] = lambda value: quote(str(value), safe="")
+    # A run id may hold a byte that is not UTF-8 (a producer's): quoted as that byte.
+    env.filters["url"] = lambda value: quote(str(value), safe="", errors="surrogateescape")
     return env
 
 
