@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 import redis
 
+from printery.runtime.holding import ABANDON_ENV
 from printery.servers.process import ServerProcess
 from printery.testing import unique_prefix
 from support.service import spawn
@@ -198,7 +199,8 @@ def test_a_process_whose_handler_swallows_its_cancellation_still_exits(
     (tmp_path / "stubbornapp.py").write_text(STUBBORN_APP)
     r = redis.Redis.from_url(server.url, decode_responses=True)
     svc = spawn(["--redis-url", server.url, "--stream-prefix", prefix, "--app",
-                 "stubbornapp:pipeline", "--shutdown-timeout", "1"], cwd=tmp_path)
+                 "stubbornapp:pipeline", "--shutdown-timeout", "1"], cwd=tmp_path,
+                env={ABANDON_ENV: "0.5"})
     try:
         r.xadd(f"{prefix}:job", {"data": json.dumps({"stubborn": True})})
         svc.wait_until(lambda: "abandoned" in svc.log(), timeout=30, what="the call given up on")
@@ -215,13 +217,14 @@ def test_a_stop_during_such_a_call_does_not_wait_out_the_drain(
     server: ServerProcess, tmp_path: Path
 ) -> None:
     """Before (found by a hostile run): a SIGTERM before the call was given up on waited
-    the whole --shutdown-timeout. Now the drain stops waiting once it is given up on (5 s
-    after its timeout), far within the 60 s drain asked for here."""
+    the whole --shutdown-timeout. Now the drain stops waiting once it is given up on
+    (0.5 s after its timeout here), far within the 60 s drain asked for."""
     prefix = unique_prefix("stubborn-stop")
     (tmp_path / "stubbornapp.py").write_text(STUBBORN_APP)
     r = redis.Redis.from_url(server.url, decode_responses=True)
     svc = spawn(["--redis-url", server.url, "--stream-prefix", prefix, "--app",
-                 "stubbornapp:pipeline", "--shutdown-timeout", "60"], cwd=tmp_path)
+                 "stubbornapp:pipeline", "--shutdown-timeout", "60"], cwd=tmp_path,
+                env={ABANDON_ENV: "0.5"})
     try:
         r.xadd(f"{prefix}:job", {"data": json.dumps({"stubborn": True})})
         svc.wait_until(lambda: "stubborn call started" in svc.log(), what="the call started")

@@ -578,6 +578,18 @@ async def test_a_budget_review_rejected_retracts_the_held_attempts_draft(
     assert len(before) == 2 * (expensive - 1)  # the free attempts, each judged
     assert (await shown(client, prefix, run_id))[-1] == {
         "step": "draft", "attempt": expensive, "text": "an expensive draft"}, "held: open"
+    joined = asyncio.Event()  # the follower got the held attempt's open draft
+
+    async def follow() -> list[Any]:
+        items = []
+        async for item in submitter.watch(run_id, timeout=30):
+            items.append(item)
+            if isinstance(item, Partial) and item.attempt == expensive:
+                joined.set()
+        return items
+
+    follower = asyncio.create_task(follow())
+    await asyncio.wait_for(joined.wait(), 10)
     await reviews.reject(client, keys, pipeline, opened["id"], by="ops", note="too dear")
     result = await submitter.result(run_id, timeout=30)
     assert result.status == "budget_exceeded"
@@ -586,6 +598,11 @@ async def test_a_budget_review_rejected_retracts_the_held_attempts_draft(
     assert found[1]["attempt"] == expensive
     assert [reason["code"] for reason in found[1]["reasons"]] == ["budget_exceeded"]
     assert "too dear" in found[1]["reasons"][0]["message"]
+    # The follower, which closes at the outcome, got the retraction before it (it was
+    # written after the outcome, so a follower missed it: found by a hostile run).
+    watched = await follower
+    assert [(v.attempt, v.passed) for v in watched if isinstance(v, Verdict)][-1:] == [
+        (expensive, False)], watched
 
 
 async def test_a_draft_whose_output_cannot_be_written_is_retracted(

@@ -47,8 +47,8 @@ async def decide_review(
     outputs: Sequence[tuple[str, Mapping[str, str]]], commands: Sequence[tuple[Any, ...]] = (),
 ) -> bool:
     """Write a review's decision in one transaction, fenced on the review still being
-    open: the ``outputs`` (stream, fields), its ``review:decided`` record (``decided``),
-    the review's deletion from ``review`` and the decision's own ``commands``. False when
+    open: the decision's own ``commands``, its ``review:decided`` record (``decided``),
+    the ``outputs`` (stream, fields) and the review's deletion from ``review``. False when
     the review is not there (decided meanwhile, or never). Raises :class:`WatchConflict`
     after :data:`WATCH_RETRIES` attempts that another writer of the stream overtook."""
     for _ in range(WATCH_RETRIES):
@@ -59,12 +59,15 @@ async def decide_review(
                     await pipe.unwatch()  # type: ignore[no-untyped-call]
                     return False
                 pipe.multi()  # type: ignore[no-untyped-call]
-                for stream, fields in outputs:
-                    pipe.xadd(stream, cast(Any, fields))
-                pipe.xadd(keys.review_decided, cast(Any, decided))
-                pipe.xdel(keys.review, review_id)
+                # The decision's own writes first (a rejection's retraction of a held
+                # draft), then its record, then its outputs: an output may end the run,
+                # and a follower closes at it (so what it led to is written before it).
                 for command in commands:
                     pipe.execute_command(*command)
+                pipe.xadd(keys.review_decided, cast(Any, decided))
+                for stream, fields in outputs:
+                    pipe.xadd(stream, cast(Any, fields))
+                pipe.xdel(keys.review, review_id)
                 await pipe.execute()
                 return True
             except WatchConflict:
