@@ -355,6 +355,26 @@ async def test_nan_is_not_json_it_is_not_written_as_null(
     assert await client.xlen(keys.stream("out")) == 1
 
 
+async def test_a_run_id_the_data_names_holds_to_the_rule_of_run_ids(
+    client: aioredis.Redis, prefix: str, redis_url: str
+) -> None:
+    """Before (found by a hostile run): ``run_id`` was checked, but the same id named by
+    the data's correlation field got in with a tab or 300 characters."""
+    p = Pipeline("t", ingress=["in"], correlation_field="job_id")
+
+    @p.step("echo", consumes=["in"], produces=["out"])
+    async def echo(message: Message) -> Output:
+        return Output("out", message.data)
+
+    async with Client(redis_url, stream_prefix=prefix, app=p) as runs:
+        for bad in ("q\tq", "x" * 300):
+            with pytest.raises(InvalidInput) as refused:
+                await runs.submit({"job_id": bad})
+            assert [r.field for r in refused.value.reasons] == ["job_id"]
+        assert await runs.submit({"job_id": "job-1"}) == "job-1"
+    assert await client.xlen(StreamKeys(prefix).stream("in")) == 1
+
+
 async def test_a_cost_that_would_pay_back_a_budget_fails_its_call(
     client: aioredis.Redis, prefix: str, redis_url: str
 ) -> None:

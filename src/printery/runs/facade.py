@@ -89,6 +89,12 @@ class Runs:
             raise InvalidInput(reasons)
         if run_id is None and isinstance(data, dict) and isinstance(data.get(field), str):
             run_id = data[field] or None
+            # The id the data names holds to the rule of every run id (the ingress step
+            # checked what else it asks of the field).
+            named_reasons = [] if run_id is None else self.pipeline.run_id_reasons("", None, run_id)
+            if named_reasons:
+                raise InvalidInput([Reason(code=r.code, field=field, message=r.message)
+                                    for r in named_reasons])
         if run_id is None and idempotency_key is not None and self.keys.partitioned:
             # A new run's submit record must be found by the next submit of the key: the
             # run is put in the partition of the key (docs/reference.md, Partitions).
