@@ -16,7 +16,7 @@ import redis
 from printery.runtime.holding import ABANDON_ENV
 from printery.servers.process import ServerProcess
 from printery.testing import unique_prefix
-from support.service import spawn
+from support.service import ServiceHandle, spawn
 
 # Only the public API, as the README shows. `fatal` crashes its worker on purpose
 # (WorkerCrashed: its client is beyond repair); `exits` calls sys.exit, a BaseException
@@ -188,6 +188,21 @@ STUBBORN_APP = textwrap.dedent(
 )
 
 
+def _stubborn(server: ServerProcess, tmp_path: Path, shutdown_timeout: str) -> tuple[
+    ServiceHandle, redis.Redis, str
+]:
+    """The stubborn app served (its call given up on 0.5 s after its timeout, not 5 s),
+    a client of its server and the prefix; its first entry is stubborn."""
+    prefix = unique_prefix("stubborn")
+    (tmp_path / "stubbornapp.py").write_text(STUBBORN_APP)
+    svc = spawn(["--redis-url", server.url, "--stream-prefix", prefix, "--app",
+                 "stubbornapp:pipeline", "--shutdown-timeout", shutdown_timeout],
+                cwd=tmp_path, env={ABANDON_ENV: "0.5"})
+    r = redis.Redis.from_url(server.url, decode_responses=True)
+    r.xadd(f"{prefix}:job", {"data": json.dumps({"stubborn": True})})
+    return svc, r, prefix
+
+
 def test_a_process_whose_handler_swallows_its_cancellation_still_exits(
     server: ServerProcess, tmp_path: Path
 ) -> None:
@@ -195,14 +210,8 @@ def test_a_process_whose_handler_swallows_its_cancellation_still_exits(
     ran on for ever (closing the event loop waits for every task, and the stubborn call
     never ends). Now the call is given up on at its timeout, the step goes on, and the
     process exits after its stop."""
-    prefix = unique_prefix("stubborn")
-    (tmp_path / "stubbornapp.py").write_text(STUBBORN_APP)
-    r = redis.Redis.from_url(server.url, decode_responses=True)
-    svc = spawn(["--redis-url", server.url, "--stream-prefix", prefix, "--app",
-                 "stubbornapp:pipeline", "--shutdown-timeout", "1"], cwd=tmp_path,
-                env={ABANDON_ENV: "0.5"})
+    svc, r, prefix = _stubborn(server, tmp_path, "1")
     try:
-        r.xadd(f"{prefix}:job", {"data": json.dumps({"stubborn": True})})
         svc.wait_until(lambda: "abandoned" in svc.log(), timeout=30, what="the call given up on")
         r.xadd(f"{prefix}:job", {"data": json.dumps({"plain": 1})})
         svc.wait_until(lambda: r.xlen(f"{prefix}:done") == 1, what="the next entry handled")
@@ -219,14 +228,8 @@ def test_a_stop_during_such_a_call_does_not_wait_out_the_drain(
     """Before (found by a hostile run): a SIGTERM before the call was given up on waited
     the whole --shutdown-timeout. Now the drain stops waiting once it is given up on
     (0.5 s after its timeout here), far within the 60 s drain asked for."""
-    prefix = unique_prefix("stubborn-stop")
-    (tmp_path / "stubbornapp.py").write_text(STUBBORN_APP)
-    r = redis.Redis.from_url(server.url, decode_responses=True)
-    svc = spawn(["--redis-url", server.url, "--stream-prefix", prefix, "--app",
-                 "stubbornapp:pipeline", "--shutdown-timeout", "60"], cwd=tmp_path,
-                env={ABANDON_ENV: "0.5"})
+    svc, r, _ = _stubborn(server, tmp_path, "60")
     try:
-        r.xadd(f"{prefix}:job", {"data": json.dumps({"stubborn": True})})
         svc.wait_until(lambda: "stubborn call started" in svc.log(), what="the call started")
         assert svc.stop(timeout=40) == 0
         assert "abandoned" in svc.log()
