@@ -40,9 +40,15 @@ def dumpb(value: Any, option: int | None = None) -> bytes:
     try:
         return orjson.dumps(value, option=option)
     except orjson.JSONEncodeError as exc:
-        if "surrogates" not in str(exc):
-            raise
-        return orjson.dumps(_valid(value), option=option)
+        return _shown_valid(exc, value, option)
+
+
+def _shown_valid(refused: orjson.JSONEncodeError, value: Any, option: int | None) -> bytes:
+    """``value`` encoded again with its strings made valid UTF-8, when that is what
+    orjson ``refused`` it for; else its error, raised."""
+    if "surrogates" not in str(refused):
+        raise refused
+    return orjson.dumps(_valid(value), option=option)
 
 
 def dumps_data(value: Any) -> str:
@@ -72,9 +78,7 @@ def dumps(value: Any) -> str:
     try:  # not through dumpb: every output's data is encoded here, a call is a tenth of it
         return orjson.dumps(value).decode()
     except orjson.JSONEncodeError as exc:
-        if "surrogates" not in str(exc):
-            raise
-        return orjson.dumps(_valid(value)).decode()
+        return _shown_valid(exc, value, None).decode()
 
 
 #: orjson's own function, not a wrapper: every entry a worker takes is parsed here, and

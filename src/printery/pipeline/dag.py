@@ -40,6 +40,15 @@ from printery.supervisor.graph import find_cycle
 #: The longest run id a run may be given (``Client.submit``, ``POST /v1/runs``, replay).
 MAX_RUN_ID = 256
 
+
+def run_id_problem(run_id: str) -> str | None:
+    """What is wrong with ``run_id`` as the id of any run (None: nothing): it must be 1
+    to :data:`MAX_RUN_ID` characters, none of them a control character."""
+    if 0 < len(run_id) <= MAX_RUN_ID and not any(
+            ch < " " or "\x7f" <= ch <= "\x9f" for ch in run_id):
+        return None
+    return f"1 to {MAX_RUN_ID} characters, none of them a control character"
+
 #: Streams that record rather than carry a run forward: never a run's outcome.
 _RECORDS = frozenset({DLQ, REVIEW, REVIEW_DECIDED})
 
@@ -142,10 +151,9 @@ class Pipeline:
         its ids a form, the deployment pipeline's ``[A-Za-z0-9._:-]{1,128}``, holds every
         way of naming a run to it). A step that takes no such field in its data (its
         refusal is ``unknown_field``) leaves the id to the first rule."""
-        if not 0 < len(run_id) <= MAX_RUN_ID or any(
-                ch < " " or "\x7f" <= ch <= "\x9f" for ch in run_id):
-            return [Reason("invalid_field", "run_id",
-                           f"1 to {MAX_RUN_ID} characters, none of them a control character")]
+        problem = run_id_problem(run_id)
+        if problem is not None:
+            return [Reason("invalid_field", "run_id", problem)]
         step = self.ingress_step(event_type)
         if step is None or not isinstance(data, dict):
             return []

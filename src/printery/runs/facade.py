@@ -20,7 +20,7 @@ from printery.errors import InvalidInput, PayloadTooLarge, UnknownRun
 from printery.fields import TRACEPARENT
 from printery.keys import StreamKeys, new_id_in, partition_of
 from printery.logging import get_logger
-from printery.pipeline.dag import Pipeline
+from printery.pipeline.dag import Pipeline, run_id_problem
 from printery.reason import Reason
 from printery.runs.reader import RunReader
 from printery.runtime.run_index import RUNNING
@@ -91,10 +91,9 @@ class Runs:
             run_id = data[field] or None
             # The id the data names holds to the rule of every run id (the ingress step
             # checked what else it asks of the field).
-            named_reasons = [] if run_id is None else self.pipeline.run_id_reasons("", None, run_id)
-            if named_reasons:
-                raise InvalidInput([Reason(code=r.code, field=field, message=r.message)
-                                    for r in named_reasons])
+            problem = None if run_id is None else run_id_problem(run_id)
+            if problem is not None:
+                raise InvalidInput([Reason(code="invalid_field", field=field, message=problem)])
         if run_id is None and idempotency_key is not None and self.keys.partitioned:
             # A new run's submit record must be found by the next submit of the key: the
             # run is put in the partition of the key (docs/reference.md, Partitions).

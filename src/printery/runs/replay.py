@@ -22,7 +22,7 @@ from printery.envelope import correlation_of
 from printery.errors import BlobMissing, InvalidReplayId, ReplayError
 from printery.fields import REPLAY_FOR, TRACEPARENT
 from printery.keys import StreamKeys
-from printery.pipeline.dag import Pipeline, steps_reached
+from printery.pipeline.dag import Pipeline, run_id_problem, steps_reached
 from printery.runs.history import find_entries, id_order
 from printery.runtime.payloads import PayloadStore
 from printery.store import Redis
@@ -154,13 +154,15 @@ async def _check_new_id(
 ) -> None:
     """Refuse a ``new_id`` no submit could name a run (:meth:`Pipeline.run_id_reasons`,
     checked against the ``ingress`` entry's data when it is copied)."""
-    event_type, data = "", None
     if ingress:
         event_type, _entry_id, fields = ingress[0]
         data = await _data(client, source, fields.get("data", "null"))
-    reasons = pipeline.run_id_reasons(event_type, data, new_id)
-    if reasons:
-        raise InvalidReplayId(f"--as {new_id!r}: {reasons[0].message}")
+        problem = next((r.message for r in pipeline.run_id_reasons(event_type, data, new_id)),
+                       None)
+    else:
+        problem = run_id_problem(new_id)
+    if problem is not None:
+        raise InvalidReplayId(f"--as {new_id!r}: {problem}")
 
 
 async def _new_id(

@@ -70,9 +70,7 @@ class PayloadStore:
         if ref is None:
             return fields
         digest, _size = ref
-        text = await read_blob(self.client, self.keys, digest)
-        if text is None:
-            raise BlobMissing(f"blob {digest} does not exist (expired or never written)")
+        text = await self._blob(digest)
         if len(text) > self.limit:
             raise PayloadTooLarge(f"resolved data is {len(text)} bytes, limit {self.limit}")
         return {**fields, "data": text}
@@ -84,11 +82,13 @@ class PayloadStore:
         ref = data.get("$ref") if isinstance(data, dict) and len(data) <= 2 else None
         if not isinstance(ref, str) or not ref.startswith(REF_PREFIX):
             return data
-        digest = ref[len(REF_PREFIX):]
+        return _json.loads(await self._blob(ref[len(REF_PREFIX):]))
+
+    async def _blob(self, digest: str) -> str:
         text = await read_blob(self.client, self.keys, digest)
         if text is None:
             raise BlobMissing(f"blob {digest} does not exist (expired or never written)")
-        return _json.loads(text)
+        return text
 
     async def store_if_large(self, data_json: str) -> str:
         """The ``data`` field to write: ``data_json`` itself, or a reference to its blob."""

@@ -71,7 +71,7 @@ class Writes:
                 producer=self.worker, idempotency_key=out.idempotency_key, extra=extra,
                 more=out.extra,
             )
-            if not appends:  # the later outputs of the call name it by its first
+            if not appends and len(outputs) > 1:  # the later outputs name the first
                 extra = {**extra, CALL_OF: fields["event_id"]}
             once = self.keys.once(out.once) if out.once else ""
             stream = self._streams.get(out.type)
