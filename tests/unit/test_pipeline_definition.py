@@ -104,3 +104,14 @@ def test_a_run_id_is_checked_as_the_ingress_would_check_the_data_naming_it() -> 
         for bad in ("", "a\nb", "\x9b", "x" * 257):
             [reason] = pipeline.run_id_reasons("doc:new", {"text": "t"}, bad)
             assert (reason.code, reason.field) == ("invalid_field", "run_id")
+
+
+def test_an_unknown_step_option_is_refused_at_definition() -> None:
+    """A misspelt option (``concurency=3``) was taken and the step ran with the default."""
+    p = Pipeline("typos", ingress=["a"])
+    with pytest.raises(PipelineError, match=r"unknown options concurency, prefech; .*prefetch"):
+        p.step("s", consumes=["a"], concurency=3, prefech=10)(_noop)
+    with pytest.raises(PipelineError, match=r"step 'raw': unknown option retries"):
+        Step("raw", consumes=("a",), produces=(), handler=_noop, settings={"retries": 2})
+    p.step("t", consumes=["a"], prefetch=10, max_deliveries=3)(_noop)  # known ones pass
+    assert dict(p.steps["t"].settings) == {"prefetch": 10, "max_deliveries": 3}

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import reprlib
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any, Protocol
 
 from pydantic import BaseModel, ValidationError
@@ -22,6 +22,7 @@ from printery.fields import REJECT_TYPE, RESUME_TYPE
 from printery.keys import REVIEW
 from printery.limits import FallsBack, Limit, fallback_of, mark_fallback
 from printery.reason import Reason
+from printery.runtime.consumer import ConsumerSettings
 from printery.runtime.handler import Handler, HandlerResult, Message, outputs_of
 from printery.runtime.partials import retract
 from printery.runtime.step_context import Companion, StepContext
@@ -102,6 +103,23 @@ def check_timeout(what: str, timeout: object) -> None:
             f"{what}: timeout={timeout!r} is not a number of seconds; write a number > 0 "
             "(e.g. timeout=60), or leave it out for the default of 300"
         )
+
+
+#: The options a step takes beyond its named parameters: the fields of
+#: :class:`ConsumerSettings` it may set for itself (``concurrency`` and ``timeout`` are
+#: parameters of their own).
+STEP_OPTIONS = frozenset(f.name for f in fields(ConsumerSettings)) - {"concurrency", "timeout"}
+
+
+def check_settings(what: str, settings: Mapping[str, Any]) -> None:
+    """Refuse an option no step knows (``concurency=3`` would otherwise run with the
+    default, silently): a mistake is caught at definition, with the names it could be."""
+    unknown = sorted(set(settings) - STEP_OPTIONS)
+    if unknown:
+        raise PipelineError(
+            f"{what}: unknown option{'s' if len(unknown) > 1 else ''} "
+            f"{', '.join(unknown)}; the options are concurrency, timeout and "
+            f"{', '.join(sorted(STEP_OPTIONS))}")
 
 
 @dataclass(frozen=True, slots=True)
@@ -192,6 +210,7 @@ class Step:
         return []
 
     def __post_init__(self) -> None:
+        check_settings(f"step {self.name!r}", self.settings)
         check_concurrency(f"step {self.name!r}", self.concurrency)
         check_timeout(f"step {self.name!r}", self.timeout)
         self.limits = tuple(self.limits)
