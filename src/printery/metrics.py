@@ -243,10 +243,6 @@ class Metrics:
             if isinstance(amount, int | float) and not isinstance(amount, bool) and amount > 0:
                 self.entries.cost(worker, unit, amount)
 
-    def observe_limit_waits(self, limit: str, seconds: Sequence[float]) -> None:
-        """Observe the waits of handler calls admitted together by ``limit``."""
-        self.entries.waits(limit, seconds)
-
     def set_worker(
         self, worker: str, *, up: bool, uptime_s: float, pending: int | None = None
     ) -> None:

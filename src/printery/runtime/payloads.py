@@ -90,12 +90,6 @@ class PayloadStore:
             raise BlobMissing(f"blob {digest} does not exist (expired or never written)")
         return text
 
-    async def store_if_large(self, data_json: str) -> str:
-        """The ``data`` field to write: ``data_json`` itself, or a reference to its blob."""
-        if len(data_json) <= self.inline_limit:
-            return data_json
-        return await self.store(data_json)
-
     async def store(self, data_json: str) -> str:
         digest = hashlib.sha256(data_json.encode()).hexdigest()
         await write_blob(self.client, self.keys, digest, data_json, ttl_ms=self.ttl_ms)

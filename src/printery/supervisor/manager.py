@@ -174,14 +174,6 @@ class WorkerManager:
             result[name] = ok
         return result
 
-    async def wait_for_healthy(self, timeout: float) -> bool:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if all((await self.health_check()).values()):
-                return True
-            await asyncio.sleep(0.05)
-        return False
-
     async def _supervise(self) -> None:
         while not self._stopping:
             await wait_event(self._wake, self.health_check_interval)
