@@ -36,6 +36,38 @@ class _Clock:
         return self._text, self._hex
 
 
+def marked(handler: object, attr: str) -> Any:
+    """The value of ``attr`` (a mark ``escalate`` sets on the function it returns) on
+    ``handler`` or on a function it wraps: a user's own decorator without
+    ``functools.wraps`` hides the marked function in its closure (or in ``__wrapped__``,
+    a ``partial``, a bound method), and the pipeline must still see what it is; None when
+    no function within a few wrappers carries it."""
+    seen: set[int] = set()
+    layer: list[object] = [handler]
+    for _ in range(_MARK_DEPTH):
+        below: list[object] = []
+        for fn in layer:
+            if id(fn) in seen:
+                continue
+            seen.add(id(fn))
+            found = getattr(fn, attr, None)
+            if found is not None:
+                return found
+            for inner in (getattr(fn, "__wrapped__", None), getattr(fn, "func", None),
+                          getattr(fn, "__func__", None)):
+                if callable(inner):
+                    below.append(inner)
+            for cell in getattr(fn, "__closure__", None) or ():
+                with contextlib.suppress(ValueError):  # an empty cell
+                    if callable(cell.cell_contents):
+                        below.append(cell.cell_contents)
+        layer = below
+    return None
+
+
+#: How many wrappers deep :func:`marked` looks for a mark.
+_MARK_DEPTH = 4
+
 _CLOCK = _Clock()
 _random_bits = random.getrandbits
 

@@ -13,6 +13,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from printery._util import marked
 from printery.errors import PipelineError
 
 __all__ = ["WINDOW_SECONDS", "FallsBack", "Limit", "fallback_of", "mark_fallback"]
@@ -113,5 +114,5 @@ def mark_fallback(handler: object, falls_back: FallsBack | None) -> None:
 
 
 def fallback_of(handler: object) -> FallsBack | None:
-    found = getattr(handler, _FALLBACK_ATTR, None)
+    found = marked(handler, _FALLBACK_ATTR)
     return found if callable(found) else None

@@ -50,3 +50,32 @@ async def test_a_system_exit_at_the_last_attempt_escalates_like_any_failure() ->
     with pytest.raises(SystemExit):
         await wrapped(_message(1))  # retried first, as any failure
     assert await wrapped(_message(2)) == Output("result", {"via": "fallback"})
+
+
+def _logged(handler: Any) -> Any:
+    """A user's own decorator, written without ``functools.wraps``."""
+
+    async def wrapper(message: Message) -> Any:
+        return await handler(message)
+
+    return wrapper
+
+
+def test_a_users_decorator_without_wraps_keeps_what_escalate_declares() -> None:
+    """The graph check (an escalation to review declares ``review``) and the fallback a
+    ``Limit(max_wait=)`` runs were skipped without a word under such a decorator."""
+    from printery import Limit, Pipeline, PipelineError
+
+    async def model(message: Message) -> Output:
+        return Output("result", {})
+
+    escalated = escalate(model, attempts=2, review_kind="model_failed", on_approve="result")
+    p = Pipeline("wrapped", ingress=["task"])
+    with pytest.raises(PipelineError, match="escalates to review 'model_failed'"):
+        p.step("model", consumes=["task"], produces=["result"])(_logged(_logged(escalated)))
+        p.validate()
+    q = Pipeline("fallback", ingress=["task"])
+    q.step("model", consumes=["task"], produces=["result"],
+           limits=[Limit("llm", concurrency=1, max_wait=1.0)])(
+        _logged(escalate(model, attempts=2, fallback=_fallback)))
+    assert q.steps["model"].falls_back is not None

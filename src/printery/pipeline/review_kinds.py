@@ -15,6 +15,7 @@ from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from printery._util import marked
 from printery.keys import StreamKeys
 from printery.runtime.handler import Output
 
@@ -146,5 +147,5 @@ def mark_escalation(handler: Any, escalation: Escalation) -> None:
 
 
 def escalation_of(handler: object) -> Escalation | None:
-    found = getattr(handler, _ESCALATION_ATTR, None)
+    found = marked(handler, _ESCALATION_ATTR)
     return found if isinstance(found, Escalation) else None
