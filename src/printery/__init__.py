@@ -40,6 +40,7 @@ from printery.errors import (
     ReviewInvalid,
     ReviewNotFound,
     ReviewRefused,
+    ServerRefused,
     ServerStartError,
     StepTimeout,
     SupervisorError,
@@ -124,7 +125,7 @@ __all__ = [  # noqa: RUF022 - grouped as docs/reference.md's sections, sorted wi
     # Envelopes, errors and redaction
     "BlobMissing", "Codec", "ConfigError", "DecodeError", "DependencyCycle", "Envelope",
     "HandlerError", "MessageError", "OutputContractError", "PayloadTooLarge",
-    "PrinteryError", "ServerStartError", "StepTimeout", "SupervisorError", "TransportError",
+    "PrinteryError", "ServerRefused", "ServerStartError", "StepTimeout", "SupervisorError", "TransportError",
     "WorkerFailed", "redact_text", "redact_url", "register_secret",
 ]
 

@@ -5,6 +5,8 @@
     PrinteryError
      +-- ConfigError            a setting is invalid (the CLI exits 2)
      +-- TransportError         the server could not be reached or answered oddly
+     |    +-- ServerRefused     the server refused the credentials or the ACL a
+     |    |                     command: raised at once, never waited out
      |    +-- ServerStartError  the embedded server binary would not start
      +-- MessageError           an entry cannot be turned into an envelope
      |    +-- DecodeError       `data` missing or not JSON (reason_code `undecodable`)
@@ -85,6 +87,12 @@ class ConfigError(PrinteryError):
 
 class TransportError(PrinteryError):
     """Raised when the Redis-compatible server cannot be reached or misbehaves."""
+
+
+class ServerRefused(TransportError):
+    """Raised when the server refuses the connection's credentials or its ACL refuses a
+    command: configuration, not an outage, so it is raised at once instead of waited out
+    (a ``TransportError`` still, for callers that catch every server problem)."""
 
 
 class ServerStartError(TransportError):

@@ -16,7 +16,7 @@ EXPECTED = {
     "DependencyCycle", "Envelope", "Handler", "HandlerError", "HandlerResult", "JoinState", "Limit",
     "MergePolicy", "Message", "MessageError", "Output", "PayloadTooLarge", "Pipeline",
     "PipelineError", "PrinteryError", "Reason", "Reject", "Retry", "RunContext", "Settings",
-    "Step", "StreamWorker", "SupervisorError", "TransportError", "Worker", "WorkerFailed",
+    "Step", "StreamWorker", "SupervisorError", "ServerRefused", "TransportError", "Worker", "WorkerFailed",
     "WorkerManager", "WorkerState", "WorkerStats", "all_must_pass", "any_pass",
     "compute_backoff", "escalate", "first_wins", "review_output", "to_mermaid", "to_text",
     # replay and cost accounting for any pipeline (docs/reference.md, Replay and cost)

@@ -31,6 +31,7 @@ from printery.redact import redact_text
 from printery.servers.embedded import find_running
 from printery.store import Redis, ServerError
 from printery.transport.connection import connect
+from printery.transport.refusal import refusal_error
 
 T = TypeVar("T")
 
@@ -122,7 +123,8 @@ class OpsContext:
         except Failure as exc:
             fail(str(exc), exc.code)
         except (ServerError, OSError, TransportError) as exc:
-            fail(f"redis error: {redact_text(str(exc))}")
+            refusal = refusal_error(exc) or exc.__cause__ and refusal_error(exc.__cause__)
+            fail(str(refusal) if refusal else f"redis error: {redact_text(str(exc))}")
 
 
 def fail(message: str, code: int = EXIT_FAIL) -> NoReturn:

@@ -22,6 +22,8 @@ import structlog
 
 from printery._util import idle, wait_event
 from printery.backoff import compute_backoff
+from printery.errors import ServerRefused
+from printery.transport.refusal import REFUSALS, refusal_error
 from printery.transport.streams import CONNECTION_ERRORS
 
 __all__ = ["UNREACHABLE", "Outage", "unreachable"]
@@ -39,8 +41,10 @@ OnAttempt = Callable[[BaseException, int, float], None]
 
 
 def unreachable(exc: BaseException) -> bool:
-    """Whether ``exc`` says the server cannot be reached now (see :data:`UNREACHABLE`)."""
-    return isinstance(exc, UNREACHABLE)
+    """Whether ``exc`` says the server cannot be reached now (see :data:`UNREACHABLE`):
+    not a refusal of the credentials or of the ACL, which the client library raises as a
+    connection error too, but no wait heals."""
+    return isinstance(exc, UNREACHABLE) and not isinstance(exc, (*REFUSALS, ServerRefused))
 
 
 class Outage:
@@ -98,6 +102,11 @@ class Outage:
             try:
                 result = await action()
             except UNREACHABLE as exc:
+                if not unreachable(exc):
+                    refusal = refusal_error(exc)
+                    if refusal is None:
+                        raise
+                    raise refusal from exc
                 if give_up is not None and give_up():
                     raise
                 failures += 1

@@ -12,7 +12,7 @@ from redis.exceptions import (
     NoPermissionError,
 )
 
-from printery.errors import ConfigError, describe
+from printery.errors import ConfigError, ServerRefused, describe
 
 #: The client's exceptions for a refusal. ``AuthenticationError`` is a subclass of the
 #: client's ``ConnectionError``, so it must be told apart before any retry.
@@ -45,6 +45,18 @@ def refused(exc: BaseException, shown_url: str | None, stream_prefix: str) -> Co
             " ssl_ca_certs= in the URL must name the CA that signed it, and the host one"
             " the certificate names (docs/security.md)",
         )
+    return None
+
+
+def refusal_error(exc: BaseException) -> ServerRefused | None:
+    """What a client, a follower or a command raises for a refusal (see :data:`REFUSALS`)
+    instead of waiting it out as an outage: it says what to fix, not "unreachable"."""
+    if isinstance(exc, NoPermissionError):
+        return ServerRefused(f"the server's ACL refuses this user ({describe(exc)}): it needs "
+                             "the commands of docs/security.md on the pipeline's keys")
+    if isinstance(exc, REFUSALS):
+        return ServerRefused(f"the server refused the credentials ({describe(exc)}): give a "
+                             "user and password it accepts in the Redis URL")
     return None
 
 

@@ -24,6 +24,7 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 from printery._util import as_text
 from printery.errors import TransportError, describe
 from printery.transport.channel import Command, DirectChannel
+from printery.transport.refusal import refusal_error
 from printery.transport.scripts import Scripts, script
 
 #: What "the server is not reachable right now" looks like: worth waiting and retrying.
@@ -53,6 +54,9 @@ def public_api(func: Callable[P, Coroutine[Any, Any, T]]) -> Callable[P, Corouti
         except (TransportError, TimeoutError):
             raise
         except CONNECTION_ERRORS as exc:
+            refusal = refusal_error(exc)
+            if refusal is not None:  # credentials: no wait heals them
+                raise refusal from exc
             raise TransportError(f"server unreachable: {describe(exc)}") from exc
 
     return call
