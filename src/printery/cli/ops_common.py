@@ -123,7 +123,7 @@ class OpsContext:
         except Failure as exc:
             fail(str(exc), exc.code)
         except (ServerError, OSError, TransportError) as exc:
-            refusal = refusal_error(exc) or exc.__cause__ and refusal_error(exc.__cause__)
+            refusal = refusal_error(exc) or (exc.__cause__ and refusal_error(exc.__cause__))
             fail(str(refusal) if refusal else f"redis error: {redact_text(str(exc))}")
 
 
