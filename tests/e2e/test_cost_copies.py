@@ -90,3 +90,26 @@ async def test_a_dead_letter_and_its_replays_never_add_to_the_cost(
         assert svc.stop() == 0, svc.log()
         r.close()
 
+
+
+async def test_cost_shows_the_limits_the_workers_enforce(
+    server: ServerProcess, tmp_path: Path
+) -> None:
+    prefix = unique_prefix("cost-limits")
+    r = redis.Redis.from_url(server.url, decode_responses=True)
+    svc = _service(server, prefix, tmp_path, {"COST_APP_TOKENS": "600"})
+    try:
+        async with Client(server.url, stream_prefix=prefix, app=cost_app.pipeline) as client:
+            run = await client.submit({"q": "how much"})
+            await client.result(run, timeout=20)
+        # The operator tool's own import of the app says 5,000; the workers enforce 600.
+        [row] = json.loads(_cli(server, prefix, "cost", run, "--json", tokens="5000"))["budget"]
+        assert row == {"step": "", "unit": "tokens", "spent": 100.0, "reserved": 0.0,
+                       "limit": 600.0, "soft": 300.0, "status": "ok"}
+        [shown] = svc.get(f"/v1/runs/{run}").json()["budget"]
+        assert shown == row
+        text = _cli(server, prefix, "cost", run, tokens="5000")
+        assert "600" in text and "5000" not in text
+    finally:
+        assert svc.stop() == 0, svc.log()
+        r.close()

@@ -24,18 +24,20 @@ from collections.abc import Mapping
 from typing import Any
 
 from printery import _json
+from printery.budgets import step_field
 from printery.envelope import correlation_of
 from printery.fields import CALL_OF, REPLAYED_FROM
 from printery.keys import DLQ, REVIEW, StreamKeys
 from printery.pipeline.dag import Pipeline
 from printery.runtime.reservations import reserved_sums
 from printery.store import Redis
-from printery.store.budgets import budget_hashes
+from printery.store.budgets import budget_hashes, recorded_budget_limits
 from printery.store.scan import scan_stream
 from printery.transport.commit import decode_spent
 from printery.transport.streams import public_api
 
-__all__ = ["CallTally", "budget_status", "cost_summary", "is_call", "parse_duration"]
+__all__ = ["CallTally", "budget_report", "budget_status", "cost_summary", "enforced_limits",
+           "is_call", "parse_duration"]
 
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h|d|w)?\s*$")
 _UNIT_SECONDS = {"ms": 0.001, "s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
@@ -77,37 +79,58 @@ async def cost_summary(
             **tally.summary()}
 
 
+def enforced_limits(pipeline: Pipeline) -> list[dict[str, Any]]:
+    """The budget limits ``pipeline`` enforces, as this process imported it: the run's
+    budget's, then each step's own (``step``, ``unit``, ``limit``, ``soft`` fraction), as
+    the workers record them (:func:`~printery.store.budgets.record_budget_limits`)."""
+    scopes = [("", pipeline.budget)] + [(name, step.budget)
+                                        for name, step in pipeline.steps.items()]
+    return [{"step": step, "unit": unit, "limit": limit, "soft": budget.soft}
+            for step, budget in scopes if budget is not None
+            for unit, limit in budget.limits.items()]
+
+
 @public_api
 async def budget_status(
     client: Redis, keys: StreamKeys, pipeline: Pipeline, run_id: str
 ) -> list[dict[str, Any]] | None:
-    """What ``run_id`` has spent against each budget limit (docs/reference.md, Budgets),
-    from the run's hash (exact, as the commits charged it): one row per limit,
+    """What ``run_id`` has spent against each budget limit (docs/reference.md, Budgets):
+    the rows of :func:`budget_report`, None without budgets."""
+    rows, _source = await budget_report(client, keys, pipeline, run_id)
+    return rows
+
+
+async def budget_report(
+    client: Redis, keys: StreamKeys, pipeline: Pipeline, run_id: str
+) -> tuple[list[dict[str, Any]] | None, str]:
+    """What ``run_id`` has spent against each budget limit, from the run's hash (exact,
+    as the commits charged it), and where the limits came from: ``"workers"``, the
+    limits the workers recorded at their start (what they enforce), or ``"app"``, this
+    process's own import of ``pipeline`` when no worker recorded any. One row per limit,
     ``{"step"}`` ("" for the run's budget), ``unit``, ``spent``, ``limit`` (raised by
-    approved reviews), ``soft`` (the warning threshold) and ``status`` (``ok``,
-    ``warning``, ``exceeded``), and ``reserved``: what entries of the run that have not
-    committed yet hold of the limit (a step's ``estimate=``). None for a pipeline
-    without budgets."""
-    if not pipeline.has_budgets:
-        return None
+    approved reviews), ``soft`` (the warning threshold: the fraction of the limit, raise
+    included) and ``status`` (``ok``, ``warning``, ``exceeded``), and ``reserved``: what
+    entries of the run that have not committed yet hold of the limit (a step's
+    ``estimate=``). None for limits without a budget."""
+    recorded = await recorded_budget_limits(client, keys)
+    limits, source = (enforced_limits(pipeline), "app") if recorded is None \
+        else (recorded, "workers")
+    if not limits:
+        return None, source
     held, reserving = await budget_hashes(client, keys, run_id)
     reserved = reserved_sums(reserving)
     rows = []
-    scopes = [("", pipeline.budget, "")] + [
-        (name, step.budget, f"step:{name}:") for name, step in pipeline.steps.items()]
-    for step, budget, field_prefix in scopes:
-        if budget is None:
-            continue
-        for unit, base in budget.limits.items():
-            field = field_prefix + unit
-            spent = decode_spent(held.get(field))
-            limit = base + decode_spent(held.get(f"raise:{field}"))
-            status = ("exceeded" if spent >= limit else
-                      "warning" if spent >= base * budget.soft else "ok")
-            rows.append({"step": step, "unit": unit, "spent": spent,
-                         "reserved": reserved.get(field, 0.0), "limit": limit,
-                         "soft": base * budget.soft, "status": status})
-    return rows
+    for row in limits:
+        step, unit = row["step"], row["unit"]
+        field = step_field(step, unit) if step else unit
+        spent = decode_spent(held.get(field))
+        limit = row["limit"] + decode_spent(held.get(f"raise:{field}"))
+        soft = limit * row["soft"]
+        status = ("exceeded" if spent >= limit else "warning" if spent >= soft else "ok")
+        rows.append({"step": step, "unit": unit, "spent": spent,
+                     "reserved": reserved.get(field, 0.0), "limit": limit,
+                     "soft": soft, "status": status})
+    return rows, source
 
 
 def is_call(steps: Mapping[str, object] | frozenset[str], event_type: str,
