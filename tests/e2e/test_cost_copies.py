@@ -106,10 +106,15 @@ async def test_cost_shows_the_limits_the_workers_enforce(
         [row] = json.loads(_cli(server, prefix, "cost", run, "--json", tokens="5000"))["budget"]
         assert row == {"step": "", "unit": "tokens", "spent": 100.0, "reserved": 0.0,
                        "limit": 600.0, "soft": 300.0, "status": "ok"}
-        [shown] = svc.get(f"/v1/runs/{run}").json()["budget"]
-        assert shown == row
+        shown = svc.get(f"/v1/runs/{run}").json()
+        assert shown["budget"] == [row] and shown["budget_limits"] == "workers"
         text = _cli(server, prefix, "cost", run, tokens="5000")
-        assert "600" in text and "5000" not in text
+        assert "600" in text and "5000" not in text and "import of the app" not in text
+        # Nothing recorded (workers of an older version): the tool's import, and it says so.
+        r.delete(StreamKeys(prefix).budget_limits)
+        summary = json.loads(_cli(server, prefix, "cost", run, "--json", tokens="5000"))
+        assert summary["budget_limits"] == "app" and summary["budget"][0]["limit"] == 5000
+        assert "import of the app" in _cli(server, prefix, "cost", run, tokens="5000")
     finally:
         assert svc.stop() == 0, svc.log()
         r.close()
