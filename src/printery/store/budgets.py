@@ -60,11 +60,8 @@ async def recorded_budget_limits(client: Redis, keys: StreamKeys) -> list[dict[s
             return None
         step, unit, limit, soft = (row.get(k) for k in ("step", "unit", "limit", "soft"))
         if not (isinstance(step, str) and isinstance(unit, str)
-                and _is_number(limit) and _is_number(soft)):
+                and isinstance(limit, int | float) and isinstance(soft, int | float)
+                and not isinstance(limit, bool) and not isinstance(soft, bool)):
             return None
         found.append({"step": step, "unit": unit, "limit": float(limit), "soft": float(soft)})
     return found
-
-
-def _is_number(value: object) -> bool:
-    return isinstance(value, int | float) and not isinstance(value, bool)
