@@ -1,4 +1,4 @@
-"""A run's cost is what its calls spent (CONTRACT §19, docs/reference.md, Replay and cost):
+"""A run's cost is what its calls spent (docs/reference.md, Replay and cost):
 a dead letter is a copy of the entry that failed, with its producer's ``cost``, and
 ``dlq replay`` puts that copy back; neither adds to the run's cost. ``RunResult.cost``,
 ``GET /v1/runs/{id}``, ``printery cost RUN`` and the budget's ``spent`` agree before and
