@@ -296,6 +296,13 @@ class StreamKeys:
         return f"{self.prefix}:pipeline"
 
     @property
+    def budget_limits(self) -> str:
+        """The budget limits the workers enforce, as the last service process to start
+        recorded them (JSON; :mod:`printery.store.budgets`): what ``printery cost`` and
+        ``/v1`` show a run's spent against, whatever their own import of the app says."""
+        return f"{self.prefix}:budget-limits"
+
+    @property
     def layout(self) -> str:
         """The key layout of the prefix (a hash; ``partitions``: the partition count),
         written once by the first worker process (docs/reference.md, Partitions,

@@ -7,6 +7,7 @@ ends the run with ``budget:exceeded``."""
 from __future__ import annotations
 
 import json
+import os
 import signal
 from pathlib import Path
 from typing import Any
@@ -25,6 +26,8 @@ from support.operator_cli import cli
 from support.service import ServiceHandle, spawn
 
 TESTS = Path(__file__).resolve().parents[1]
+#: The support apps beside this checkout's printery (not whichever one is installed).
+PYTHONPATH = os.pathsep.join(p for p in (str(TESTS), os.environ.get("PYTHONPATH", "")) if p)
 
 
 def _service(server: ServerProcess, prefix: str, app: str, tmp_path: Path) -> ServiceHandle:
@@ -32,7 +35,7 @@ def _service(server: ServerProcess, prefix: str, app: str, tmp_path: Path) -> Se
     config.write_text("[transport]\nvisibility_timeout = 1.0\n")
     return spawn(["--redis-url", server.url, "--stream-prefix", prefix, "--config", str(config),
                   "--app", f"support.budget_app:{app}"],
-                 env={"BUDGET_APP_REDIS": server.url, "PYTHONPATH": str(TESTS)}, cwd=tmp_path)
+                 env={"BUDGET_APP_REDIS": server.url, "PYTHONPATH": PYTHONPATH}, cwd=tmp_path)
 
 
 def _submit(r: redis.Redis, prefix: str, run: str, numbers: range) -> None:
@@ -127,13 +130,15 @@ async def test_review_approval_raises_the_limit_and_rejection_ends_the_run(
         assert result.data["unit"] == "usd" and result.data["limit"] == 4
         assert sorted(json.loads(f["data"])["n"] for f in _entries(r, prefix, "done")) == [0, 1, 2, 3]
         assert r.xlen(f"{prefix}:calls") == 4
-        monkeypatch.setenv("PYTHONPATH", str(TESTS))  # for the operator command's --app
+        monkeypatch.setenv("PYTHONPATH", PYTHONPATH)  # for the operator command's --app
         app = ["--app", "support.budget_app:reviewed"]
         code, out, err = await cli(server.url, prefix, *app, "cost", run, "--json")
         assert code == 0, err
+        # The limit raised once (2 + 2): the warning threshold is soft x the raised limit.
         assert json.loads(out)["budget"] == [{"step": "", "unit": "usd", "spent": 4.0,
-                                              "reserved": 0.0, "limit": 4.0, "soft": 1.6,
+                                              "reserved": 0.0, "limit": 4.0, "soft": 3.2,
                                               "status": "exceeded"}]
+        assert json.loads(out)["budget_limits"] == "workers"
         code, out, err = await cli(server.url, prefix, *app, "cost", run)
         assert code == 0, err
         assert "exceeded" in out and "warn_at" in out and "reserved" in out

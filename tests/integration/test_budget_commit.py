@@ -1,6 +1,7 @@
 """Budgets in the commit transaction (docs/reference.md, Budgets) against a real server: a
 run's spent grows with exactly the entries that commit (never a fenced one, a duplicate or
-a retried reply), and the soft warning is written by the commit that reaches it, once."""
+a retried reply), and the soft warning is written by the commit that reaches it, once; the
+run's cost from its entries agrees with it."""
 
 from __future__ import annotations
 
@@ -8,8 +9,9 @@ from typing import Any
 
 import redis.asyncio as aioredis
 
-from printery import _json
+from printery import Pipeline, _json
 from printery.keys import StreamKeys
+from printery.runs.cost import cost_summary
 from printery.transport.commit import (
     FENCED,
     SPENT_MAX,
@@ -164,3 +166,38 @@ def test_amounts_are_whole_billionths_and_stay_within_what_a_field_counts() -> N
     assert encode_amount(-1e300) == str(-SPENT_MAX)
     assert [decode_spent(v) for v in (None, "", "0", "12500000000", "2.5")] == [
         0, 0, 0, 12.5, 0]
+
+
+async def test_a_fenced_or_duplicate_commit_counts_once_in_the_cost_as_in_spent(
+    client: aioredis.Redis, prefix: str
+) -> None:
+    """A redelivered entry whose first delivery's commit was fenced out, and an entry
+    whose key was recorded already (a duplicate): the run's cost from its entries
+    (``cost_summary``, the one rule of every figure) is the budget's spent, call for call."""
+    pipeline = Pipeline("fenced-cost", ingress=["in"], cost_units=["usd"],
+                        correlation_field="cid")
+    pipeline.step("step", consumes=["in"], produces=["out"], cost_units=["usd"])(
+        lambda msg: None)
+    keys = StreamKeys(prefix)
+    stream, out, index = keys.stream("in"), keys.stream("out"), keys.idempotency_index("g")
+    ids = await _read(client, stream, 2)
+
+    def entry(n: int, entry_id: str, consumer: str = "c", key: str = "") -> EntryCommit:
+        fields = {"data": str(n), "producer": "step", "duration_ms": "1.000", "cid": "r1",
+                  "cost": _json.dumps({"usd": 2})}
+        return EntryCommit(stream, consumer, entry_id, key or f"k{n}", [Append(out, fields)],
+                           _charge(keys, "r1", 2))
+
+    committer = Committer(client, index_key=index, group="g", ttl_ms=TTL_MS)
+    try:
+        await client.xclaim(stream, "g", "other", 0, [ids[1]])  # c's commit is fenced out
+        assert await committer.commit([entry(0, ids[0]), entry(1, ids[1])]) == [2, FENCED]
+        assert await committer.commit([entry(1, ids[1], consumer="other")]) == [2]
+        again = await client.xadd(stream, {"data": "0"})  # the producer sent entry 0 twice
+        await client.xreadgroup("g", "c", {stream: ">"}, count=1)
+        assert await committer.commit([entry(0, again, key="k0")]) == [0]
+    finally:
+        await committer.close()
+    summary = await cost_summary(client, keys, pipeline, "r1")
+    assert summary["steps"]["step"]["calls"] == 2
+    assert summary["total"]["cost"] == await _spent(client, keys, "r1") == {"usd": 4}

@@ -25,7 +25,7 @@ from printery.cli.ops_common import (
 from printery.errors import InvalidReplayId
 from printery.fields import DECISION, ITEM, ITEM_FAILED, ITEMS, KIND, REASON, REASON_CODE
 from printery.keys import DLQ, REVIEW
-from printery.runs.cost import budget_status, cost_summary, parse_duration
+from printery.runs.cost import budget_report, cost_summary, parse_duration
 from printery.runs.reader import RunReader
 from printery.runs.replay import ReplayError
 from printery.runs.replay import replay as replay_run
@@ -138,8 +138,10 @@ def cost(deployment_id: str | None, since: str | None, as_json: bool) -> None:
         if deployment_id is not None and not summary["steps"] and not await run_entries(
                 client, ops, deployment_id):
             raise Failure(f"no entries of {ops.pipeline.correlation_field} {deployment_id!r}")
-        if deployment_id is not None and ops.pipeline.has_budgets:
-            summary["budget"] = await budget_status(client, ops.keys, ops.pipeline, deployment_id)
+        if deployment_id is not None:
+            budget, source = await budget_report(client, ops.keys, ops.pipeline, deployment_id)
+            if budget is not None:
+                summary["budget"], summary["budget_limits"] = budget, source
         return summary
 
     summary = ops.run(body)
@@ -156,6 +158,9 @@ def cost(deployment_id: str | None, since: str | None, as_json: bool) -> None:
                            f"{b['reserved']:g}", f"{b['limit']:g}", f"{b['soft']:g}", b["status"])
                           for b in summary["budget"]],
                          ["budget", "unit", "spent", "reserved", "limit", "warn_at", "status"]))
+        if summary.get("budget_limits") == "app":
+            click.echo("(limits from this command's import of the app: no worker has recorded "
+                       "the limits it enforces)")
 
 
 async def run_entries(client: Redis, ops: OpsContext, run_id: str) -> list[dict[str, Any]]:

@@ -42,7 +42,7 @@ from typing import Any
 from printery import _json
 from printery.envelope import correlation_of
 from printery.errors import BlobMissing
-from printery.fields import CALL_OF, STEP, WORKER
+from printery.fields import CALL_OF, REPLAYED_FROM, STEP, WORKER
 from printery.keys import DLQ, REVIEW, REVIEW_DECIDED, RUN_FAILED, StreamKeys, partition_of
 from printery.pipeline.dag import Pipeline
 from printery.runs.cost import CallTally
@@ -85,16 +85,17 @@ class RunResult:
 
 
 def run_cost(pipeline: Pipeline, entries: Iterable[Mapping[str, Any]]) -> dict[str, Any]:
-    """What the steps of a run spent (:class:`~printery.runs.cost.CallTally`), from entries
-    as the reader returns them (``cost`` and ``data`` parsed)."""
+    """What the steps of a run spent (:class:`~printery.runs.cost.CallTally`: copies of an
+    entry never count), from entries as the reader returns them (``cost`` and ``data``
+    parsed, ``stream`` the event type)."""
     tally = CallTally(pipeline)
     for entry in entries:
-        fields = {k: str(entry[k]) for k in ("producer", "duration_ms", CALL_OF,
+        fields = {k: str(entry[k]) for k in ("producer", "duration_ms", CALL_OF, REPLAYED_FROM,
                                              pipeline.correlation_field) if k in entry}
         cost = entry.get("cost")
         if cost is not None:
             fields["cost"] = cost if isinstance(cost, str) else _json.dumps(cost)
-        tally.add(fields)
+        tally.add(fields, str(entry.get("stream", "")))
     return tally.summary()
 
 

@@ -36,7 +36,7 @@ from printery.keys import DLQ, REVIEW, StreamKeys
 from printery.logging import get_logger
 from printery.pipeline.dag import Pipeline
 from printery.reason import Reason
-from printery.runs.cost import budget_status
+from printery.runs.cost import budget_report
 from printery.runs.facade import Runs
 from printery.runs.partials import POSITION, Partial
 from printery.runs.reader import run_cost, run_status
@@ -277,12 +277,13 @@ def _run_routes(api: web.Application, runs: Runs, body_limit: int) -> None:
         except UnknownRun as exc:
             return error(404, "unknown_run", str(exc))
         spent = run_cost(runs.pipeline, entries)
-        budget = await budget_status(runs.redis, runs.keys, runs.pipeline, run_id)
+        budget, limits_from = await budget_report(runs.redis, runs.keys, runs.pipeline, run_id)
         return respond({"run_id": run_id, "status": run_status(runs.reader.outcome_of(entries)),
                         "entries": entries,
                         "cost": spent["total"]["cost"],
                         "steps": step_summary(runs, entries, spent["steps"]),
-                        **({} if budget is None else {"budget": budget})})
+                        **({} if budget is None else {"budget": budget,
+                                                      "budget_limits": limits_from})})
 
     async def run_events(request: web.Request) -> web.StreamResponse:
         """The run's entries as server-sent events (see :func:`event_id`): 404 for an

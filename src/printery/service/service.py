@@ -43,6 +43,7 @@ from printery.logging import get_logger
 from printery.metrics import Metrics, MetricsObserver
 from printery.pipeline.dag import Pipeline
 from printery.redact import redact_url
+from printery.runs.cost import enforced_limits
 from printery.runs.facade import Runs
 from printery.runtime.consumer import ConsumerSettings
 from printery.runtime.payloads import PayloadStore
@@ -59,6 +60,7 @@ from printery.service.lifecycle import (
 )
 from printery.service.registry import ProcessRegistry
 from printery.store import Outage, Redis, ServerError
+from printery.store.budgets import record_budget_limits
 from printery.store.layout import describe_pipeline
 from printery.store.servers import answers
 from printery.supervisor.manager import WorkerManager
@@ -141,7 +143,8 @@ class Service(ProcessLifecycle):
         return code
 
     async def _prepare_streams(self, client: Redis) -> None:
-        """Every group of the pipeline, then its description for ``printery pipeline show``.
+        """Every group of the pipeline, then its description for ``printery pipeline show``
+        and the budget limits it enforces for ``printery cost`` and ``/v1``.
 
         A server that is not up yet (started after us by systemd or compose) is waited
         for with backoff, not treated as a failure (docs/reference.md, Commands): each
@@ -159,6 +162,7 @@ class Service(ProcessLifecycle):
                         for part in self.keys.each():
                             await ensure_group(client, part.stream(event_type), group)
                 await describe_pipeline(client, self.keys, _json.dumps(self.pipeline.describe()))
+                await record_budget_limits(client, self.keys, enforced_limits(self.pipeline))
             except (ServerError, OSError) as exc:
                 refusal = refused(exc, self.display_url, self.settings.stream_prefix)
                 if refusal is not None:
