@@ -1,4 +1,4 @@
-"""A provider that is down is found once, not per entry (CONTRACT §19; reference: flow
+"""A provider that is down is found once, not per entry (reference: flow
 control and model steps): ``OpenAICompatible(..., breaker=Breaker(...))`` keeps its
 breaker in the server, so every process calling the model shares it. The provider is a
 real HTTP server on loopback that counts the requests it gets; each "process" here has a

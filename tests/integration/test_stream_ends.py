@@ -1,4 +1,4 @@
-"""A streamed answer is complete only with its end (CONTRACT §19; reference: flow control
+"""A streamed answer is complete only with its end (reference: flow control
 and model steps): an OpenAI-compatible stream that stops without ``data: [DONE]`` and
 without a choice's ``finish_reason`` (the connection closed half-way, or the body ended
 cleanly) is a broken answer: the call is a ``Retry``, the draft it showed is retracted
