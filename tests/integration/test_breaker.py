@@ -38,6 +38,8 @@ from printery.runtime.breaker import breaker_states
 from printery.runtime.consumer import ConsumerSettings
 from printery.runtime.partials import PartialWriter, using
 from printery.testing import wait_for
+from printery.transport.connection import connect
+from support.cluster import ValkeyCluster
 from support.spine import CODEC, publish, running_pipeline
 
 MODEL = "tiny-1"
@@ -325,3 +327,28 @@ async def test_an_open_breaker_sends_the_entry_to_the_fallback_at_once(
     assert [r["code"] for r in first["reasons"]] == ["provider_down"]
     assert (last["fallback"], last["passed"]) == (True, True)
     assert provider.requests == 3, "no entry reached the provider"
+
+
+async def test_a_breaker_on_a_cluster_of_partitions(
+    cluster: ValkeyCluster, prefix: str, provider: Provider
+) -> None:
+    """Nine partitions over three masters: the breaker's key is not a run's (no
+    partition), and its script and /status's read of it run on the master of its slot."""
+    keys = StreamKeys(prefix, 9)
+    mine, theirs = connect(cluster.url), connect(cluster.url)
+    breaker = Breaker(failures=3, window=30, reset=60)
+    try:
+        for client in (mine, theirs):
+            token = using(PartialWriter(client, keys))
+            try:
+                with pytest.raises(ProviderDown):
+                    await model(provider, breaker, max_attempts=4).complete(
+                        message(), messages=ASK)
+            finally:
+                token.var.reset(token)
+        assert provider.requests == 3
+        state = (await breaker_states(theirs, keys))[MODEL]
+        assert (state["state"], state["failures"]) == ("open", 3)
+    finally:
+        await mine.aclose()
+        await theirs.aclose()

@@ -102,12 +102,17 @@ class Circuit:
         writer = partials.current()
         if writer is None:
             return None
-        runner = _runners.get(writer.client)
-        if runner is None:
-            runner = _runners[writer.client] = Scripts(writer.client)
-        state, ms = await runner.call(BREAKER_LUA, [writer.keys.breaker(self.model)],
+        state, ms = await _runner(writer.client).call(BREAKER_LUA, [writer.keys.breaker(self.model)],
                                       [op, *self._head, caller])
         return int(state), int(ms)
+
+
+def _runner(client: Redis) -> Scripts:
+    """The script runner of ``client`` (the script loaded once per client)."""
+    runner = _runners.get(client)
+    if runner is None:
+        runner = _runners[client] = Scripts(client)
+    return runner
 
 
 def _ms(seconds: float) -> int:
@@ -116,37 +121,20 @@ def _ms(seconds: float) -> int:
 
 async def breaker_states(client: Redis, keys: StreamKeys) -> dict[str, dict[str, Any]]:
     """Each breaker this process knows (the models its app made with one), as the server
-    holds it: ``state`` (``closed``, ``open``, or ``half_open``: the reset is over and a
-    trial call decides), ``failures`` (consecutive, in the window) and, when not closed,
-    ``opened`` (unix seconds) and ``trial_in_s`` (seconds until a trial may be made)."""
-    circuits = sorted(_known.items())
-    if not circuits:
-        return {}
-    seconds, micros = await client.time()
-    now = int(seconds) * 1000 + int(micros) // 1000
-    async with client.pipeline(transaction=False) as pipe:
-        for model, _ in circuits:
-            pipe.hgetall(keys.breaker(model))
-        held = await pipe.execute()
+    holds it, judged on the server's clock: ``state`` (``closed``, ``open``, or
+    ``half_open``: the reset is over and a trial call decides), ``failures``
+    (consecutive, in the window) and, when not closed, ``opened`` (unix seconds) and
+    ``trial_in_s`` (seconds until a trial may be made)."""
+    runner = _runner(client)
     found: dict[str, dict[str, Any]] = {}
-    for (model, breaker), fields in zip(circuits, held, strict=True):
-        found[model] = _state(breaker, fields, now)
+    for model, breaker in sorted(_known.items()):
+        head = [breaker.failures, _ms(breaker.window), _ms(breaker.reset), 0]
+        state, ms, failures, opened = await runner.call(
+            BREAKER_LUA, [keys.breaker(model)], ["peek", *head, ""])
+        if int(state) == CLOSED:
+            found[model] = {"state": "closed", "failures": int(failures)}
+            continue
+        found[model] = {"state": "open" if int(state) == OPEN else "half_open",
+                        "failures": int(failures), "opened": int(opened) / 1000,
+                        "trial_in_s": int(ms) / 1000}
     return found
-
-
-def _state(breaker: Breaker, fields: dict[Any, Any], now: int) -> dict[str, Any]:
-    got = {_text(k): _text(v) for k, v in fields.items()}
-    times = [int(at) for at in got.get("times", "").split() if at.isdigit()]
-    failures = len([at for at in times if now - at <= breaker.window * 1000])
-    if "open_until" not in got:
-        return {"state": "closed", "failures": failures}
-    until = int(got["open_until"])
-    trial_until = int(got.get("trial_until") or 0)
-    state = "open" if now < until else "half_open"
-    wait = max(until, trial_until) - now
-    return {"state": state, "failures": breaker.failures, "opened": int(got["opened"]) / 1000,
-            "trial_in_s": max(0.0, wait / 1000)}
-
-
-def _text(value: Any) -> str:
-    return value.decode() if isinstance(value, bytes) else str(value)

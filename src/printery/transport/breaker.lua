@@ -8,10 +8,14 @@
 --   opened      ms of the last opening (shown by /status)
 --   trial       the caller making the trial call once open_until has passed
 --   trial_until ms: when that trial lapses (its caller died) and another may try
--- ARGV: op ('ask', 'ok', 'fail'), failures, window ms, reset ms, trial lease ms, caller.
+-- ARGV: op ('ask', 'ok', 'fail', 'peek'), failures, window ms, reset ms, trial lease ms,
+-- caller.
 -- Returns {state, ms}: state 0 closed (call), 1 open (refused; ms: until the next trial
 -- may be made), 2 the caller makes the trial; for 'fail' in a closed breaker, ms is the
--- count of consecutive failures.
+-- count of consecutive failures. 'peek' (what /status shows) changes nothing and returns
+-- {state, ms, failures, opened}: state 0 closed, 1 open, 3 half open (the reset is over,
+-- a trial decides); ms until a trial may be made; the consecutive failures in the
+-- window; the ms of the last opening (0: none).
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local key, op = KEYS[1], ARGV[1]
@@ -21,6 +25,22 @@ local reset, lease, caller = tonumber(ARGV[4]), tonumber(ARGV[5]), ARGV[6]
 local keep = window + reset + lease + 60000
 
 local open_until = tonumber(redis.call('HGET', key, 'open_until') or '')
+
+if op == 'peek' then
+  local counted = 0
+  for at in string.gmatch(redis.call('HGET', key, 'times') or '', '%d+') do
+    if now - tonumber(at) <= window then
+      counted = counted + 1
+    end
+  end
+  if not open_until then
+    return {0, 0, counted, 0}
+  end
+  local opened = tonumber(redis.call('HGET', key, 'opened') or '0')
+  local trial_until = tonumber(redis.call('HGET', key, 'trial_until') or '0')
+  local wait = math.max(open_until, trial_until) - now
+  return {now < open_until and 1 or 3, math.max(0, wait), failures, opened}
+end
 
 if op == 'ok' then
   if redis.call('EXISTS', key) == 1 then
