@@ -37,6 +37,7 @@ from printery.models import OpenAICompatible
 from printery.runtime.breaker import breaker_states
 from printery.runtime.consumer import ConsumerSettings
 from printery.runtime.partials import PartialWriter, using
+from printery.servers.process import free_port
 from printery.testing import wait_for
 from printery.transport.connection import connect
 from support.cluster import ValkeyCluster
@@ -352,3 +353,19 @@ async def test_a_breaker_on_a_cluster_of_partitions(
     finally:
         await mine.aclose()
         await theirs.aclose()
+
+
+async def test_a_breaker_the_server_cannot_be_asked_about_lets_the_call_through(
+    prefix: str, provider: Provider
+) -> None:
+    """The breaker is advisory: a server that does not answer fails no model call (the
+    worker's commit waits for the server as any does)."""
+    provider.status = 200
+    nowhere = aioredis.Redis(host="127.0.0.1", port=free_port(), socket_connect_timeout=1,
+                             decode_responses=True)
+    try:
+        with worker_of(nowhere, prefix):
+            done = await model(provider, Breaker(failures=1)).complete(message(), messages=ASK)
+    finally:
+        await nowhere.aclose()
+    assert done.text == "fine" and provider.requests == 1

@@ -17,7 +17,8 @@ answered) resets the count.
 The breaker speaks to the server of the worker whose handler calls the model (the one its
 partials go to, :func:`printery.runtime.partials.current`); a model called outside a
 worker (a handler called by a test) has no breaker to ask and calls the provider as if it
-had none.
+had none; so does a call whose server cannot be reached (the worker's own commit then
+waits for the server, as any does).
 """
 
 from __future__ import annotations
@@ -28,13 +29,18 @@ import weakref
 from dataclasses import dataclass
 from typing import Any
 
-from printery.errors import PipelineError, ProviderDown
+import structlog
+
+from printery.errors import PipelineError, ProviderDown, describe
 from printery.keys import StreamKeys
 from printery.runtime import partials
+from printery.store.outage import UNREACHABLE
 from printery.transport.connection import Redis
 from printery.transport.scripts import Scripts, script
 
 __all__ = ["Breaker", "Circuit", "breaker_states"]
+
+log = structlog.get_logger("printery.breaker")
 
 BREAKER_LUA = script("breaker")
 #: What ``breaker.lua`` answers: closed (call), open (refused), this caller's trial.
@@ -102,8 +108,13 @@ class Circuit:
         writer = partials.current()
         if writer is None:
             return None
-        state, ms = await _runner(writer.client).call(BREAKER_LUA, [writer.keys.breaker(self.model)],
-                                      [op, *self._head, caller])
+        try:
+            state, ms = await _runner(writer.client).call(
+                BREAKER_LUA, [writer.keys.breaker(self.model)], [op, *self._head, caller])
+        except UNREACHABLE as exc:  # advisory: the call is not failed for it
+            log.warning("circuit breaker not reachable: the model is called as if it were "
+                        "closed", model=self.model, error=describe(exc))
+            return None
         return int(state), int(ms)
 
 
