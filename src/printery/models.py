@@ -16,8 +16,14 @@ holding a slot; 401 and 403 as well (a key an operator can fix); any other 4xx i
 refused again), reason code ``model_request_refused``. A 2xx body with no
 completion in it (no choice, or a message without content) raises
 :class:`~printery.Retry` too: the entry fails and is delivered again. A body without
-``usage`` reports no cost at all (its tokens are unknown, not zero) and logs a warning
-once per step.
+``usage`` charges the step's ``estimate=`` in its place (its tokens are unknown, not
+zero), or reports no cost at all when the step declares none, and logs a warning once
+per step. A streamed answer is complete only with ``[DONE]`` or a ``finish_reason``: one
+that ends without either was cut short, and raises :class:`~printery.Retry`.
+
+A ``breaker=`` (:class:`~printery.Breaker`, :mod:`printery.runtime.breaker`) is asked
+before every request and told how it went: while it is open a request raises
+:class:`~printery.ProviderDown` at once, without reaching the provider.
 
 A quota is not a rate limit: a 402, a 429 whose body names ``insufficient_quota``, or a
 429 whose ``Retry-After`` is longer than ``max_wait`` (default 60 s) raises
@@ -48,7 +54,7 @@ from printery.redact import MASK, register_secret
 from printery.runtime.breaker import Breaker, Circuit
 from printery.runtime.handler import Message
 
-__all__ = ["Breaker", "Completion", "OpenAICompatible"]
+__all__ = ["Completion", "OpenAICompatible"]
 
 log = structlog.get_logger("printery.models")
 
@@ -57,6 +63,9 @@ SPAN_NAME = "model.complete"
 
 #: Status codes worth asking again: rate limited, and the server's own failures.
 _RETRYABLE = frozenset({408, 409, 429, 500, 502, 503, 504})
+#: What a 429's body says when the quota, not the rate, is what ran out (OpenAI's
+#: ``error.code`` and ``error.type``; others copy it).
+_QUOTA_MARK = "insufficient_quota"
 #: Seconds a breaker's trial call may take past the call's ``timeout`` before another
 #: caller may make the trial (the one that took it died).
 _TRIAL_GRACE = 10.0
@@ -66,9 +75,6 @@ class CutStream(Retry):
     """A streamed answer that ended without ``[DONE]`` or a ``finish_reason``: a broken
     answer (the connection closed, or the body ended, mid-answer), retried; a failure of
     the provider for its breaker."""
-#: What a 429's body says when the quota, not the rate, is what ran out (OpenAI's
-#: ``error.code`` and ``error.type``; others copy it).
-_QUOTA_MARK = "insufficient_quota"
 
 
 @dataclass(frozen=True, slots=True)
