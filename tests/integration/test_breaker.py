@@ -369,3 +369,22 @@ async def test_a_breaker_the_server_cannot_be_asked_about_lets_the_call_through(
     finally:
         await nowhere.aclose()
     assert done.text == "fine" and provider.requests == 1
+
+
+async def test_failures_further_apart_than_the_window_do_not_open_it(
+    client: aioredis.Redis, prefix: str, provider: Provider
+) -> None:
+    llm = model(provider, Breaker(failures=2, window=0.3, reset=60), max_attempts=1)
+    with worker_of(client, prefix):
+        with pytest.raises(Retry):
+            await llm.complete(message(), messages=ASK)
+
+        async def forgotten() -> bool:  # on the server's clock, as the script judges
+            return (await state_of(client, prefix))["failures"] == 0
+
+        await wait_for(forgotten, timeout=10, message="the first failure out of the window")
+        with pytest.raises(Retry) as second:
+            await llm.complete(message(), messages=ASK)
+    assert not isinstance(second.value, ProviderDown)
+    assert await state_of(client, prefix) == {"state": "closed", "failures": 1}
+    assert provider.requests == 2
