@@ -32,6 +32,7 @@ from printery.errors import (
     PayloadTooLarge,
     PipelineError,
     PrinteryError,
+    ProviderDown,
     QuotaExhausted,
     Reject,
     Retry,
@@ -74,6 +75,7 @@ from printery.runs.cost import cost_summary
 from printery.runs.partials import Partial, Verdict
 from printery.runs.reader import RunResult
 from printery.runs.replay import ReplayError, ReplayResult, replay
+from printery.runtime.breaker import Breaker
 from printery.runtime.consumer import ConsumerSettings
 from printery.runtime.handler import Handler, HandlerResult, Message, Output
 from printery.runtime.observe import Observer
@@ -97,7 +99,7 @@ __all__ = [  # noqa: RUF022 - grouped as docs/reference.md's sections, sorted wi
     "Handler", "HandlerResult", "Message", "Output", "QuotaExhausted", "Reason", "Reject",
     "Retry",
     # Flow control and model steps
-    "Completion", "Limit", "OpenAICompatible",
+    "Breaker", "Completion", "Limit", "OpenAICompatible", "ProviderDown",
     # Joins
     "Aggregator", "JoinState", "MergePolicy", "all_must_pass", "any_pass", "first_wins",
     # Escalation

@@ -14,6 +14,8 @@
      |    +-- BlobMissing       a `$ref` points at no blob (`blob_missing`)
      +-- HandlerError           raised by handlers to steer failure handling
      |    +-- Retry             retry later, after `delay` if given (counts as a delivery)
+     |    |    +-- ProviderDown  a model's circuit breaker is open: the fallback runs at
+     |    |                      once, else retried after the breaker's reset
      |    +-- Reject            never retry: dead-letter at once with a reason code
      |         +-- QuotaExhausted  a provider's quota is gone (`quota_exhausted`): the
      |                           fallback runs at once
@@ -137,6 +139,25 @@ class Retry(HandlerError):
             raise ValueError(f"Retry delay must be >= 0 seconds, not {delay!r}")
         self.delay = delay
         super().__init__(message or "retry requested")
+
+
+#: The reason code of an attempt that met an open circuit breaker (a Loop's verdict).
+PROVIDER_DOWN = "provider_down"
+
+
+class ProviderDown(Retry):
+    """A model's circuit breaker is open (docs/reference.md, Flow control and model
+    steps): its provider failed ``failures`` calls in a row, so this call was refused at
+    once, without a request. It is not worth asking again before the breaker's trial: a
+    :class:`~printery.Loop` with a ``fallback`` or a step wrapped with ``escalate(...,
+    fallback=...)`` runs its fallback at once; elsewhere it is a :class:`Retry` whose
+    ``delay`` is the time until the breaker lets a trial call through. ``model``: the
+    model name of the breaker."""
+
+    def __init__(self, model: str, message: str = "", *, delay: float | None = None) -> None:
+        self.model = model
+        super().__init__(message or f"model {model}: its provider is down (circuit breaker "
+                                    "open)", delay=delay)
 
 
 class Reject(HandlerError):

@@ -281,6 +281,13 @@ class StreamKeys:
         master; they are small and touched once per admission batch)."""
         return f"{self.prefix}:{{limit}}:{key}"
 
+    def breaker(self, model: str) -> str:
+        """Hash of the circuit breaker of the model ``model`` (docs/reference.md, Flow
+        control and model steps; ``transport/breaker.lua``): shared by every process and
+        every step calling that model name. One hash tag for all breakers: /status reads
+        them together."""
+        return f"{self.prefix}:{{breaker}}:{model}"
+
     def process(self, process_id: str) -> str:
         """Heartbeat key of one running service process (the process registry)."""
         return f"{self.prefix}:process:{process_id}"

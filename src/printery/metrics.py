@@ -205,6 +205,11 @@ class Metrics:
         self.dlq_entries = Gauge(
             "printery_dlq_entries", "Entries held in `dlq` (not replayed or purged).", registry=r,
         )
+        self.breaker_open = Gauge(
+            "printery_breaker_open",
+            "1 while the circuit breaker of a model (its configured model name) is open or "
+            "waits for its trial call, else 0.", ["model"], registry=r,
+        )
         self.dlq = Counter(
             "printery_dlq_total", "Entries dead-lettered, by worker and reason code.",
             ["worker", "reason_code"], registry=r,

@@ -16,8 +16,14 @@ holding a slot; 401 and 403 as well (a key an operator can fix); any other 4xx i
 refused again), reason code ``model_request_refused``. A 2xx body with no
 completion in it (no choice, or a message without content) raises
 :class:`~printery.Retry` too: the entry fails and is delivered again. A body without
-``usage`` reports no cost at all (its tokens are unknown, not zero) and logs a warning
-once per step.
+``usage`` charges the step's ``estimate=`` in its place (its tokens are unknown, not
+zero), or reports no cost at all when the step declares none, and logs a warning once
+per step. A streamed answer is complete only with ``[DONE]`` or a ``finish_reason``: one
+that ends without either was cut short, and raises :class:`~printery.Retry`.
+
+A ``breaker=`` (:class:`~printery.Breaker`, :mod:`printery.runtime.breaker`) is asked
+before every request and told how it went: while it is open a request raises
+:class:`~printery.ProviderDown` at once, without reaching the provider.
 
 A quota is not a rate limit: a 402, a 429 whose body names ``insufficient_quota``, or a
 429 whose ``Retry-After`` is longer than ``max_wait`` (default 60 s) raises
@@ -45,6 +51,7 @@ from printery import telemetry
 from printery.backoff import compute_backoff
 from printery.errors import PipelineError, QuotaExhausted, Reject, Retry
 from printery.redact import MASK, register_secret
+from printery.runtime.breaker import Breaker, Circuit
 from printery.runtime.handler import Message
 
 __all__ = ["Completion", "OpenAICompatible"]
@@ -59,6 +66,15 @@ _RETRYABLE = frozenset({408, 409, 429, 500, 502, 503, 504})
 #: What a 429's body says when the quota, not the rate, is what ran out (OpenAI's
 #: ``error.code`` and ``error.type``; others copy it).
 _QUOTA_MARK = "insufficient_quota"
+#: Seconds a breaker's trial call may take past the call's ``timeout`` before another
+#: caller may make the trial (the one that took it died).
+_TRIAL_GRACE = 10.0
+
+
+class CutStream(Retry):
+    """A streamed answer that ended without ``[DONE]`` or a ``finish_reason``: a broken
+    answer (the connection closed, or the body ended, mid-answer), retried; a failure of
+    the provider for its breaker."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -99,6 +115,7 @@ class OpenAICompatible:
         max_attempts: int = 4,
         max_retry_delay: float = 30.0,
         max_wait: float = 60.0,
+        breaker: Breaker | None = None,
         http: httpx.AsyncClient | None = None,
     ) -> None:
         unknown = set(prices or {}) - {"input", "output"}
@@ -109,6 +126,9 @@ class OpenAICompatible:
             raise PipelineError(f"OpenAICompatible max_attempts={max_attempts!r}: at least 1")
         if isinstance(max_wait, bool) or not isinstance(max_wait, int | float) or not max_wait > 0:
             raise PipelineError(f"OpenAICompatible max_wait={max_wait!r}: a number of seconds > 0")
+        if breaker is not None and not isinstance(breaker, Breaker):
+            raise PipelineError(f"OpenAICompatible breaker={breaker!r}: a Breaker(failures=, "
+                                "window=, reset=)")
         self.url = base_url.rstrip("/") + "/chat/completions"
         self._host = httpx.URL(self.url).host
         self.model = model
@@ -119,6 +139,9 @@ class OpenAICompatible:
         self.max_retry_delay = max_retry_delay
         self.max_wait = max_wait
         self._http = http
+        #: The model's circuit breaker, shared through the server (None: none).
+        self.circuit = Circuit(model, breaker, lease=timeout + _TRIAL_GRACE) \
+            if breaker is not None else None
         #: Steps already told that this model's responses carry no usage.
         self._unmetered: set[str] = set()
         self._key()  # registered for redaction as soon as it is known
@@ -160,15 +183,23 @@ class OpenAICompatible:
         for attempt in range(1, self.max_attempts + 1):
             if span is not None:
                 span.set_attribute("printery.model.attempts", attempt)
+            caller = await self.circuit.admit() if self.circuit is not None else ""
             try:
                 response = await (self._streamed(message, body, headers) if stream
                                   else self._post(body, headers))
             except httpx.TimeoutException:
+                await self._record(caller, failed=True)
                 raise Retry(f"model call to {self.url} timed out after {self.timeout} s") from None
             except httpx.TransportError as exc:
+                await self._record(caller, failed=True)
                 raise Retry(self._clean(f"model call to {self.url} failed: {exc}")) from None
+            except CutStream:
+                await self._record(caller, failed=True)
+                raise
             if isinstance(response, Completion):
+                await self._record(caller, failed=False)
                 return response
+            await self._record(caller, failed=response.status_code >= 500)
             if span is not None:
                 span.set_attribute("http.response.status_code", response.status_code)
             if response.status_code < 300:
@@ -190,6 +221,11 @@ class OpenAICompatible:
         raise AssertionError("unreachable")  # pragma: no cover
 
     # -- internals ---------------------------------------------------------------------------
+
+    async def _record(self, caller: str, *, failed: bool) -> None:
+        """Tell the breaker (when there is one) how the request ``caller`` made went."""
+        if self.circuit is not None:
+            await self.circuit.record(caller, failed=failed)
 
     def _quota(self, response: httpx.Response, delay: float | None, detail: str) -> None:
         """Raise :class:`QuotaExhausted` when ``response`` says the quota is gone, not the
@@ -270,35 +306,32 @@ class OpenAICompatible:
         self, http: httpx.AsyncClient, message: Message, body: dict[str, Any],
         headers: dict[str, str],
     ) -> httpx.Response | Completion:
-        texts: list[str] = []
-        usage: Any = None
-        answered = False
+        got = _Streamed()
         async with http.stream("POST", self.url, json=body, headers=headers,
                                timeout=self.timeout) as response:
             if response.status_code >= 300:
                 await response.aread()
                 return response
-            async for line in response.aiter_lines():
-                if not line.startswith("data:"):
-                    continue  # comments, event names, keep-alives
-                payload = line[5:].strip()
-                if payload == "[DONE]":
-                    break
-                try:
-                    chunk = json.loads(payload)
-                except ValueError:
-                    raise Retry(self._clean(f"{self.url} streamed a chunk that is not JSON: "
-                                            f"{payload[:200]}")) from None
-                if not isinstance(chunk, dict):
-                    continue
-                if isinstance(chunk.get("usage"), dict):
-                    usage = chunk["usage"]
-                text = _delta_of(chunk.get("choices"))
-                if text is not None:
-                    answered = True
+            try:
+                async for line in response.aiter_lines():
+                    try:
+                        text = got.take(line)
+                    except ValueError:
+                        raise Retry(self._clean(f"{self.url} streamed a chunk that is not "
+                                                f"JSON: {line[5:].strip()[:200]}")) from None
+                    if got.ended:
+                        break
                     if text:
-                        texts.append(text)
                         await message.partial(text)
+            except httpx.TransportError:
+                if not got.finished:
+                    raise  # cut mid-answer: a failed call (Retry), its partials retracted
+                # cut after a choice finished: the answer is whole, only its usage is lost
+        if not (got.ended or got.finished):
+            raise CutStream(self._clean(
+                f"{self.url} streamed an answer that ended without [DONE] or a "
+                f"finish_reason (model {self.model}): it was cut short"))
+        texts, usage, answered = got.texts, got.usage, got.answered
         if not answered:
             raise Retry(self._clean(f"{self.url} streamed no completion (model {self.model})"))
         text = "".join(texts)
@@ -317,14 +350,86 @@ class OpenAICompatible:
         return self._charged(message, Completion(text, prompt, completion, whole))
 
     def _no_usage(self, message: Message) -> None:
-        """A response without ``usage``: its cost is unknown, so none is reported (not a
-        free call: zero would pass for a count); said once per step of this model."""
+        """A response without ``usage``: its cost is unknown, so the step's estimate is
+        charged in its place (a budget stays safe: what was reserved is spent, not
+        released); a step without one reports none (not a free call: zero would pass for
+        a count). Said once per step of this model."""
+        charged = _estimated(message)
+        for unit, amount in charged.items():
+            message.report_cost(unit, amount)
         if message.worker in self._unmetered:
             return
         self._unmetered.add(message.worker)
-        log.warning("model response without usage: its tokens and usd are not counted "
-                    "(budgets and token limits do not see this step's calls)",
-                    url=self.url, model=self.model, step=message.worker)
+        if charged:
+            log.warning("model response without usage: the step's estimate is charged in "
+                        "its place", url=self.url, model=self.model, step=message.worker,
+                        charged=charged)
+        else:
+            log.warning("model response without usage: its tokens and usd are not counted "
+                        "(budgets and token limits do not see this step's calls; an "
+                        "estimate= on the step is charged instead)",
+                        url=self.url, model=self.model, step=message.worker)
+
+
+def _estimated(message: Message) -> dict[str, float]:
+    """What the step's ``estimate=`` says ``message``'s call spends, its valid amounts
+    ({} when none is declared, or its function fails: a reservation would have
+    dead-lettered the entry already)."""
+    estimate = message.estimate
+    if callable(estimate):
+        try:
+            estimate = estimate(message)
+        except Exception as exc:  # user code: nothing charged rather than a failed call
+            log.warning("the step's estimate function raised: nothing charged",
+                        step=message.worker, error=str(exc))
+            return {}
+    if not isinstance(estimate, Mapping):
+        return {}
+    return {unit: float(amount) for unit, amount in estimate.items()
+            if isinstance(unit, str) and isinstance(amount, int | float)
+            and not isinstance(amount, bool) and 0 <= amount < float("inf")}
+
+
+@dataclass
+class _Streamed:
+    """What a stream said so far: its text, its usage, whether a chunk had a choice
+    (``answered``), whether a choice finished and whether ``[DONE]`` came (``ended``)."""
+
+    texts: list[str] = field(default_factory=list)
+    usage: Any = None
+    answered: bool = False
+    finished: bool = False
+    ended: bool = False
+
+    def take(self, line: str) -> str | None:
+        """One line of the stream: the text it adds (None: none). Raises ``ValueError``
+        for a data line that is not JSON."""
+        if not line.startswith("data:"):
+            return None  # comments, event names, keep-alives
+        payload = line[5:].strip()
+        if payload == "[DONE]":
+            self.ended = True
+            return None
+        chunk = json.loads(payload)
+        if not isinstance(chunk, dict):
+            return None
+        if isinstance(chunk.get("usage"), dict):
+            self.usage = chunk["usage"]
+        choices = chunk.get("choices")
+        self.finished = self.finished or _finished(choices)
+        text = _delta_of(choices)
+        if text is None:
+            return None
+        self.answered = True
+        if text:
+            self.texts.append(text)
+        return text
+
+
+def _finished(choices: Any) -> bool:
+    """Whether a streamed chunk says a choice is complete (its ``finish_reason``)."""
+    return isinstance(choices, list) and any(
+        isinstance(choice, dict) and choice.get("finish_reason") for choice in choices)
 
 
 def _delta_of(choices: Any) -> str | None:

@@ -16,13 +16,14 @@ import pytest
 import redis.asyncio as aioredis
 from aiohttp import web
 
-from printery import Limit, Message, Output, Pipeline
+from printery import Budget, Limit, Message, Output, Pipeline
 from printery.keys import StreamKeys
 from printery.logging import configure_logging
 from printery.models import OpenAICompatible
 from printery.runtime.consumer import ConsumerSettings
 from printery.runtime.limit_gate import WINDOW_ENV
 from printery.testing import wait_for
+from printery.transport.commit import SPENT_SCALE
 from printery.worker import WorkerState
 from support.spine import CODEC, publish, running
 
@@ -242,6 +243,33 @@ async def test_a_response_without_usage_reports_no_cost_and_warns_once(
     assert len(warnings) == 1, warnings
     assert warnings[0]["level"] == "warning"
     assert (warnings[0]["model"], warnings[0]["step"]) == ("tiny-1", "draft")
+
+
+@pytest.mark.parametrize("estimate", [{"tokens": 500}, lambda message: {"tokens": 500}],
+                         ids=["fixed", "function"])
+async def test_a_response_without_usage_charges_the_steps_estimate(
+    client: aioredis.Redis, prefix: str, model: FakeModel, estimate: Any
+) -> None:
+    """Before (issue 39): the reservation was released and 0 charged, so a budget never
+    saw the call. Now what the step declared a call spends is what it spent: on the
+    output's cost and in the run's budget (reserved first, then charged)."""
+    keys = StreamKeys(prefix)
+    model.default = Reply(payload=completion_without_usage("hi"))
+    llm = OpenAICompatible(model.url, "tiny-1", api_key_env="TEST_MODEL_KEY", prices=PRICES)
+    pipeline = Pipeline("m", ingress=["in"], cost_units=["tokens", "usd"],
+                        budget=Budget(tokens=100_000))
+
+    @pipeline.step("draft", consumes=["in"], produces=["out"], cost_units=["tokens", "usd"],
+                   estimate=estimate)
+    async def draft(message: Message) -> Output:
+        done = await llm.complete(message, messages=[{"role": "user", "content": "?"}])
+        return Output("out", {"text": done.text})
+
+    (out,) = await run_until(client, keys, pipeline, 1)
+    assert orjson.loads(out["cost"]) == {"tokens": 500}
+    run = CODEC.decode(out, "out").correlation_id
+    assert int(await client.hget(keys.budget(run), "tokens") or 0) == 500 * SPENT_SCALE
+    assert await client.hlen(keys.reserved(run)) == 0, "the reservation became the charge"
 
 
 @pytest.mark.parametrize("payload", [

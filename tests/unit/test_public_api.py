@@ -40,6 +40,8 @@ EXPECTED = {
     "RUN_FAILED", "WorkerCrashed",
     # quota-aware fallbacks (reference: flow control and model steps)
     "QuotaExhausted",
+    # circuit breakers of model steps (reference: flow control and model steps)
+    "Breaker", "ProviderDown",
     # fan-out over run-time data (reference: fan-out)
     "Map",
     # the types of the exported signatures (docs/reference.md, Pipelines and steps; Budgets;

@@ -7,7 +7,7 @@ from collections.abc import Callable
 
 import structlog
 
-from printery.errors import QuotaExhausted, Reject, WorkerCrashed
+from printery.errors import ProviderDown, QuotaExhausted, Reject, WorkerCrashed
 from printery.fields import review_fields
 from printery.keys import REVIEW
 from printery.limits import mark_fallback
@@ -62,7 +62,10 @@ def escalate(
     entry to the ``fallback`` at once, whatever its delivery; so does a ``Limit`` whose
     ``max_wait`` runs out (the handler is not called then). Without a fallback,
     ``QuotaExhausted`` escalates at once to the review and ``terminal`` (when given),
-    else it dead-letters the entry with reason code ``quota_exhausted``.
+    else it dead-letters the entry with reason code ``quota_exhausted``. A model whose
+    circuit breaker is open (:class:`~printery.ProviderDown`) sends the entry to the
+    ``fallback`` at once too; without one it is retried (after the breaker's reset) like
+    any failure.
     """
     if (on_approve or on_reject) and not review_kind:
         raise ValueError("escalate: on_approve/on_reject need a review_kind")
@@ -71,7 +74,7 @@ def escalate(
         if message.over_limit and fallback is not None:  # a limit's max_wait ran out
             done, failure = await _fall_back(fallback, message, attempts)
         else:
-            done, failure = await _call(handler, message, attempts)
+            done, failure = await _call(handler, message, attempts, fallback is not None)
             if failure is not None and fallback is not None:
                 await _retracted(message, failure)
                 done, failure = await _fall_back(fallback, message, attempts)
@@ -96,16 +99,21 @@ def escalate(
 
 
 async def _call(
-    handler: Handler, message: Message, attempts: int
+    handler: Handler, message: Message, attempts: int, falls_back: bool = False,
 ) -> tuple[HandlerResult, BaseException | None]:
     """The handler's result, or the failure that escalates: its last delivery's, or a
-    :class:`QuotaExhausted` at once (asking again will not help). Earlier failures are
-    raised (the runtime redelivers), as are ``Reject`` and ``WorkerCrashed``
-    (deliberate: dead-lettered at once / the worker crashes)."""
+    :class:`QuotaExhausted` at once (asking again will not help), as is a
+    :class:`ProviderDown` when there is a fallback (``falls_back``) to run instead.
+    Earlier failures are raised (the runtime redelivers), as are ``Reject`` and
+    ``WorkerCrashed`` (deliberate: dead-lettered at once / the worker crashes)."""
     try:
         return await handler(message), None
     except QuotaExhausted as exc:
         return None, exc
+    except ProviderDown as exc:
+        if falls_back or message.deliveries >= attempts:
+            return None, exc
+        raise
     except (Reject, WorkerCrashed):
         raise
     except (Exception, SystemExit, KeyboardInterrupt) as exc:

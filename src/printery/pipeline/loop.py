@@ -48,8 +48,10 @@ from pydantic import BaseModel, ValidationError
 from printery import _json
 from printery.budgets import Budget, Estimate, check_estimate
 from printery.errors import (
+    PROVIDER_DOWN,
     QUOTA_EXHAUSTED,
     PipelineError,
+    ProviderDown,
     QuotaExhausted,
     Reject,
     WorkerCrashed,
@@ -250,6 +252,8 @@ class Loop:
             except QuotaExhausted as exc:  # asking again will not help: judged now
                 entry["failed"] = _failure(message, exc, f"{label} raised {describe(exc)}",
                                            QUOTA_EXHAUSTED)
+            except ProviderDown as exc:  # a breaker open: to the fallback now, if any
+                entry["failed"] = self._down(message, exc, label, fallback=fallback)
             except (Reject, WorkerCrashed):
                 raise  # deliberate: dead-lettered at once / the worker crashes
             except TimeoutError as exc:
@@ -271,6 +275,17 @@ class Loop:
         if writer is not None:
             await writer.flush()
         return _entry(self.shape, self.shape.attempt_type, message, n, entry, {STREAMED: str(n)})
+
+    def _down(self, message: Message, exc: ProviderDown, label: str, *,
+              fallback: bool) -> dict[str, str]:
+        """An attempt that met an open circuit breaker: failed at once (``provider_down``)
+        when the loop has a fallback to run instead; else raised, retried after the
+        breaker's reset like any failure, and on the last delivery a failed attempt."""
+        to_fallback = not fallback and self.fallback is not None
+        if not to_fallback and not message.last_delivery:
+            raise exc
+        return _failure(message, exc, f"{label} raised {describe(exc)}",
+                        PROVIDER_DOWN if to_fallback else WORK_FAILED)
 
     async def _judge(self, message: Message, attempt: Mapping[str, Any]) -> list[Output]:
         shape, n, output = self.shape, attempt["attempt"], attempt["data"]
@@ -295,7 +310,8 @@ class Loop:
         if fallback:
             record["fallback"] = True
         attempts = [*feedback, record]
-        quota = isinstance(failed, dict) and failed.get("code") == QUOTA_EXHAUSTED
+        quota = isinstance(failed, dict) and failed.get("code") in (QUOTA_EXHAUSTED,
+                                                                    PROVIDER_DOWN)
         if not reasons:
             then = PASSED
         elif not fallback and n < shape.max_attempts and not quota:
@@ -377,8 +393,8 @@ def _failure(message: Message, exc: BaseException, said: str,
     """The reason of a failed attempt (what its verdict and feedback show), logged with
     its traceback: the runtime does not see this failure. An exhausted quota is an
     expected answer of a provider, not a defect: it is logged without one."""
-    if code == QUOTA_EXHAUSTED:
-        log.info("loop attempt out of quota: to the fallback", worker=message.worker,
+    if code in (QUOTA_EXHAUSTED, PROVIDER_DOWN):
+        log.info("loop attempt out of quota or its provider down: to the fallback", worker=message.worker,
                  entry_id=message.entry_id, correlation_id=message.correlation_id,
                  error=said)
     else:
@@ -392,7 +408,8 @@ def _last_output(attempts: Sequence[Mapping[str, Any]]) -> Any:
     """The output of the last attempt that produced one (a failed attempt has none)."""
     for record in reversed(attempts):
         reasons = record["reasons"]
-        if not (len(reasons) == 1 and reasons[0]["code"] in (WORK_FAILED, QUOTA_EXHAUSTED)
+        if not (len(reasons) == 1 and reasons[0]["code"] in (WORK_FAILED, QUOTA_EXHAUSTED,
+                                                             PROVIDER_DOWN)
                 and record["data"] is None):
             return record["data"]
     return None

@@ -224,9 +224,11 @@ class Step:
     def guarded_handler(self) -> Handler:
         """The handler wrapped in its input and output contracts."""
         inner, input_model, output_models = self.handler, self.input_model, self.output_models
-        produces = set(self.produces)
+        produces, estimate = set(self.produces), self.estimate
 
         async def handle(message: Message) -> HandlerResult:
+            if estimate is not None:  # charged by a model call that reports no usage
+                message.estimate = estimate
             if input_model is not None:
                 try:
                     input_model.model_validate(message.data)

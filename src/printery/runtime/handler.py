@@ -69,6 +69,10 @@ class Message:
     #: ``Limit``'s ``max_wait``: the call runs the step's fallback instead of its handler
     #: (``escalate(..., fallback=)``, a ``Loop``'s ``fallback``), without that wait.
     over_limit: str = ""
+    #: The step's ``estimate=`` (a mapping of cost units to amounts, or a function of the
+    #: message; None: none declared): what a model call whose response says nothing of
+    #: its usage charges instead (docs/reference.md, Flow control and model steps).
+    estimate: Any = None
 
     @property
     def last_delivery(self) -> bool:

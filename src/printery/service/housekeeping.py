@@ -20,6 +20,7 @@ from printery.logging import get_logger
 from printery.metrics import Metrics
 from printery.pipeline.dag import Pipeline
 from printery.runs.index import RunIndexReader
+from printery.runtime.breaker import breaker_states
 from printery.service.departed import live_owners, remove_departed
 from printery.service.registry import ProcessRegistry, list_processes
 from printery.service.retention import trim_pipeline_streams
@@ -97,8 +98,9 @@ class Housekeeping:
 
     async def update_backlog(self) -> None:
         """Every :data:`LAG_INTERVAL`, the lag in seconds of each group this process runs
-        (``printery_queue_lag_seconds{stream,group}``, the stream by its event type), and
-        how many reviews and dead letters wait (:func:`~printery.store.waiting`)."""
+        (``printery_queue_lag_seconds{stream,group}``, the stream by its event type), how
+        many reviews and dead letters wait (:func:`~printery.store.waiting`), and whether
+        each model's circuit breaker is open (``printery_breaker_open{model}``)."""
         mine = set(self.settings.selected_workers(list(self.pipeline.steps)))
         read = [event_type for event_type, groups in self.pipeline.groups().items()
                 if mine.intersection(groups)]
@@ -107,6 +109,10 @@ class Housekeeping:
             if counts is not None:
                 self.metrics.reviews_open.set(counts.reviews)
                 self.metrics.dlq_entries.set(counts.dead_letters)
+            breakers = await _swept("breaker sweep",
+                                    lambda: breaker_states(self.client, self.keys))
+            for model, state in (breakers or {}).items():
+                self.metrics.breaker_open.labels(model).set(state["state"] != "closed")
             overview = await _swept(
                 "lag sweep", lambda: read_overview(self.client, self.keys, read, mine))
             if overview is not None:

@@ -45,6 +45,7 @@ from printery.pipeline.dag import Pipeline
 from printery.redact import redact_url
 from printery.runs.cost import enforced_limits
 from printery.runs.facade import Runs
+from printery.runtime.breaker import breaker_states
 from printery.runtime.consumer import ConsumerSettings
 from printery.runtime.payloads import PayloadStore
 from printery.service.api import service_api
@@ -338,7 +339,19 @@ class Service(ProcessLifecycle):
             "process": self._process_doc(),
             "redis": {"connected": connected, "url": self.display_url},
             "workers": self._workers_doc(),
+            "breakers": await self._breakers_doc() if connected else {},
         }
+
+    async def _breakers_doc(self) -> dict[str, dict[str, Any]]:
+        """The circuit breaker of each model the app made with one, as the server holds
+        it ({} when the server does not answer)."""
+        if self.client is None:
+            return {}
+        try:
+            async with asyncio.timeout(PING_TIMEOUT):
+                return await breaker_states(self.client, self.keys)
+        except (ServerError, OSError, TimeoutError):
+            return {}
 
     async def readiness(self) -> tuple[bool, list[str]]:
         reasons: list[str] = []
