@@ -12,8 +12,7 @@ from typing import Any
 
 import click
 
-from printery._util import stream_id_ms
-from printery.amounts import amount, amounts
+from printery._util import amount, amounts, stream_id_ms
 from printery.cli.ops_common import (
     Failure,
     OpsContext,

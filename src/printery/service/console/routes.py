@@ -23,8 +23,7 @@ import jinja2
 from aiohttp import web
 
 from printery import _json
-from printery._util import idle
-from printery.amounts import amount, amounts
+from printery._util import amount, amounts, idle
 from printery.errors import (
     ReviewActionFailed,
     ReviewError,
