@@ -10,7 +10,7 @@ import random
 import socket
 import time
 import weakref
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from datetime import UTC, datetime
 from typing import Any
 
@@ -250,3 +250,26 @@ def settle_gc() -> None:
     gc.freeze()
     _, middle, old = gc.get_threshold()
     gc.set_threshold(max(GC_YOUNG_THRESHOLD, gc.get_threshold()[0]), middle, old)
+
+
+#: Significant digits of a cost amount that is not a whole number, as text.
+AMOUNT_DIGITS = 6
+
+
+def amount(value: object) -> str:
+    """A cost amount as text (``trace``, ``cost``'s tables, the console; JSON keeps the
+    number): a whole number in full (a million tokens, not ``1e+06``), any other to
+    :data:`AMOUNT_DIGITS` significant digits, without an exponent from a million up (a
+    sum of floats carries their noise: ``0.00014000000000000001`` usd is ``0.00014``),
+    and what is not a number as it is."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return str(value)
+    if isinstance(value, int) or value.is_integer():
+        return str(int(value))
+    text = f"{value:.{AMOUNT_DIGITS}g}"
+    return f"{value:.2f}" if "e+" in text else text
+
+
+def amounts(cost: Mapping[str, object] | None, *, joiner: str = ",", between: str = "=") -> str:
+    """``unit=amount`` pairs (:func:`amount`) in the mapping's order ("" for none)."""
+    return joiner.join(f"{unit}{between}{amount(value)}" for unit, value in (cost or {}).items())

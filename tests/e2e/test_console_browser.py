@@ -262,6 +262,11 @@ def test_6_ids_an_operator_can_take_to_the_cli(
     click(browser, f"[id='letter-{letter_id}'] a.run-id")
     wait_for(browser, lambda d: css(d, "#run-status")[0].text == "failed",
              "the run the dead letter ended: failed")
+    # Its timeline says what the dead letter is, who wrote it and why (before: "dlq by ?",
+    # the failed entry's producer).
+    (said,) = [li.find_element("css selector", "summary").text
+               for li in css(browser, "#timeline li[data-type=dlq]")]
+    assert "dead-lettered by validator: undecodable" in said, said
     shot(browser, "run-failed")
     conn.close()
 

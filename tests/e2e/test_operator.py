@@ -227,9 +227,11 @@ def test_trace_orders_entries_and_shows_durations(server: ServerProcess, prefix:
         (STARTED, 0, {}),
         ("deployment:validated", 100, {"producer": "validator", "duration_ms": "2.250"}),
         ("health:checked", 250, {"producer": "health-monitor", "duration_ms": "120.000",
-                                 "cost": json.dumps({"probes": 3}), "replay_of": "dep-0"}),
+                                 "cost": json.dumps({"probes": 3, "usd": 0.00007 + 0.00007}),
+                                 "replay_of": "dep-0"}),
         ("review", 260, {"producer": "aggregator", "kind": "branch_timeout"}),
-        ("dlq", 280, {"producer": "external", "reason_code": "undecodable"}),
+        ("dlq", 280, {"producer": "external", "reason_code": "undecodable",
+                      "worker": "validator"}),
     ]
     for stream, offset, extra in writes:
         r.xadd(f"{prefix}:{stream}", entry(prefix, cid, **extra), id=f"{now + offset}-0")
@@ -239,10 +241,16 @@ def test_trace_orders_entries_and_shows_durations(server: ServerProcess, prefix:
         STARTED, "deployment:validated", "health:checked", "review", "dlq", "deployment:finished"]
     assert [row["at_ms"] for row in rows] == [0, 100, 250, 260, 280, 300]
     assert [row["since_previous_ms"] for row in rows] == [0, 100, 150, 10, 20, 20]
-    assert rows[1]["duration_ms"] == 2.25 and rows[2]["cost"] == {"probes": 3}
+    assert rows[1]["duration_ms"] == 2.25 and rows[2]["cost"] == {"probes": 3,
+                                                                   "usd": 0.00007 + 0.00007}
     assert rows[2]["replay_of"] == "dep-0"
     human = cli(server.url, prefix, "trace", cid)
     assert human.returncode == 0 and "probes=3" in human.stdout and "succeeded" in human.stdout
+    # A cost to six digits (not usd=0.00014000000000000001); a dead letter said as one,
+    # by the worker that wrote it (not the failed entry's producer).
+    assert "probes=3,usd=0.00014 " in human.stdout, human.stdout
+    (dead,) = [line for line in human.stdout.splitlines() if " dlq " in line]
+    assert "dead-lettered by validator: undecodable" in dead and "external" not in dead
     assert cli(server.url, prefix, "trace", "dep-nope").returncode == 1
 
 

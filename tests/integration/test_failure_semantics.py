@@ -454,7 +454,8 @@ async def test_the_last_error_survives_a_restart(
 ) -> None:
     """Before: an entry that failed, then came back after a restart past its deliveries,
     was dead-lettered as `delivered 6 times (limit 5)` with no error. Now the last error
-    is kept in the server and its dead letter carries it."""
+    is kept in the server and its dead letter carries it, and says plainly that the entry
+    went past its limit (not "(limit 1)", read as if it were within it)."""
     keys = StreamKeys(prefix)
     p = Pipeline("e", ingress=["in"])
 
@@ -472,6 +473,8 @@ async def test_the_last_error_survives_a_restart(
                        claim_interval=0.05):
         (letter,) = await dead_letters(client, keys, 1)
     assert letter["error"].startswith("AttributeError: 'NoneType' object has no attribute")
+    said = letter["error"].rpartition(" (delivered ")[2]
+    assert said.endswith(" times, over its limit of 1)"), letter["error"]
     assert "Traceback" in letter["traceback"]
     assert not await _any_last_error(client, prefix), "the record goes with the dead letter"
     (ended,) = await failed_runs(client, keys)

@@ -28,6 +28,12 @@ from printery.errors import ServerStartError
 from printery.servers.process import ServerProcess, free_port
 
 SLOTS = 16384
+#: Seconds a cluster may take to form (every node known to every other, slots served,
+#: replicas in sync). Six servers handshaking on a machine busy with other tests took
+#: more than 30 s once; the waits end as soon as the cluster is formed.
+FORM_TIMEOUT = 90.0
+#: Seconds between two introductions of a node that does not know every other yet.
+MEET_AGAIN = 1.0
 
 
 class ClusterError(RuntimeError):
@@ -140,7 +146,7 @@ class ValkeyCluster:
 
     # -- lifecycle ------------------------------------------------------------------------
 
-    def start(self, timeout: float = 30.0) -> None:
+    def start(self, timeout: float = FORM_TIMEOUT) -> None:
         try:
             for i in range(len(self.nodes)):
                 node = self._started(i)
@@ -169,23 +175,52 @@ class ValkeyCluster:
         raise AssertionError("unreachable")
 
     def _form(self, timeout: float) -> None:
-        first = self.nodes[0]
-        for node in self.nodes[1:]:
-            node.call("CLUSTER", "MEET", first.server.host, first.port, first.bus_port)
+        self._meet()
         masters = self.nodes[: self.masters_count]
         per = SLOTS // len(masters)
         for i, node in enumerate(masters):
             end = SLOTS - 1 if i == len(masters) - 1 else (i + 1) * per - 1
             node.call("CLUSTER", "ADDSLOTSRANGE", i * per, end)
-        _wait("every node knows every other",
-              lambda: all(self._known(node) == len(self.nodes) for node in self.nodes), timeout)
+        again = [time.monotonic() + MEET_AGAIN]
+        _wait("every node knows every other", lambda: self._introduced(again), timeout)
         for i, node in enumerate(self.nodes[self.masters_count:]):
-            node.call("CLUSTER", "REPLICATE", masters[i % len(masters)].id)
+            master = masters[i % len(masters)]
+            # Refused ("Unknown node") until the replica has the master's id from gossip.
+            _wait(f"{node.address} replicating {master.address}",
+                  lambda node=node, master=master: node.call("CLUSTER", "REPLICATE", master.id),
+                  timeout)
         self.wait_healthy(timeout)
 
-    def _known(self, node: Node) -> int:
-        lines = str(node.call("CLUSTER", "NODES")).splitlines()
-        return sum(1 for line in lines if "handshake" not in line and "noaddr" not in line)
+    def _meet(self) -> None:
+        """Introduce every node to the first; gossip does the rest."""
+        first = self.nodes[0]
+        for node in self.nodes[1:]:
+            node.call("CLUSTER", "MEET", first.server.host, first.port, first.bus_port)
+
+    def _introduced(self, again: list[float]) -> bool:
+        """Whether every node knows every other. One that does not yet is introduced again
+        to the ones it lacks, at most every :data:`MEET_AGAIN` seconds (``again[0]``: when
+        next): a handshake not answered within the node timeout is dropped for good, which
+        a loaded machine does to a one-second timeout, and the cluster never formed."""
+        missing = {node.address: self._unknown_to(node) for node in self.nodes}
+        if not any(missing.values()):
+            return True
+        if time.monotonic() >= again[0]:
+            again[0] = time.monotonic() + MEET_AGAIN
+            for node in self.nodes:
+                for other in missing[node.address]:
+                    node.call("CLUSTER", "MEET", other.server.host, other.port, other.bus_port)
+        return False
+
+    def _unknown_to(self, node: Node) -> list[Node]:
+        """The nodes ``node`` does not know yet (a handshake under way is not knowing)."""
+        known = set()
+        for line in str(node.call("CLUSTER", "NODES")).splitlines():
+            fields = line.split()
+            if len(fields) > 2 and "handshake" not in fields[2] and "noaddr" not in fields[2]:
+                known.add(fields[1].split("@")[0])
+        return [other for other in self.nodes
+                if other is not node and other.address not in known]
 
     def wait_healthy(self, timeout: float = 30.0) -> None:
         """Every live node says ``cluster_state:ok``, every live replica is in sync, and

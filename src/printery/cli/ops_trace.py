@@ -12,7 +12,7 @@ from typing import Any
 
 import click
 
-from printery._util import stream_id_ms
+from printery._util import amount, amounts, stream_id_ms
 from printery.cli.ops_common import (
     Failure,
     OpsContext,
@@ -23,7 +23,16 @@ from printery.cli.ops_common import (
     table,
 )
 from printery.errors import InvalidReplayId
-from printery.fields import DECISION, ITEM, ITEM_FAILED, ITEMS, KIND, REASON, REASON_CODE
+from printery.fields import (
+    DECISION,
+    ITEM,
+    ITEM_FAILED,
+    ITEMS,
+    KIND,
+    REASON,
+    REASON_CODE,
+    WORKER,
+)
 from printery.keys import DLQ, REVIEW
 from printery.runs.cost import budget_report, cost_summary, parse_duration
 from printery.runs.reader import RunReader
@@ -56,7 +65,7 @@ def trace(deployment_id: str, as_json: bool) -> None:
         print_json(entries)
         return
     rows = [(e["id"], f"+{e['at_ms']}ms", f"+{e['since_previous_ms']}ms", e["stream"],
-             e.get("producer", ""), e.get("duration_ms", ""), _short(e.get("cost")),
+             _producer(e), e.get("duration_ms", ""), _short(e.get("cost")),
              e.get("replay_of", ""), _outcome(e)) for e in entries]
     click.echo(table(rows, ["id", "at", "step gap", "stream", "producer", "duration_ms",
                             "cost", "replay_of", "detail"]))
@@ -64,8 +73,16 @@ def trace(deployment_id: str, as_json: bool) -> None:
 
 def _short(value: object) -> str:
     if isinstance(value, dict):
-        return ",".join(f"{k}={v}" for k, v in value.items())
+        return amounts(value)
     return "" if value is None else str(value)
+
+
+def _producer(entry: dict[str, Any]) -> str:
+    """Who wrote the entry: for a dead letter, the worker that dead-lettered it (its
+    ``producer`` is the failed entry's, copied with the rest of it)."""
+    if entry["stream"] == DLQ:
+        return str(entry.get(WORKER) or "")
+    return str(entry.get("producer", ""))
 
 
 def _outcome(entry: dict[str, Any]) -> str:
@@ -73,6 +90,10 @@ def _outcome(entry: dict[str, Any]) -> str:
     attempt or verdict, and what the verdict leads to), status, reason, decision, error."""
     data = entry.get("data")
     parts = []
+    dead = entry["stream"] == DLQ
+    if dead:  # said as what it is, not as a stream named by who wrote the failed entry
+        by = f" by {entry[WORKER]}" if entry.get(WORKER) else ""
+        parts.append(f"dead-lettered{by}: {entry.get(REASON_CODE) or 'no reason code'}")
     kind = entry.get("type")
     if kind and kind != entry["stream"] and entry["stream"] != DLQ:
         parts.append(str(kind))
@@ -83,7 +104,7 @@ def _outcome(entry: dict[str, Any]) -> str:
     if isinstance(data, dict) and "status" in data:
         parts.append(str(data["status"]))
     for name in (ITEM_FAILED, KIND, DECISION, REASON_CODE, REASON, "channel"):
-        if entry.get(name):
+        if entry.get(name) and not (dead and name == REASON_CODE):
             parts.append(f"{name}={entry[name]}")
     if isinstance(data, dict) and data.get("channel") and entry["stream"] != REVIEW:
         parts.append(str(data["channel"]))
@@ -149,13 +170,13 @@ def cost(deployment_id: str | None, since: str | None, as_json: bool) -> None:
         print_json(summary)
         return
     units = sorted({u for s in summary["steps"].values() for u in s["cost"]})
-    rows = [(name, s["calls"], s["duration_ms"], *(s["cost"].get(u, 0) for u in units))
+    rows = [(name, s["calls"], s["duration_ms"], *(amount(s["cost"].get(u, 0)) for u in units))
             for name, s in [*summary["steps"].items(), ("total", summary["total"])]]
     click.echo(table(rows, ["step", "calls", "duration_ms", *units]))
     if summary.get("budget"):
         click.echo("")
-        click.echo(table([(b["step"] or "(run)", b["unit"], f"{b['spent']:g}",
-                           f"{b['reserved']:g}", f"{b['limit']:g}", f"{b['soft']:g}", b["status"])
+        click.echo(table([(b["step"] or "(run)", b["unit"], amount(b["spent"]),
+                           amount(b["reserved"]), amount(b["limit"]), amount(b["soft"]), b["status"])
                           for b in summary["budget"]],
                          ["budget", "unit", "spent", "reserved", "limit", "warn_at", "status"]))
         if summary.get("budget_limits") == "app":

@@ -430,4 +430,5 @@ def _summary(attempts: Sequence[Mapping[str, Any]]) -> str:
     last = attempts[-1]["reasons"]
     said = "; ".join(f"{r['code']}" + (f" ({r['field']})" if r["field"] else "") +
                      (f": {r['message']}" if r["message"] else "") for r in last)
-    return f"{len(attempts)} attempts did not pass validation; the last: {said}"
+    failed = f"{len(attempts)} attempt{'s' if len(attempts) != 1 else ''}"
+    return f"{failed} did not pass validation; the last: {said}"

@@ -95,7 +95,7 @@ class Failures:
         limit = self.settings.max_deliveries
         key = self.keys.last_error(self.worker, delivery.stream, delivery.entry_id)
         raw = await self.connectivity.retrying(lambda: read_record(self.leases.scripts.client, key))
-        said = f"delivered {delivery.deliveries} times (limit {limit})"
+        said = f"delivered {delivery.deliveries} times, over its limit of {limit}"
         if raw:
             try:
                 last = _json.loads(raw)

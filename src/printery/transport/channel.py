@@ -10,8 +10,9 @@ writes on a connection of its own; replies are parsed by the client's own parser
 Everything here that reaches past redis-py's public API is named in one place, so that
 moving the client pin means reading this module only: ``connection_pool``'s
 ``connection_kwargs`` and ``connection_class``, a connection's ``send_packed_command``,
-``read_response``, ``encoder`` and ``_parser._reader`` (hiredis's reader, skipped through
-for replies we do not need), and ``NOT_ENOUGH_DATA``; on a cluster, a ``ClusterNode``'s
+``read_response``, ``encoder``, ``_parser._reader`` (hiredis's reader, skipped through
+for replies we do not need) and ``_reader``/``_writer`` (its asyncio streams, asked whether
+the server closed it), and ``NOT_ENOUGH_DATA``; on a cluster, a ``ClusterNode``'s
 ``connection_kwargs`` and ``connection_class`` and the client's ``nodes_manager``
 (``get_node_from_slot``, ``initialize``).
 
@@ -329,6 +330,12 @@ class DirectChannel:
     async def _connection(self, node: ClusterNode | None) -> AbstractConnection:
         name = node.name if node is not None else ""
         conn = self._conns.get(name)
+        if conn is not None and _closed_by_server(conn):
+            # The server went away since the last round trip (a restart, a failover): the
+            # pool checks a connection before handing it out, so does the channel, else
+            # the first round trip after a restart fails a caller that did nothing wrong.
+            await self._drop(node)
+            conn = None
         if conn is None:
             # The pool's settings, less the socket timeout: with one, redis-py wraps every
             # write in ``asyncio.wait_for`` (a task per write on Python 3.11); the replies
@@ -360,6 +367,17 @@ class DirectChannel:
                 encode = conn.encoder.encode
                 return _hiredis_pack(tuple(encode(arg) for arg in command))  # type: ignore[no-untyped-call]
         return b"".join(conn.pack_command(*command))
+
+
+def _closed_by_server(conn: AbstractConnection) -> bool:
+    """Whether the server ended ``conn`` while it sat idle between round trips (its end of
+    file or a reset came in): nothing sent on it could reach a server. Attribute reads only,
+    no round trip: the channel is on the hot path."""
+    reader: Any = getattr(conn, "_reader", None)
+    writer: Any = getattr(conn, "_writer", None)
+    if reader is None or writer is None:
+        return False  # not connected yet (or dropped): redis-py connects it on the next send
+    return bool(reader.at_eof() or reader.exception() is not None or writer.is_closing())
 
 
 class _Deadline:

@@ -15,7 +15,7 @@ from printery.fields import ITEM, ITEM_FAILED, ITEMS, MAP
 from printery.keys import DLQ
 from printery.pipeline.dag import Pipeline
 
-__all__ = ["ItemCounts", "Layout", "item_counts", "layout"]
+__all__ = ["ItemCounts", "Layout", "drawn_dependencies", "item_counts", "layout"]
 
 BOX_W, BOX_H, GAP_X, GAP_Y, PAD = 150, 40, 50, 18, 10
 
@@ -102,13 +102,32 @@ def _count(value: Any) -> int:
         return 0
 
 
+def drawn_dependencies(pipeline: Pipeline) -> dict[str, list[str]]:
+    """Step -> the steps drawn with an edge into it: its dependencies, less itself, and
+    less a Map's split where the step takes the Map's output. A split writes that output
+    itself only when it has no items (its run has nothing to collect); the output is the
+    collector's, so its edge comes from the collector. Drawn from the split too, the edge
+    ran behind the Map's each and collector boxes and read as coming from the wrong step."""
+    outputs = {shape.produces for shape in pipeline.maps.values()}
+    deps: dict[str, list[str]] = {}
+    for name, found in pipeline.dependencies().items():
+        step = pipeline.steps[name]
+        # A split is drawn from when declared, or for an input other than a Map's output
+        # (the each step's items).
+        from_split = set(step.depends_on) | {
+            writer for event_type in step.consumes if event_type not in outputs
+            for writer in pipeline.producers_of(event_type)}
+        deps[name] = [d for d in found if d != name
+                      and (d not in pipeline.maps or d in from_split)]
+    return deps
+
+
 def layout(pipeline: Pipeline, states: Mapping[str, str] | None = None,
            counts: Mapping[str, ItemCounts] | None = None) -> Layout:
     """Where each step and edge goes; ``states`` maps step names to a state (a CSS
     class: ``done``, ``failed``, ``review``, ``pending``; missing: ``idle``); ``counts``
     a Map's each step to its items in the run (:func:`item_counts`)."""
-    deps = {name: [d for d in found if d != name]
-            for name, found in pipeline.dependencies().items()}
+    deps = drawn_dependencies(pipeline)
     layer: dict[str, int] = {}
 
     def depth(name: str, seen: frozenset[str] = frozenset()) -> int:

@@ -23,7 +23,7 @@ import jinja2
 from aiohttp import web
 
 from printery import _json
-from printery._util import idle
+from printery._util import amount, amounts, idle
 from printery.errors import (
     ReviewActionFailed,
     ReviewError,
@@ -62,8 +62,9 @@ def _environment() -> jinja2.Environment:
                              autoescape=True, trim_blocks=True, lstrip_blocks=True)
     env.filters["clock"] = lambda ms: datetime.datetime.fromtimestamp(
         int(ms) / 1000, datetime.UTC).strftime("%Y-%m-%d %H:%M:%S") if ms else ""
-    env.filters["amounts"] = lambda cost: ", ".join(
-        f"{unit} {amount:g}" for unit, amount in sorted((cost or {}).items())) or ""
+    env.filters["amounts"] = lambda cost: amounts(dict(sorted((cost or {}).items())),
+                                                  joiner=", ", between=" ")
+    env.filters["amount"] = amount
     env.filters["ms"] = lambda value: "" if value is None else f"{float(value):,.1f} ms"
     # A run id may hold a byte that is not UTF-8 (a producer's): quoted as that byte.
     env.filters["url"] = lambda value: quote(str(value), safe="", errors="surrogateescape")

@@ -13,6 +13,7 @@ from typing import Any
 
 from printery import _json
 from printery.errors import ReviewInvalid, UnknownRun
+from printery.fields import REASON_CODE, WORKER
 from printery.inbox import dead_letters, reviews
 from printery.keys import DLQ, REVIEW
 from printery.pipeline.render import loop_summary, to_text
@@ -115,6 +116,9 @@ class Views:
             "at": id_order(e["id"])[0], "offset_ms": id_order(e["id"])[0] - start,
             "duration_ms": e.get("duration_ms"), "cost": e.get("cost") or {},
             "data": pretty(e.get("data")), "outcome": e is outcome,
+            # A dead letter is said as one: its producer is the failed entry's, copied.
+            "dead_letter": {"worker": e.get(WORKER, ""), "reason_code": e.get(REASON_CODE, "")}
+            if e.get("stream") == DLQ else None,
         } for e in entries]
         status = run_status(outcome)
         states = {s["step"]: s["status"] for s in steps}
