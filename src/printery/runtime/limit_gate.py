@@ -32,10 +32,11 @@ from typing import Any
 
 import structlog
 
-from printery._util import stop_tasks, wait_event, where
-from printery.errors import PipelineError
+from printery._util import hostname, stop_tasks, wait_event, where
+from printery.errors import PipelineError, PrinteryError, WorkerCrashed, describe
 from printery.keys import StreamKeys
 from printery.limits import WINDOW_SECONDS, Limit
+from printery.runtime.departed import died_here
 from printery.runtime.handler import Message
 from printery.runtime.limit_waits import HELD_BY_SLOT, HELD_BY_WINDOW, LimitWaits
 from printery.runtime.observe import Observer
@@ -54,6 +55,10 @@ SLOT_POLL_SECONDS = 0.1
 #: this late, a fifth of its polling interval; a waiter in this process is woken at once.
 RELEASE_REPORT_SECONDS = 0.02
 
+#: How often at most a gate whose entries wait for a slot of a limit key looks for
+#: holders of it whose process is known to be dead, to give their slots back at once.
+DEPARTED_CHECK_SECONDS = 1.0
+
 #: Tests only: a shorter window than the contract's 60 s, so a test can watch a window
 #: refill in seconds rather than minutes. Not a setting: the public semantics are per
 #: 60 s, and nothing outside the test suite may set it.
@@ -62,6 +67,11 @@ WINDOW_ENV = "PRINTERY_TEST_LIMIT_WINDOW_S"
 
 def window_seconds() -> float:
     return float(os.environ.get(WINDOW_ENV) or WINDOW_SECONDS)
+
+
+class FallsBackFailed(PrinteryError):
+    """The step's ``falls_back`` raised for an entry (the ``__cause__``): that entry's
+    call fails as if its handler had raised, and holds nothing of the limits."""
 
 
 class Ticket:
@@ -99,7 +109,15 @@ class LimitGate:
         self.limits = tuple(limits)
         self.worker = worker
         self.observer = observer
-        self._gate = f"{os.getpid()}:{os.urandom(4).hex()}"
+        #: Named as a consumer is (``host:pid:limits:<n>``), so the rule that finds a
+        #: dead process's consumers (:func:`~printery.runtime.departed.died_here`) finds
+        #: its gates: their slots are given back once another gate sees it died.
+        self._gate = f"{hostname()}:{os.getpid()}:limits:{int.from_bytes(os.urandom(4), 'big')}"
+        #: Per limit key, gates of dead processes whose slots the next request gives back,
+        #: and when this gate last looked for such gates.
+        self._departed: dict[str, set[str]] = {}
+        self._looked: dict[str, float] = {}
+        self._looking: asyncio.Task[None] | None = None
         self._asks: list[tuple[list[Ticket], asyncio.Future[None]]] = []
         #: Per limit key: concurrency slots held now, and tokens not yet charged.
         self._held: dict[str, int] = {}
@@ -172,12 +190,11 @@ class LimitGate:
         and ``message.over_limit`` names the limit. Connection errors are raised (the
         caller retries with the same ticket: what a lost reply admitted, the next report
         gives back)."""
+        may_give_up = self._may_give_up(message)  # before anything is held or counted
         self._slot_waiters += 1  # a release wakes it (cheaper than an event per release)
         if not ticket.since:
             ticket.since = time.perf_counter()  # a retry's claim: its wait starts now
         waiting = 0  # what holds it, as counted in `waiting`
-        falls_back = self._falls_back
-        may_give_up = falls_back is not None and message is not None and falls_back(message)
         try:
             while not ticket.admitted:
                 freed = self._freed
@@ -212,6 +229,21 @@ class LimitGate:
             if waiting:
                 self.waits.count_waiting(waiting, -1)
 
+    def _may_give_up(self, message: Message | None) -> bool:
+        """Whether ``message``'s wait may end in the step's fallback (its ``falls_back``
+        says so). What that user function raises is :class:`FallsBackFailed`: the entry's
+        call fails as its handler's would (retried, then dead-lettered), never the batch."""
+        falls_back = self._falls_back
+        if falls_back is None or message is None:
+            return False
+        try:
+            return bool(falls_back(message))
+        except WorkerCrashed:
+            raise
+        except (Exception, SystemExit, KeyboardInterrupt) as exc:
+            raise FallsBackFailed(
+                f"{self.worker}: its falls_back raised {describe(exc)}") from exc
+
     def release(self, ticket: Ticket, costs: dict[str, float]) -> None:
         """The handler call is over: give back its slots and charge the tokens it
         reported (sent with the next round trip, which starts now if none is on the wire).
@@ -237,9 +269,7 @@ class LimitGate:
         ticket.since = 0.0  # until its next call asks
         ticket.held = 0
         if self._released or self._dirty:
-            if self._slot_waiters:
-                fresh, self._freed = self._freed, asyncio.Event()
-                fresh.set()
+            self._wake()
             if self._flusher is None and self._report_later is None:
                 self._report_later = asyncio.get_running_loop().call_later(
                     RELEASE_REPORT_SECONDS, self._report)
@@ -268,6 +298,8 @@ class LimitGate:
             self._held = dict.fromkeys(self._held, 0)
             self._dirty = True
             self._kick()
+        if self._looking is not None:
+            await stop_tasks([self._looking], timeout=2.0)
         flusher = self._flusher
         if flusher is not None:
             _, late = await asyncio.wait([flusher], timeout=2.0)
@@ -299,6 +331,52 @@ class LimitGate:
             for ticket in group[:admitted]:
                 if ticket.abandoned:  # its caller is gone: give it back
                     self.release(ticket, {})
+
+    def _wake(self) -> None:
+        """Wake the entries waiting for a slot: one may be free now."""
+        if self._slot_waiters:
+            fresh, self._freed = self._freed, asyncio.Event()
+            fresh.set()
+
+    def _look_for_departed(self, bases: Iterable[str]) -> None:
+        """Entries wait for slots of ``bases``: look (at most every
+        :data:`DEPARTED_CHECK_SECONDS` per key, one look at a time) for gates holding
+        them whose process is known to be dead."""
+        if self._looking is not None:
+            return
+        now = time.monotonic()
+        due = [base for base in bases
+               if now - self._looked.get(base, -DEPARTED_CHECK_SECONDS) >= DEPARTED_CHECK_SECONDS]
+        if due:
+            for base in due:
+                self._looked[base] = now
+            self._looking = asyncio.get_running_loop().create_task(
+                self._find_departed(due), name=f"{self.worker}:departed slots")
+
+    async def _find_departed(self, bases: list[str]) -> None:
+        """Mark the gates holding slots of ``bases`` whose process died on this host
+        (the pid is gone: the rule that claims a dead process's entries at once) for the
+        next request to give back: a kill -9 stalls no limit key for the visibility
+        timeout. A gate of another host, or of a pid reused, keeps its slots until its
+        lease lapses."""
+        try:
+            holders = await self.store.holders(bases)
+            found = 0
+            for base, gates in holders.items():
+                for gate in gates:
+                    if gate != self._gate and died_here(gate):
+                        self._departed.setdefault(base, set()).add(gate)
+                        found += 1
+            if found:
+                log.info("giving back the limit slots of a process that died",
+                         worker=self.worker, gates=found)
+                self._dirty = True
+                self._kick()
+        except Exception as exc:  # the next wait looks again
+            log.warning("looking for the limit slots of dead processes failed",
+                        worker=self.worker, error=describe(exc))
+        finally:
+            self._looking = None
 
     def _abandon(self, ticket: Ticket) -> None:
         ticket.abandoned = True
@@ -345,6 +423,7 @@ class LimitGate:
                     break
                 asks, self._asks = self._asks, []
                 tokens, self._tokens = self._tokens, {}
+                departed, self._departed = self._departed, {}
                 self._dirty = False
                 reports = [Report(base, held, tokens.get(base, 0.0))
                            for base, held in self._held.items()]
@@ -353,24 +432,33 @@ class LimitGate:
                 groups = [group for tickets, _ in asks for group in self._groups(tickets)]
                 try:
                     results = await self.store.apply(
-                        self._gate, reports, [Ask(len(group), group[0].bounds) for group in groups])
+                        self._gate, reports, [Ask(len(group), group[0].bounds) for group in groups],
+                        [(base, gate) for base, gates in departed.items() for gate in gates])
                 except Exception as exc:
-                    self._failed(asks, tokens, exc)
+                    self._failed(asks, tokens, exc, departed)
                     if not self._asks:
                         return
                     continue
                 except BaseException:
-                    self._failed(asks, tokens, ConnectionError("limit request interrupted"))
+                    self._failed(asks, tokens, ConnectionError("limit request interrupted"),
+                                 departed)
                     raise
+                short: set[str] = set()  # limit keys an entry waits for a slot of
                 for group, (admitted, wait) in zip(groups, results, strict=True):
                     for ticket in group[admitted:]:
                         ticket.wait = wait or WAIT_FOR_SLOT
                         ticket.held |= HELD_BY_WINDOW if wait > 0 else HELD_BY_SLOT
                     if admitted:
                         self._admitted(group, admitted)
+                    if admitted < len(group) and wait == WAIT_FOR_SLOT:
+                        short.update(_slot_bases(group[0].bounds))
                 for _, future in asks:
                     if not future.done():
                         future.set_result(None)
+                if departed:  # slots given back: the waiters ask again now
+                    self._wake()
+                if short:
+                    self._look_for_departed(short)
         finally:
             self._flusher = None
 
@@ -383,12 +471,15 @@ class LimitGate:
             groups.setdefault(ticket.bounds, []).append(ticket)
         return list(groups.values())
 
-    def _failed(self, asks: list[Any], tokens: dict[str, float], exc: Exception) -> None:
+    def _failed(self, asks: list[Any], tokens: dict[str, float], exc: Exception,
+                departed: dict[str, set[str]]) -> None:
         for _, future in asks:
             if not future.done():
                 future.set_exception(exc)
         for base, amount in tokens.items():
             self._tokens[base] = self._tokens.get(base, 0.0) + amount
+        for base, gates in departed.items():  # given back by the next request
+            self._departed.setdefault(base, set()).update(gates)
         self._dirty = True
         if not isinstance(exc, CONNECTION_ERRORS):
             log.error("limit request failed", worker=self.worker, error=str(exc))
