@@ -229,9 +229,9 @@ class Loop:
     def _keyed_by_input(self, limit: Limit) -> Limit:
         """``limit`` with its key function called on :meth:`_given` (a string key as it
         is); named as the user's function, so labels are unchanged."""
+        if not isinstance(limit, Limit) or isinstance(limit.key, str):
+            return limit  # (what is no Limit, the Step refuses)
         key = limit.key
-        if isinstance(key, str):
-            return limit
         given = self._given
 
         @functools.wraps(key)
