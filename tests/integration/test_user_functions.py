@@ -104,6 +104,10 @@ async def test_a_raising_limit_key_dead_letters_its_entry_alone_and_the_worker_s
         never_restarted(manager, "work")
 
 
+async def _async(value: bool) -> bool:
+    return value
+
+
 async def _count(client: aioredis.Redis, stream: str, n: int) -> bool:
     return int(await client.xlen(stream)) >= n
 
@@ -150,7 +154,9 @@ async def test_a_loops_limit_keyed_by_tenant_sees_the_loops_input_on_every_turn(
     run_id = await client.submit(given)
     result = await client.result(run_id, timeout=30)
     assert result.status == "answer" and result.data == {"text": "draft 3"}
-    # The input, 3 attempts and 3 verdicts: 7 entries, each keyed once, on the input.
+    # The input, 3 attempts and 3 verdicts: 7 entries, each keyed once, on the input (the
+    # last verdict is handled after the outcome written with it).
+    await wait_for(lambda: _async(len(drafts.keys) >= 7), timeout=10, message="7 keys")
     assert len(drafts.keys) == 7
     assert all(seen == ("request", given) for seen in drafts.keys), drafts.keys
     assert await client.redis.xlen(client.keys.dlq) == 0
@@ -172,6 +178,7 @@ async def test_a_maps_loop_keys_its_limit_on_the_item(running: Any) -> None:
     result = await client.result(run_id, timeout=30)
     assert result.status == "merged"
     assert result.data == {"items": [{"text": "draft 3"}] * 2, "failed": []}
+    await wait_for(lambda: _async(len(drafts.keys) >= 14), timeout=10, message="14 keys")
     assert len(drafts.keys) == 2 * 7
     assert sorted(data["page"] for _, data in drafts.keys) == [1] * 7 + [2] * 7
     assert {(kind, data["tenant"]) for kind, data in drafts.keys} == {("pages:item", "acme")}

@@ -10,10 +10,12 @@ the lease loop renews it) and counts no delivery: nothing is read or claimed aga
 
 A concurrency slot is the holder's until released, or until its lease lapses: slots are
 renewed with the entries' leases, so a process that dies holding one gives it back
-within the visibility timeout. A release waits up to :data:`RELEASE_REPORT_SECONDS` for a
-request to ride with (a busy step's next batch asks sooner), so a gate sends one request
-per batch, not two; when no limit key is a function, every call holds the same slots, and
-releases are counted and given back in one go as that request is made.
+within the visibility timeout, and at once when a gate waiting for it sees its holder
+died on this host (:mod:`printery.runtime.limit_departed`). A release waits up to
+:data:`RELEASE_REPORT_SECONDS` for a request to ride with (a busy step's next batch asks
+sooner), so a gate sends one request per batch, not two; when no limit key is a function,
+every call holds the same slots, and releases are counted and given back in one go as
+that request is made.
 
 A limit with ``max_wait`` lets an entry give up waiting for it: when the step has a
 fallback for that entry, the wait ends once it passes ``max_wait`` (or at once when the
@@ -32,12 +34,12 @@ from typing import Any
 
 import structlog
 
-from printery._util import hostname, stop_tasks, wait_event, where
+from printery._util import stop_tasks, wait_event, where
 from printery.errors import PipelineError, PrinteryError, WorkerCrashed, describe
 from printery.keys import StreamKeys
 from printery.limits import WINDOW_SECONDS, Limit
-from printery.runtime.departed import died_here
 from printery.runtime.handler import Message
+from printery.runtime.limit_departed import DepartedSlots, gate_name
 from printery.runtime.limit_waits import HELD_BY_SLOT, HELD_BY_WINDOW, LimitWaits
 from printery.runtime.observe import Observer
 from printery.transport.limit_store import WAIT_FOR_SLOT, Ask, Bound, LimitStore, Report
@@ -54,10 +56,6 @@ SLOT_POLL_SECONDS = 0.1
 #: before it is sent on its own: what another process waiting for the slot sees at most
 #: this late, a fifth of its polling interval; a waiter in this process is woken at once.
 RELEASE_REPORT_SECONDS = 0.02
-
-#: How often at most a gate whose entries wait for a slot of a limit key looks for
-#: holders of it whose process is known to be dead, to give their slots back at once.
-DEPARTED_CHECK_SECONDS = 1.0
 
 #: Tests only: a shorter window than the contract's 60 s, so a test can watch a window
 #: refill in seconds rather than minutes. Not a setting: the public semantics are per
@@ -109,15 +107,9 @@ class LimitGate:
         self.limits = tuple(limits)
         self.worker = worker
         self.observer = observer
-        #: Named as a consumer is (``host:pid:limits:<n>``), so the rule that finds a
-        #: dead process's consumers (:func:`~printery.runtime.departed.died_here`) finds
-        #: its gates: their slots are given back once another gate sees it died.
-        self._gate = f"{hostname()}:{os.getpid()}:limits:{int.from_bytes(os.urandom(4), 'big')}"
-        #: Per limit key, gates of dead processes whose slots the next request gives back,
-        #: and when this gate last looked for such gates.
-        self._departed: dict[str, set[str]] = {}
-        self._looked: dict[str, float] = {}
-        self._looking: asyncio.Task[None] | None = None
+        self._gate = gate_name()
+        #: The slots of dead processes that its entries wait for, given back at once.
+        self._departed = DepartedSlots(store, self._gate, worker, self._found_departed)
         self._asks: list[tuple[list[Ticket], asyncio.Future[None]]] = []
         #: Per limit key: concurrency slots held now, and tokens not yet charged.
         self._held: dict[str, int] = {}
@@ -298,8 +290,7 @@ class LimitGate:
             self._held = dict.fromkeys(self._held, 0)
             self._dirty = True
             self._kick()
-        if self._looking is not None:
-            await stop_tasks([self._looking], timeout=2.0)
+        await self._departed.close()
         flusher = self._flusher
         if flusher is not None:
             _, late = await asyncio.wait([flusher], timeout=2.0)
@@ -338,45 +329,10 @@ class LimitGate:
             fresh, self._freed = self._freed, asyncio.Event()
             fresh.set()
 
-    def _look_for_departed(self, bases: Iterable[str]) -> None:
-        """Entries wait for slots of ``bases``: look (at most every
-        :data:`DEPARTED_CHECK_SECONDS` per key, one look at a time) for gates holding
-        them whose process is known to be dead."""
-        if self._looking is not None:
-            return
-        now = time.monotonic()
-        due = [base for base in bases
-               if now - self._looked.get(base, -DEPARTED_CHECK_SECONDS) >= DEPARTED_CHECK_SECONDS]
-        if due:
-            for base in due:
-                self._looked[base] = now
-            self._looking = asyncio.get_running_loop().create_task(
-                self._find_departed(due), name=f"{self.worker}:departed slots")
-
-    async def _find_departed(self, bases: list[str]) -> None:
-        """Mark the gates holding slots of ``bases`` whose process died on this host
-        (the pid is gone: the rule that claims a dead process's entries at once) for the
-        next request to give back: a kill -9 stalls no limit key for the visibility
-        timeout. A gate of another host, or of a pid reused, keeps its slots until its
-        lease lapses."""
-        try:
-            holders = await self.store.holders(bases)
-            found = 0
-            for base, gates in holders.items():
-                for gate in gates:
-                    if gate != self._gate and died_here(gate):
-                        self._departed.setdefault(base, set()).add(gate)
-                        found += 1
-            if found:
-                log.info("giving back the limit slots of a process that died",
-                         worker=self.worker, gates=found)
-                self._dirty = True
-                self._kick()
-        except Exception as exc:  # the next wait looks again
-            log.warning("looking for the limit slots of dead processes failed",
-                        worker=self.worker, error=describe(exc))
-        finally:
-            self._looking = None
+    def _found_departed(self) -> None:
+        """Slots of dead processes were found: the next request gives them back."""
+        self._dirty = True
+        self._kick()
 
     def _abandon(self, ticket: Ticket) -> None:
         ticket.abandoned = True
@@ -423,7 +379,7 @@ class LimitGate:
                     break
                 asks, self._asks = self._asks, []
                 tokens, self._tokens = self._tokens, {}
-                departed, self._departed = self._departed, {}
+                departed = self._departed.take()
                 self._dirty = False
                 reports = [Report(base, held, tokens.get(base, 0.0))
                            for base, held in self._held.items()]
@@ -458,7 +414,7 @@ class LimitGate:
                 if departed:  # slots given back: the waiters ask again now
                     self._wake()
                 if short:
-                    self._look_for_departed(short)
+                    self._departed.look(short)
         finally:
             self._flusher = None
 
@@ -478,8 +434,7 @@ class LimitGate:
                 future.set_exception(exc)
         for base, amount in tokens.items():
             self._tokens[base] = self._tokens.get(base, 0.0) + amount
-        for base, gates in departed.items():  # given back by the next request
-            self._departed.setdefault(base, set()).update(gates)
+        self._departed.keep(departed)  # given back by the next request
         self._dirty = True
         if not isinstance(exc, CONNECTION_ERRORS):
             log.error("limit request failed", worker=self.worker, error=str(exc))
