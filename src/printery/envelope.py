@@ -6,13 +6,14 @@ correlated."""
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 from printery import _json
 from printery._util import as_text, new_id, now_rfc3339, stamped_id
-from printery.errors import DecodeError, PayloadTooLarge
+from printery.errors import DecodeError, InvalidRunId, PayloadTooLarge
 
 ENVELOPE_FIELDS = (
     "data", "type", "event_id", "idempotency_key", "attempt", "produced_at", "producer",
@@ -56,6 +57,22 @@ def _id_in(data: Any, field: str) -> str | None:
     return candidate if isinstance(candidate, str) and candidate else None
 
 
+#: The longest run id a run may be given (``Client.submit``, ``POST /v1/runs``, replay).
+MAX_RUN_ID = 256
+#: A control character (C0, DEL, C1): none may be part of a run id.
+_CONTROL = re.compile("[\x00-\x1f\x7f-\x9f]")
+
+
+def run_id_problem(run_id: str) -> str | None:
+    """What is wrong with ``run_id`` as the id of any run (None: nothing): it must be 1
+    to :data:`MAX_RUN_ID` characters, none of them a control character. The one rule of
+    every run id, however it is named: a submit, a replay, and every entry decoded (an
+    entry whose id breaks it is dead-lettered ``invalid_run_id``, whoever wrote it)."""
+    if 0 < len(run_id) <= MAX_RUN_ID and _CONTROL.search(run_id) is None:
+        return None
+    return f"1 to {MAX_RUN_ID} characters, none of them a control character"
+
+
 def correlation_of(fields: Mapping[str, str], field: str) -> str | None:
     """The run an entry belongs to, by the rule :meth:`Codec.decode` applies: its
     ``field``, else the id inside its ``data``. An external producer may write only
@@ -95,8 +112,9 @@ class Codec:
     def decode(self, fields: Mapping[Any, Any], stream_type: str) -> Envelope:
         """Decode an entry, filling the defaults an external producer may leave out.
 
-        Raises :class:`DecodeError` when ``data`` is missing or not JSON, and
-        :class:`PayloadTooLarge` past the payload limit; neither is worth a retry.
+        Raises :class:`DecodeError` when ``data`` is missing or not JSON,
+        :class:`PayloadTooLarge` past the payload limit, and :class:`InvalidRunId` when
+        the run id it names breaks :func:`run_id_problem`'s rule; none is worth a retry.
         """
         text = fields if _is_text(fields) else {as_text(k): as_text(v) for k, v in fields.items()}
         raw = text.get("data")
@@ -112,8 +130,12 @@ class Codec:
 
     def envelope_from(self, text: Mapping[str, str], data: Any, stream_type: str) -> Envelope:
         kind = text.get("type") or stream_type
-        correlation = (text.get(self.correlation_field)
-                       or _id_in(data, self.correlation_field) or new_id(self.id_prefix))
+        correlation = text.get(self.correlation_field) or _id_in(data, self.correlation_field)
+        if correlation is None:
+            correlation = new_id(self.id_prefix)
+        elif (problem := run_id_problem(correlation)) is not None:
+            shown = f"{correlation[:64]!r}{'...' if len(correlation) > 64 else ''}"
+            raise InvalidRunId(f"run id {shown} is not a run id: it must be {problem}")
         try:
             attempt = max(1, int(text.get("attempt") or 1))
         except ValueError:

@@ -113,6 +113,13 @@ class DecodeError(MessageError):
     reason_code = "undecodable"
 
 
+class InvalidRunId(MessageError):
+    """Raised when an entry's run id (its correlation field, or the id in its data) is
+    not a run id: over 256 characters, or holding a control character."""
+
+    reason_code = "invalid_run_id"
+
+
 class PayloadTooLarge(MessageError):
     """Raised when an entry's payload exceeds the configured limit."""
 

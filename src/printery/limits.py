@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from printery._util import marked
-from printery.errors import PipelineError
+from printery.errors import PipelineError, WorkerCrashed, describe
 
 __all__ = ["WINDOW_SECONDS", "FallsBack", "Limit", "fallback_of", "mark_fallback"]
 
@@ -95,10 +95,20 @@ class Limit:
         return getattr(self.key, "__name__", "key")
 
     def key_of(self, message: Any) -> str:
-        """The key ``message`` is limited under."""
+        """The key ``message`` is limited under. Raises :class:`PipelineError` when the key
+        function raises (whatever it raises: a ``KeyError`` on a message without the
+        field is the usual one) or returns no non-empty string: user code called on an
+        entry fails that entry only (``invalid_limit_key``), never its batch or worker.
+        :class:`WorkerCrashed` is raised through, as from a handler: it is deliberate."""
         if isinstance(self.key, str):
             return self.key
-        key = self.key(message)
+        try:
+            key = self.key(message)
+        except WorkerCrashed:
+            raise
+        except (Exception, SystemExit, KeyboardInterrupt) as exc:
+            raise PipelineError(
+                f"Limit {self.label!r}: the key function raised {describe(exc)}") from exc
         if not isinstance(key, str) or not key:
             raise PipelineError(
                 f"Limit {self.label!r}: the key function returned {key!r}, not a non-empty string")

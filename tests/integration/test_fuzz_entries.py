@@ -33,7 +33,8 @@ from printery.testing import unique_prefix, wait_for_sync
 from printery.transport.connection import connect
 
 PAYLOAD_LIMIT = 4096
-REASONS = {"undecodable", "payload_too_large", "not_an_object", "blob_missing"}
+#: (``invalid_run_id``: a correlation field with a control character, or over 256 characters.)
+REASONS = {"undecodable", "payload_too_large", "not_an_object", "blob_missing", "invalid_run_id"}
 
 
 @dataclass

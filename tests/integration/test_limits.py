@@ -232,6 +232,34 @@ async def test_a_killed_process_gives_its_slot_back_within_the_visibility_timeou
     api.hold.set()
 
 
+async def test_a_killed_processs_slot_is_given_back_once_its_death_is_known(
+    client: aioredis.Redis, prefix: str, api: CountingAPI, limited: Limited
+) -> None:
+    """A process of this host killed (SIGKILL) holding the one slot, under a visibility
+    timeout of 120 s: the next process takes its entry at once (its pid is gone) and,
+    waiting for the slot, finds the dead process's gate holding it and gives it back;
+    both entries are done long before the dead slot's lease would lapse."""
+    keys = StreamKeys(prefix)
+    api.hold = asyncio.Event()  # the first call never returns: its process dies holding it
+    visibility = 120.0
+    victim = await limited.start(prefix, api.url, "--concurrency", "1",
+                                 "--visibility", str(visibility))
+    await publish(client, keys, "in", 1)
+    await wait_for(lambda: _arrived(api, 1), timeout=10, message="the victim's call")
+    slots = keys.limit("api") + ":slots"
+    (holder,) = await client.zrange(slots, 0, -1)
+    victim.send_signal(signal.SIGKILL)
+    victim.wait(10)
+    await limited.start(prefix, api.url, "--concurrency", "1", "--visibility", str(visibility))
+    await publish(client, keys, "in", 1, start=1)
+    # A quarter of the visibility timeout: the lease of the dead slot runs for all of it.
+    await wait_for(lambda: _at_least(client, keys, 2), timeout=visibility / 4,
+                   message="both outputs, before the dead process's slot lapsed")
+    assert sorted(n for _, n in api.arrivals) == [0, 0, 1]
+    assert holder not in await client.zrange(slots, 0, -1)
+    api.hold.set()
+
+
 async def _arrived(api: CountingAPI, n: int) -> bool:
     return len(api.arrivals) >= n
 
@@ -280,9 +308,10 @@ async def test_a_release_rides_with_the_next_admission_or_goes_alone_soon_after(
     sent: list[int] = []
     apply = store.apply
 
-    async def counted(gate: str, reports: list[Report], asks: list[Ask]) -> list[tuple[int, int]]:
+    async def counted(gate: str, reports: list[Report], asks: list[Ask],
+                      departed: list[tuple[str, str]]) -> list[tuple[int, int]]:
         sent.append(len(asks))
-        return await apply(gate, reports, asks)
+        return await apply(gate, reports, asks, departed)
 
     store.apply = counted  # type: ignore[method-assign]
     gate = LimitGate(store, keys, [Limit("api", concurrency=1)], worker="w",
@@ -322,12 +351,13 @@ async def test_a_batch_cancelled_while_its_admission_is_on_the_wire_holds_nothin
     replies: list[list[tuple[int, int]]] = []
     apply = store.apply
 
-    async def held_back(gate: str, reports: list[Report], asks: list[Ask]) -> list[tuple[int, int]]:
+    async def held_back(gate: str, reports: list[Report], asks: list[Ask],
+                        departed: list[tuple[str, str]]) -> list[tuple[int, int]]:
         if not asks:
-            return await apply(gate, reports, asks)
+            return await apply(gate, reports, asks, departed)
         on_the_wire.set()
         await answer.wait()
-        replies.append(await apply(gate, reports, asks))
+        replies.append(await apply(gate, reports, asks, departed))
         replied.set()
         return replies[-1]
 

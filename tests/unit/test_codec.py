@@ -11,11 +11,13 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from printery import Codec, Output
-from printery.envelope import ENVELOPE_FIELDS
+from printery.envelope import ENVELOPE_FIELDS, run_id_problem
 
 CODEC = Codec(correlation_field="run_id", id_prefix="run")
 
 _text = st.text(min_size=1, max_size=20).filter(lambda s: "\x00" not in s)
+#: A run id is decoded only when it holds to the rule of run ids (else: invalid_run_id).
+_run_ids = _text.filter(lambda s: run_id_problem(s) is None)
 _json = st.recursive(
     st.none() | st.booleans() | st.integers(-(2**63), 2**63 - 1)
     | st.floats(allow_nan=False, allow_infinity=False) | st.text(max_size=20),
@@ -28,14 +30,14 @@ _outputs = st.builds(
     Output,
     type=_text,
     data=_json,
-    correlation_id=st.none() | _text,
+    correlation_id=st.none() | _run_ids,
     idempotency_key=st.none() | _text,
     extra=st.dictionaries(_extra_keys, st.text(max_size=20), max_size=3),
     once=st.none() | _text,
 )
 
 
-@given(out=_outputs, input_correlation=_text, duration=st.floats(0, 1e4))
+@given(out=_outputs, input_correlation=_run_ids, duration=st.floats(0, 1e4))
 def test_every_output_round_trips(out: Output, input_correlation: str, duration: float) -> None:
     common = {"duration_ms": f"{duration:.3f}"}
     fields = CODEC.new_fields(

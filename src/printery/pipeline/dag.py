@@ -20,6 +20,7 @@ from printery.budgets import (
     Estimate,
 )
 from printery.envelope import Codec
+from printery.envelope import run_id_problem as run_id_problem  # where the runs layer finds it
 from printery.errors import PipelineError
 from printery.keys import DLQ, REVIEW, REVIEW_DECIDED, RUN_FAILED, StreamKeys
 from printery.limits import Limit
@@ -36,18 +37,6 @@ from printery.runtime.run_index import RunIndex
 from printery.runtime.stream_worker import StreamWorker
 from printery.store import Redis
 from printery.supervisor.graph import find_cycle
-
-#: The longest run id a run may be given (``Client.submit``, ``POST /v1/runs``, replay).
-MAX_RUN_ID = 256
-
-
-def run_id_problem(run_id: str) -> str | None:
-    """What is wrong with ``run_id`` as the id of any run (None: nothing): it must be 1
-    to :data:`MAX_RUN_ID` characters, none of them a control character."""
-    if 0 < len(run_id) <= MAX_RUN_ID and not any(
-            ch < " " or "\x7f" <= ch <= "\x9f" for ch in run_id):
-        return None
-    return f"1 to {MAX_RUN_ID} characters, none of them a control character"
 
 #: Streams that record rather than carry a run forward: never a run's outcome.
 _RECORDS = frozenset({DLQ, REVIEW, REVIEW_DECIDED})

@@ -37,6 +37,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import functools
 import inspect
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -184,7 +185,8 @@ class Loop:
             name=self.name, consumes=(self.consumes, *shape.internal), produces=tuple(produces),
             handler=self.handle, concurrency=self.concurrency, cost_units=self.cost_units,
             input_check=(lambda data: _model_reasons(model, data)) if model is not None else None,
-            loop=shape, limits=self.limits, budget=self.budget,
+            loop=shape, limits=tuple(self._keyed_by_input(limit) for limit in self.limits),
+            budget=self.budget,
             timeout=self.call_timeout + TIMEOUT_GRACE,
             falls_back=self._calls_work if self.fallback is not None else None,
             estimate=self._estimate if self.estimate is not None else None,
@@ -208,11 +210,38 @@ class Loop:
             return None
         if not callable(estimate):
             return estimate
-        if message.type != self.consumes:
-            data = message.data
-            message = _seen(message, data["input"], self.consumes, data["attempt"] + 1,
-                            data["attempts"])
-        return estimate(message)
+        return estimate(self._given(message))
+
+    def _given(self, message: Message) -> Message:
+        """``message`` as the loop was given it, whichever of its entries it is: the
+        loop's input as ``data`` (an attempt and a verdict carry it), typed as the input,
+        with the attempt its turn is about and the feedback so far. What the loop's user
+        functions of a message (a limit's key, ``estimate``) see, so that
+        ``m.data["tenant"]`` means the same on every turn. An entry of another shape
+        raises (the caller's entry fails: its key or estimate is invalid)."""
+        if message.type == self.consumes:
+            return message
+        data = message.data
+        if message.type == self.shape.attempt_type:
+            return _seen(message, data["input"], self.consumes, data["attempt"],
+                         data["feedback"])
+        return _seen(message, data["input"], self.consumes, data["attempt"] + 1,
+                     data["attempts"])
+
+    def _keyed_by_input(self, limit: Limit) -> Limit:
+        """``limit`` with its key function called on :meth:`_given` (a string key as it
+        is); named as the user's function, so labels are unchanged."""
+        if not isinstance(limit, Limit) or isinstance(limit.key, str):
+            return limit  # (what is no Limit, the Step refuses)
+        key = limit.key
+        given = self._given
+
+        @functools.wraps(key)
+        def keyed(message: Message) -> str:
+            return key(given(message))
+
+        keyed.__name__ = getattr(key, "__name__", "key")  # a callable object has none
+        return dataclasses.replace(limit, key=keyed)
 
     async def handle(self, message: Message) -> HandlerResult:
         """One turn of the loop, chosen by the type of the entry handled."""

@@ -58,7 +58,7 @@ from printery.runtime.connectivity import Connectivity
 from printery.runtime.consumer import ConsumerSettings, Delivery
 from printery.runtime.failures import Failures
 from printery.runtime.handler import Handler, Message, Output, outputs_of
-from printery.runtime.limit_gate import LimitGate, Ticket
+from printery.runtime.limit_gate import FallsBackFailed, LimitGate, Ticket
 from printery.runtime.observe import Observer
 from printery.runtime.payloads import PayloadStore
 from printery.runtime.placement import Placer
@@ -336,7 +336,14 @@ class EntryPipeline:
         while True:
             if ticket is not None and not ticket.admitted:
                 assert gate is not None
-                await self.connectivity.retrying(functools.partial(gate.admit, ticket, message))
+                try:
+                    await self.connectivity.retrying(functools.partial(gate.admit, ticket, message))
+                except FallsBackFailed as exc:  # user code: it fails its entry only
+                    next_try = await self.failures.failed(delivery, message, exc)
+                    if not isinstance(next_try, Message):
+                        return next_try
+                    message = next_try
+                    continue
             if not delivery.slot and not delivery.try_take_slot():
                 await delivery.take_slot()
             if in_flight.running < in_flight.limit:

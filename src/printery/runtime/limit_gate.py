@@ -10,10 +10,12 @@ the lease loop renews it) and counts no delivery: nothing is read or claimed aga
 
 A concurrency slot is the holder's until released, or until its lease lapses: slots are
 renewed with the entries' leases, so a process that dies holding one gives it back
-within the visibility timeout. A release waits up to :data:`RELEASE_REPORT_SECONDS` for a
-request to ride with (a busy step's next batch asks sooner), so a gate sends one request
-per batch, not two; when no limit key is a function, every call holds the same slots, and
-releases are counted and given back in one go as that request is made.
+within the visibility timeout, and at once when a gate waiting for it sees its holder
+died on this host (:mod:`printery.runtime.limit_departed`). A release waits up to
+:data:`RELEASE_REPORT_SECONDS` for a request to ride with (a busy step's next batch asks
+sooner), so a gate sends one request per batch, not two; when no limit key is a function,
+every call holds the same slots, and releases are counted and given back in one go as
+that request is made.
 
 A limit with ``max_wait`` lets an entry give up waiting for it: when the step has a
 fallback for that entry, the wait ends once it passes ``max_wait`` (or at once when the
@@ -33,10 +35,11 @@ from typing import Any
 import structlog
 
 from printery._util import stop_tasks, wait_event, where
-from printery.errors import PipelineError
+from printery.errors import PipelineError, PrinteryError, WorkerCrashed, describe
 from printery.keys import StreamKeys
 from printery.limits import WINDOW_SECONDS, Limit
 from printery.runtime.handler import Message
+from printery.runtime.limit_departed import DepartedSlots, gate_name
 from printery.runtime.limit_waits import HELD_BY_SLOT, HELD_BY_WINDOW, LimitWaits
 from printery.runtime.observe import Observer
 from printery.transport.limit_store import WAIT_FOR_SLOT, Ask, Bound, LimitStore, Report
@@ -62,6 +65,11 @@ WINDOW_ENV = "PRINTERY_TEST_LIMIT_WINDOW_S"
 
 def window_seconds() -> float:
     return float(os.environ.get(WINDOW_ENV) or WINDOW_SECONDS)
+
+
+class FallsBackFailed(PrinteryError):
+    """The step's ``falls_back`` raised for an entry (the ``__cause__``): that entry's
+    call fails as if its handler had raised, and holds nothing of the limits."""
 
 
 class Ticket:
@@ -99,7 +107,9 @@ class LimitGate:
         self.limits = tuple(limits)
         self.worker = worker
         self.observer = observer
-        self._gate = f"{os.getpid()}:{os.urandom(4).hex()}"
+        self._gate = gate_name()
+        #: The slots of dead processes that its entries wait for, given back at once.
+        self._departed = DepartedSlots(store, self._gate, worker, self._found_departed)
         self._asks: list[tuple[list[Ticket], asyncio.Future[None]]] = []
         #: Per limit key: concurrency slots held now, and tokens not yet charged.
         self._held: dict[str, int] = {}
@@ -172,12 +182,11 @@ class LimitGate:
         and ``message.over_limit`` names the limit. Connection errors are raised (the
         caller retries with the same ticket: what a lost reply admitted, the next report
         gives back)."""
+        may_give_up = self._may_give_up(message)  # before anything is held or counted
         self._slot_waiters += 1  # a release wakes it (cheaper than an event per release)
         if not ticket.since:
             ticket.since = time.perf_counter()  # a retry's claim: its wait starts now
         waiting = 0  # what holds it, as counted in `waiting`
-        falls_back = self._falls_back
-        may_give_up = falls_back is not None and message is not None and falls_back(message)
         try:
             while not ticket.admitted:
                 freed = self._freed
@@ -212,6 +221,21 @@ class LimitGate:
             if waiting:
                 self.waits.count_waiting(waiting, -1)
 
+    def _may_give_up(self, message: Message | None) -> bool:
+        """Whether ``message``'s wait may end in the step's fallback (its ``falls_back``
+        says so). What that user function raises is :class:`FallsBackFailed`: the entry's
+        call fails as its handler's would (retried, then dead-lettered), never the batch."""
+        falls_back = self._falls_back
+        if falls_back is None or message is None:
+            return False
+        try:
+            return bool(falls_back(message))
+        except WorkerCrashed:
+            raise
+        except (Exception, SystemExit, KeyboardInterrupt) as exc:
+            raise FallsBackFailed(
+                f"{self.worker}: its falls_back raised {describe(exc)}") from exc
+
     def release(self, ticket: Ticket, costs: dict[str, float]) -> None:
         """The handler call is over: give back its slots and charge the tokens it
         reported (sent with the next round trip, which starts now if none is on the wire).
@@ -237,9 +261,7 @@ class LimitGate:
         ticket.since = 0.0  # until its next call asks
         ticket.held = 0
         if self._released or self._dirty:
-            if self._slot_waiters:
-                fresh, self._freed = self._freed, asyncio.Event()
-                fresh.set()
+            self._wake()
             if self._flusher is None and self._report_later is None:
                 self._report_later = asyncio.get_running_loop().call_later(
                     RELEASE_REPORT_SECONDS, self._report)
@@ -268,6 +290,7 @@ class LimitGate:
             self._held = dict.fromkeys(self._held, 0)
             self._dirty = True
             self._kick()
+        await self._departed.close()
         flusher = self._flusher
         if flusher is not None:
             _, late = await asyncio.wait([flusher], timeout=2.0)
@@ -299,6 +322,17 @@ class LimitGate:
             for ticket in group[:admitted]:
                 if ticket.abandoned:  # its caller is gone: give it back
                     self.release(ticket, {})
+
+    def _wake(self) -> None:
+        """Wake the entries waiting for a slot: one may be free now."""
+        if self._slot_waiters:
+            fresh, self._freed = self._freed, asyncio.Event()
+            fresh.set()
+
+    def _found_departed(self) -> None:
+        """Slots of dead processes were found: the next request gives them back."""
+        self._dirty = True
+        self._kick()
 
     def _abandon(self, ticket: Ticket) -> None:
         ticket.abandoned = True
@@ -345,6 +379,7 @@ class LimitGate:
                     break
                 asks, self._asks = self._asks, []
                 tokens, self._tokens = self._tokens, {}
+                departed = self._departed.take()
                 self._dirty = False
                 reports = [Report(base, held, tokens.get(base, 0.0))
                            for base, held in self._held.items()]
@@ -353,24 +388,33 @@ class LimitGate:
                 groups = [group for tickets, _ in asks for group in self._groups(tickets)]
                 try:
                     results = await self.store.apply(
-                        self._gate, reports, [Ask(len(group), group[0].bounds) for group in groups])
+                        self._gate, reports, [Ask(len(group), group[0].bounds) for group in groups],
+                        [(base, gate) for base, gates in departed.items() for gate in gates])
                 except Exception as exc:
-                    self._failed(asks, tokens, exc)
+                    self._failed(asks, tokens, exc, departed)
                     if not self._asks:
                         return
                     continue
                 except BaseException:
-                    self._failed(asks, tokens, ConnectionError("limit request interrupted"))
+                    self._failed(asks, tokens, ConnectionError("limit request interrupted"),
+                                 departed)
                     raise
+                short: set[str] = set()  # limit keys an entry waits for a slot of
                 for group, (admitted, wait) in zip(groups, results, strict=True):
                     for ticket in group[admitted:]:
                         ticket.wait = wait or WAIT_FOR_SLOT
                         ticket.held |= HELD_BY_WINDOW if wait > 0 else HELD_BY_SLOT
                     if admitted:
                         self._admitted(group, admitted)
+                    if admitted < len(group) and wait == WAIT_FOR_SLOT:
+                        short.update(_slot_bases(group[0].bounds))
                 for _, future in asks:
                     if not future.done():
                         future.set_result(None)
+                if departed:  # slots given back: the waiters ask again now
+                    self._wake()
+                if short:
+                    self._departed.look(short)
         finally:
             self._flusher = None
 
@@ -383,12 +427,14 @@ class LimitGate:
             groups.setdefault(ticket.bounds, []).append(ticket)
         return list(groups.values())
 
-    def _failed(self, asks: list[Any], tokens: dict[str, float], exc: Exception) -> None:
+    def _failed(self, asks: list[Any], tokens: dict[str, float], exc: Exception,
+                departed: dict[str, set[str]]) -> None:
         for _, future in asks:
             if not future.done():
                 future.set_exception(exc)
         for base, amount in tokens.items():
             self._tokens[base] = self._tokens.get(base, 0.0) + amount
+        self._departed.keep(departed)  # given back by the next request
         self._dirty = True
         if not isinstance(exc, CONNECTION_ERRORS):
             log.error("limit request failed", worker=self.worker, error=str(exc))

@@ -23,7 +23,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from printery.budgets import BudgetPlan, Exceeded, estimated_amounts
-from printery.errors import PipelineError, describe
+from printery.errors import PipelineError, WorkerCrashed, describe
 from printery.keys import StreamKeys
 from printery.runtime.handler import Message
 from printery.transport.commit import decode_spent, encode_amount, encode_limit
@@ -67,15 +67,18 @@ class Reservations:
         assert callable(estimate)
         try:
             found = estimate(message)
-        except Exception as exc:  # user code: it fails its entry only
-            raise PipelineError(f"step {self.plan.step!r}: the estimate function raised "
-                                f"{describe(exc)}") from exc
-        if found is None:
-            return None
-        if not isinstance(found, Mapping):
-            raise PipelineError(f"step {self.plan.step!r}: the estimate function returned "
-                                f"{found!r}, not a mapping of cost units to amounts")
-        return self._encoded(found) if found else None
+            if found is None:
+                return None
+            if not isinstance(found, Mapping):
+                raise PipelineError(f"step {self.plan.step!r}: the estimate function returned "
+                                    f"{found!r}, not a mapping of cost units to amounts")
+            return self._encoded(found) if found else None
+        except (PipelineError, WorkerCrashed):
+            raise
+        except (Exception, SystemExit, KeyboardInterrupt) as exc:  # user code: whatever it
+            # raises (a bad Mapping's items too) fails its entry only, never the batch
+            raise PipelineError(
+                f"step {self.plan.step!r}: the estimate function raised {describe(exc)}") from exc
 
     def _encoded(self, estimate: Mapping[Any, Any]) -> tuple[str, ...]:
         amounts = estimated_amounts(f"step {self.plan.step!r}", estimate, self.plan.units)

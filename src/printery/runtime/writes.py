@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 
 from printery import _json
-from printery.envelope import Codec, correlation_of
+from printery.envelope import Codec, correlation_of, run_id_problem
 from printery.errors import PayloadTooLarge
 from printery.fields import (
     CALL_OF,
@@ -123,8 +123,9 @@ def dead_letter_write(
 ) -> DeadLetterWrite:
     """What dead-lettering the entry ``entry_id`` of ``stream`` (under ``keys``, its
     partition's), held by ``consumer`` of ``group`` ("": by whoever holds it), writes:
-    the ``dlq`` entry (its original fields and why) and, when the entry names a run,
-    that run's ``run:failed`` outcome (reference: failures) with the run index's writes for it
+    the ``dlq`` entry (its original fields and why) and, when the entry names a run (an
+    id that breaks the rule of run ids names none: ``invalid_run_id``), that run's
+    ``run:failed`` outcome (reference: failures) with the run index's writes for it
     (``index``; None: no index is kept). Written by
     :func:`~printery.transport.dead_letter.write_dead_letter`."""
     entry = {**fields, **dlq_fields(
@@ -134,7 +135,7 @@ def dead_letter_write(
     entry.setdefault("type", keys.event_type(stream))
     last_error = keys.last_error(group, stream, entry_id)
     run = correlation_of(fields, codec.correlation_field)
-    if not run:
+    if not run or run_id_problem(run) is not None:  # no run id (``invalid_run_id``): no run
         return DeadLetterWrite(stream, group, consumer, entry_id, keys.dlq, entry,
                                last_error=last_error)
     # What the entry reserved of its run's budget (a step's estimate=), if anything.

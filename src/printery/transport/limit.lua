@@ -13,6 +13,8 @@
 -- start and token is counted for at least a whole window after it happened: no span of
 -- one window ever holds more than the limit (at most one bucket's length is lost).
 -- ARGV: window ms, lease ms, gate,
+--   departed: n, then n x (b, a gate of a process known to be dead), whose slots are
+--   given back at once rather than when their lease lapses
 --   reports: n, then n x (b, slots the gate holds now, tokens to charge)
 --   asks: n, then n x (count, limits m, then m x (b, concurrency, rpm, tpm)), 0 meaning
 --   "no such limit"
@@ -81,6 +83,13 @@ local function tokens(b, s)
 end
 
 local n = tonumber(ARGV[i]); i = i + 1
+for _ = 1, n do
+  local b, departed = ARGV[i], ARGV[i + 1]; i = i + 2
+  redis.call('HDEL', key(b, 2), departed)
+  redis.call('ZREM', key(b, 1), departed)
+end
+
+n = tonumber(ARGV[i]); i = i + 1
 for _ = 1, n do
   local b, held, charge = ARGV[i], tonumber(ARGV[i + 1]), tonumber(ARGV[i + 2]); i = i + 3
   local s = load(b)

@@ -9,6 +9,7 @@ from typing import Any, NamedTuple
 
 import redis.asyncio as aioredis
 
+from printery._util import as_text
 from printery.transport.channel import DirectChannel
 from printery.transport.scripts import script
 
@@ -68,17 +69,35 @@ class LimitStore:
             raise reply
         return reply
 
+    async def holders(self, bases: Sequence[str]) -> dict[str, list[str]]:
+        """The gates holding slots of each limit key of ``bases`` (lapsed ones included:
+        the next request sweeps those)."""
+        async with self._lock:
+            replies = await self._channel.commands(
+                [("ZRANGE", limit_keys(base)[0], 0, -1) for base in bases])
+        found: dict[str, list[str]] = {}
+        for base, reply in zip(bases, replies, strict=True):
+            if isinstance(reply, Exception):
+                raise reply
+            found[base] = [as_text(gate) for gate in reply]
+        return found
+
     async def apply(
-        self, gate: str, reports: Sequence[Report], asks: Sequence[Ask]
+        self, gate: str, reports: Sequence[Report], asks: Sequence[Ask],
+        departed: Sequence[tuple[str, str]] = (),
     ) -> list[tuple[int, int]]:
-        """Report, then admit in order; per ask how many were admitted, and for the rest
-        the ms until the window can admit them, :data:`WAIT_FOR_SLOT`, or 0."""
+        """Give back the slots of ``departed`` gates (``(base, gate)``: of processes known
+        to be dead), report, then admit in order; per ask how many were admitted, and for
+        the rest the ms until the window can admit them, :data:`WAIT_FOR_SLOT`, or 0."""
         bases: dict[str, int] = {}
 
         def index(base: str) -> int:
             return bases.setdefault(base, len(bases) + 1)
 
-        args: list[Any] = [self.window_ms, self.lease_ms, gate, len(reports)]
+        args: list[Any] = [self.window_ms, self.lease_ms, gate, len(departed)]
+        for base, gone in departed:
+            args += (index(base), gone)
+        args.append(len(reports))
         for report in reports:
             args += (index(report.base), report.held,
                      repr(float(report.tokens)) if report.tokens else "0")
