@@ -105,7 +105,7 @@ KINDS = ("plain", "escalate", "validator", "loop", "join", "map")
 #: What a stage's handler does in a run (every kind understands every mode: a mode that
 #: means nothing to a kind is a success there).
 MODES = ("ok", "raise", "flaky", "hang", "exit", "decimal", "big", "huge", "reject",
-         "reject_all", "validator_none", "policy_raise", "quota")
+         "reject_all", "validator_none", "policy_raise", "quota", "bad_key")
 #: Seconds an entry waits for a ``Limit(max_wait=)`` before its step's fallback runs.
 MAX_WAIT = 0.05
 
@@ -118,6 +118,9 @@ class Stage:
     limit: tuple[str, int | None, int | None] | None = None
     #: Whether that limit has a ``max_wait`` (:data:`MAX_WAIT`).
     max_wait: bool = False
+    #: Whether that limit's key is a function of the message (it raises in mode
+    #: ``bad_key``, and must see the stage's input: a loop's, a Map item's), not a string.
+    key_fn: bool = False
     #: loop: attempts, a fallback, a review kind; escalate: "ok"/"raise"/None fallback,
     #: a review kind, a terminal output; join: the policy.
     attempts: int = 1
@@ -195,7 +198,8 @@ def stages(draw: st.DrawFn) -> Stage:
     kind = draw(st.sampled_from(KINDS))
     limit = draw(LIMITS)
     base = {"kind": kind, "concurrency": draw(st.sampled_from([1, 2])), "limit": limit,
-            "max_wait": limit is not None and draw(st.booleans())}
+            "max_wait": limit is not None and draw(st.booleans()),
+            "key_fn": limit is not None and draw(st.booleans())}
     if kind == "loop":
         return Stage(**base, attempts=draw(st.integers(1, 3)),
                      fallback=draw(st.sampled_from([None, "ok"])), review=draw(st.booleans()))
@@ -349,7 +353,7 @@ def build(shape: Shape) -> Built:
     joins: list[str] = []
     n = len(shape.stages)
     for i, stage in enumerate(shape.stages):
-        limits, key = _limits(stage, i)
+        limits, key = _limits(stage, i, probe)
         src, dst = f"s{i}", f"s{i + 1}"
         kinds = {"plain": _plain, "escalate": _escalated, "validator": _validator,
                  "loop": _loop, "join": _join, "map": _map}
@@ -359,14 +363,32 @@ def build(shape: Shape) -> Built:
     return Built(pipeline, probe, tuple(f"s{i}" for i in range(n + 1)), tuple(joins))
 
 
-def _limits(stage: Stage, i: int) -> tuple[list[Limit], Slot]:
+def _limits(stage: Stage, i: int, probe: Probe) -> tuple[list[Limit], Slot]:
     if stage.limit is None:
         return [], None
     which, concurrency, rpm = stage.limit
     key = "shared" if which == "shared" else f"own{i}"
     slot = None if concurrency is None else (key, concurrency)
-    return [Limit(key, concurrency=concurrency, requests_per_minute=rpm,
+    return [Limit(_key_function(key, i, probe) if stage.key_fn else key, name=key,
+                  concurrency=concurrency, requests_per_minute=rpm,
                   max_wait=MAX_WAIT if stage.max_wait else None)], slot
+
+
+def _key_function(key: str, i: int, probe: Probe) -> Callable[[Message], str]:
+    """A key function as a user writes one (``m.data["tenant"]``-like: it reads the run's
+    data): it raises in mode ``bad_key`` (its entry alone is dead-lettered), and notes a
+    call that was not given the stage's input (a loop's verdict wrapper, say)."""
+
+    def key_of(message: Message) -> str:
+        data = message.data
+        if isinstance(data, dict) and {"attempt", "input"} <= data.keys():
+            probe.over.append(f"the key function of stage {i} was given a loop's "
+                              f"attempt ({sorted(data)}), not the loop's input")
+        if mode_of(data, i) == "bad_key":
+            raise KeyError("fuzz: the key function finds no tenant")
+        return key
+
+    return key_of
 
 
 def _handler(i: int, dst: str, probe: Probe, key: Slot, step: str) -> Callable[..., Any]:
