@@ -59,6 +59,7 @@ from printery import (
     Loop,
     Map,
     Message,
+    OpenAICompatible,
     Output,
     Pipeline,
     QuotaExhausted,
@@ -82,6 +83,7 @@ from printery.runtime.payloads import PayloadStore
 from printery.testing import unique_prefix, wait_for
 from printery.transport.commit import decode_spent
 from printery.transport.connection import connect
+from support.fuzz_model import CUTS, fuzz_model
 
 # -- the drawn example ---------------------------------------------------------------------
 
@@ -101,11 +103,11 @@ SETTLE_TIMEOUT = 20.0
 
 #: The producer of the garbage entries.
 GARBAGE = "fuzz-garbage"
-KINDS = ("plain", "escalate", "validator", "loop", "join", "map")
+KINDS = ("plain", "escalate", "validator", "loop", "join", "map", "model")
 #: What a stage's handler does in a run (every kind understands every mode: a mode that
 #: means nothing to a kind is a success there).
 MODES = ("ok", "raise", "flaky", "hang", "exit", "decimal", "big", "huge", "reject",
-         "reject_all", "validator_none", "policy_raise", "quota", "bad_key")
+         "reject_all", "validator_none", "policy_raise", "quota", "bad_key", "cut")
 #: Seconds an entry waits for a ``Limit(max_wait=)`` before its step's fallback runs.
 MAX_WAIT = 0.05
 
@@ -342,9 +344,11 @@ class Built:
     joins: tuple[str, ...]
 
 
-def build(shape: Shape) -> Built:
-    """The pipeline of ``shape``: stage i consumes ``s<i>`` and produces ``s<i+1>``."""
-    units = ["usd"]
+def build(shape: Shape, model_url: str = "") -> Built:
+    """The pipeline of ``shape``: stage i consumes ``s<i>`` and produces ``s<i+1>``; a
+    ``model`` stage streams from the provider at ``model_url``
+    (:mod:`support.fuzz_model`)."""
+    units = ["usd", "tokens"]
     budget = Budget(usd=shape.budget[0], on_exceeded=shape.budget[1]) if shape.budget else None
     pipeline = Pipeline("fuzz", ingress=["s0"], cost_units=units, budget=budget)
     #: What every step of the shape that calls a handler reserves (with a budget).
@@ -357,7 +361,10 @@ def build(shape: Shape) -> Built:
         src, dst = f"s{i}", f"s{i + 1}"
         kinds = {"plain": _plain, "escalate": _escalated, "validator": _validator,
                  "loop": _loop, "join": _join, "map": _map}
-        kinds[stage.kind](pipeline, stage, i, src, dst, limits, key, probe, estimate)
+        if stage.kind == "model":
+            _model(pipeline, stage, i, src, dst, limits, key, probe, estimate, model_url)
+        else:
+            kinds[stage.kind](pipeline, stage, i, src, dst, limits, key, probe, estimate)
         if stage.kind == "join":
             joins.append(f"join{i}")
     return Built(pipeline, probe, tuple(f"s{i}" for i in range(n + 1)), tuple(joins))
@@ -409,6 +416,34 @@ def _plain(p: Pipeline, stage: Stage, i: int, src: str, dst: str, limits: list[L
     p.step(f"plain{i}", consumes=[src], produces=[dst], concurrency=stage.concurrency,
            cost_units=["usd"], limits=limits, timeout=STEP_TIMEOUT, estimate=estimate)(
         _handler(i, dst, probe, key, f"plain{i}"))
+
+
+def _model(p: Pipeline, stage: Stage, i: int, src: str, dst: str, limits: list[Limit],
+           key: Slot, probe: Probe, estimate: Estimate, url: str) -> None:
+    """A streaming model call (the provider reports tokens): in mode ``cut`` the first
+    answer of each entry ends half-way (closed, or a clean end too early, by the run's
+    parity), which the step must take as broken (a retry, its draft retracted)."""
+    llm = OpenAICompatible(url, "fuzz", api_key_env=None, timeout=5, max_attempts=1)
+
+    @p.step(f"model{i}", consumes=[src], produces=[dst], concurrency=stage.concurrency,
+            cost_units=["usd", "tokens"], limits=limits, timeout=STEP_TIMEOUT,
+            estimate=estimate)
+    async def model(message: Message) -> Output:
+        mode = mode_of(message.data, i)
+        run = message.data.get("run", 0) if isinstance(message.data, dict) else 0
+        cut = CUTS[run % 2] if mode == "cut" and isinstance(run, int) else ""
+        ask = {"key": f"{message.stream}/{message.entry_id}", "cut": cut}
+        probe.enter(key, f"model{i}")
+        try:
+            done = await llm.complete(message, stream=True,
+                                      messages=[{"role": "user", "content": json.dumps(ask)}])
+            if done.text != "half whole":
+                probe.over.append(f"model{i} took a cut answer as complete: {done.text!r}")
+            await misbehave(mode, message)
+            _charge(message)
+            return Output(dst, answer(mode, message.data))
+        finally:
+            probe.leave(key)
 
 
 def _escalated(p: Pipeline, stage: Stage, i: int, src: str, dst: str, limits: list[Limit],
@@ -637,9 +672,17 @@ async def run_example(url: str, example: Example, *, label: str = "comp",
     ``workers`` makes the example's workers from its keys and pipeline (default: in
     this process, :class:`InProcess`); with ``kill_at``, one of them is killed (-9) once
     the example's streams hold that many entries."""
+    async with fuzz_model() as model:
+        os.environ["FUZZ_MODEL_URL"] = model.url  # the kill -9 variant's processes too
+        return await _run_example(url, example, label, workers, kill_at, model.url)
+
+
+async def _run_example(url: str, example: Example, label: str,
+                       workers: Callable[[StreamKeys, Built], Any] | None,
+                       kill_at: int | None, model_url: str) -> Figures:
     started = time.monotonic()
     keys = StreamKeys(unique_prefix(label), partitions=example.shape.partitions)
-    built = build(example.shape)
+    built = build(example.shape, model_url)
     redis = aioredis.Redis.from_url(url, decode_responses=True)
     running = (workers or (lambda k, b: InProcess(url, k, b)))(keys, built)
     ctx = Context(redis, keys, built, running, example)

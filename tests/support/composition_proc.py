@@ -147,7 +147,7 @@ class Processes:
 async def main(url: str, prefix: str, shape: Shape) -> None:
     structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(logging.CRITICAL))
     keys = StreamKeys(prefix, partitions=shape.partitions)
-    built = build(shape)
+    built = build(shape, os.environ.get("FUZZ_MODEL_URL", ""))
     client = connect(url, block_ms=PROC_SETTINGS.block_ms)
     manager = WorkerManager(supervised=False, drain_timeout=2)
     payloads = PayloadStore(client, keys, limit=PAYLOAD_LIMIT, inline_limit=INLINE_LIMIT)
