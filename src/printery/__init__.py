@@ -72,6 +72,7 @@ from printery.reason import Reason
 from printery.redact import redact_text, redact_url, register_secret
 from printery.runs.client import Client, SyncClient
 from printery.runs.cost import cost_summary
+from printery.runs.listing import RunSummary
 from printery.runs.partials import Partial, Verdict
 from printery.runs.reader import RunResult
 from printery.runs.replay import ReplayError, ReplayResult, replay
@@ -120,7 +121,7 @@ __all__ = [  # noqa: RUF022 - grouped as docs/reference.md's sections, sorted wi
     # Replay and cost
     "DLQ", "RUN_FAILED", "ReplayError", "ReplayResult", "cost_summary", "replay",
     # Runs: submitting work and following it
-    "Client", "InvalidInput", "RunResult", "SyncClient", "UnknownRun",
+    "Client", "InvalidInput", "RunResult", "RunSummary", "SyncClient", "UnknownRun",
     # Settings and applications
     "AppConfig", "ConsoleSettings", "ReviewSettings", "Settings", "SettingsTable",
     "TelemetrySettings", "TransportSettings", "WorkerSettings",

@@ -151,6 +151,11 @@ async def test_invalid_input_raises_with_reasons_and_writes_nothing(
     assert ("invalid_field", "service") in codes
     assert ("invalid_version", "version") in codes
     assert ("unknown_environment", "environment") in codes
+    async with Client(server.url, stream_prefix=prefix) as pc:
+        for data in ("str", ["a"], 1.5, None):  # no step's input: refused, nothing written
+            with pytest.raises(InvalidInput) as caught:
+                await pc.submit(data)
+            assert [(r.code, r.field) for r in caught.value.reasons] == [("invalid_field", "data")]
     assert await client.keys(f"{prefix}:*") == []
 
 

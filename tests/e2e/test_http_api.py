@@ -162,6 +162,12 @@ def test_client_errors_are_4xx(api: tuple[ServiceHandle, str]) -> None:
     missing = call(handle, "POST", "/v1/runs", json={"nodata": 1})
     assert missing.status_code == 400
     assert {r["field"] for r in missing.json()["reasons"]} == {"nodata", "data"}
+    # Data that is not an object is no step's input: refused at the door (it was a 202,
+    # then five failing deliveries).
+    for data in ("str", [1], 3, None):
+        refused = call(handle, "POST", "/v1/runs", json={"data": data})
+        assert refused.status_code == 400 and refused.json()["error"] == "invalid_input"
+        assert [r["field"] for r in refused.json()["reasons"]] == ["data"], refused.json()
     big = call(handle, "POST", "/v1/runs", content=b'{"data": "' + b"x" * LIMIT + b'"}')
     assert big.status_code == 413
     # Without a declared length (chunked), the body is not read past the limit either.

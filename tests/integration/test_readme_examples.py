@@ -132,7 +132,9 @@ async def test_readme_async_client_block(
         await manager.stop_all(2)
     assert namespace["result"].status == "doc:published"
     lines = [line for line in capsys.readouterr().out.splitlines() if "[info" not in line]
-    assert lines[0].startswith("doc:published {") and lines[-1].split()[1] == "doc:published"
+    assert lines[0].startswith("doc:published {") and lines[-2].split()[1] == "doc:published"
+    # The listing of the run the block submitted: its id, start, end and cost.
+    assert lines[-1].startswith("inv-1 ") and lines[-1].endswith(str(namespace["result"].cost))
 
 
 def test_readme_sync_client_block(

@@ -18,6 +18,7 @@ from printery.cli.ops_emit import emit
 from printery.cli.ops_inspect import pipeline_group, status, streams
 from printery.cli.ops_pending import pending
 from printery.cli.ops_review import review
+from printery.cli.ops_runs import runs
 from printery.cli.ops_trace import cost, replay, trace
 from printery.cli.ops_watch import watch
 
@@ -84,7 +85,7 @@ def printery(
 
 
 for _command in (emit, status, streams, pending, dlq, review, trace, watch, pipeline_group, replay,
-                 cost, bench):
+                 cost, bench, runs):
     printery.add_command(_command)
 
 

@@ -2,7 +2,8 @@
 optionally wait for its end.
 
 ``--wait`` follows the run from its first entry (:meth:`printery.runs.reader.RunReader.follow`):
-the outcome (exit 0 when ``succeeded``, else 1), the request itself dead-lettered (exit 1
+the outcome (exit 0 when its status is one of ``Pipeline(success=...)``, default
+``succeeded``; else 1), the request itself dead-lettered (exit 1
 at once), or waiting for a review (said on stderr with the review id; the wait goes on,
 a reviewer may approve).
 """
@@ -180,11 +181,13 @@ def emit(
         fail(f"timed out after {timeout:g}s waiting for {cid} to finish{waiting}", EXIT_TIMEOUT)
     if ending["stream"] == DLQ:
         _dead_lettered(head, cid, ending, as_json)
-    _finished(head, cid, ending, as_json)
+    _finished(head, cid, ending, as_json, pipeline.success)
 
 
-def _finished(head: dict[str, Any], cid: str, ending: dict[str, Any], as_json: bool) -> NoReturn:
-    """The run's outcome: exit 0 when its status is ``succeeded``, else 1."""
+def _finished(head: dict[str, Any], cid: str, ending: dict[str, Any], as_json: bool,
+              success: tuple[str, ...]) -> NoReturn:
+    """The run's outcome: exit 0 when its status is one of ``success`` (the pipeline's),
+    else 1."""
     raw_data = ending.get("data")
     data_out: dict[str, Any] = raw_data if isinstance(raw_data, dict) else {}
     status = run_status(ending)
@@ -196,7 +199,7 @@ def _finished(head: dict[str, Any], cid: str, ending: dict[str, Any], as_json: b
         if reasons:
             click.echo(table([(r.get("code"), r.get("field"), r.get("message")) for r in reasons],
                              ["code", "field", "message"]))
-    sys.exit(EXIT_OK if status == "succeeded" else EXIT_FAIL)
+    sys.exit(EXIT_OK if status in success else EXIT_FAIL)
 
 
 def _too_large(cid: str, field: str, exc: PayloadTooLarge, as_json: bool) -> NoReturn:

@@ -1,6 +1,7 @@
 """``printery watch RUN_ID``: a run's entries as they are written, until its outcome
-(docs/reference.md, Commands; Runs). Exit 0 when the run's status is ``succeeded``, 1 for
-any other status, 3 at ``--timeout``."""
+(docs/reference.md, Commands; Runs). Exit 0 when the run's status is one the pipeline
+declares a success (``Pipeline(success=...)``, default ``succeeded``), 1 for any other
+status, 3 at ``--timeout``."""
 
 from __future__ import annotations
 
@@ -54,7 +55,7 @@ def watch(run_id: str, timeout: float | None, as_json: bool) -> None:
     status = ops.run(body)
     if not as_json:
         click.echo(f"{field} {run_id}: {status}")
-    if status != "succeeded":
+    if status not in ops.pipeline.success:
         sys.exit(1)
 
 

@@ -19,7 +19,7 @@ from printery.budgets import (
     BudgetPlan,
     Estimate,
 )
-from printery.envelope import Codec
+from printery.envelope import MAX_RUN_ID, Codec
 from printery.envelope import run_id_problem as run_id_problem  # where the runs layer finds it
 from printery.errors import PipelineError
 from printery.keys import DLQ, REVIEW, REVIEW_DECIDED, RUN_FAILED, StreamKeys
@@ -38,6 +38,24 @@ from printery.runtime.stream_worker import StreamWorker
 from printery.store import Redis
 from printery.supervisor.graph import find_cycle
 
+
+
+def _statuses(success: Iterable[str]) -> tuple[str, ...]:
+    """``Pipeline(success=...)`` checked: one or more status names (a bare string would
+    be taken letter by letter, so it is refused too)."""
+    if isinstance(success, str):
+        raise PipelineError(f"success must be a tuple of statuses, not the string {success!r}: "
+                            f"write success=({success!r},)")
+    statuses = tuple(success)
+    if not statuses:
+        raise PipelineError("success must name at least one status")
+    bad = [s for s in statuses if not isinstance(s, str) or run_id_problem(s) is not None]
+    if bad:
+        raise PipelineError(f"success: {bad!r} are not status names (strings of 1 to "
+                            f"{MAX_RUN_ID} characters, no control character)")
+    return statuses
+
+
 #: Streams that record rather than carry a run forward: never a run's outcome.
 _RECORDS = frozenset({DLQ, REVIEW, REVIEW_DECIDED})
 
@@ -53,6 +71,8 @@ class Pipeline:
     are the event types whose first entry ends a run (docs/reference.md, The API: /v1); by
     default the types some step produces and no step consumes. ``budget`` limits what one
     run may spend (docs/reference.md, Budgets); ``budget:exceeded`` then ends a run too.
+    ``success`` names the run statuses that count as success: ``printery watch`` and
+    ``printery emit --wait`` exit 0 for them, 1 for any other.
     """
 
     def __init__(
@@ -66,8 +86,10 @@ class Pipeline:
         extra_types: Iterable[str] = (),
         outcomes: Iterable[str] | None = None,
         budget: Budget | None = None,
+        success: Iterable[str] = ("succeeded",),
     ) -> None:
         self.name = name
+        self.success = _statuses(success)
         self.ingress = tuple(ingress)
         self.correlation_field = correlation_field
         self.id_prefix = id_prefix

@@ -23,6 +23,7 @@ from printery.errors import ConfigError
 from printery.layout import resolve_keys
 from printery.pipeline.dag import Pipeline
 from printery.runs.facade import PRODUCER, Runs
+from printery.runs.listing import DEFAULT_LIMIT, RunSummary, list_runs, listing_of
 from printery.runs.partials import Partial, Verdict
 from printery.runs.reader import RunResult
 from printery.servers.embedded import find_running
@@ -30,7 +31,7 @@ from printery.store import Redis
 from printery.transport.connection import connect
 from printery.transport.streams import public_api
 
-__all__ = ["Client", "RunResult", "SyncClient"]
+__all__ = ["Client", "RunResult", "RunSummary", "SyncClient"]
 
 T = TypeVar("T")
 
@@ -146,6 +147,20 @@ class Client:
         :class:`UnknownRun` when there is none."""
         return await (await self._runs()).entries(run_id)
 
+    @public_api
+    async def runs(
+        self, status: str | None = None, since: float | str | None = None,
+        limit: int = DEFAULT_LIMIT, *, after: str | None = None,
+    ) -> list[RunSummary]:
+        """A page of runs, newest first, as ``GET /v1/runs`` lists them: of ``status``
+        only, started (or, with a status, given it) in the last ``since`` (seconds, or
+        a duration such as ``"10m"``), at most ``limit`` (1 to 1000), after the run whose
+        :attr:`~RunSummary.cursor` is ``after`` (the next page). Raises
+        :class:`InvalidInput` for an argument out of its range."""
+        listing = listing_of(status, since, limit, after)
+        page, _ = await list_runs((await self._runs()).reader, listing)
+        return page
+
     async def _runs(self) -> Runs:
         await self.connect()
         assert self._run_ops is not None
@@ -188,6 +203,12 @@ class SyncClient:
 
     def entries(self, run_id: str) -> list[dict[str, Any]]:
         return self._call(self._client.entries(run_id))
+
+    def runs(
+        self, status: str | None = None, since: float | str | None = None,
+        limit: int = DEFAULT_LIMIT, *, after: str | None = None,
+    ) -> list[RunSummary]:
+        return self._call(self._client.runs(status, since, limit, after=after))
 
     def watch(self, run_id: str, *, timeout: float | None = None) -> Iterator[
         dict[str, Any] | Partial | Verdict

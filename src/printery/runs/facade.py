@@ -64,7 +64,13 @@ class Runs:
     ) -> tuple[str, str, str, dict[str, str]]:
         """Check ``data`` and build its entry: ``(event type, run id, idempotency key,
         fields)``. Raises :class:`InvalidInput` or :class:`PayloadTooLarge`. A producer's
-        ``traceparent`` (W3C) goes on the entry, so the run joins the producer's trace."""
+        ``traceparent`` (W3C) goes on the entry, so the run joins the producer's trace.
+        ``data`` must be a JSON object: every step's message is one (a string or a list
+        was accepted, then failed every delivery)."""
+        if not isinstance(data, dict):
+            raise InvalidInput([Reason(
+                code="invalid_field", field="data",
+                message=f"the run's input must be a JSON object, not {_json_kind(data)}")])
         if traceparent is not None and not valid_traceparent(traceparent):
             raise InvalidInput([Reason(
                 code="invalid_traceparent", field="traceparent",
@@ -146,6 +152,21 @@ class Runs:
         if not found:
             raise UnknownRun(f"no entries of {self.pipeline.correlation_field} {run_id!r}")
         return found
+
+
+def _json_kind(value: Any) -> str:
+    """What JSON calls ``value``'s type, for a refusal's message."""
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "a boolean"
+    if isinstance(value, int | float):
+        return "a number"
+    if isinstance(value, str):
+        return "a string"
+    if isinstance(value, list | tuple):
+        return "an array"
+    return type(value).__name__
 
 
 class _SubmitBatcher:

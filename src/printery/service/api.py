@@ -14,7 +14,7 @@ from __future__ import annotations
 import re
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
-from urllib.parse import quote, unquote
+from urllib.parse import quote, unquote, urlencode
 
 from aiohttp import web
 
@@ -38,6 +38,7 @@ from printery.pipeline.dag import Pipeline
 from printery.reason import Reason
 from printery.runs.cost import budget_report
 from printery.runs.facade import Runs
+from printery.runs.listing import list_runs, listing_of_query
 from printery.runs.partials import POSITION, Partial
 from printery.runs.reader import run_cost, run_status
 from printery.service.access import Access, service_access
@@ -252,6 +253,7 @@ def build_api(runs: Runs, access: Access, *, body_limit: int) -> web.Application
 
     api = web.Application(middlewares=[guard])
     _run_routes(api, runs, body_limit)
+    _run_list_route(api, runs)
     _review_routes(api, runs, body_limit)
     _dlq_routes(api, runs)
     return api
@@ -328,6 +330,25 @@ def _run_routes(api: web.Application, runs: Runs, body_limit: int) -> None:
     api.router.add_post("/runs", submit)
     api.router.add_get("/runs/{run_id}", get_run)
     api.router.add_get("/runs/{run_id}/events", run_events)
+
+
+def _run_list_route(api: web.Application, runs: Runs) -> None:
+    async def run_list(request: web.Request) -> web.Response:
+        """A page of runs newest first (:mod:`printery.runs.listing`); a full page links
+        to the next (``Link: <...>; rel="next"``, the same query ``after`` its last run)."""
+        try:
+            listing = listing_of_query(request.query)
+        except InvalidInput as exc:
+            return error(400, exc.reasons[0].code, exc.reasons[0].message)
+        page, following = await list_runs(runs.reader, listing)
+        body = [run.as_dict() for run in page]
+        if following is None:
+            return respond(body)
+        query = {k: v for k, v in request.query.items() if k in ("status", "since", "limit")}
+        link = f"{request.path}?{urlencode({**query, 'after': following}, quote_via=quote)}"
+        return respond(body, headers={"Link": f'<{link}>; rel="next"'})
+
+    api.router.add_get("/runs", run_list)
 
 
 def _review_routes(api: web.Application, runs: Runs, body_limit: int) -> None:

@@ -18,7 +18,7 @@ from printery.transport.connection import Redis
 from printery.transport.scripts import Scripts, script
 
 __all__ = ["FORGET_BATCH", "IndexCounts", "cost_of_minutes", "counts", "forget_ended", "is_indexed",
-           "newest", "run_rows", "run_start"]
+           "newest", "newest_after", "run_rows", "run_start", "run_starts"]
 
 #: Runs forgotten per script call at most, so a sweep never holds the server long.
 FORGET_BATCH = 500
@@ -69,6 +69,39 @@ async def newest(client: Redis, keys: StreamKeys, status: str, offset: int,
     return [str(m) for m, _ in members], total
 
 
+async def newest_after(client: Redis, keys: StreamKeys, status: str, count: int, *,
+                       after: tuple[int, str] | None = None,
+                       since_ms: int | None = None) -> list[tuple[str, int]]:
+    """``count`` runs (id, score in ms) newest first, in the order of a reverse range
+    (score, then id, both descending) merged over every partition: of ``status`` only
+    ("" for all), scored at or after ``since_ms``, and strictly after the position
+    ``after`` (a score and a run id, the last of the previous page): one round trip.
+    Positions, not offsets, so runs indexed between two pages shift nothing. Each
+    partition gives its first ``count`` below the position and every run at exactly its
+    score (the runs indexed in that one millisecond), the ones after its id kept."""
+    low: int | str = "-inf" if since_ms is None else since_ms
+    parts = list(keys.whole.each())
+    async with client.pipeline(transaction=False) as pipe:
+        for part in parts:
+            key = part.run_index(status)
+            if after is None:
+                pipe.zrevrangebyscore(key, "+inf", low, start=0, num=count, withscores=True)
+            else:
+                pipe.zrevrangebyscore(key, after[0], after[0], withscores=True)
+                pipe.zrevrangebyscore(key, f"({after[0]}", low, start=0, num=count,
+                                      withscores=True)
+        replies = await pipe.execute()
+    found: list[tuple[str, int]] = []
+    for reply in replies:
+        found += [(str(member), int(score)) for member, score in reply]
+    if after is not None:
+        found = [(run, score) for run, score in found
+                 if score < after[0] or (score == after[0] and run < after[1]
+                                         and (since_ms is None or score >= since_ms))]
+    found.sort(key=lambda row: (row[1], row[0]), reverse=True)
+    return found[:count]
+
+
 async def run_rows(client: Redis, keys: StreamKeys,
                    run_ids: Sequence[str]) -> list[tuple[int, str | None, int]]:
     """Per run: when it started (ms, 0: not indexed), its status (None: none recorded)
@@ -92,6 +125,17 @@ async def run_start(client: Redis, keys: StreamKeys, run_id: str) -> str | None:
     """The id of the run's first entry, from its start record (None: no record)."""
     start = await client.get(keys.of(run_id).run_start(run_id))
     return str(start) if start else None
+
+
+async def run_starts(client: Redis, keys: StreamKeys, run_ids: Sequence[str]) -> list[str | None]:
+    """:func:`run_start` of each run, one round trip for the lot."""
+    if not run_ids:
+        return []
+    async with client.pipeline(transaction=False) as pipe:
+        for run_id in run_ids:
+            pipe.get(keys.of(run_id).run_start(run_id))
+        replies = await pipe.execute()
+    return [str(start) if start else None for start in replies]
 
 
 async def is_indexed(client: Redis, keys: StreamKeys, run_id: str) -> bool:
