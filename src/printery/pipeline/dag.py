@@ -39,7 +39,6 @@ from printery.store import Redis
 from printery.supervisor.graph import find_cycle
 
 
-
 def _statuses(success: Iterable[str]) -> tuple[str, ...]:
     """``Pipeline(success=...)`` checked: one or more status names (a bare string would
     be taken letter by letter, so it is refused too)."""
