@@ -25,7 +25,7 @@ EXPECTED = {
     "AppConfig", "SettingsTable", "redact_text", "redact_url", "DLQ", "REVIEW", "REVIEW_DECIDED",
     "review_fields",
     # runs: submitting work and following it (docs/reference.md, Runs)
-    "Client", "SyncClient", "RunResult", "InvalidInput", "UnknownRun",
+    "Client", "SyncClient", "RunResult", "RunSummary", "InvalidInput", "UnknownRun",
     # what followers see while a step works (docs/reference.md, Streaming through the gate)
     "Partial", "Verdict",
     # the review inbox of any pipeline (docs/reference.md, Review inbox)
