@@ -1,0 +1,148 @@
+"""Where a pipeline's consumer groups start (docs/reference.md, Streams and entries;
+Changing a pipeline), on a real server: at 0 on the first start, at the end of the stream
+for a group added later, in the old group's place for a rename; the same answer for
+processes starting at once."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Sequence
+
+import pytest
+import redis.asyncio as aioredis
+
+from printery import Message, Pipeline, PipelineError, Step
+from printery.keys import StreamKeys
+from printery.service.groups import prepare_groups, readers_of
+from printery.servers.process import ServerProcess
+from printery.transport.groups import END, RENAMED, START, Reader, place_groups
+
+
+async def noop(message: Message) -> None:
+    return None
+
+
+def pipeline(*steps: tuple[str, Sequence[str], str | None]) -> Pipeline:
+    p = Pipeline("p", ingress=["in"])
+    for name, consumes, renamed_from in steps:
+        p.add(Step(name, tuple(consumes), (), noop, renamed_from=renamed_from))
+    return p
+
+
+async def group(client: aioredis.Redis, stream: str, name: str) -> dict[str, object] | None:
+    for info in await client.xinfo_groups(stream):
+        if info["name"] == name:
+            return dict(info)
+    return None
+
+
+async def test_first_start_reads_from_0_and_a_later_group_from_the_end(
+        client: aioredis.Redis, prefix: str) -> None:
+    keys = StreamKeys(prefix)
+    stream = keys.stream("in")
+    before = [await client.xadd(stream, {"data": "{}"}) for _ in range(3)]
+    await prepare_groups(client, keys, pipeline(("work", ["in"], None)))
+    assert (await group(client, stream, "work"))["last-delivered-id"] == "0-0"
+    assert (await group(client, stream, "work"))["lag"] == 3  # the first start reads them all
+
+    later = await client.xadd(stream, {"data": "{}"})
+    placed = await place_groups(client, keys, readers_of(pipeline(("work", ["in"], None),
+                                                                  ("audit", ["in"], None))))
+    assert [(p.reader.group, p.how, p.at) for p in placed] == [
+        ("work", "exists", ""), ("audit", END, later)]
+    audit = await group(client, stream, "audit")
+    assert audit is not None and audit["last-delivered-id"] == later
+    reply = await client.xreadgroup("audit", "c", {stream: ">"}, count=10)
+    assert reply == []  # none of the history: 4 entries written before it
+    assert before  # (they exist)
+
+
+async def test_a_group_on_a_new_stream_of_a_pipeline_that_ran_starts_at_its_beginning(
+        client: aioredis.Redis, prefix: str) -> None:
+    keys = StreamKeys(prefix)
+    await prepare_groups(client, keys, pipeline(("work", ["in"], None)))
+    placed = await place_groups(client, keys, [Reader("new-type", "reader")])
+    assert [(p.how, p.at) for p in placed] == [(END, "0-0")]  # a stream made now: all of it
+
+
+async def test_a_rename_keeps_the_position_and_the_pending_entries(
+        client: aioredis.Redis, prefix: str) -> None:
+    keys = StreamKeys(prefix)
+    stream = keys.stream("in")
+    await prepare_groups(client, keys, pipeline(("old", ["in"], None)))
+    ids = [await client.xadd(stream, {"data": f'{{"n": {n}}}'}) for n in range(4)]
+    await client.xreadgroup("old", "host:1:old:0", {stream: ">"}, count=2)  # 2 delivered...
+    await client.xack(stream, "old", ids[0])  # ... one of them done, one pending
+    await client.xclaim(stream, "old", "host:1:old:0", 0, [ids[1]])  # delivered twice
+
+    placed = await place_groups(client, keys, readers_of(pipeline(("new", ["in"], "old"))))
+    assert [(p.how, p.at, p.moved) for p in placed] == [(RENAMED, ids[1], 1)]
+    assert await group(client, stream, "old") is None  # removed
+    pending = await client.xpending_range(stream, "new", "-", "+", 10)
+    assert [(row["message_id"], row["consumer"], row["times_delivered"]) for row in pending] == [
+        (ids[1], "host:1:old:0", 2)]
+    fresh = await client.xreadgroup("new", "c", {stream: ">"}, count=10)
+    assert [entry_id for entry_id, _ in fresh[0][1]] == ids[2:]  # not ids[0], done by old
+
+    again = await place_groups(client, keys, readers_of(pipeline(("new", ["in"], "old"))))
+    assert [p.how for p in again] == ["exists"]  # applied twice: nothing more
+    assert len(await client.xpending_range(stream, "new", "-", "+", 10)) == 3
+
+
+async def test_a_rename_of_a_group_that_was_never_there_is_a_new_group(
+        client: aioredis.Redis, prefix: str) -> None:
+    keys = StreamKeys(prefix)
+    first = await place_groups(client, keys, [Reader("in", "new", "old")])
+    assert [p.how for p in first] == [START]  # the first start: from 0
+
+
+async def test_groups_of_every_partition(client: aioredis.Redis, prefix: str) -> None:
+    keys = StreamKeys(prefix, 3)
+    for part in keys.each():
+        await client.xadd(part.stream("in"), {"data": "{}"})
+    await prepare_groups(client, keys, pipeline(("work", ["in"], None)))
+    placed = await place_groups(client, keys, readers_of(pipeline(("work", ["in"], None),
+                                                                  ("audit", ["in"], None))))
+    assert sorted((p.stream, p.how) for p in placed if p.reader.group == "audit") == sorted(
+        (part.stream("in"), END) for part in keys.each())
+    for part in keys.each():
+        assert (await group(client, part.stream("in"), "work"))["lag"] == 1
+        assert (await group(client, part.stream("in"), "audit"))["lag"] == 0
+
+
+async def test_a_stream_deleted_under_a_known_group_gets_it_again_from_0(
+        client: aioredis.Redis, prefix: str) -> None:
+    keys = StreamKeys(prefix)
+    p = pipeline(("work", ["in"], None))
+    await prepare_groups(client, keys, p)
+    await client.delete(keys.stream("in"))
+    await client.xadd(keys.stream("in"), {"data": "{}"})  # written before the group is back
+    assert [x.how for x in await place_groups(client, keys, readers_of(p))] == [START]
+    assert (await group(client, keys.stream("in"), "work"))["lag"] == 1
+
+
+async def test_processes_starting_at_once_on_a_fresh_server_agree_it_is_the_first_start(
+        server: ServerProcess, prefix: str) -> None:
+    clients = [aioredis.Redis.from_url(server.url, decode_responses=True) for _ in range(8)]
+    try:
+        for n in range(10):
+            keys = StreamKeys(f"{prefix}-{n}", 2)
+            for part in keys.each():
+                await clients[0].xadd(part.stream("b"), {"data": "{}"})
+            p = pipeline(("a", ["in"], None), ("b", ["b"], None), ("c", ["b"], None))
+            await asyncio.gather(*(prepare_groups(c, keys, p) for c in clients))
+            for part in keys.each():
+                for name in ("b", "c"):
+                    info = await group(clients[0], part.stream("b"), name)
+                    assert info is not None and info["last-delivered-id"] == "0-0", (n, name)
+    finally:
+        for c in clients:
+            await c.aclose()
+
+
+def test_renamed_from_is_checked_when_the_pipeline_is_defined() -> None:
+    with pytest.raises(PipelineError, match="renamed_from"):
+        Step("a", ("in",), (), noop, renamed_from="a")
+    p = pipeline(("a", ["in"], None))
+    with pytest.raises(PipelineError, match="renamed_from='a'"):
+        p.add(Step("b", ("in",), (), noop, renamed_from="a"))
