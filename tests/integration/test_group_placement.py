@@ -13,8 +13,8 @@ import redis.asyncio as aioredis
 
 from printery import Message, Pipeline, PipelineError, Step
 from printery.keys import StreamKeys
-from printery.service.groups import prepare_groups, readers_of
 from printery.servers.process import ServerProcess
+from printery.service.groups import prepare_groups, readers_of
 from printery.transport.groups import END, RENAMED, START, Reader, place_groups
 
 
@@ -110,15 +110,18 @@ async def test_groups_of_every_partition(client: aioredis.Redis, prefix: str) ->
         assert (await group(client, part.stream("in"), "audit"))["lag"] == 0
 
 
-async def test_a_stream_deleted_under_a_known_group_gets_it_again_from_0(
+async def test_a_group_destroyed_by_hand_comes_back_at_the_end(
         client: aioredis.Redis, prefix: str) -> None:
     keys = StreamKeys(prefix)
     p = pipeline(("work", ["in"], None))
     await prepare_groups(client, keys, p)
-    await client.delete(keys.stream("in"))
-    await client.xadd(keys.stream("in"), {"data": "{}"})  # written before the group is back
-    assert [x.how for x in await place_groups(client, keys, readers_of(p))] == [START]
-    assert (await group(client, keys.stream("in"), "work"))["lag"] == 1
+    last = await client.xadd(keys.stream("in"), {"data": "{}"})
+    await client.xgroup_destroy(keys.stream("in"), "work")  # a step removed...
+    placed = await place_groups(client, keys, readers_of(p))  # ... and added again
+    assert [(x.how, x.at) for x in placed] == [(END, last)]
+    await client.delete(keys.stream("in"))  # a stream deleted: all of a new one is new
+    assert [(x.how, x.at) for x in await place_groups(client, keys, readers_of(p))] == [
+        (END, "0-0")]
 
 
 async def test_processes_starting_at_once_on_a_fresh_server_agree_it_is_the_first_start(

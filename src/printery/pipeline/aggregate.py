@@ -153,7 +153,7 @@ class Aggregator:
     branch name; ``closes`` maps event types that decide a join at once (e.g. a rejection)
     to the name they are stored under. ``emits`` is the merged event's type.
     ``renamed_from``: the aggregator's old name, whose groups it takes over (reference:
-    changing a pipeline; its open joins are kept under its name).
+    where a group starts; its open joins are kept under its name).
     """
 
     def __init__(

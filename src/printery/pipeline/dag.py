@@ -225,8 +225,8 @@ class Pipeline:
         """Decorator form of :meth:`add`. ``estimate``: what one handler call is expected
         to spend (``{"tokens": 2000}``, or a function of the message), reserved against
         the run's budget before it runs (reference: budgets). ``renamed_from``: the
-        step's old name, whose consumer groups it takes over (reference: changing a
-        pipeline)."""
+        step's old name, whose consumer groups it takes over (reference: where a group
+        starts)."""
 
         def register(handler: Handler) -> Handler:
             self.add(

@@ -111,8 +111,8 @@ class Map:
     (``too_many_items``). ``concurrency``, ``limits``, ``budget``, ``timeout``,
     ``estimate`` and ``cost_units`` are those of a handler ``each`` (a Loop brings its
     own); they hold across all items of all runs, as a step's do. ``renamed_from``: the
-    Map's old name, whose split's group on ``consumes`` it takes over (reference: changing
-    a pipeline; its items' and results' streams are named after it).
+    Map's old name, whose split's group on ``consumes`` it takes over (reference: where a
+    group starts; its items' and results' streams are named after it).
     """
 
     def __init__(

@@ -112,7 +112,7 @@ class Loop:
     ``work`` or fallback call is expected to spend, reserved against the run's budget
     before each (reference: budgets); judging an attempt reserves nothing.
     ``renamed_from``: the loop's old name, whose group on ``consumes`` it takes over
-    (reference: changing a pipeline; its own stream ``<name>:loop`` is named after it).
+    (reference: where a group starts; its own stream ``<name>:loop`` is named after it).
     """
 
     def __init__(

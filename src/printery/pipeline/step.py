@@ -187,7 +187,7 @@ class Step:
     #: the message), reserved against the run's budget before it runs (reference:
     #: budgets); None: nothing reserved.
     estimate: Estimate | None = None
-    #: The step's name before a rename (docs/reference.md, Changing a pipeline): at start
+    #: The step's name before a rename (docs/reference.md, Where a group starts): at start
     #: its consumer groups take the old name's place (position and pending entries)
     #: instead of starting at the end of their streams.
     renamed_from: str | None = None

@@ -1,5 +1,5 @@
 """``printery backfill``: hand a step, on purpose, the entries it was never given
-(docs/reference.md, Changing a pipeline).
+(docs/reference.md, Where a group starts).
 
 A group created after its pipeline first ran starts at the end of its stream
 (:mod:`printery.transport.groups`), and the record of known groups says after which id.

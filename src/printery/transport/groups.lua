@@ -7,7 +7,7 @@
 -- stream in KEYS, the group, the group it was renamed from ('' none), the group's record
 -- field, the old group's record field.
 -- Returns, per group: {how, id, moved}: how is 'exists', 'start' (created at 0: the
--- pipeline's first start, or a group this server knew whose stream was deleted), 'end'
+-- pipeline's first start), 'end'
 -- (created at the end of its stream: id) or 'renamed' (created at the old group's
 -- last-delivered id, its pending entries moved: moved).
 local record = KEYS[1]
@@ -78,7 +78,7 @@ for n = 1, #ARGV, 5 do
     redis.call('HDEL', record, old_field)
     redis.call('HSET', record, field, began)
     table.insert(placed, {'renamed', last, moved})
-  elseif not ran or redis.call('HEXISTS', record, field) == 1 then
+  elseif not ran then
     redis.call('XGROUP', 'CREATE', stream, group, '0', 'MKSTREAM')
     redis.call('HSET', record, field, 'start')
     table.insert(placed, {'start', '0-0', 0})
