@@ -147,3 +147,22 @@ def test_a_renamed_step_keeps_the_position_and_the_pending_entry_of_a_killed_pro
         assert "consumer group renamed" not in svc.log()
     finally:
         assert svc.stop() == 0
+
+
+def test_the_first_start_of_two_processes_at_once_reads_from_the_beginning(
+        server: ServerProcess, tmp_path: Path) -> None:
+    prefix = unique_prefix("first")
+    r = redis.Redis.from_url(server.url, decode_responses=True)
+    _app(tmp_path, "v2", "work", "audit")
+    for n in range(5):  # written before any process started
+        _put(r, prefix, f"r{n}")
+    svc = spawn(["--redis-url", server.url, "--stream-prefix", prefix, "--app", "v2:pipeline",
+                 "--processes", "2"], cwd=tmp_path)
+    try:
+        svc.wait_until(lambda: len(_outputs(r, prefix, "worked")) == 5
+                       and len(_outputs(r, prefix, "audited")) == 5, what="all handled by both")
+        assert "starts at the end of its stream" not in svc.log()
+        assert {g["last-delivered-id"] for g in r.xinfo_groups(f"{prefix}:in")} == {
+            r.xrange(f"{prefix}:in")[-1][0]}
+    finally:
+        assert svc.stop() == 0

@@ -15,7 +15,9 @@ from printery import Message, Pipeline, PipelineError, Step
 from printery.keys import StreamKeys
 from printery.servers.process import ServerProcess
 from printery.service.groups import prepare_groups, readers_of
+from printery.transport.connection import connect
 from printery.transport.groups import END, RENAMED, START, Reader, place_groups
+from support.cluster import ValkeyCluster
 
 
 async def noop(message: Message) -> None:
@@ -149,3 +151,25 @@ def test_renamed_from_is_checked_when_the_pipeline_is_defined() -> None:
     p = pipeline(("a", ["in"], None))
     with pytest.raises(PipelineError, match="renamed_from='a'"):
         p.add(Step("b", ("in",), (), noop, renamed_from="a"))
+
+
+async def test_on_a_cluster_each_partition_is_placed_on_its_own_master(
+        cluster: ValkeyCluster, prefix: str) -> None:
+    client = connect(cluster.url)
+    keys = StreamKeys(prefix, 6)
+    try:
+        for part in keys.each():
+            await client.xadd(part.stream("in"), {"data": "{}"})
+        await prepare_groups(client, keys, pipeline(("old", ["in"], None)))
+        for part in keys.each():
+            await client.xreadgroup("old", "host:1:old:0", {part.stream("in"): ">"}, count=1)
+        placed = await place_groups(client, keys, readers_of(pipeline(
+            ("new", ["in"], "old"), ("audit", ["in"], None))))
+        assert sorted({(p.reader.group, p.how, p.moved) for p in placed}) == [
+            ("audit", END, 0), ("new", RENAMED, 1)]
+        for part in keys.each():
+            assert [g["name"] for g in await client.xinfo_groups(part.stream("in"))] == [
+                "audit", "new"]
+            assert (await client.xpending(part.stream("in"), "new"))["pending"] == 1
+    finally:
+        await client.aclose()

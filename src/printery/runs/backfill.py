@@ -20,9 +20,9 @@ interrupted backfill run again goes on where it stopped.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Awaitable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 from printery._util import as_text
 from printery.errors import PrinteryError
@@ -69,7 +69,7 @@ async def backfill(client: Redis, keys: StreamKeys, pipeline: Pipeline, step: st
     for part in keys.each():
         for event_type in pipeline.steps[step].consumes:
             stream, known = part.stream(event_type), record_field(event_type, step)
-            began = await client.hget(part.known_groups, known)
+            began = await cast(Awaitable[Any], client.hget(part.known_groups, known))
             if began is None or not as_text(began).startswith("end "):
                 continue  # a group given its stream from the start: nothing it missed
             copied = await _copy_back(client, part, stream, known, step, lower,
