@@ -173,3 +173,32 @@ async def test_on_a_cluster_each_partition_is_placed_on_its_own_master(
             assert (await client.xpending(part.stream("in"), "new"))["pending"] == 1
     finally:
         await client.aclose()
+
+
+async def test_a_worker_of_the_old_version_still_running_after_a_rename_never_replays(
+        client: aioredis.Redis, prefix: str) -> None:
+    keys = StreamKeys(prefix)
+    stream = keys.stream("in")
+    await client.xadd(stream, {"data": "{}"})
+    await prepare_groups(client, keys, pipeline(("work", ["in"], None)))
+    await place_groups(client, keys, readers_of(pipeline(("labour", ["in"], "work"))))
+    last = await client.xadd(stream, {"data": "{}"})
+    # the old process's read finds `work` gone: it creates it again, at the end
+    back = await place_groups(client, keys, [Reader("in", "work")], recover=True)
+    assert [(p.how, p.at) for p in back] == [(END, last)]
+    # a group its record knows, whose stream was deleted, comes back at 0
+    await client.delete(stream)
+    await client.xadd(stream, {"data": "{}"})
+    assert [p.how for p in await place_groups(client, keys, [Reader("in", "labour")],
+                                              recover=True)] == [START]
+    assert (await group(client, stream, "labour"))["lag"] == 1
+
+
+async def test_a_worker_without_a_service_creates_its_groups_at_0_as_before(
+        client: aioredis.Redis, prefix: str) -> None:
+    keys = StreamKeys(prefix)
+    await client.xadd(keys.stream("in"), {"data": "{}"})
+    for reader in ("a", "a", "b"):  # started, restarted, another added later
+        await place_groups(client, keys, [Reader("in", reader)], recover=True)
+    assert [(await group(client, keys.stream("in"), g))["lag"] for g in ("a", "b")] == [1, 1]
+    assert not await client.exists(keys.known_groups)

@@ -1,9 +1,12 @@
 -- Create the consumer groups of a pipeline on the streams of one partition, each where it
 -- must start (docs/reference.md, Streams and entries: where a group starts), in one step:
--- two processes starting at once both see the same first start.
+-- two processes starting at once both see the same first start. ARGV[1] 'start' (a
+-- service's start: renames applied) or 'recover' (a worker whose group is missing: one
+-- the record knows, or any without a record, comes back at 0 as its stream was deleted;
+-- one the record does not know, renamed away since, at the end, never at 0).
 -- KEYS[1] the partition's record of known groups (a hash: "<event type>\t<group>" -> where
 -- the group's history begins: 'start' (id 0), 'end <id>' (after <id>), 'exists' (a group
--- of the time before the record)); KEYS[2..] streams. ARGV: for each group, 5 values: the index of its
+-- of the time before the record)); KEYS[2..] streams. ARGV[2..]: for each group, 5 values: the index of its
 -- stream in KEYS, the group, the group it was renamed from ('' none), the group's record
 -- field, the old group's record field.
 -- Returns, per group: {how, id, moved}: how is 'exists', 'start' (created at 0: the
@@ -11,6 +14,7 @@
 -- (created at the end of its stream: id) or 'renamed' (created at the old group's
 -- last-delivered id, its pending entries moved: moved).
 local record = KEYS[1]
+local recovering = ARGV[1] == 'recover'
 
 local function group_info(stream, group)
   local groups = redis.pcall('XINFO', 'GROUPS', stream)
@@ -56,14 +60,18 @@ local function move_pending(stream, old, new)
 end
 
 local placed = {}
-for n = 1, #ARGV, 5 do
+for n = 2, #ARGV, 5 do
   local stream, group, old = KEYS[tonumber(ARGV[n])], ARGV[n + 1], ARGV[n + 2]
   local field, old_field = ARGV[n + 3], ARGV[n + 4]
   local previous = old ~= '' and group_info(stream, old) or nil
   if group_info(stream, group) then
-    redis.call('HSETNX', record, field, 'exists')
+    if not recovering then redis.call('HSETNX', record, field, 'exists') end
     table.insert(placed, {'exists', '', 0})
-  elseif previous then
+  elseif recovering and (redis.call('EXISTS', record) == 0
+                         or redis.call('HEXISTS', record, field) == 1) then
+    redis.call('XGROUP', 'CREATE', stream, group, '0', 'MKSTREAM')
+    table.insert(placed, {'start', '0-0', 0})
+  elseif previous and not recovering then
     local last = previous['last-delivered-id']
     local read = previous['entries-read']
     if type(read) == 'number' then
@@ -78,7 +86,7 @@ for n = 1, #ARGV, 5 do
     redis.call('HDEL', record, old_field)
     redis.call('HSET', record, field, began)
     table.insert(placed, {'renamed', last, moved})
-  elseif not ran then
+  elseif not ran and not recovering then
     redis.call('XGROUP', 'CREATE', stream, group, '0', 'MKSTREAM')
     redis.call('HSET', record, field, 'start')
     table.insert(placed, {'start', '0-0', 0})

@@ -62,17 +62,23 @@ def record_field(event_type: str, group: str) -> str:
     return f"{event_type}\t{group}"
 
 
-async def place_groups(client: Redis, keys: StreamKeys,
-                       readers: Sequence[Reader]) -> list[Placement]:
+async def place_groups(client: Redis, keys: StreamKeys, readers: Sequence[Reader], *,
+                       recover: bool = False) -> list[Placement]:
     """Create every group of ``readers`` on its stream in every partition where it must
-    start (see the module's docstring); what was done with each."""
+    start (see the module's docstring); what was done with each.
+
+    ``recover``: for a worker whose group is missing (its read found it gone, or it runs
+    without a service): no rename; a group the record knows (its stream was deleted) or
+    any group where there is no record comes back at 0, as it always did; a group the
+    record does not know (renamed away since: an old process still running) starts at
+    the end of its stream, never replaying the history."""
     placed: list[Placement] = []
     scripts = Scripts(client)
     for part in keys.each():
         streams = list(dict.fromkeys(part.stream(r.event_type) for r in readers))
-        args: list[str | int] = []
+        args: list[str | int] = ["recover" if recover else "start"]
         for r in readers:
-            old = r.renamed_from or ""
+            old = "" if recover else r.renamed_from or ""
             args += [streams.index(part.stream(r.event_type)) + 2, r.group, old,
                      record_field(r.event_type, r.group), record_field(r.event_type, old)]
         reply = await scripts.call(GROUPS_LUA, [part.known_groups, *streams], args)
