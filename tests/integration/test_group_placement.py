@@ -11,7 +11,7 @@ from collections.abc import Sequence
 import pytest
 import redis.asyncio as aioredis
 
-from printery import Message, Pipeline, PipelineError, Step
+from printery import Loop, Message, Pipeline, PipelineError, Step
 from printery.keys import StreamKeys
 from printery.servers.process import ServerProcess
 from printery.service.groups import prepare_groups, readers_of
@@ -202,3 +202,25 @@ async def test_a_worker_without_a_service_creates_its_groups_at_0_as_before(
         await place_groups(client, keys, [Reader("in", reader)], recover=True)
     assert [(await group(client, keys.stream("in"), g))["lag"] for g in ("a", "b")] == [1, 1]
     assert not await client.exists(keys.known_groups)
+
+
+async def test_a_renamed_loop_takes_over_its_input_and_replays_none_of_its_own_stream(
+        client: aioredis.Redis, prefix: str) -> None:
+    def loop_pipeline(name: str, renamed_from: str | None = None) -> Pipeline:
+        p = Pipeline("p", ingress=["in"])
+        p.add(Loop(name, consumes="in", produces="out", work=noop, validate=noop,
+                   max_attempts=2, renamed_from=renamed_from))
+        return p
+
+    keys = StreamKeys(prefix)
+    await prepare_groups(client, keys, loop_pipeline("draft"))
+    runs = [await client.xadd(keys.stream("in"), {"data": "{}"}) for _ in range(3)]
+    await client.xreadgroup("draft", "c", {keys.stream("in"): ">"}, count=3)
+    await client.xack(keys.stream("in"), "draft", *runs)
+    await client.xadd(keys.stream("draft:loop"), {"data": "{}"})  # an old run's attempt
+
+    placed = await place_groups(client, keys, readers_of(loop_pipeline("drafter", "draft")))
+    assert [(p.stream, p.how, p.at) for p in placed] == [
+        (keys.stream("in"), RENAMED, runs[-1]), (keys.stream("drafter:loop"), END, "0-0")]
+    assert (await group(client, keys.stream("in"), "drafter"))["lag"] == 0  # no run again
+    assert await group(client, keys.stream("draft:loop"), "draft") is not None  # left alone
