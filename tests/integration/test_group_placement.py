@@ -43,6 +43,7 @@ async def test_first_start_reads_from_0_and_a_later_group_from_the_end(
     keys = StreamKeys(prefix)
     stream = keys.stream("in")
     before = [await client.xadd(stream, {"data": "{}"}) for _ in range(3)]
+    await client.xgroup_create(stream, "someone-else", id="$")  # not of this pipeline
     await prepare_groups(client, keys, pipeline(("work", ["in"], None)))
     assert (await group(client, stream, "work"))["last-delivered-id"] == "0-0"
     assert (await group(client, stream, "work"))["lag"] == 3  # the first start reads them all
@@ -224,3 +225,15 @@ async def test_a_renamed_loop_takes_over_its_input_and_replays_none_of_its_own_s
         (keys.stream("in"), RENAMED, runs[-1]), (keys.stream("drafter:loop"), END, "0-0")]
     assert (await group(client, keys.stream("in"), "drafter"))["lag"] == 0  # no run again
     assert await group(client, keys.stream("draft:loop"), "draft") is not None  # left alone
+
+
+async def test_a_server_of_the_time_before_the_record_has_run_the_pipeline(
+        client: aioredis.Redis, prefix: str) -> None:
+    keys = StreamKeys(prefix)
+    stream = keys.stream("in")
+    await client.xgroup_create(stream, "work", id="0", mkstream=True)  # as the old version did
+    last = await client.xadd(stream, {"data": "{}"})
+    placed = await place_groups(client, keys, readers_of(pipeline(("work", ["in"], None),
+                                                                  ("audit", ["in"], None))))
+    assert [(p.how, p.at) for p in placed] == [("exists", ""), (END, last)]
+    assert await client.hgetall(keys.known_groups) == {"in\twork": "exists", "in\taudit": f"end {last}"}

@@ -27,17 +27,17 @@ local function group_info(stream, group)
   return nil
 end
 
-local function has_groups(stream)
-  local groups = redis.pcall('XINFO', 'GROUPS', stream)
-  return type(groups) == 'table' and not groups['err'] and #groups > 0
-end
-
 -- Whether the pipeline has run in this partition before: its record, or (a server of the
--- time before the record) a consumer group on one of its streams.
+-- time before the record) one of its own groups (or a group it was renamed from) on its
+-- stream. Another reader's group on the same streams says nothing of this pipeline.
 local ran = redis.call('EXISTS', record) == 1
 if not ran then
-  for i = 2, #KEYS do
-    if has_groups(KEYS[i]) then ran = true break end
+  for n = 2, #ARGV, 5 do
+    local stream = KEYS[tonumber(ARGV[n])]
+    if group_info(stream, ARGV[n + 1]) or (ARGV[n + 2] ~= '' and group_info(stream, ARGV[n + 2])) then
+      ran = true
+      break
+    end
   end
 end
 
