@@ -198,10 +198,11 @@ class Pipeline:
             other = next((s for s in steps if s is not one and one.renamed_from is not None
                           and one.renamed_from in (s.name, s.renamed_from)), None)
             if other is not None:
+                taken = ("is a step of the pipeline" if one.renamed_from == other.name
+                         else f"is the renamed_from of step {other.name!r} too")
                 raise PipelineError(
-                    f"step {one.name!r}: renamed_from={one.renamed_from!r}, which step "
-                    f"{other.name!r} is or was renamed from; a step's consumer groups go "
-                    "to one step")
+                    f"step {one.name!r}: renamed_from={one.renamed_from!r} {taken}; a name's "
+                    "consumer groups go to one step")
 
     def step(
         self,
