@@ -265,6 +265,15 @@ class StreamKeys:
         """Hash of one run in the run index: ``started``, ``status``, ``ended``."""
         return f"{self.scope}:run-info:{run_id}"
 
+    @property
+    def known_groups(self) -> str:
+        """Hash of the consumer groups this partition's streams have had
+        (``<event type>\t<group>`` -> where the group's history begins: ``start``, ``end
+        <id>``, ``exists``): whether the pipeline has run here before, so a group created
+        later starts at the end of its stream (docs/reference.md, Streams and entries;
+        :mod:`printery.transport.groups`)."""
+        return f"{self.scope}:groups"
+
     def cost_minute(self, minute: int) -> str:
         """Hash unit -> amount: what the steps reported spending in one minute (unix
         minute); the console's "cost in the last hour" reads 60 of them."""

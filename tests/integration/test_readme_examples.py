@@ -8,6 +8,7 @@ import ast
 import asyncio
 import json
 import re
+import textwrap
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -18,6 +19,7 @@ from examples import docflow
 
 from printery import AppConfig, ConsumerSettings, Pipeline, StreamKeys, WorkerManager
 from printery.servers.process import ServerProcess
+from printery.service.groups import prepare_groups
 from printery.testing import unique_prefix, wait_for
 from support.service import spawn
 
@@ -39,10 +41,11 @@ SYNC_CLIENT = block("with SyncClient(")
 LIMITS = block("llm = OpenAICompatible(")
 QUOTA = block("fallback=draft_elsewhere")
 LOOP = block('answers.add(Loop(')
+RENAME = textwrap.dedent(block('renamed_from="summarize"'))  # in a list item
 
 
 def test_every_block_is_run_here() -> None:
-    assert len(BLOCKS) == 9, "a new README block: run it in this file"
+    assert len(BLOCKS) == 10, "a new README block: run it in this file"
 
 
 def run_block(source: str, namespace: dict[str, Any]) -> Any:
@@ -178,3 +181,19 @@ def test_readme_quota_block_sends_a_saturated_or_exhausted_provider_to_the_fallb
     step = pipeline.steps["draft_any"]
     (limit,) = step.limits
     assert limit.max_wait == 5 and step.falls_back is not None
+
+
+async def test_readme_rename_block_takes_over_the_old_steps_group(
+        client: aioredis.Redis) -> None:
+    namespace: dict[str, Any] = {"__name__": "readme"}
+    run_block(RENAME, namespace)
+    pipeline: Pipeline = namespace["pipeline"]
+    pipeline.validate()
+    keys = StreamKeys(unique_prefix("rename"))
+    stream = keys.stream("doc:extracted")
+    await client.xgroup_create(stream, "summarize", id="0", mkstream=True)
+    await client.xadd(stream, {"data": json.dumps({"text": "old"})})
+    await client.xreadgroup("summarize", "c", {stream: ">"})  # left pending by the old name
+    await prepare_groups(client, keys, pipeline)
+    assert [g["name"] for g in await client.xinfo_groups(stream)] == ["summarise"]
+    assert (await client.xpending(stream, "summarise"))["pending"] == 1

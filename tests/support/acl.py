@@ -7,7 +7,7 @@ from __future__ import annotations
 ACL_COMMANDS = (
     "-@all +ping +client|setname +client|setinfo"
     " +xreadgroup +xadd +xack +xautoclaim +xclaim +xpending +xgroup|create +xinfo|groups"
-    " +xinfo|consumers +xgroup|delconsumer +xrange +xrevrange +xread +xdel +xlen +xtrim +time +type"
+    " +xinfo|consumers +xgroup|delconsumer +xgroup|destroy +xrange +xrevrange +xread +xdel +xlen +xtrim +time +type"
     " +eval +evalsha +script|load +exists +get +set +mget +del"
     " +hset +hsetnx +hgetall +hmget +sadd +smismember +expire +pexpire"
     " +zadd +zrangebyscore +zrem +zrange +zrevrange +zremrangebyscore +zcard +zscore"

@@ -11,6 +11,7 @@ from __future__ import annotations
 import click
 
 from printery.cli.common import apps_from_cwd, version_option
+from printery.cli.ops_backfill import backfill
 from printery.cli.ops_bench import bench
 from printery.cli.ops_common import OpsContext
 from printery.cli.ops_dlq import dlq
@@ -85,7 +86,7 @@ def printery(
 
 
 for _command in (emit, status, streams, pending, dlq, review, trace, watch, pipeline_group, replay,
-                 cost, bench, runs):
+                 cost, bench, runs, backfill):
     printery.add_command(_command)
 
 

@@ -29,7 +29,7 @@ from printery._util import idle, parse_rfc3339
 from printery.backoff import compute_backoff
 from printery.errors import PipelineError
 from printery.keys import StreamKeys
-from printery.pipeline.step import Step, check_concurrency
+from printery.pipeline.step import Step, check_concurrency, check_renamed_from
 from printery.runtime.handler import HandlerResult, Message, Output
 from printery.runtime.step_context import StepContext
 from printery.runtime.writes import dead_letter_write
@@ -152,6 +152,8 @@ class Aggregator:
     ``opens_as``) and starts the deadline; ``branches`` maps each branch's event type to its
     branch name; ``closes`` maps event types that decide a join at once (e.g. a rejection)
     to the name they are stored under. ``emits`` is the merged event's type.
+    ``renamed_from``: the aggregator's old name, whose groups it takes over (reference:
+    where a group starts; its open joins are kept under its name).
     """
 
     def __init__(
@@ -170,8 +172,10 @@ class Aggregator:
         concurrency: int = 1,
         on_timeout: Callable[[JoinState, Any], Sequence[Output]] | None = None,
         extra_produces: Sequence[str] = (),
+        renamed_from: str | None = None,
     ) -> None:
         check_policy(name, policy)
+        check_renamed_from(f"aggregator {name!r}", name, renamed_from)
         check_concurrency(f"aggregator {name!r}", concurrency)
         self.name = name
         self.opens, self.opens_as = opens, opens_as
@@ -185,6 +189,7 @@ class Aggregator:
         self.concurrency = concurrency
         self.on_timeout = on_timeout
         self.extra_produces = tuple(extra_produces)
+        self.renamed_from = renamed_from
         self._context: StepContext | None = None
         self._joins: JoinStore | None = None
 
@@ -201,6 +206,7 @@ class Aggregator:
             # decision sees it and is recorded as late; across consumers the ``once`` guard
             # still keeps the result unique.
             settings={"parallel": 1},
+            renamed_from=self.renamed_from,
         )
 
     def _bind(self, context: StepContext) -> None:

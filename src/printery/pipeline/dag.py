@@ -191,6 +191,7 @@ class Pipeline:
             step = step.step()
         if step.name in self.steps:
             raise PipelineError(f"step {step.name!r} declared twice")
+        self._check_rename(step)
         unknown = [u for u in step.cost_units if u not in self.cost_units]
         if unknown:
             raise PipelineError(f"step {step.name!r} uses undeclared cost units {unknown}")
@@ -199,6 +200,19 @@ class Pipeline:
         self._check_budget(step.budget, f"step {step.name!r}")
         self.steps[step.name] = step
         return step
+
+    def _check_rename(self, step: Step) -> None:
+        """A step may take over the groups of a name no other step has or takes over."""
+        steps = [*self.steps.values(), step]
+        for one in steps:
+            other = next((s for s in steps if s is not one and one.renamed_from is not None
+                          and one.renamed_from in (s.name, s.renamed_from)), None)
+            if other is not None:
+                taken = ("is a step of the pipeline" if one.renamed_from == other.name
+                         else f"is the renamed_from of step {other.name!r} too")
+                raise PipelineError(
+                    f"step {one.name!r}: renamed_from={one.renamed_from!r} {taken}; a name's "
+                    "consumer groups go to one step")
 
     def step(
         self,
@@ -216,11 +230,14 @@ class Pipeline:
         limits: Iterable[Limit] = (),
         timeout: float | None = None,
         estimate: Estimate | None = None,
+        renamed_from: str | None = None,
         **settings: Any,
     ) -> Callable[[Handler], Handler]:
         """Decorator form of :meth:`add`. ``estimate``: what one handler call is expected
         to spend (``{"tokens": 2000}``, or a function of the message), reserved against
-        the run's budget before it runs (reference: budgets)."""
+        the run's budget before it runs (reference: budgets). ``renamed_from``: the
+        step's old name, whose consumer groups it takes over (reference: where a group
+        starts)."""
 
         def register(handler: Handler) -> Handler:
             self.add(
@@ -233,6 +250,7 @@ class Pipeline:
                     limits=tuple(limits),
                     timeout=timeout,
                     estimate=estimate,
+                    renamed_from=renamed_from,
                 )
             )
             return handler

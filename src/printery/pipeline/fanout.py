@@ -40,7 +40,7 @@ from printery.fields import ITEM, ITEM_FAILED, ITEMS, MAP, ON_ITEM_FAILURE, item
 from printery.keys import RUN_FAILED, StreamKeys, item_type, result_type
 from printery.limits import Limit
 from printery.pipeline.loop import Loop
-from printery.pipeline.step import Step, check_concurrency, check_timeout
+from printery.pipeline.step import Step, check_concurrency, check_renamed_from, check_timeout
 from printery.runtime.handler import HandlerResult, Message, Output
 from printery.runtime.step_context import StepContext
 from printery.store.item_counts import ItemCounts
@@ -110,7 +110,9 @@ class Map:
     in ``failed`` and goes on. More than ``max_items`` items fail the split
     (``too_many_items``). ``concurrency``, ``limits``, ``budget``, ``timeout``,
     ``estimate`` and ``cost_units`` are those of a handler ``each`` (a Loop brings its
-    own); they hold across all items of all runs, as a step's do.
+    own); they hold across all items of all runs, as a step's do. ``renamed_from``: the
+    Map's old name, whose split's group on ``consumes`` it takes over (reference: where a
+    group starts; its items' and results' streams are named after it).
     """
 
     def __init__(
@@ -130,8 +132,10 @@ class Map:
         timeout: float | None = None,
         estimate: Estimate | None = None,
         cost_units: Iterable[str] = (),
+        renamed_from: str | None = None,
     ) -> None:
         what = f"map {name!r}"
+        check_renamed_from(what, name, renamed_from)
         if not name or not isinstance(name, str):
             raise PipelineError(f"map name {name!r} is not a name; write a non-empty string")
         if isinstance(max_items, bool) or not isinstance(max_items, int) or max_items < 0:
@@ -171,6 +175,7 @@ class Map:
         self.timeout = timeout
         self.estimate = estimate
         self.cost_units = tuple(cost_units)
+        self.renamed_from = renamed_from
         loop = each if isinstance(each, Loop) else None
         self.shape = MapShape(
             name=name, consumes=consumes, produces=produces, item_type=item_type(name),
@@ -208,7 +213,8 @@ class Map:
         :meth:`Pipeline.add <printery.Pipeline.add>` adds when given the Map)."""
         shape = self.shape
         split = Step(name=shape.name, consumes=(shape.consumes,),
-                     produces=(shape.item_type, shape.produces), handler=self._split)
+                     produces=(shape.item_type, shape.produces), handler=self._split,
+                     renamed_from=self.renamed_from)
         if isinstance(self.each, Loop):
             each = self.each.step()
         else:

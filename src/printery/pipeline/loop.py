@@ -66,6 +66,7 @@ from printery.pipeline.step import (
     LoopShape,
     Step,
     check_concurrency,
+    check_renamed_from,
     check_timeout,
     checked_reasons,
     validation_reasons,
@@ -113,6 +114,8 @@ class Loop:
     or a function of the message, which then has the loop's input as its data) is what one
     ``work`` or fallback call is expected to spend, reserved against the run's budget
     before each (reference: budgets); judging an attempt reserves nothing.
+    ``renamed_from``: the loop's old name, whose group on ``consumes`` it takes over
+    (reference: where a group starts; its own stream ``<name>:loop`` is named after it).
     """
 
     def __init__(
@@ -134,9 +137,11 @@ class Loop:
         budget: Budget | None = None,
         timeout: float | None = None,
         estimate: Estimate | None = None,
+        renamed_from: str | None = None,
     ) -> None:
         what = f"loop {name!r}"
         check_estimate(what, estimate, tuple(cost_units))
+        check_renamed_from(what, name, renamed_from)
         if isinstance(max_attempts, bool) or not isinstance(max_attempts, int) or max_attempts < 1:
             raise PipelineError(f"{what}: max_attempts={max_attempts!r} is not a number of "
                                 "attempts; write an integer >= 1 (e.g. max_attempts=3)")
@@ -169,6 +174,7 @@ class Loop:
         self.limits = tuple(limits)  # checked by the Step
         self.budget = budget
         self.estimate = estimate
+        self.renamed_from = renamed_from
         self.timeout = float(timeout) if timeout is not None else None
         #: Seconds one ``work`` or fallback call may take before it is a failed attempt.
         self.call_timeout = self.timeout if self.timeout is not None else DEFAULT_TIMEOUT
@@ -190,6 +196,7 @@ class Loop:
             timeout=self.call_timeout + TIMEOUT_GRACE,
             falls_back=self._calls_work if self.fallback is not None else None,
             estimate=self._estimate if self.estimate is not None else None,
+            renamed_from=self.renamed_from,
         )
 
     def _calls_work(self, message: Message) -> bool:

@@ -122,6 +122,17 @@ def check_settings(what: str, settings: Mapping[str, Any]) -> None:
             f"{', '.join(sorted(STEP_OPTIONS))}")
 
 
+def check_renamed_from(what: str, name: str, renamed_from: object) -> None:
+    """Refuse a ``renamed_from`` that is not another name (None: not renamed)."""
+    if renamed_from is None:
+        return
+    if not isinstance(renamed_from, str) or not renamed_from or renamed_from == name:
+        raise PipelineError(
+            f"{what}: renamed_from={renamed_from!r} is not the step's old name; write the "
+            "name its consumer groups had (a non-empty string other than its name), or "
+            "leave it out")
+
+
 @dataclass(frozen=True, slots=True)
 class LoopShape:
     """What makes a step a declared validation loop (:class:`~printery.Loop`): the stream
@@ -194,6 +205,10 @@ class Step:
     #: the message), reserved against the run's budget before it runs (reference:
     #: budgets); None: nothing reserved.
     estimate: Estimate | None = None
+    #: The step's name before a rename (docs/reference.md, Where a group starts): at start
+    #: its consumer groups take the old name's place (position and pending entries)
+    #: instead of starting at the end of their streams.
+    renamed_from: str | None = None
 
     def input_reasons(self, data: Any) -> list[Reason]:
         """Why ``data`` is not valid input of this step (empty: it is)."""
@@ -217,6 +232,7 @@ class Step:
         if self.falls_back is None:
             self.falls_back = fallback_of(self.handler)
         check_estimate(f"step {self.name!r}", self.estimate, self.cost_units)
+        check_renamed_from(f"step {self.name!r}", self.name, self.renamed_from)
         for limit in self.limits:
             if not isinstance(limit, Limit):
                 raise PipelineError(f"step {self.name!r}: limits holds {limit!r}, not a Limit")

@@ -50,12 +50,12 @@ from printery.runtime.step_context import Companion, StepContext
 from printery.transport.channel import Command, DirectChannel
 from printery.transport.commit import Committer
 from printery.transport.connection import Redis
+from printery.transport.groups import Reader, place_groups
 from printery.transport.limit_store import LimitStore
 from printery.transport.records import RecordLookup
 from printery.transport.streams import (
     CONNECTION_ERRORS,
     Leases,
-    ensure_group,
     one_slot,
 )
 from printery.worker import RunContext, WorkerStats
@@ -101,6 +101,7 @@ class StreamWorker:
         self.keys = keys
         #: Every stream this worker reads: each consumed type in every partition.
         self.streams = [part.stream(t) for part in keys.each() for t in consumes]
+        self._consumes = tuple(consumes)
         self.handler = handler
         self.codec = codec or Codec()
         self.settings = settings or ConsumerSettings()
@@ -147,8 +148,10 @@ class StreamWorker:
         return self._stats
 
     async def prepare(self) -> None:
-        for stream in self.streams:
-            await ensure_group(self.client, stream, self.name)
+        """The worker's groups, created if missing (a service placed them already):
+        :func:`~printery.transport.groups.place_groups` ``recover``."""
+        await place_groups(self.client, self.keys, [Reader(t, self.name) for t in self._consumes],
+                           recover=True)
 
     async def run(self, ctx: RunContext) -> None:
         self._ctx = ctx

@@ -50,6 +50,7 @@ from printery.runtime.consumer import ConsumerSettings
 from printery.runtime.payloads import PayloadStore
 from printery.service.api import service_api
 from printery.service.console import service_console
+from printery.service.groups import prepare_groups
 from printery.service.housekeeping import Housekeeping, remove_consumers
 from printery.service.http import HttpServer
 from printery.service.lifecycle import (
@@ -67,7 +68,6 @@ from printery.store.servers import answers
 from printery.supervisor.manager import WorkerManager
 from printery.transport.connection import connect
 from printery.transport.refusal import refused
-from printery.transport.streams import ensure_group
 
 __all__ = ["EXIT_FAILED", "EXIT_INTERRUPTED", "EXIT_OK", "Service"]
 
@@ -158,10 +158,7 @@ class Service(ProcessLifecycle):
         async def prepare() -> None:
             try:
                 await self._read_layout(client)
-                for event_type, groups in self.pipeline.groups().items():
-                    for group in groups:
-                        for part in self.keys.each():
-                            await ensure_group(client, part.stream(event_type), group)
+                await prepare_groups(client, self.keys, self.pipeline)
                 await describe_pipeline(client, self.keys, _json.dumps(self.pipeline.describe()))
                 await record_budget_limits(client, self.keys, enforced_limits(self.pipeline))
             except (ServerError, OSError) as exc:
