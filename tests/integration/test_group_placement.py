@@ -6,18 +6,33 @@ processes starting at once."""
 from __future__ import annotations
 
 import asyncio
+import json
 from collections.abc import Sequence
 
 import pytest
 import redis.asyncio as aioredis
 
-from printery import Loop, Message, Pipeline, PipelineError, Step
+from printery import (
+    ConsumerSettings,
+    Loop,
+    Message,
+    Output,
+    Pipeline,
+    PipelineError,
+    Step,
+    WorkerManager,
+)
 from printery.keys import StreamKeys
 from printery.servers.process import ServerProcess
-from printery.service.groups import prepare_groups, readers_of
+from printery.service.groups import prepare_groups
+from printery.testing import wait_for
 from printery.transport.connection import connect
 from printery.transport.groups import END, RENAMED, START, Reader, place_groups
 from support.cluster import ValkeyCluster
+
+
+def readers_of(pipeline: Pipeline) -> list[Reader]:
+    return pipeline.readers()
 
 
 async def noop(message: Message) -> None:
@@ -78,7 +93,7 @@ async def test_a_rename_keeps_the_position_and_the_pending_entries(
     await client.xack(stream, "old", ids[0])  # ... one of them done, one pending
     await client.xclaim(stream, "old", "host:1:old:0", 0, [ids[1]])  # delivered twice
 
-    placed = await place_groups(client, keys, readers_of(pipeline(("new", ["in"], "old"))))
+    placed = await place_groups(client, keys, pipeline(("new", ["in"], "old")).readers())
     assert [(p.how, p.at, p.moved) for p in placed] == [(RENAMED, ids[1], 1)]
     assert await group(client, stream, "old") is None  # removed
     pending = await client.xpending_range(stream, "new", "-", "+", 10)
@@ -87,7 +102,7 @@ async def test_a_rename_keeps_the_position_and_the_pending_entries(
     fresh = await client.xreadgroup("new", "c", {stream: ">"}, count=10)
     assert [entry_id for entry_id, _ in fresh[0][1]] == ids[2:]  # not ids[0], done by old
 
-    again = await place_groups(client, keys, readers_of(pipeline(("new", ["in"], "old"))))
+    again = await place_groups(client, keys, pipeline(("new", ["in"], "old")).readers())
     assert [p.how for p in again] == ["exists"]  # applied twice: nothing more
     assert len(await client.xpending_range(stream, "new", "-", "+", 10)) == 3
 
@@ -182,7 +197,7 @@ async def test_a_worker_of_the_old_version_still_running_after_a_rename_never_re
     stream = keys.stream("in")
     await client.xadd(stream, {"data": "{}"})
     await prepare_groups(client, keys, pipeline(("work", ["in"], None)))
-    await place_groups(client, keys, readers_of(pipeline(("labour", ["in"], "work"))))
+    await place_groups(client, keys, pipeline(("labour", ["in"], "work")).readers())
     last = await client.xadd(stream, {"data": "{}"})
     # the old process's read finds `work` gone: it creates it again, at the end
     back = await place_groups(client, keys, [Reader("in", "work")], recover=True)
@@ -205,6 +220,51 @@ async def test_a_worker_without_a_service_creates_its_groups_at_0_as_before(
     assert not await client.exists(keys.known_groups)
 
 
+async def test_an_application_running_build_workers_places_the_pipelines_groups(
+        client: aioredis.Redis, prefix: str) -> None:
+    """Not only the service: a pipeline run under the application's own manager
+    (``build_workers``) that gets a new step does not hand it the retained history (it
+    did: every worker alone created its group at 0)."""
+    keys = StreamKeys(prefix)
+    seen: list[str] = []
+
+    def version(with_audit: bool) -> Pipeline:
+        p = Pipeline("p", ingress=["in"])
+
+        @p.step("work", consumes=["in"], produces=["done"])
+        async def work(message: Message) -> Output:
+            return Output("done", message.data)
+
+        if with_audit:
+            @p.step("audit", consumes=["in"], produces=["audited"])
+            async def audit(message: Message) -> Output:
+                seen.append(message.data["n"])
+                return Output("audited", message.data)
+        return p
+
+    async def run(p: Pipeline, n: int) -> None:
+        manager = WorkerManager()
+        for worker, deps in p.build_workers(client=client, keys=keys, settings=ConsumerSettings(
+                block_ms=50)):
+            manager.register(worker, deps)
+        await manager.start_all()
+        try:
+            await client.xadd(keys.stream("in"), {"data": json.dumps({"n": n})})
+            async def done() -> bool:
+                return await client.xlen(keys.stream("done")) >= n + 1  # the history too
+            await wait_for(done, timeout=10, message="done")
+            if p.steps.get("audit"):
+                await wait_for(lambda: client.xlen(keys.stream("audited")), timeout=10,
+                               message="audited")
+        finally:
+            await manager.stop_all(2)
+
+    await client.xadd(keys.stream("in"), {"data": json.dumps({"n": -1})})  # before any start
+    await run(version(False), 1)
+    await run(version(True), 2)
+    assert seen == [2]  # the entry written after the change, none of the history
+
+
 async def test_a_renamed_loop_takes_over_its_input_and_replays_none_of_its_own_stream(
         client: aioredis.Redis, prefix: str) -> None:
     def loop_pipeline(name: str, renamed_from: str | None = None) -> Pipeline:
@@ -220,7 +280,7 @@ async def test_a_renamed_loop_takes_over_its_input_and_replays_none_of_its_own_s
     await client.xack(keys.stream("in"), "draft", *runs)
     await client.xadd(keys.stream("draft:loop"), {"data": "{}"})  # an old run's attempt
 
-    placed = await place_groups(client, keys, readers_of(loop_pipeline("drafter", "draft")))
+    placed = await place_groups(client, keys, loop_pipeline("drafter", "draft").readers())
     assert [(p.stream, p.how, p.at) for p in placed] == [
         (keys.stream("in"), RENAMED, runs[-1]), (keys.stream("drafter:loop"), END, "0-0")]
     assert (await group(client, keys.stream("in"), "drafter"))["lag"] == 0  # no run again

@@ -173,6 +173,11 @@ class Example:
     reviews: str = "person"
     #: ``(run index, step index or None for the ingress)`` replayed once the runs ended.
     replays: tuple[tuple[int, int | None], ...] = ()
+    #: How the pipeline is changed between two starts once everything settled (in this
+    #: process only): None (not restarted), "same" (started again as it was), "add" (a
+    #: new step on the ingress) or "rename" (the first plain step renamed, with
+    #: ``renamed_from``); nothing retained may be handled again.
+    change: str | None = None
 
     def describe(self) -> str:
         """The example in a few lines (printed and noted on failure)."""
@@ -181,7 +186,7 @@ class Example:
         lines += [f"  stage {i}: {s}" for i, s in enumerate(self.shape.stages)]
         lines += [f"run {i}: {r}" for i, r in enumerate(self.runs)]
         lines += [f"garbage: {g}" for g in self.garbage]
-        lines.append(f"reviews: {self.reviews}; replays: {self.replays}")
+        lines.append(f"reviews: {self.reviews}; replays: {self.replays}; change: {self.change}")
         return "\n".join(lines)
 
 
@@ -247,7 +252,8 @@ def examples(draw: st.DrawFn, *, max_runs: int = 3,
                                       st.one_of(st.none(), st.integers(0, steps - 1))),
                             max_size=1))
     return Example(shape, tuple(runs), tuple(garbage),
-                   draw(st.sampled_from(["person", "person", "deadline"])), tuple(replays))
+                   draw(st.sampled_from(["person", "person", "deadline"])), tuple(replays),
+                   draw(st.sampled_from([None, None, "same", "add", "rename"])))
 
 
 def _step_count(shape: Shape) -> int:
@@ -344,10 +350,11 @@ class Built:
     joins: tuple[str, ...]
 
 
-def build(shape: Shape, model_url: str = "") -> Built:
+def build(shape: Shape, model_url: str = "", change: str | None = None) -> Built:
     """The pipeline of ``shape``: stage i consumes ``s<i>`` and produces ``s<i+1>``; a
     ``model`` stage streams from the provider at ``model_url``
-    (:mod:`support.fuzz_model`)."""
+    (:mod:`support.fuzz_model`). ``change`` "add": with a step ``audit`` on the ingress
+    too; "rename": the first plain step renamed (``renamed_from`` its old name)."""
     units = ["usd", "tokens"]
     budget = Budget(usd=shape.budget[0], on_exceeded=shape.budget[1]) if shape.budget else None
     pipeline = Pipeline("fuzz", ingress=["s0"], cost_units=units, budget=budget)
@@ -363,11 +370,21 @@ def build(shape: Shape, model_url: str = "") -> Built:
                  "loop": _loop, "join": _join, "map": _map}
         if stage.kind == "model":
             _model(pipeline, stage, i, src, dst, limits, key, probe, estimate, model_url)
+        elif stage.kind == "plain" and change == "rename" and i == _first_plain(shape):
+            _plain(pipeline, stage, i, src, dst, limits, key, probe, estimate, renamed=True)
         else:
             kinds[stage.kind](pipeline, stage, i, src, dst, limits, key, probe, estimate)
         if stage.kind == "join":
             joins.append(f"join{i}")
+    if change == "add":
+        @pipeline.step("audit", consumes=["s0"], produces=["audited"])
+        async def audit(message: Message) -> Output:
+            return Output("audited", {"seen": True})
     return Built(pipeline, probe, tuple(f"s{i}" for i in range(n + 1)), tuple(joins))
+
+
+def _first_plain(shape: Shape) -> int | None:
+    return next((i for i, s in enumerate(shape.stages) if s.kind == "plain"), None)
 
 
 def _limits(stage: Stage, i: int, probe: Probe) -> tuple[list[Limit], Slot]:
@@ -412,10 +429,12 @@ def _handler(i: int, dst: str, probe: Probe, key: Slot, step: str) -> Callable[.
 
 
 def _plain(p: Pipeline, stage: Stage, i: int, src: str, dst: str, limits: list[Limit],
-           key: Slot, probe: Probe, estimate: Estimate) -> None:
-    p.step(f"plain{i}", consumes=[src], produces=[dst], concurrency=stage.concurrency,
-           cost_units=["usd"], limits=limits, timeout=STEP_TIMEOUT, estimate=estimate)(
-        _handler(i, dst, probe, key, f"plain{i}"))
+           key: Slot, probe: Probe, estimate: Estimate, renamed: bool = False) -> None:
+    name = f"plain{i}renamed" if renamed else f"plain{i}"
+    p.step(name, consumes=[src], produces=[dst], concurrency=stage.concurrency,
+           cost_units=["usd"], limits=limits, timeout=STEP_TIMEOUT, estimate=estimate,
+           renamed_from=f"plain{i}" if renamed else None)(
+        _handler(i, dst, probe, key, name))
 
 
 def _model(p: Pipeline, stage: Stage, i: int, src: str, dst: str, limits: list[Limit],
@@ -714,6 +733,8 @@ async def _run_example(url: str, example: Example, label: str,
         ended = await running.stop()
         if ended:
             raise AssertionError("the workers did not stop cleanly:\n  " + "\n  ".join(ended))
+        if example.change is not None and workers is None:
+            await _started_again(url, ctx, example, model_url)
     finally:
         if not stopped:
             await running.stop()
@@ -722,6 +743,29 @@ async def _run_example(url: str, example: Example, label: str,
     figures.reviews = sum(ctx.decided.values())
     figures.seconds = time.monotonic() - started
     return figures
+
+
+async def _started_again(url: str, ctx: Context, example: Example, model_url: str) -> None:
+    """Start the example's pipeline again, changed as ``example.change`` says, once
+    everything settled: no retained entry is handled again (every stream keeps the
+    entries it had; a new step's output stream stays empty), and what it settles to
+    keeps every invariant."""
+    before = {stream: await ctx.redis.xlen(stream) for stream in await streams(ctx)}
+    changed = build(example.shape, model_url, example.change)
+    again = InProcess(url, ctx.keys, changed)
+    ctx.workers, ctx.built = again, changed
+    try:
+        await again.start()
+        await settle(ctx, f"the start again ({example.change})")
+        after = {stream: await ctx.redis.xlen(stream) for stream in await streams(ctx)}
+        grown = {s: (before.get(s, 0), n) for s, n in after.items() if n != before.get(s, 0)}
+        problems = [f"started again ({example.change}): {s} went from {a} to {b} entries"
+                    for s, (a, b) in grown.items()] + again.problems()
+        if problems:
+            raise AssertionError("invariants broken:\n  " + "\n  ".join(problems) + "\n"
+                                 + await diagnosis(ctx))
+    finally:
+        await again.stop()
 
 
 async def _kill_at(ctx: Context, entries: int) -> int:

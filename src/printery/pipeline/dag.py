@@ -37,6 +37,7 @@ from printery.runtime.run_index import RunIndex
 from printery.runtime.stream_worker import StreamWorker
 from printery.store import Redis
 from printery.supervisor.graph import find_cycle
+from printery.transport.groups import Reader
 
 
 def _statuses(success: Iterable[str]) -> tuple[str, ...]:
@@ -385,6 +386,12 @@ class Pipeline:
 
     # -- running -----------------------------------------------------------------------------
 
+    def readers(self) -> list[Reader]:
+        """Every consumer group of the pipeline: each step on each type it consumes, with
+        the name it was renamed from (what a start places: :mod:`printery.runtime.groups`)."""
+        return [Reader(event_type, step.name, step.renamed_from)
+                for step in self.steps.values() for event_type in step.consumes]
+
     def build_workers(
         self,
         *,
@@ -405,6 +412,7 @@ class Pipeline:
         deps = self.dependencies()
         codec = self.codec(payloads.limit if payloads else 1_048_576)
         index = RunIndex(keys, ingress=self.ingress, outcomes=self.outcomes)
+        readers = self.readers()
         built = []
         for step in self.steps.values():
             if step.name not in chosen:
@@ -418,7 +426,7 @@ class Pipeline:
                 handler=step.guarded_handler(), codec=codec,
                 settings=_settings_from(base, fields), observer=observer, payloads=payloads,
                 companions=step.companions, budget=self.budget_plan(step), limits=step.limits,
-                index=index, written_by=self._writers_of(step),
+                index=index, written_by=self._writers_of(step), placement=readers,
             )
             if step.on_context is not None:
                 step.on_context(worker.context)

@@ -36,6 +36,7 @@ from printery.runtime.budget_guard import BudgetGuard
 from printery.runtime.connectivity import Connectivity
 from printery.runtime.consume import EntryPipeline
 from printery.runtime.consumer import Consumer, ConsumerSettings, InFlight
+from printery.runtime.groups import place_pipeline_groups
 from printery.runtime.handler import Handler, Output
 from printery.runtime.holding import Holdings
 from printery.runtime.intake import Intake
@@ -95,6 +96,7 @@ class StreamWorker:
         limits: Sequence[Limit] = (),
         index: RunIndex | None = None,
         written_by: Collection[str] = (),
+        placement: Sequence[Reader] = (),
     ) -> None:
         self._name = name
         self.client = client
@@ -112,6 +114,9 @@ class StreamWorker:
         self.limits = tuple(limits)
         self.index = index
         self.written_by = frozenset(written_by)
+        #: The groups of the whole pipeline, placed as the worker starts
+        #: (:mod:`printery.runtime.groups`); empty: the worker's own, as a recovery.
+        self.placement = tuple(placement)
         #: What the step's companions get of this worker.
         self.context = StepContext(name, keys, self.settings, self.codec, client, index, self.emit)
         self._gate: LimitGate | None = None
@@ -153,6 +158,15 @@ class StreamWorker:
         await place_groups(self.client, self.keys, [Reader(t, self.name) for t in self._consumes],
                            recover=True)
 
+    async def _place(self) -> None:
+        """At the start: the pipeline's groups where its start puts them (the first
+        start: at 0; a group added since: at the end of its stream; a rename: in the
+        old group's place), or, built alone, this worker's own (:meth:`prepare`)."""
+        if self.placement:
+            await place_pipeline_groups(self.client, self.keys, self.placement)
+        else:
+            await self.prepare()
+
     async def run(self, ctx: RunContext) -> None:
         self._ctx = ctx
         #: Set as this run ends, however it ends: a loop that lost its cancellation
@@ -186,7 +200,7 @@ class StreamWorker:
 
     async def _run(self, ctx: RunContext, connectivity: Connectivity, lanes: Lanes,
                    holdings: Holdings, intake: Intake) -> None:
-        await connectivity.retrying(self.prepare)
+        await connectivity.retrying(self._place)
         readers = [asyncio.create_task(intake.read(c, streams, self._over_counts(lanes, streams)),
                                        name=f"{c.name}:read")
                    for c in self._consumers for streams in lanes.read_sets(one_slot(self.client))]
