@@ -343,6 +343,8 @@ class EntryPipeline:
                 in_flight.running += 1
             else:
                 await in_flight.enter()
+            if delivery.trial is not None:  # a suspect of a process's death runs alone
+                await delivery.trial.begin()
             begun = time.perf_counter()
             delivery.began = time.monotonic()
             failure: BaseException
