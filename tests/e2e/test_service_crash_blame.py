@@ -1,4 +1,4 @@
-"""A crash blames the crasher (CONTRACT §19; docs/reference.md, Failures), as issue 39 found
+"""A crash blames the crasher (docs/reference.md, Failures), as issue 39 found
 it: one entry whose handler calls ``os._exit`` among slow healthy ones of a step with
 ``concurrency=4``, under ``printery-workers --processes 2 --supervised``. Before, every death
 counted as a delivery of each entry its process held, so the healthy entries in flight

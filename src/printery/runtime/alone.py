@@ -17,18 +17,36 @@ from __future__ import annotations
 
 import asyncio
 import weakref
-from typing import TYPE_CHECKING
+from typing import Protocol
 
-if TYPE_CHECKING:
-    from printery.runtime.consumer import InFlight
+__all__ = ["Alone", "Flight", "Turn", "register"]
 
-__all__ = ["Alone", "register"]
+
+class Flight(Protocol):
+    """A worker's running calls (:class:`printery.runtime.consumer.InFlight`)."""
+
+    running: int
+
+    def leave(self) -> None: ...
+
+    def hold_off(self) -> None: ...
+
+    def resume(self) -> None: ...
+
+    async def drained(self, to: int = 0) -> None: ...
+
+
+class Turn(Protocol):
+    """What a call that must run alone waits for before it starts (a suspect's trial,
+    :class:`printery.runtime.suspects.Trial`)."""
+
+    async def begin(self) -> None: ...
 
 #: Every worker's running calls, by the event loop they were made in (None: made outside
 #: one, counted in every loop).
-_flights: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, weakref.WeakSet[InFlight]] = (
+_flights: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, weakref.WeakSet[Flight]] = (
     weakref.WeakKeyDictionary())
-_unbound: weakref.WeakSet[InFlight] = weakref.WeakSet()
+_unbound: weakref.WeakSet[Flight] = weakref.WeakSet()
 _alone: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, Alone] = weakref.WeakKeyDictionary()
 
 
@@ -39,7 +57,7 @@ def _loop() -> asyncio.AbstractEventLoop | None:
         return None
 
 
-def register(in_flight: InFlight) -> None:
+def register(in_flight: Flight) -> None:
     """Count ``in_flight`` among the calls of its process (an ``InFlight`` does so as it is
     made); made while a call runs alone, its doors start closed."""
     loop = _loop()
@@ -69,12 +87,12 @@ class Alone:
             alone = _alone[loop] = Alone()
         return alone
 
-    def _every(self) -> list[InFlight]:
+    def _every(self) -> list[Flight]:
         loop = _loop()
         here = _flights.get(loop) if loop is not None else None
         return [*(here or ()), *_unbound]
 
-    async def enter(self, mine: InFlight) -> None:
+    async def enter(self, mine: Flight) -> None:
         """Wait until the call holding a place of ``mine`` is the only call in flight in
         the process, and keep it so until :meth:`leave`. Raising (a stop), it holds no
         place any more and leaves nothing closed."""

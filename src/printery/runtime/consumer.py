@@ -8,10 +8,10 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from printery.runtime import alone
+from printery.runtime.alone import Turn
 
 if TYPE_CHECKING:
     from printery.runtime.limit_gate import Ticket
-    from printery.runtime.suspects import Trial
 
 #: The window of a consumer whose prefetch is unset: from (the start, kept while its
 #: handlers wait on I/O), to (reached while they do not).
@@ -239,7 +239,7 @@ class Delivery:
         self.ticket: Ticket | None = None
         #: Set while it is a suspect of a process's death: its next call runs alone
         #: (:mod:`printery.runtime.suspects`).
-        self.trial: Trial | None = None
+        self.trial: Turn | None = None
 
     def try_take_slot(self) -> bool:
         """Take a free handler slot of the consumer, if there is one (held until
