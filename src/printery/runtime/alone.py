@@ -17,7 +17,10 @@ from __future__ import annotations
 
 import asyncio
 import weakref
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
+
+if TYPE_CHECKING:
+    from printery.runtime.handler import Message
 
 __all__ = ["Alone", "Flight", "Turn", "register"]
 
@@ -40,7 +43,7 @@ class Turn(Protocol):
     """What a call that must run alone waits for before it starts (a suspect's trial,
     :class:`printery.runtime.suspects.Trial`)."""
 
-    async def begin(self) -> None: ...
+    async def begin(self, message: Message) -> None: ...
 
 #: Every worker's running calls, by the event loop they were made in (None: made outside
 #: one, counted in every loop).

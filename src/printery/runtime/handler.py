@@ -69,6 +69,10 @@ class Message:
     #: ``Limit``'s ``max_wait``: the call runs the step's fallback instead of its handler
     #: (``escalate(..., fallback=)``, a ``Loop``'s ``fallback``), without that wait.
     over_limit: str = ""
+    #: Set when an earlier delivery of the entry may have shown partials though
+    #: ``deliveries`` is 1 (a death among several calls counts for none: a suspect's
+    #: trial, :mod:`printery.runtime.suspects`).
+    redelivered: bool = False
 
     @property
     def last_delivery(self) -> bool:
@@ -109,7 +113,7 @@ class Message:
         writer = partials.current()
         first, self.streamed = not self.streamed, True
         if writer is not None and text:
-            writer.add(self, text, restarted=first and self.deliveries > 1)
+            writer.add(self, text, restarted=first and (self.deliveries > 1 or self.redelivered))
 
 
 HandlerResult = Output | Sequence[Output] | None

@@ -40,6 +40,7 @@ from printery.keys import StreamKeys
 from printery.runtime.alone import Alone
 from printery.runtime.connectivity import Connectivity
 from printery.runtime.consumer import Delivery
+from printery.runtime.handler import Message
 from printery.transport.connection import Redis
 from printery.transport.scripts import Scripts, script
 from printery.transport.streams import Leases
@@ -123,12 +124,15 @@ class Trial:
         self.record = record
         self.connectivity = connectivity
 
-    async def begin(self) -> None:
-        """Once the call holding a place among its worker's running calls is the only
-        one of its process, mark the record with its consumer; the trial ends (and the
-        other calls start again) once the call gives its place back."""
+    async def begin(self, message: Message) -> None:
+        """Once the call of ``message`` holding a place among its worker's running calls
+        is the only one of its process, mark the record with its consumer; the trial ends
+        (and the other calls start again) once the call gives its place back. The
+        message is told it is a redelivery (its first partial retracts what an earlier
+        delivery showed) whatever its count says."""
         delivery = self.delivery
         delivery.trial = None  # one trial: its retries, if any, run as any entry's
+        message.redelivered = True
         in_flight = delivery.consumer.in_flight
         alone = Alone.here()
         await alone.enter(in_flight)
