@@ -193,6 +193,15 @@ class StreamKeys:
         of an entry delivered once too often says why: reference: failures)."""
         return f"{self.scope}:lasterr:{worker}:{stream}:{entry_id}"
 
+    def suspect(self, worker: str, stream: str, entry_id: str) -> str:
+        """Hash of what ``worker``'s group knows of how an entry's deliveries ended
+        (reference: failures, a crash blames the crasher): ``suspect`` (its process died
+        while it may have run among others: it runs alone next), ``trial`` (the consumer
+        running it alone now: should that process die, the death is the entry's) and
+        ``handed`` (handed back by a live process: its next claim follows no death). In
+        the partition of the entry's stream (one slot with it), kept for the record ttl."""
+        return f"{self.scope}:suspect:{worker}:{stream}:{entry_id}"
+
     def once(self, key: str) -> str:
         """Guard that makes an output unique (written at most once, ever)."""
         return f"{self.scope}:once:{key}"

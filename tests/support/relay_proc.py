@@ -41,7 +41,9 @@ class Proc:
         stamp = f"{time.monotonic_ns()}"
         self.out_path = logdir / f"{stamp}.out"
         self.err_path = logdir / f"{stamp}.err"
-        env = {**os.environ, "PYTHONPATH": str(TESTS)}
+        # The tests' own folder before what the caller's PYTHONPATH names (a worktree's src).
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join(
+            filter(None, [str(TESTS), os.environ.get("PYTHONPATH")]))}
         with self.out_path.open("w") as out, self.err_path.open("w") as err:
             self.popen = subprocess.Popen(
                 [sys.executable, "-m", "support.relay_proc", url, prefix, *args],

@@ -350,6 +350,8 @@ class EntryPipeline:
                 in_flight.running += 1
             else:
                 await in_flight.enter()
+            if delivery.trial is not None:  # a suspect of a process's death runs alone
+                await delivery.trial.begin(message)
             begun = time.perf_counter()
             delivery.began = time.monotonic()
             failure: BaseException

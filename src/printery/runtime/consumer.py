@@ -7,6 +7,9 @@ import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from printery.runtime import alone
+from printery.runtime.alone import Turn
+
 if TYPE_CHECKING:
     from printery.runtime.limit_gate import Ticket
 
@@ -67,14 +70,16 @@ class InFlight:
     """The handler calls of one worker running now, at most ``limit`` (its
     ``concurrency``): a call holds its place from its start to its return, not through
     a retry's backoff or the commit, so a step of fast handlers keeps its batches.
-    A counter rather than a semaphore: taking a free place costs no coroutine."""
+    A counter rather than a semaphore: taking a free place costs no coroutine. ``limit``
+    is 0 while a call of the process runs alone (:mod:`printery.runtime.alone`)."""
 
-    __slots__ = ("_freed", "limit", "running")
+    __slots__ = ("__weakref__", "_cap", "_freed", "limit", "running")
 
     def __init__(self, limit: int) -> None:
-        self.limit = limit
+        self.limit = self._cap = limit
         self.running = 0
         self._freed = asyncio.Event()
+        alone.register(self)
 
     async def enter(self) -> None:
         while self.running >= self.limit:
@@ -85,6 +90,20 @@ class InFlight:
     def leave(self) -> None:
         self.running -= 1
         self._freed.set()
+
+    def hold_off(self) -> None:
+        """Start no call until :meth:`resume` (another call runs alone)."""
+        self.limit = 0
+
+    def resume(self) -> None:
+        self.limit = self._cap
+        self._freed.set()
+
+    async def drained(self, to: int = 0) -> None:
+        """Until at most ``to`` calls run."""
+        while self.running > to:
+            self._freed.clear()
+            await self._freed.wait()
 
 
 class Consumer:
@@ -192,7 +211,7 @@ class Delivery:
     """One entry a consumer holds, from read (or claim) to commit or hand-back."""
 
     __slots__ = ("abandoned", "began", "consumer", "deliveries", "entry_id", "fields", "released",
-                 "slot", "started", "stream", "task", "ticket", "timed_out")
+                 "slot", "started", "stream", "task", "ticket", "timed_out", "trial")
 
     def __init__(
         self, consumer: Consumer, stream: str, entry_id: str, fields: dict[str, str], deliveries: int
@@ -218,6 +237,9 @@ class Delivery:
         self.abandoned = False
         #: Its handler call's claim on the step's limits (None: the step has none).
         self.ticket: Ticket | None = None
+        #: Set while it is a suspect of a process's death: its next call runs alone
+        #: (:mod:`printery.runtime.suspects`).
+        self.trial: Turn | None = None
 
     def try_take_slot(self) -> bool:
         """Take a free handler slot of the consumer, if there is one (held until

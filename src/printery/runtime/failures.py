@@ -106,7 +106,8 @@ class Failures:
                 pass  # a record of another shape: said as if there were none
         return self.dead_letter(delivery, fields, EXHAUSTED,
                                 f"{said}; no handler error was recorded: the process "
-                                "handling it died or was killed each time")
+                                "handling it died or was killed each time it ran alone in it "
+                                "(a death among several calls counts against none)")
 
     async def failed(
         self, delivery: Delivery, message: Message, failure: BaseException,

@@ -73,6 +73,10 @@ class Message:
     #: message; None: none declared): what a model call whose response says nothing of
     #: its usage charges instead (docs/reference.md, Flow control and model steps).
     estimate: Any = None
+    #: Set when an earlier delivery of the entry may have shown partials though
+    #: ``deliveries`` is 1 (a death among several calls counts for none: a suspect's
+    #: trial, :mod:`printery.runtime.suspects`).
+    redelivered: bool = False
 
     @property
     def last_delivery(self) -> bool:
@@ -113,7 +117,7 @@ class Message:
         writer = partials.current()
         first, self.streamed = not self.streamed, True
         if writer is not None and text:
-            writer.add(self, text, restarted=first and self.deliveries > 1)
+            writer.add(self, text, restarted=first and (self.deliveries > 1 or self.redelivered))
 
 
 HandlerResult = Output | Sequence[Output] | None

@@ -48,6 +48,7 @@ from printery.runtime.payloads import PayloadStore
 from printery.runtime.placement import Placer
 from printery.runtime.run_index import RunIndex
 from printery.runtime.step_context import Companion, StepContext
+from printery.runtime.suspects import HandBacks, Suspects
 from printery.transport.channel import Command, DirectChannel
 from printery.transport.commit import Committer
 from printery.transport.connection import Redis
@@ -125,7 +126,9 @@ class StreamWorker:
         self._batches: set[asyncio.Task[None]] = set()
         self._ctx: RunContext | None = None
         self._lanes: Lanes | None = None
-        self._leases = Leases(client, name)
+        #: Who ran alone when a process died (reference: failures, a crash blames the crasher).
+        self._suspects = Suspects(name, client=client, keys=keys, record_ttl=self.settings.record_ttl)
+        self._leases: Leases = HandBacks(client, name, self._suspects)
         self._connectivity: Connectivity | None = None
 
     # -- Worker protocol -----------------------------------------------------------------
@@ -306,7 +309,13 @@ class StreamWorker:
         batch = [delivery for delivery in held if delivery is not None]
         if self._ctx.stopping.is_set() or not batch:
             return  # read after the stop signal: never started, handed back by the drain
-        task = asyncio.create_task(self._lanes.of_stream(stream).pipeline.process(batch, none_over))
+        pipeline = self._lanes.of_stream(stream).pipeline
+        if any(delivery.deliveries > 1 for delivery in batch):  # claimed: screened first
+            assert self._connectivity is not None
+            work = self._suspects.first(batch, self._connectivity, pipeline.process)
+        else:
+            work = pipeline.process(batch, none_over)
+        task = asyncio.create_task(work)
         self._batches.add(task)
         task.add_done_callback(self._batch_done)
 
