@@ -200,6 +200,9 @@ async def test_departed_consumers_are_removed_unless_live_or_owning_entries(
 def test_consumer_owner_is_host_and_pid() -> None:
     assert owner("web-1.example:4242:dependency-checker:3") == "web-1.example:4242"
     assert owner("external") is None and owner("a:b:c:d") is None
+    # A worker whose name holds colons (a Map's each and collector) is still its process's.
+    assert owner("web-1:4242:pages:each:0") == "web-1:4242"
+    assert owner("web-1:4242:pages:collect:12") == "web-1:4242"
 
 
 def _name(value: object) -> str:

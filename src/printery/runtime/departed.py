@@ -12,10 +12,14 @@ from printery._util import hostname
 def owner(consumer: str) -> str | None:
     """The ``host:pid`` a consumer name of :func:`printery._util.consumer_name` belongs
     to; None for a name of another form (someone else's consumer: never touched)."""
-    parts = consumer.rsplit(":", 3)
-    if len(parts) != 4 or not parts[1].isdigit() or not parts[3].isdigit():
+    # host:pid:worker:index, where a worker's name may hold colons of its own (a Map's
+    # ``<name>:each``): the host and pid are the first two parts, the index the last.
+    host, _, rest = consumer.partition(":")
+    pid, _, named = rest.partition(":")
+    worker, _, index = named.rpartition(":")
+    if not (host and pid.isdigit() and worker and index.isdigit()):
         return None
-    return f"{parts[0]}:{parts[1]}"
+    return f"{host}:{pid}"
 
 
 def died_here(consumer: str) -> bool:
