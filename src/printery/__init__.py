@@ -40,6 +40,7 @@ from printery.errors import (
     ReviewInvalid,
     ReviewNotFound,
     ReviewRefused,
+    ReviewRunEnded,
     ServerStartError,
     StepTimeout,
     SupervisorError,
@@ -110,6 +111,7 @@ __all__ = [  # noqa: RUF022 - grouped as docs/reference.md's sections, sorted wi
     # Review inbox
     "REVIEW", "REVIEW_DECIDED", "ReviewActionFailed", "ReviewCase", "ReviewError",
     "ReviewInvalid", "ReviewKind", "ReviewNotFound", "ReviewOutcome", "ReviewRefused",
+    "ReviewRunEnded",
     # Running workers
     "ConsumerSettings", "Observer", "PartitionError", "PayloadStore", "RunContext",
     "RunIndex", "RunMark", "StreamKeys", "StreamWorker", "Worker", "WorkerCrashed", "WorkerManager",
