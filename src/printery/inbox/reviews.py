@@ -10,7 +10,11 @@ A decision writes its outputs (what the kind's hook returns: by default the revi
 ``resume_type`` or ``reject_type`` entry), the ``review:decided`` record and the deletion
 of the ``review`` entry in one MULTI/EXEC under WATCH of the review stream: a review is
 decided once, and two reviewers (or a reviewer and a deadline, or several service
-processes) deciding at once cannot both win.
+processes) deciding at once cannot both win. Under WATCH of the run's index entry too
+when the decision writes anything: a run that has ended gets nothing more (a run gets
+one outcome), the decision is recorded as having changed nothing and the caller told
+(:class:`~printery.errors.ReviewRunEnded`). An entry of ``review`` that is no review
+request (:func:`is_review_request`: junk ``XADD``ed there) is neither listed nor decided.
 """
 
 from __future__ import annotations
