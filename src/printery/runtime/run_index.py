@@ -16,7 +16,9 @@ ended runs are :mod:`printery.runs.index`; the keys, every one from
 Who writes: ``submit.lua`` indexes a submitted run atomically with its ingress entry. The
 commit of an entry of an ingress type indexes its run too (``NX``: a submitted run keeps
 its start), so a run an external producer started with a plain ``XADD`` is indexed when
-its first entry is handled. The commit of an outcome entry sets the status. Each entry's
+its first entry is handled. The commit of an outcome entry sets the status, once: the
+first outcome of a run stays its status, and commit.lua withholds an outcome of a run
+whose info hash says it ended (:attr:`RunMark.ends`, ``writes(guarded=True)``). Each entry's
 commit carries a :class:`RunMark`; the committer turns the marks of the entries of one
 script run into a few commands of that run's own transaction (:meth:`RunIndex.writes`:
 one ``ZADD`` per set for all of them, not one per entry), so they land with the
