@@ -202,8 +202,9 @@ async def test_a_join_deadline_after_a_review_deadline_ended_the_run_writes_no_s
 async def test_the_commit_withholds_an_outcome_of_a_run_that_has_ended(
         client: aioredis.Redis, prefix: str) -> None:
     """One script run: a second outcome of a run it ends is withheld, and so is any
-    outcome of a run the index says has ended; what is no outcome is written; the index
-    keeps each run's first status."""
+    outcome of a run the index says has ended (but a dead letter's ``run:failed`` gives
+    way to one later outcome); what is no outcome is written; the index keeps each run's
+    first status."""
     keys = StreamKeys(prefix)
     index = RunIndex(keys, outcomes=["end"])
     committer = Committer(client, index_key=keys.idempotency_index("g"), group="g",
@@ -225,16 +226,21 @@ async def test_the_commit_withholds_an_outcome_of_a_run_that_has_ended(
             emitted("r2", output("end", "r2", "only"), output("end", "r2", "twice")),
         ])
         assert results == [3, 1, 2]
+        # r4 ended by a dead letter: its run:failed gives way to a later outcome, once.
+        await client.hset(keys.run_info("r4"), mapping={"status": "failed", "ended": "1",
+                                                        "dead_letter": "1-0"})
         later = await committer.commit([emitted("r1", output("end", "r1", "third")),
-                                        emitted("r3", output("end", "r3", "fresh"))])
-        assert later == [1, 2]
+                                        emitted("r3", output("end", "r3", "fresh")),
+                                        emitted("r4", output("end", "r4", "after")),
+                                        emitted("r4", output("end", "r4", "again"))])
+        assert later == [1, 2, 2, 1]
     finally:
         await committer.close()
     written = [(f["run"], json.loads(f["data"])["status"])
                for _, f in await client.xrange(keys.stream("end"))]
-    assert written == [("r1", "first"), ("r2", "only"), ("r3", "fresh")]
+    assert written == [("r1", "first"), ("r2", "only"), ("r3", "fresh"), ("r4", "after")]
     assert await client.xlen(keys.stream("note")) == 1
-    for run, first in (("r1", "first"), ("r2", "only"), ("r3", "fresh")):
+    for run, first in (("r1", "first"), ("r2", "only"), ("r3", "fresh"), ("r4", "after")):
         assert await status(client, keys, run) == first
         assert await client.zscore(keys.run_index(first), run) is not None
     assert await client.zcard(keys.run_index("second")) == 0

@@ -85,8 +85,8 @@ class RunMark(NamedTuple):
     #: continued by a replay of one; any other outcome clears it.
     dead_letter: bool = False
     #: The positions, among the entry's outputs, of those that are outcomes of its run, and
-    #: the run's info hash: the commit withholds them when the run has ended already (a
-    #: run gets one outcome; :meth:`RunIndex.writes` ``guarded``).
+    #: the run's info hash: the commit withholds them when the run has ended already, but
+    #: by a dead letter (a run gets one outcome; :meth:`RunIndex.writes` ``guarded``).
     ends: tuple[int, ...] = ()
     info: str = ""
 

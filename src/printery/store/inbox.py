@@ -60,8 +60,9 @@ async def decide_review(
     open: the decision's own ``commands``, its ``review:decided`` record (``decided``),
     the ``outputs`` (stream, fields) and the review's deletion from ``review``. Fenced on
     the run's info hash ``run_info`` too when given: when the run index says the run has
-    ended, only ``moot`` (the record of a decision that changed nothing) and the review's
-    deletion are written. Raises :class:`WatchConflict` after :data:`WATCH_RETRIES`
+    ended (by an outcome, not by a dead letter, whose ``run:failed`` gives way to a later
+    outcome), only ``moot`` (the record of a decision that changed nothing) and the
+    review's deletion are written. Raises :class:`WatchConflict` after :data:`WATCH_RETRIES`
     attempts that another writer overtook."""
     for _ in range(WATCH_RETRIES):
         async with client.pipeline(transaction=True) as pipe:
@@ -70,10 +71,11 @@ async def decide_review(
                 if await read_entry(pipe, keys.review, review_id) is None:
                     await pipe.unwatch()  # type: ignore[no-untyped-call]
                     return Decided(False)
-                status, ended = (await pipe.hmget(run_info, ["status", "ended"])  # type: ignore[misc]
-                                 if run_info else (None, None))
+                status, ended, dead_letter = (
+                    await pipe.hmget(run_info, ["status", "ended", "dead_letter"])  # type: ignore[misc]
+                    if run_info else (None, None, None))
                 pipe.multi()  # type: ignore[no-untyped-call]
-                if ended:
+                if ended and not dead_letter:  # a dead letter's run:failed gives way
                     pipe.xadd(keys.review_decided, cast(Any, moot or decided))
                     pipe.xdel(keys.review, review_id)
                     await pipe.execute()

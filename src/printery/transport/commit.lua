@@ -59,7 +59,8 @@
 --
 -- A run gets one outcome: an outcome output (flag 2) of a run whose info hash has `ended`
 -- (the run index's: its outcome was written before; a dlq replay that continues a run
--- clears it) is withdrawn, as is a second one of a run this script run ended. The run
+-- clears it), unless a dead letter ended it (`dead_letter` set: its run:failed gives way
+-- to a later outcome), is withdrawn, as is a second one of a run this script run ended. The run
 -- index's writes of that end come behind a guard, ('?ended', info hash, n): the n
 -- commands after it are made only if an outcome of that run was kept here (once), so the
 -- first outcome stays the run's status.
@@ -425,7 +426,10 @@ end
 local ended, kept_end = {}, {}
 local function withheld(info)
   local gone = ended[info]
-  if gone == nil then gone = redis.call('HEXISTS', info, 'ended') == 1 end
+  if gone == nil then  -- ended, and not by a dead letter (whose run:failed gives way)
+    local at = redis.call('HMGET', info, 'ended', 'dead_letter')
+    gone = at[1] ~= false and (at[2] == false or at[2] == '')
+  end
   if not gone then kept_end[info] = true end
   ended[info] = true
   return gone
