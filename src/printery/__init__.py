@@ -41,6 +41,7 @@ from printery.errors import (
     ReviewInvalid,
     ReviewNotFound,
     ReviewRefused,
+    ReviewRunEnded,
     ServerRefused,
     ServerStartError,
     StepTimeout,
@@ -114,6 +115,7 @@ __all__ = [  # noqa: RUF022 - grouped as docs/reference.md's sections, sorted wi
     # Review inbox
     "REVIEW", "REVIEW_DECIDED", "ReviewActionFailed", "ReviewCase", "ReviewError",
     "ReviewInvalid", "ReviewKind", "ReviewNotFound", "ReviewOutcome", "ReviewRefused",
+    "ReviewRunEnded",
     # Running workers
     "ConsumerSettings", "Observer", "PartitionError", "PayloadStore", "RunContext",
     "RunIndex", "RunMark", "StreamKeys", "StreamWorker", "Worker", "WorkerCrashed", "WorkerManager",

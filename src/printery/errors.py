@@ -41,7 +41,9 @@
           +-- ReviewInvalid     no reviewer, or edited data the kind or the resumed
           |                     step refuses (CLI exit 2, HTTP 400)
           +-- ReviewActionFailed the decision's action failed; the review stays open
-                                (CLI exit 1)
+          |                     (CLI exit 1)
+          +-- ReviewRunEnded    the review's run had ended: the decision changed nothing
+                                (CLI exit 1, HTTP 409 ``run_ended``)
 
 Connection failures that reach a caller of the public API are :class:`TransportError`,
 with the client's own exception as ``__cause__``.
@@ -299,3 +301,15 @@ class ReviewInvalid(ReviewError):
 class ReviewActionFailed(ReviewError):
     """Raised when the decision's own action failed (a retried delivery): nothing is
     recorded and the review stays open, so it can be decided again."""
+
+
+class ReviewRunEnded(ReviewError):
+    """Raised for a decision that would write to a run that has already ended (its
+    outcome is written; ``status`` is the run's): it changes nothing. The review is closed
+    (its ``review:decided`` names no outputs, ``reason_code`` ``run_ended``), and nothing
+    the decision would have written is: a run gets one outcome."""
+
+    def __init__(self, review_id: str, run_id: str, status: str) -> None:
+        self.review_id, self.run_id, self.status = review_id, run_id, status
+        super().__init__(f"review {review_id}: run {run_id} had already ended ({status}); "
+                         "the decision changed nothing (review closed, nothing written)")

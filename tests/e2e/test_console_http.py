@@ -192,6 +192,40 @@ def test_a_rejection_that_ends_the_run_is_indexed_with_its_status(
     assert run_id not in client.get("/runs?status=running").text
 
 
+def test_a_decision_after_the_run_ended_changes_nothing_and_the_console_says_so(
+    secured: tuple[ServiceHandle, ServerProcess, str],
+) -> None:
+    """A review still open when its run ended (rejected): the console's Approve button
+    says the decision changed nothing; no ``deployment:validated`` is written."""
+    handle, server, prefix = secured
+    client = logged_in(handle)
+    bearer = {"Authorization": f"Bearer {TOKEN}"}
+    run_id = client.post("/v1/runs", json={"data": deployment("production")},
+                         headers=bearer).json()["run_id"]
+
+    def review() -> str:
+        return next((r["id"] for r in client.get("/v1/reviews", headers=bearer).json()
+                     if r.get("deployment_id") == run_id), "")
+
+    review_id = handle.wait_until(review, what="the approval review")
+    conn = redis.Redis.from_url(server.url, decode_responses=True)
+    try:
+        fields = conn.xrange(f"{prefix}:review", review_id, review_id)[0][1]
+        again = conn.xadd(f"{prefix}:review", fields)  # a second review of the same run
+        assert client.post(f"/v1/reviews/{review_id}/reject", json={"by": "carol"},
+                           headers=bearer).status_code == 200
+        page = client.get("/reviews").text
+        answer = client.post(f"/reviews/{again}/approve",
+                             data={"csrf": csrf_of(page), "by": "dave"})
+        assert answer.status_code == 303
+        shown = client.get(answer.headers["location"]).text
+        assert "had already ended (rejected)" in shown and "changed nothing" in shown
+        assert conn.xlen(f"{prefix}:deployment:validated") == 0
+        assert conn.xlen(f"{prefix}:review") == 0
+    finally:
+        conn.close()
+
+
 def test_every_page_over_three_partitions(server: ServerProcess, tmp_path: Path) -> None:
     """docs/reference.md, Partitions with the console: runs of several partitions are
     listed, counted and shown, and the streams' lengths and groups add up over the

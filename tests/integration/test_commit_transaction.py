@@ -15,6 +15,7 @@ from hypothesis import strategies as st
 
 from printery import _json
 from printery.keys import StreamKeys
+from printery.runtime.run_index import RunMark
 from printery.transport.channel import DirectChannel
 from printery.transport.commit import (
     ARGUMENTS_PARSED,
@@ -190,8 +191,8 @@ for _, s in ipairs(segs) do
   for x = 1, s.n do
     local outs = {}
     for j = 1, s.m do
-      local column = s.once[j]
-      outs[j] = {s.outs[j], column and ARGV[column + x - 1] or ''}
+      local column, ends = s.once[j], s.ends[j]
+      outs[j] = {s.outs[j], column and ARGV[column + x - 1] or '', ends and ARGV[ends + x - 1] or ''}
     end
     local budget = {}
     if s.budget then
@@ -243,7 +244,9 @@ def _charges(draw: st.DrawFn) -> BudgetCharge | None:
 _entries = st.lists(st.builds(
     EntryCommit, source=st.sampled_from(["in1", "in2"]), consumer=st.sampled_from(["c1", "c2"]),
     entry_id=st.sampled_from(["", "1-0", "2-0", "3-1"]), record=st.sampled_from(["", "k1", "k2"]),
-    appends=_appends, budget=_charges(), mark=st.none()),
+    appends=_appends, budget=_charges(), mark=st.none() | st.builds(
+        RunMark, run_id=st.just("r"), started=st.just(False), status=st.just("done"),
+        ends=st.sampled_from([(), (0,), (1, 2)]), info=st.sampled_from(["i1", "i2"]))),
     min_size=1, max_size=12)
 
 
@@ -270,8 +273,8 @@ async def test_the_script_parses_exactly_what_the_python_half_encodes(
     client: aioredis.Redis, entries: list[EntryCommit]
 ) -> None:
     """Any run of entries, encoded by ``commit_run``, is read back by commit.lua's own
-    argument parser entry by entry: source, consumer, id, record, outputs and once keys,
-    and the budget charged: hash key, warning layout, reservations prefix, field, amount
+    argument parser entry by entry: source, consumer, id, record, outputs, their once keys
+    and the run info hash of an outcome output, and the budget charged: hash key, warning layout, reservations prefix, field, amount
     (of its own column or one shared by the fields of a unit), soft threshold."""
     run = commit_run("index", "group", TTL_MS, entries)
     parser = COMMIT_LUA.split(ARGUMENTS_PARSED)[0]
@@ -281,7 +284,8 @@ async def test_the_script_parses_exactly_what_the_python_half_encodes(
     assert (group, ttl) == ("group", TTL_MS)
     expected = [
         [e.source if e.entry_id else "", e.consumer if e.entry_id else "", e.entry_id,
-         e.record, [[out.stream, out.once] for out in e.appends], _charged(e.budget)]
+         e.record, [[out.stream, out.once, e.mark.info if e.mark and slot in e.mark.ends else ""]
+                    for slot, out in enumerate(e.appends)], _charged(e.budget)]
         for e in entries
     ]
     # cjson writes an empty table as an object.

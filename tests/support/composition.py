@@ -66,6 +66,7 @@ from printery import (
     Reason,
     ReplayError,
     ReviewNotFound,
+    ReviewRunEnded,
     WorkerManager,
     all_must_pass,
     any_pass,
@@ -881,6 +882,9 @@ async def decide_reviews(ctx: Context) -> None:
                 await reviews.reject(ctx.redis, ctx.keys, pipeline, review["id"], by="fuzz",
                                      note="fuzz")
         except ReviewNotFound:
+            continue
+        except ReviewRunEnded:  # its run had ended: the review closed, nothing written
+            ctx.log.append(f"review {review['kind']} of {run}: {decision}: the run had ended")
             continue
         ctx.decided[f"{review['kind']}:{decision}"] += 1
         ctx.log.append(f"review {review['kind']} of {run}: {decision}")

@@ -30,7 +30,7 @@ EXPECTED = {
     "Partial", "Verdict",
     # the review inbox of any pipeline (docs/reference.md, Review inbox)
     "ReviewCase", "ReviewKind", "ReviewOutcome", "ReviewError", "ReviewNotFound",
-    "ReviewRefused", "ReviewInvalid", "ReviewActionFailed",
+    "ReviewRefused", "ReviewInvalid", "ReviewActionFailed", "ReviewRunEnded",
     # AI-worker patterns (docs/reference.md, Validation loops; Budgets; Flow control)
     "Budget",
     "Loop",

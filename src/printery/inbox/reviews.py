@@ -10,7 +10,11 @@ A decision writes its outputs (what the kind's hook returns: by default the revi
 ``resume_type`` or ``reject_type`` entry), the ``review:decided`` record and the deletion
 of the ``review`` entry in one MULTI/EXEC under WATCH of the review stream: a review is
 decided once, and two reviewers (or a reviewer and a deadline, or several service
-processes) deciding at once cannot both win.
+processes) deciding at once cannot both win. Under WATCH of the run's index entry too
+when the decision writes anything: a run that has ended gets nothing more (a run gets
+one outcome), the decision is recorded as having changed nothing and the caller told
+(:class:`~printery.errors.ReviewRunEnded`). An entry of ``review`` that is no review
+request (:func:`is_review_request`: junk ``XADD``ed there) is neither listed nor decided.
 """
 
 from __future__ import annotations
@@ -28,6 +32,7 @@ from printery.errors import (
     ReviewError,
     ReviewInvalid,
     ReviewNotFound,
+    ReviewRunEnded,
 )
 from printery.fields import (
     BY,
@@ -36,6 +41,7 @@ from printery.fields import (
     KIND,
     NOTE,
     REASON,
+    REASON_CODE,
     REJECT_TYPE,
     RESUME_TYPE,
     REVIEW_ID,
@@ -46,7 +52,7 @@ from printery.fields import (
 )
 from printery.keys import REVIEW_DECIDED, StreamKeys
 from printery.logging import get_logger
-from printery.pipeline.dag import Pipeline
+from printery.pipeline.dag import Pipeline, run_id_problem
 from printery.pipeline.review_kinds import APPROVED, REJECTED, ReviewCase, ReviewKind
 from printery.pipeline.step import validation_reasons
 from printery.runs.history import id_order
@@ -60,11 +66,13 @@ from printery.store.servers import server_ms
 __all__ = [
     "DEFAULT_PRODUCER",
     "REVIEW_PAGE",
+    "RUN_ENDED",
     "TIMEOUT_BY",
     "approve",
     "decide",
     "expire_reviews",
     "get_review",
+    "is_review_request",
     "list_reviews",
     "reject",
     "sweep_interval",
@@ -79,6 +87,8 @@ TIMEOUT_BY = "timeout"
 _CHUNK = 200
 #: Reviews a listing returns unless told otherwise: a page, never the whole stream.
 REVIEW_PAGE = 500
+#: The ``reason_code`` of a decision that changed nothing: its run had ended.
+RUN_ENDED = "run_ended"
 
 
 # -- reading ----------------------------------------------------------------------------------
@@ -100,11 +110,35 @@ async def list_reviews(
     found = []
     for k, part in enumerate(keys.each()):
         low = "-" if not after else start if k > start_part else f"({start}"
-        read = await read_page(client, part.review, low, limit)
+        read = await _requests(client, part.review, low, limit, pipeline.correlation_field)
         found += [(id_order(entry_id), k, part, entry_id, fields) for entry_id, fields in read]
     found.sort(key=lambda row: row[:2])
     return [await _view(client, part, pipeline, part.entry_ref(entry_id), fields)
             for _, _, part, entry_id, fields in found[:limit]]
+
+
+def is_review_request(fields: Mapping[str, str], correlation_field: str) -> bool:
+    """Whether an entry of ``review`` asks for a decision: it names its ``kind`` and its
+    run (by the rule of every run id). Anything else written there (a raw ``XADD`` of
+    junk) is no review: never listed, never decided."""
+    kind = fields.get(KIND, "")
+    run_id = correlation_of(fields, correlation_field) or ""
+    return bool(kind.strip()) and kind.isprintable() and run_id_problem(run_id) is None
+
+
+async def _requests(
+    client: Redis, stream: str, low: str, limit: int | None, correlation_field: str
+) -> list[tuple[str, dict[str, str]]]:
+    """At most ``limit`` review requests of ``stream`` from ``low`` (what is no review
+    request skipped: read on, a page at a time, so a page is full when more follow)."""
+    found: list[tuple[str, dict[str, str]]] = []
+    while True:
+        read = await read_page(client, stream, low, limit)
+        found += [(entry_id, fields) for entry_id, fields in read
+                  if is_review_request(fields, correlation_field)]
+        if limit is None or len(read) < limit or len(found) >= limit:
+            return found[:limit]
+        low = f"({read[-1][0]}"
 
 
 def _cursor(keys: StreamKeys, after: str) -> tuple[str, int]:
@@ -119,14 +153,15 @@ def _cursor(keys: StreamKeys, after: str) -> tuple[str, int]:
 
 
 async def _locate(
-    client: Redis, keys: StreamKeys, review_id: str
+    client: Redis, keys: StreamKeys, pipeline: Pipeline, review_id: str
 ) -> tuple[StreamKeys, str, dict[str, str]]:
     """The partition of the open review ``review_id`` (as listed), its stream entry id
-    and fields; raises :class:`ReviewNotFound`."""
+    and fields; raises :class:`ReviewNotFound` (for an entry that is no review request
+    too)."""
     parts, entry_id = keys.resolve_ref(review_id)
     for part in parts:
         fields = await read_entry(client, part.review, entry_id)
-        if fields is not None:
+        if fields is not None and is_review_request(fields, pipeline.correlation_field):
             return part, entry_id, fields
     raise ReviewNotFound(review_id)
 
@@ -137,7 +172,7 @@ async def get_review(
     """One open review: ``id``, ``kind``, ``step``, the correlation field, ``reason``,
     ``resume_type``, ``reject_type``, ``source_stream``, ``source_id``, ``produced_at``,
     ``accepts_data`` and the escalated ``data``. Raises :class:`ReviewNotFound`."""
-    part, entry_id, fields = await _locate(client, keys, review_id)
+    part, entry_id, fields = await _locate(client, keys, pipeline, review_id)
     return await _view(client, part, pipeline, part.entry_ref(entry_id), fields)
 
 
@@ -201,19 +236,22 @@ async def decide(
     hook adds.
 
     Raises :class:`ReviewNotFound` (unknown or already decided, also when another
-    decision won meanwhile), :class:`ReviewInvalid` (an empty ``by``; ``data`` on a
-    rejection, on a kind that takes none, or refused by the resumed step's input model),
+    decision won meanwhile, or an entry of ``review`` that is no review request),
+    :class:`~printery.errors.ReviewRunEnded` (the run had ended, so a decision that
+    writes anything changes nothing: it is recorded without outputs, the review closed),
+    :class:`ReviewInvalid` (an empty ``by``; ``data`` on a rejection, on a kind that
+    takes none, or refused by the resumed step's input model),
     :class:`~printery.errors.ReviewRefused` (this ``by`` may not decide it),
     :class:`~printery.errors.ReviewActionFailed` (the kind's action failed; the review
     stays open), :class:`ReviewError` (too much concurrent change). Nothing is written
-    when any is raised.
+    when any is raised (but the record of a :class:`~printery.errors.ReviewRunEnded`).
     """
     if decision not in (APPROVED, REJECTED):
         raise ValueError(f"decision must be {APPROVED!r} or {REJECTED!r}, not {decision!r}")
     if not by.strip():
         raise ReviewInvalid("a decision needs a reviewer (`by`)")
     # The review's partition is its run's: the decision's writes stay in it (one slot).
-    keys, entry_id, fields = await _locate(client, keys, review_id)
+    keys, entry_id, fields = await _locate(client, keys, pipeline, review_id)
     review_id = keys.entry_ref(entry_id)
     kind = pipeline.kind_of_review(fields.get(KIND, ""))
     field = pipeline.correlation_field
@@ -248,7 +286,19 @@ async def decide(
     )
     # An output may be the run's outcome (a rejection's type often is): index it too.
     indexed = RunIndex(keys, outcomes=pipeline.outcomes).commit_writes(keys.review, cid, outputs)
-    await _commit(client, keys, entry_id, decided, outputs, (*outcome.commands, *indexed))
+    # A decision that writes to a run that has ended would change nothing: it is recorded
+    # as such (no outputs) and the review closed, in the transaction fenced on the run.
+    moot = None
+    if cid and (outputs or outcome.commands):
+        moot = codec.new_fields(
+            REVIEW_DECIDED, {**record, "outputs": [], REASON_CODE: RUN_ENDED},
+            correlation_id=cid, producer=producer, idempotency_key=f"{REVIEW_DECIDED}:{review_id}",
+            extra={REVIEW_ID: review_id, DECISION: decision, BY: by, NOTE: note,
+                   DECIDED_AT: decided_at})
+    ended = await _commit(client, keys, entry_id, decided, outputs, (*outcome.commands, *indexed),
+                          run_info=keys.run_info(cid) if moot else "", moot=moot)
+    if ended:
+        raise ReviewRunEnded(review_id, cid, ended)
     return {**record, **outcome.result, "detail": outcome.detail}
 
 
@@ -276,13 +326,18 @@ def _check_edited(
 async def _commit(
     client: Redis, keys: StreamKeys, review_id: str, decided: dict[str, str],
     outputs: list[tuple[str, dict[str, str]]], commands: Sequence[tuple[Any, ...]] = (),
-) -> None:
+    *, run_info: str = "", moot: dict[str, str] | None = None,
+) -> str:
+    """Write the decision; the run's status when it had ended (``moot`` written instead),
+    else ""."""
     try:
-        written = await decide_review(client, keys, review_id, decided, outputs, commands)
+        written = await decide_review(client, keys, review_id, decided, outputs, commands,
+                                      run_info=run_info, moot=moot)
     except WatchConflict:
         raise ReviewError(f"review {review_id}: too much concurrent change, try again") from None
-    if not written:
+    if not written.found:
         raise ReviewNotFound(review_id)
+    return written.run_ended
 
 
 # -- deadlines --------------------------------------------------------------------------------
@@ -322,6 +377,10 @@ async def _expire_partition(
             made.append(await reject(client, keys, pipeline, keys.entry_ref(entry_id),
                                      by=TIMEOUT_BY, note=note, producer=producer))
         except ReviewNotFound:
+            continue
+        except ReviewRunEnded as exc:  # closed: its run had ended meanwhile
+            log.info("review deadline: the run had ended", review_id=entry_id,
+                     run_id=exc.run_id, status=exc.status)
             continue
         except ReviewError as exc:
             log.warning("review deadline: could not reject", review_id=entry_id,

@@ -16,7 +16,9 @@ ended runs are :mod:`printery.runs.index`; the keys, every one from
 Who writes: ``submit.lua`` indexes a submitted run atomically with its ingress entry. The
 commit of an entry of an ingress type indexes its run too (``NX``: a submitted run keeps
 its start), so a run an external producer started with a plain ``XADD`` is indexed when
-its first entry is handled. The commit of an outcome entry sets the status. Each entry's
+its first entry is handled. The commit of an outcome entry sets the status, once: the
+first outcome of a run stays its status, and commit.lua withholds an outcome of a run
+whose info hash says it ended (:attr:`RunMark.ends`, ``writes(guarded=True)``). Each entry's
 commit carries a :class:`RunMark`; the committer turns the marks of the entries of one
 script run into a few commands of that run's own transaction (:meth:`RunIndex.writes`:
 one ``ZADD`` per set for all of them, not one per entry), so they land with the
@@ -37,7 +39,7 @@ from printery import _json
 from printery.keys import StreamKeys
 from printery.transport.channel import Command
 
-__all__ = ["COST_MINUTE_TTL", "DEAD_LETTER", "RUNNING", "RunIndex", "RunMark",
+__all__ = ["COST_MINUTE_TTL", "DEAD_LETTER", "ENDED_GUARD", "RUNNING", "RunIndex", "RunMark",
            "now_ms", "outcome_status", "run_status"]
 
 #: A run's status before its outcome entry.
@@ -46,6 +48,9 @@ RUNNING = "running"
 DEAD_LETTER = "dead_letter"
 #: Seconds a cost minute is kept: the last hour is always there.
 COST_MINUTE_TTL = 7200
+#: Not a command: commit.lua's guard of a run's end, ``(ENDED_GUARD, info key, n)``: the
+#: ``n`` commands after it run only if the script kept an outcome of that run.
+ENDED_GUARD = "?ended"
 
 
 def run_status(outcome: Mapping[str, Any] | None) -> str:
@@ -79,6 +84,11 @@ class RunMark(NamedTuple):
     #: (``dead_letter``), so that only such a run is ended again by a later dead letter or
     #: continued by a replay of one; any other outcome clears it.
     dead_letter: bool = False
+    #: The positions, among the entry's outputs, of those that are outcomes of its run, and
+    #: the run's info hash: the commit withholds them when the run has ended already, but
+    #: by a dead letter (a run gets one outcome; :meth:`RunIndex.writes` ``guarded``).
+    ends: tuple[int, ...] = ()
+    info: str = ""
 
 
 class RunIndex:
@@ -148,19 +158,25 @@ class RunIndex:
         if not run_id:
             return RunMark(run_id, False, "", costs) if costs else None
         ingress, outcomes = streams
-        status = ""
-        for out in outputs:
+        status, ends = "", []
+        for slot, out in enumerate(outputs):
             if out[0] in outcomes:
+                ends.append(slot)
+                if status:
+                    continue
                 status = outcome_status(outcomes[out[0]], out[1])
                 if status in ("", RUNNING):  # not a status the index can file an ended run under
                     status = outcomes[out[0]]
-                break
         starts = source in ingress
         if not starts and not status and not costs:
             return None
-        return RunMark(run_id, starts, status, costs or None)
+        if not status:
+            return RunMark(run_id, starts, status, costs or None)
+        return RunMark(run_id, starts, status, costs or None, ends=tuple(ends),
+                       info=self.keys.run_info(run_id))
 
-    def writes(self, marks: Sequence[RunMark], at_ms: int | None = None) -> list[Command]:
+    def writes(self, marks: Sequence[RunMark], at_ms: int | None = None, *,
+               guarded: bool = False) -> list[Command]:
         """The commands that index ``marks`` (of the entries of one commit) at ``at_ms``
         (default now), a few for all of them: a started run goes into every run's set
         and the running ones (``NX``: kept as it was when indexed already), an ended one
@@ -168,7 +184,12 @@ class RunIndex:
         in its info hash; one ``ZADD`` per set, one ``ZREM`` and one ``SADD`` for all the
         marks, and their costs summed into their minute (:meth:`spent`). The starts go
         first: a run one commit starts and ends is ended (and one a commit ends and starts
-        again too)."""
+        again too).
+
+        ``guarded`` (for commit.lua alone, :meth:`committed`): each end goes on its own
+        behind a :data:`ENDED_GUARD`, which the script runs only when it kept that run's
+        outcome (the run had not ended before it), so the first outcome stays the run's
+        status."""
         at = now_ms() if at_ms is None else at_ms
         every, running = self._sets()
         total: dict[str, float] = {}
@@ -183,8 +204,20 @@ class RunIndex:
         ended = [mark for mark in marks if mark.status]
         if not ended:
             return commands
-        commands += [("ZADD", every, "NX", *[part for mark in ended for part in (at, mark.run_id)]),
-                     ("ZREM", running, *[mark.run_id for mark in ended])]
+        if guarded:
+            for mark in ended:
+                block = self._ended(every, running, [mark], at)
+                info = mark.info or self.keys.run_info(mark.run_id)
+                commands += [(ENDED_GUARD, info, len(block)), *block]
+            return commands
+        return commands + self._ended(every, running, ended, at)
+
+    def _ended(self, every: str, running: str, ended: Sequence[RunMark], at: int) -> (
+        list[Command]
+    ):
+        commands: list[Command] = [
+            ("ZADD", every, "NX", *[part for mark in ended for part in (at, mark.run_id)]),
+            ("ZREM", running, *[mark.run_id for mark in ended])]
         by_status: dict[str, list[Any]] = {}
         for mark in ended:
             by_status.setdefault(mark.status, []).extend((at, mark.run_id))
@@ -195,6 +228,11 @@ class RunIndex:
                       *(() if mark.dead_letter else (DEAD_LETTER, "")))
                      for mark in ended]
         return commands
+
+    def committed(self, marks: Sequence[RunMark]) -> list[Command]:
+        """The writes of ``marks`` for commit.lua (``Committer(index_writes=...)``):
+        :meth:`writes` ``guarded``."""
+        return self.writes(marks, guarded=True)
 
     def commit_writes(self, source: str, run_id: str,
                       outputs: Iterable[Sequence[Any]]) -> list[Command]:

@@ -278,7 +278,7 @@ class StreamWorker:
         run_index = None if self.index is None else self.index.within(keys)
         committer = Committer(self.client, index_key=index, group=self.name,
                               ttl_ms=int(self.settings.record_ttl * 1000),
-                              index_writes=None if run_index is None else run_index.writes)
+                              index_writes=None if run_index is None else run_index.committed)
         records = RecordLookup(DirectChannel(self.client), index)
         pipeline = EntryPipeline(
             self.name, handler=self.handler, codec=self.codec, keys=keys,

@@ -28,6 +28,7 @@ from printery.errors import (
     ReviewInvalid,
     ReviewNotFound,
     ReviewRefused,
+    ReviewRunEnded,
     UnknownRun,
 )
 from printery.fields import STEP, TRACEPARENT, WORKER
@@ -392,6 +393,8 @@ def _review_routes(api: web.Application, runs: Runs, body_limit: int) -> None:
             return error(404, "unknown_review", str(exc))
         except ReviewRefused as exc:
             return error(409, "refused", str(exc))
+        except ReviewRunEnded as exc:  # recorded, changed nothing
+            return error(409, reviews.RUN_ENDED, str(exc))
         except ReviewInvalid as exc:
             return error(400, "invalid_decision", str(exc), reasons=exc.reasons)
         except ReviewActionFailed as exc:

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, cast
+from typing import Any, NamedTuple, cast
 
 from printery.keys import StreamKeys
 from printery.store.errors import ServerError, WatchConflict
@@ -20,7 +20,7 @@ from printery.store.scan import read_entry
 from printery.transport.connection import Redis
 from printery.transport.streams import WATCH_RETRIES
 
-__all__ = ["Requeue", "Waiting", "decide_review", "delete_letter", "requeue_letter", "waiting"]
+__all__ = ["Decided", "Requeue", "Waiting", "decide_review", "delete_letter", "requeue_letter", "waiting"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -42,23 +42,44 @@ async def waiting(client: Redis, keys: StreamKeys) -> Waiting:
     return Waiting(sum(counts[0::2]), sum(counts[1::2]))
 
 
+class Decided(NamedTuple):
+    """What :func:`decide_review` did: ``found`` False when the review was not open;
+    ``run_ended`` the run's status when the run had ended (only the moot record was
+    written), else ""."""
+
+    found: bool
+    run_ended: str = ""
+
+
 async def decide_review(
     client: Redis, keys: StreamKeys, review_id: str, decided: Mapping[str, str],
     outputs: Sequence[tuple[str, Mapping[str, str]]], commands: Sequence[tuple[Any, ...]] = (),
-) -> bool:
+    *, run_info: str = "", moot: Mapping[str, str] | None = None,
+) -> Decided:
     """Write a review's decision in one transaction, fenced on the review still being
     open: the decision's own ``commands``, its ``review:decided`` record (``decided``),
-    the ``outputs`` (stream, fields) and the review's deletion from ``review``. False when
-    the review is not there (decided meanwhile, or never). Raises :class:`WatchConflict`
-    after :data:`WATCH_RETRIES` attempts that another writer of the stream overtook."""
+    the ``outputs`` (stream, fields) and the review's deletion from ``review``. Fenced on
+    the run's info hash ``run_info`` too when given: when the run index says the run has
+    ended (by an outcome, not by a dead letter, whose ``run:failed`` gives way to a later
+    outcome), only ``moot`` (the record of a decision that changed nothing) and the
+    review's deletion are written. Raises :class:`WatchConflict` after :data:`WATCH_RETRIES`
+    attempts that another writer overtook."""
     for _ in range(WATCH_RETRIES):
         async with client.pipeline(transaction=True) as pipe:
             try:
-                await pipe.watch(keys.review)
+                await pipe.watch(*(keys.review, run_info) if run_info else (keys.review,))
                 if await read_entry(pipe, keys.review, review_id) is None:
                     await pipe.unwatch()  # type: ignore[no-untyped-call]
-                    return False
+                    return Decided(False)
+                status, ended, dead_letter = (
+                    await pipe.hmget(run_info, ["status", "ended", "dead_letter"])  # type: ignore[misc]
+                    if run_info else (None, None, None))
                 pipe.multi()  # type: ignore[no-untyped-call]
+                if ended and not dead_letter:  # a dead letter's run:failed gives way
+                    pipe.xadd(keys.review_decided, cast(Any, moot or decided))
+                    pipe.xdel(keys.review, review_id)
+                    await pipe.execute()
+                    return Decided(True, str(status or "ended"))
                 # The decision's own writes first (a rejection's retraction of a held
                 # draft), then its record, then its outputs: an output may end the run,
                 # and a follower closes at it (so what it led to is written before it).
@@ -69,7 +90,7 @@ async def decide_review(
                     pipe.xadd(stream, cast(Any, fields))
                 pipe.xdel(keys.review, review_id)
                 await pipe.execute()
-                return True
+                return Decided(True)
             except WatchConflict:
                 continue
     raise WatchConflict(f"review {review_id}: too much concurrent change")

@@ -21,7 +21,8 @@
 --            source (position of its stream in KEYS, '0' = outputs alone: no source, no
 --            ack, no fence), consumer, entry count n, '1' if its entries carry records
 --            (else '0'), outputs per entry m, budget fields per entry nb, then per output:
---            stream key, '1' if it has a once key (else '0');
+--            stream key, its flags: 1 if it has a once key, + 2 if it is an outcome of
+--            its entry's run (withheld when that run has ended: see below);
 --            when nb > 0 (a pipeline with budgets): the budget hash prefix,
 --            the correlation field, the warning stream, the over set ('' = none), the
 --            reservations hash prefix ('' = none: the step reserves nothing), the
@@ -31,8 +32,9 @@
 --            both scaled, the warning's data up to its spent, its amount column (1..na:
 --            fields of one unit share one);
 --            then the columns, n values each: entry ids (if it has a source), idempotency
---            keys (if it carries records), once keys (one column per output with one),
---            run ids and na amount columns (if nb > 0).
+--            keys (if it carries records), once keys (one column per output with one)
+--            and the run info hashes of an outcome output (after its once keys), run ids
+--            and na amount columns (if nb > 0).
 --          The outputs were appended in entry order, an entry's in output order, by the
 --          XADDs before the script, so the k-th output to a stream is the k-th of that
 --          stream's last entries.
@@ -40,7 +42,8 @@
 -- usual case, so no reply per entry is built); else one reply per entry: -1 when fenced
 -- out (another consumer owns the entry now; its outputs withdrawn), 0 when its record
 -- already existed (a duplicate: acked, its outputs withdrawn), else 1 + number of outputs
--- kept (an output whose once key was already taken is withdrawn) + budget warnings this
+-- kept (an output whose once key was already taken is withdrawn, as is an outcome of a
+-- run that has ended) + budget warnings this
 -- commit wrote; or an error reply for an
 -- entry that cannot commit (its source stream has no such group, an output key holds
 -- another type): outputs withdrawn, no record, not acked. A failure of the script itself
@@ -53,6 +56,14 @@
 -- error in one (a key of another type) is left to the index, never to the commit. Here
 -- rather than as commands of the transaction: a command there costs the client a packing
 -- and a reply each, an argument here nearly nothing.
+--
+-- A run gets one outcome: an outcome output (flag 2) of a run whose info hash has `ended`
+-- (the run index's: its outcome was written before; a dlq replay that continues a run
+-- clears it), unless a dead letter ended it (`dead_letter` set: its run:failed gives way
+-- to a later outcome), is withdrawn, as is a second one of a run this script run ended. The run
+-- index's writes of that end come behind a guard, ('?ended', info hash, n): the n
+-- commands after it are made only if an outcome of that run was kept here (once), so the
+-- first outcome stays the run's status.
 --
 -- Records: one set per generation instead of a key with a TTL each. A generation is
 -- current for ttl (it rotates at the first commit after that), then previous (still
@@ -70,14 +81,17 @@ local a, last = 4, indexed
 while a <= last do
   local src, n, m = tonumber(ARGV[a]), tonumber(ARGV[a + 2]), tonumber(ARGV[a + 4])
   local nb = tonumber(ARGV[a + 5])
-  local s = {consumer = ARGV[a + 1], n = n, m = m, first = total, outs = {}, once = {}}
+  local s = {consumer = ARGV[a + 1], n = n, m = m, first = total, outs = {}, once = {},
+             ends = {}}
   if src > 0 then s.stream = KEYS[src] end
   local marked = ARGV[a + 3] == '1'
   a = a + 6
   for j = 1, m do
     s.outs[j] = ARGV[a]
     outkeys[ARGV[a]] = true
-    s.once[j] = ARGV[a + 1] == '1'
+    local flags = tonumber(ARGV[a + 1])
+    s.once[j] = flags % 2 == 1
+    s.ends[j] = flags >= 2
     a = a + 2
   end
   local b
@@ -99,6 +113,11 @@ while a <= last do
   for j = 1, m do
     if s.once[j] then
       s.once[j] = a
+      a = a + n
+      any_once = true
+    end
+    if s.ends[j] then
+      s.ends[j] = a
       a = a + n
       any_once = true
     end
@@ -402,6 +421,20 @@ local function charge(warned)
   end
 end
 
+-- Whether each run (by its info hash) has ended, read once per script; and the runs whose
+-- outcome this script run kept (their index writes are made).
+local ended, kept_end = {}, {}
+local function withheld(info)
+  local gone = ended[info]
+  if gone == nil then  -- ended, and not by a dead letter (whose run:failed gives way)
+    local at = redis.call('HMGET', info, 'ended', 'dead_letter')
+    gone = at[1] ~= false and (at[2] == false or at[2] == '')
+  end
+  if not gone then kept_end[info] = true end
+  ended[info] = true
+  return gone
+end
+
 local function decide()
   for _, s in ipairs(segs) do
     for j = 1, s.m do
@@ -439,8 +472,9 @@ local function decide()
       if v == nil then
         local kept = 0
         for j = 1, s.m do
-          local column = s.once[j]
-          if not column or redis.call('SET', ARGV[column + x - 1], '1', 'NX', 'PX', ttl) then
+          local column, ends = s.once[j], s.ends[j]
+          if (not column or redis.call('SET', ARGV[column + x - 1], '1', 'NX', 'PX', ttl))
+              and not (ends and withheld(ARGV[ends + x - 1])) then
             kept = kept + 1
           else
             withdrawn[e] = withdrawn[e] or {}
@@ -466,8 +500,17 @@ if ok then  -- a run that could not be decided is indexed by the commit that dec
   local i = indexed + 1
   while i <= #ARGV do
     local n = tonumber(ARGV[i])
-    redis.pcall(unpack(ARGV, i + 1, i + n))
-    i = i + n + 1
+    local after = i + n + 1
+    if ARGV[i + 1] == '?ended' then
+      local info = ARGV[i + 2]
+      if not kept_end[info] then  -- the end's writes, the commands the guard counts, skipped
+        for _ = 1, tonumber(ARGV[i + 3]) do after = after + tonumber(ARGV[after]) + 1 end
+      end
+      kept_end[info] = nil
+    else
+      redis.pcall(unpack(ARGV, i + 1, i + n))
+    end
+    i = after
   end
 end
 if not ok then

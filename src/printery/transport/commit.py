@@ -108,7 +108,9 @@ class EntryCommit(NamedTuple):
     the entry tells the committer's ``index_writes`` (None: nothing; a run index's
     :class:`~printery.runtime.run_index.RunMark`), which turns the marks of the entries of one
     script run into commands that script run makes whatever its verdict, so idempotent
-    ones: a few for all of them rather than some for each."""
+    ones: a few for all of them rather than some for each. A mark's ``ends`` (positions
+    in ``appends``) are outcomes of its run, withheld when its ``info`` hash says the run
+    has ended: a run gets one outcome."""
 
     source: str
     consumer: str
@@ -154,9 +156,11 @@ def commit_run(
     shape: tuple[Any, ...] = ()
     for entry in entries:
         source = entry.source if entry.entry_id else ""
+        ends = _ends(entry)
         entry_shape = (source, entry.consumer if source else "", not entry.record,
                        entry.budget.plan if entry.budget is not None else None,
-                       *[(out.stream, not out.once) for out in entry.appends])
+                       *[(out.stream, not out.once, slot in ends)
+                         for slot, out in enumerate(entry.appends)])
         if entry_shape != shape and segment:
             _add_segment(keys, args, segment, shape)
             segment = []
@@ -190,8 +194,8 @@ def _add_segment(
         position = 0
     args += (position, consumer, len(segment), "0" if unrecorded else "1", len(outputs),
              len(budget.fields) if budget else 0)
-    for stream, no_once in outputs:
-        args += (stream, "0" if no_once else "1")
+    for stream, no_once, ends in outputs:
+        args += (stream, str((0 if no_once else 1) + (2 if ends else 0)))
     if budget:
         template = list(chain.from_iterable(budget.warning.items()))
         columns = budget.columns or tuple(range(len(budget.fields)))
@@ -205,13 +209,22 @@ def _add_segment(
         args += [entry.entry_id for entry in segment]
     if not unrecorded:
         args += [entry.record for entry in segment]
-    for slot, (_, no_once) in enumerate(outputs):
+    for slot, (_, no_once, ends) in enumerate(outputs):
         if not no_once:
             args += [entry.appends[slot].once for entry in segment]
+        if ends:
+            args += [entry.mark.info for entry in segment]
     if budget:  # every entry of the segment charges (its shape has the plan)
         args += [entry.budget.run for entry in segment]  # type: ignore[union-attr]
         for column in range(max(columns, default=-1) + 1):
             args += [entry.budget.amounts[column] for entry in segment]  # type: ignore[union-attr]
+
+
+def _ends(entry: EntryCommit) -> tuple[int, ...]:
+    """The outputs of ``entry`` that end its run (its mark's ``ends``: the script
+    withholds them when the run's info hash, the mark's ``info``, says it ended)."""
+    mark = entry.mark
+    return () if mark is None else tuple(getattr(mark, "ends", ()))
 
 
 def encode_limit(value: float | None) -> str:
