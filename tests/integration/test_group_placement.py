@@ -23,16 +23,13 @@ from printery import (
     WorkerManager,
 )
 from printery.keys import StreamKeys
+from printery.pipeline.dag import readers_of
 from printery.servers.process import ServerProcess
 from printery.service.groups import prepare_groups
 from printery.testing import wait_for
 from printery.transport.connection import connect
 from printery.transport.groups import END, RENAMED, START, Reader, place_groups
 from support.cluster import ValkeyCluster
-
-
-def readers_of(pipeline: Pipeline) -> list[Reader]:
-    return pipeline.readers()
 
 
 async def noop(message: Message) -> None:
@@ -93,7 +90,7 @@ async def test_a_rename_keeps_the_position_and_the_pending_entries(
     await client.xack(stream, "old", ids[0])  # ... one of them done, one pending
     await client.xclaim(stream, "old", "host:1:old:0", 0, [ids[1]])  # delivered twice
 
-    placed = await place_groups(client, keys, pipeline(("new", ["in"], "old")).readers())
+    placed = await place_groups(client, keys, readers_of(pipeline(("new", ["in"], "old"))))
     assert [(p.how, p.at, p.moved) for p in placed] == [(RENAMED, ids[1], 1)]
     assert await group(client, stream, "old") is None  # removed
     pending = await client.xpending_range(stream, "new", "-", "+", 10)
@@ -102,7 +99,7 @@ async def test_a_rename_keeps_the_position_and_the_pending_entries(
     fresh = await client.xreadgroup("new", "c", {stream: ">"}, count=10)
     assert [entry_id for entry_id, _ in fresh[0][1]] == ids[2:]  # not ids[0], done by old
 
-    again = await place_groups(client, keys, pipeline(("new", ["in"], "old")).readers())
+    again = await place_groups(client, keys, readers_of(pipeline(("new", ["in"], "old"))))
     assert [p.how for p in again] == ["exists"]  # applied twice: nothing more
     assert len(await client.xpending_range(stream, "new", "-", "+", 10)) == 3
 
@@ -197,7 +194,7 @@ async def test_a_worker_of_the_old_version_still_running_after_a_rename_never_re
     stream = keys.stream("in")
     await client.xadd(stream, {"data": "{}"})
     await prepare_groups(client, keys, pipeline(("work", ["in"], None)))
-    await place_groups(client, keys, pipeline(("labour", ["in"], "work")).readers())
+    await place_groups(client, keys, readers_of(pipeline(("labour", ["in"], "work"))))
     last = await client.xadd(stream, {"data": "{}"})
     # the old process's read finds `work` gone: it creates it again, at the end
     back = await place_groups(client, keys, [Reader("in", "work")], recover=True)
@@ -280,7 +277,7 @@ async def test_a_renamed_loop_takes_over_its_input_and_replays_none_of_its_own_s
     await client.xack(keys.stream("in"), "draft", *runs)
     await client.xadd(keys.stream("draft:loop"), {"data": "{}"})  # an old run's attempt
 
-    placed = await place_groups(client, keys, loop_pipeline("drafter", "draft").readers())
+    placed = await place_groups(client, keys, readers_of(loop_pipeline("drafter", "draft")))
     assert [(p.stream, p.how, p.at) for p in placed] == [
         (keys.stream("in"), RENAMED, runs[-1]), (keys.stream("drafter:loop"), END, "0-0")]
     assert (await group(client, keys.stream("in"), "drafter"))["lag"] == 0  # no run again

@@ -4,6 +4,7 @@ stream workers."""
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import fields as dc_fields
 from dataclasses import replace
@@ -30,6 +31,7 @@ from printery.pipeline.review_kinds import ReviewHook, ReviewKind, escalation_of
 from printery.pipeline.step import LoopShape, Step, StepSource
 from printery.reason import Reason
 from printery.runtime.consumer import ConsumerSettings
+from printery.runtime.groups import place_pipeline_groups
 from printery.runtime.handler import Handler
 from printery.runtime.observe import Observer
 from printery.runtime.payloads import PayloadStore
@@ -386,12 +388,6 @@ class Pipeline:
 
     # -- running -----------------------------------------------------------------------------
 
-    def readers(self) -> list[Reader]:
-        """Every consumer group of the pipeline: each step on each type it consumes, with
-        the name it was renamed from (what a start places: :mod:`printery.runtime.groups`)."""
-        return [Reader(event_type, step.name, step.renamed_from)
-                for step in self.steps.values() for event_type in step.consumes]
-
     def build_workers(
         self,
         *,
@@ -412,7 +408,7 @@ class Pipeline:
         deps = self.dependencies()
         codec = self.codec(payloads.limit if payloads else 1_048_576)
         index = RunIndex(keys, ingress=self.ingress, outcomes=self.outcomes)
-        readers = self.readers()
+        place = functools.partial(place_pipeline_groups, client, keys, readers_of(self))
         built = []
         for step in self.steps.values():
             if step.name not in chosen:
@@ -426,12 +422,19 @@ class Pipeline:
                 handler=step.guarded_handler(), codec=codec,
                 settings=_settings_from(base, fields), observer=observer, payloads=payloads,
                 companions=step.companions, budget=self.budget_plan(step), limits=step.limits,
-                index=index, written_by=self._writers_of(step), placement=readers,
+                index=index, written_by=self._writers_of(step), place_groups=place,
             )
             if step.on_context is not None:
                 step.on_context(worker.context)
             built.append((worker, tuple(d for d in deps[step.name] if d in chosen)))
         return built
+
+
+def readers_of(pipeline: Pipeline) -> list[Reader]:
+    """Every consumer group of ``pipeline``: each step on each type it consumes, with the
+    name it was renamed from (what a start places: :mod:`printery.runtime.groups`)."""
+    return [Reader(event_type, step.name, step.renamed_from)
+            for step in pipeline.steps.values() for event_type in step.consumes]
 
 
 def steps_reached(steps: Iterable[Step], event_types: Iterable[str]) -> set[str]:

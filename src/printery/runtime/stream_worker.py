@@ -22,7 +22,7 @@ worker: its supervisor restarts it or marks it failed (docs/reference.md, Runnin
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Collection, Sequence
+from collections.abc import Awaitable, Callable, Collection, Sequence
 from typing import Any
 
 import structlog
@@ -36,7 +36,6 @@ from printery.runtime.budget_guard import BudgetGuard
 from printery.runtime.connectivity import Connectivity
 from printery.runtime.consume import EntryPipeline
 from printery.runtime.consumer import Consumer, ConsumerSettings, InFlight
-from printery.runtime.groups import place_pipeline_groups
 from printery.runtime.handler import Handler, Output
 from printery.runtime.holding import Holdings
 from printery.runtime.intake import Intake
@@ -97,7 +96,7 @@ class StreamWorker:
         limits: Sequence[Limit] = (),
         index: RunIndex | None = None,
         written_by: Collection[str] = (),
-        placement: Sequence[Reader] = (),
+        place_groups: Callable[[], Awaitable[object]] | None = None,
     ) -> None:
         self._name = name
         self.client = client
@@ -115,9 +114,10 @@ class StreamWorker:
         self.limits = tuple(limits)
         self.index = index
         self.written_by = frozenset(written_by)
-        #: The groups of the whole pipeline, placed as the worker starts
-        #: (:mod:`printery.runtime.groups`); empty: the worker's own, as a recovery.
-        self.placement = tuple(placement)
+        #: Places the groups of the whole pipeline as the worker starts
+        #: (:mod:`printery.runtime.groups`: ``build_workers`` passes it); None: the
+        #: worker's own, as a recovery (:meth:`prepare`).
+        self.place_groups = place_groups
         #: What the step's companions get of this worker.
         self.context = StepContext(name, keys, self.settings, self.codec, client, index, self.emit)
         self._gate: LimitGate | None = None
@@ -165,8 +165,8 @@ class StreamWorker:
         """At the start: the pipeline's groups where its start puts them (the first
         start: at 0; a group added since: at the end of its stream; a rename: in the
         old group's place), or, built alone, this worker's own (:meth:`prepare`)."""
-        if self.placement:
-            await place_pipeline_groups(self.client, self.keys, self.placement)
+        if self.place_groups is not None:
+            await self.place_groups()
         else:
             await self.prepare()
 

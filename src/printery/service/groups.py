@@ -4,7 +4,7 @@ as any start of the pipeline does (:mod:`printery.runtime.groups`)."""
 from __future__ import annotations
 
 from printery.keys import StreamKeys
-from printery.pipeline.dag import Pipeline
+from printery.pipeline.dag import Pipeline, readers_of
 from printery.runtime.groups import place_pipeline_groups
 from printery.store import Redis
 
@@ -14,4 +14,4 @@ __all__ = ["prepare_groups"]
 async def prepare_groups(client: Redis, keys: StreamKeys, pipeline: Pipeline) -> None:
     """Create the pipeline's groups in every partition (logged where one starts at the
     end of its stream, or takes a renamed step's place)."""
-    await place_pipeline_groups(client, keys, pipeline.readers())
+    await place_pipeline_groups(client, keys, readers_of(pipeline))
