@@ -315,7 +315,7 @@ async def test_an_open_breaker_sends_the_entry_to_the_fallback_at_once(
                       validate=lambda message: [], max_attempts=3, fallback=other_model))
     async with running_pipeline(pipeline, client=other, keys=keys, settings=settings()):
         await publish(other, keys, "in", 1)
-        await publish(other, keys, "ask", 1)
+        await publish(other, keys, "ask", 1, start=1)  # a run of its own: one outcome each
         out = await written(other, keys, "out")
         answer = await written(other, keys, "answer")
     assert CODEC.decode(out, "out").data == {"by": "fallback"}

@@ -241,7 +241,7 @@ async def test_unknown_run_is_404_for_its_events_too(served: Served) -> None:
         assert answer.headers["content-type"].startswith("application/json")
         body = answer.json()
         assert set(body) == {"error", "detail"} and body["error"] == "unknown_run", path
-    for path in ("/v1/nothing-here", "/v1/runs"):  # no route; a GET where only POST is
+    for path in ("/v1/nothing-here", "/v1/reviews/1-0/approve"):  # no route; GET where POST is
         body = (await served.http.get(path)).json()
         assert set(body) == {"error", "detail"}, path
 
