@@ -123,24 +123,35 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item.add_marker(skip)
 
 
-_FIGURES = pytest.StashKey[list[str]]()
+#: The name under which a test's figures travel in its reports' ``user_properties``: a
+#: report reaches the process that prints the summary, also from an xdist worker.
+_FIGURE = "printery-figures"
 
 
 @pytest.fixture
 def report_figures(request: pytest.FixtureRequest) -> Callable[[str], None]:
     """Record a line of figures (chaos, fuzz, backpressure) for the end-of-run summary,
     so `make test` prints them even though pytest captures each test's output."""
-    lines = request.config.stash.setdefault(_FIGURES, [])
 
     def report(line: str) -> None:
-        lines.append(f"{request.node.name}: {line}")
+        request.node.user_properties.append((_FIGURE, f"{request.node.name}: {line}"))
 
     return report
 
 
-def pytest_terminal_summary(terminalreporter: Any, config: pytest.Config) -> None:
-    lines = config.stash.get(_FIGURES, [])
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    if report.when != "teardown":  # every phase's report carries them: take them once
+        return
+    lines = [value for name, value in report.user_properties if name == _FIGURE]
     if lines:
+        _figure_lines.extend(lines)
+
+
+_figure_lines: list[str] = []
+
+
+def pytest_terminal_summary(terminalreporter: Any, config: pytest.Config) -> None:
+    if _figure_lines:
         terminalreporter.section("figures")
-        for line in lines:
+        for line in _figure_lines:
             terminalreporter.write_line(line)
