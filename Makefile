@@ -21,8 +21,8 @@ test: $(STAMP)
 	$(BIN)/pytest -q -n 2 --dist loadfile
 
 # The edit-run loop (README, Tests): unit and contract tests and the integration tests that
-# start no process of their own, use no cluster and are not fuzz, chaos or browser tests.
-QUICK := unit or contract or not (cluster or chaos or fuzz or subprocess or browser or slow or long)
+# start no process of their own and use no cluster; no fuzz, chaos, bench, browser or slow test.
+QUICK := not (fuzz or chaos or bench or browser or slow or long) and (contract or not cluster) and (unit or not subprocess)
 
 quick: $(STAMP)
 	$(BIN)/pytest -q -n 2 --dist loadfile -m "$(QUICK)"

@@ -80,7 +80,8 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 _BY_FIXTURE = {"cluster": "cluster", "own_cluster": "cluster", "relays": "subprocess"}
 _BY_FILE = {
     "test_chaos.py": "chaos", "test_composition_fuzz.py": "fuzz", "test_fuzz_entries.py": "fuzz",
-    "test_fuzz_http.py": "fuzz",
+    "test_fuzz_http.py": "fuzz", "test_bench.py": "bench", "test_bench_map.py": "bench",
+    "test_cluster_fixture.py": "cluster",
 }
 #: A module whose source says one of these starts processes of its own (a service, a
 #: relay, the CLI, a child interpreter): all its tests are ``subprocess``.
