@@ -3,7 +3,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: install run test lint bench chaos clean
+.PHONY: install run test quick lint bench chaos clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -19,6 +19,13 @@ run: $(STAMP)
 test: $(STAMP)
 	@test -x /usr/bin/chromium -a -x /usr/bin/chromedriver || echo "browser tests skipped: no /usr/bin/chromium and chromedriver (apt-get install -y chromium chromium-driver)"
 	$(BIN)/pytest -q -n 2 --dist loadfile
+
+# The edit-run loop (README, Tests): unit and contract tests and the integration tests that
+# start no process of their own and use no cluster; no fuzz, chaos, bench, browser or slow test.
+QUICK := not (fuzz or chaos or bench or browser or slow or long) and (contract or not cluster) and (unit or not subprocess)
+
+quick: $(STAMP)
+	$(BIN)/pytest -q -n 2 --dist loadfile -m "$(QUICK)"
 
 lint: $(STAMP)
 	$(BIN)/ruff check src tests examples tools

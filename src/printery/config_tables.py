@@ -96,6 +96,9 @@ class TransportSettings(SettingsTable):
     #: emit``) waits for a replica to have it (``WAIT 1``) when the master it was written
     #: to has one, so a failover cannot lose it; 0 turns the wait off.
     submit_wait: float = Field(default=1.0, ge=0)
+    #: Seconds a handler call cancelled at its timeout may take to end before it is given
+    #: up on (docs/reference.md, Failures): its entry fails, the step goes on.
+    abandon_after: float = Field(default=5.0, gt=0)
 
 
 class WorkerSettings(SettingsTable):

@@ -13,7 +13,6 @@ from pathlib import Path
 import pytest
 import redis
 
-from printery.runtime.holding import ABANDON_ENV
 from printery.servers.process import ServerProcess
 from printery.testing import unique_prefix
 from support.service import ServiceHandle, spawn
@@ -195,9 +194,11 @@ def _stubborn(server: ServerProcess, tmp_path: Path, shutdown_timeout: str) -> t
     a client of its server and the prefix; its first entry is stubborn."""
     prefix = unique_prefix("stubborn")
     (tmp_path / "stubbornapp.py").write_text(STUBBORN_APP)
+    config = tmp_path / "stubborn.toml"
+    config.write_text("[transport]\nabandon_after = 0.5\n")
     svc = spawn(["--redis-url", server.url, "--stream-prefix", prefix, "--app",
-                 "stubbornapp:pipeline", "--shutdown-timeout", shutdown_timeout],
-                cwd=tmp_path, env={ABANDON_ENV: "0.5"})
+                 "stubbornapp:pipeline", "--shutdown-timeout", shutdown_timeout,
+                 "--config", str(config)], cwd=tmp_path)
     r = redis.Redis.from_url(server.url, decode_responses=True)
     r.xadd(f"{prefix}:job", {"data": json.dumps({"stubborn": True})})
     return svc, r, prefix

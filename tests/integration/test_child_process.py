@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import sys
 import time
+from pathlib import Path
 
 import psutil
 
@@ -57,8 +58,10 @@ async def test_a_fatal_exit_is_failed_at_once() -> None:
         await manager.stop_all(1)
 
 
-async def test_stop_terminates_then_kills_a_stubborn_child() -> None:
-    stubborn = "import signal, time\nsignal.signal(signal.SIGTERM, signal.SIG_IGN)\ntime.sleep(60)"
+async def test_stop_terminates_then_kills_a_stubborn_child(tmp_path: Path) -> None:
+    ignoring = tmp_path / "ignoring"
+    stubborn = ("import pathlib, signal, time\nsignal.signal(signal.SIGTERM, signal.SIG_IGN)\n"
+                f"pathlib.Path({str(ignoring)!r}).touch()\ntime.sleep(60)")
     polite, rude = ChildProcess("polite", python("import time; time.sleep(60)")), ChildProcess(
         "rude", python(stubborn))
     manager = WorkerManager(supervised=True, max_restarts=None)
@@ -66,7 +69,11 @@ async def test_stop_terminates_then_kills_a_stubborn_child() -> None:
     manager.register(rude)
     await manager.start_all()
     pids = [polite.pid, rude.pid]
-    await asyncio.sleep(0.3)  # let the stubborn one install its handler
+
+    async def ignores_sigterm() -> bool:
+        return ignoring.exists()
+
+    await wait_for(ignores_sigterm, timeout=10, message="the stubborn child ignoring SIGTERM")
     began = time.monotonic()
     await manager.stop_all(1.0)
     assert time.monotonic() - began < 3.5

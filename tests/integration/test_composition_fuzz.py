@@ -76,38 +76,38 @@ def _run(url: str, example: Example, seen: list[Figures]) -> None:
     seen.append(asyncio.run(run_example(url, example)))
 
 
-_make_test: list[Figures] = []
+# Each fuzz test runs its hypothesis search inside (``fuzz()``), so that it can report the
+# figures of all its examples once the search ends: to the summary printed at the end of
+# the session (the ``figures`` section), from the test that drew them.
 
 
-@settings(max_examples=200, deadline=None, derandomize=True, suppress_health_check=HEALTH,
-          print_blob=True)
-@given(example=examples())
-def test_composed_pipelines_keep_the_invariants(server: ServerProcess, example: Example) -> None:
-    _run(server.url, example, _make_test)
+def test_composed_pipelines_keep_the_invariants(server: ServerProcess,
+                                                report_figures: Callable[[str], None]) -> None:
+    seen: list[Figures] = []
 
+    @settings(max_examples=200, deadline=None, derandomize=True, suppress_health_check=HEALTH,
+              print_blob=True)
+    @given(example=examples())
+    def fuzz(example: Example) -> None:
+        _run(server.url, example, seen)
 
-def test_composition_fuzz_figures(report_figures: Callable[[str], None]) -> None:
-    """The figures of the fuzz above (in the summary of the session)."""
-    if _make_test:
-        report_figures(summary(_make_test))
-
-
-_chaos: list[Figures] = []
+    fuzz()
+    report_figures(summary(seen))
 
 
 @pytest.mark.long
 @pytest.mark.timeout(3600)
-@settings(max_examples=2000, deadline=None, suppress_health_check=HEALTH, print_blob=True)
-@given(example=examples(max_runs=4, modes=STALLING))
 def test_composed_pipelines_keep_the_invariants_long(server: ServerProcess,
-                                                     example: Example) -> None:
-    _run(server.url, example, _chaos)
+                                                     report_figures: Callable[[str], None]) -> None:
+    seen: list[Figures] = []
 
+    @settings(max_examples=2000, deadline=None, suppress_health_check=HEALTH, print_blob=True)
+    @given(example=examples(max_runs=4, modes=STALLING))
+    def fuzz(example: Example) -> None:
+        _run(server.url, example, seen)
 
-@pytest.mark.long
-def test_composition_fuzz_long_figures(report_figures: Callable[[str], None]) -> None:
-    if _chaos:
-        report_figures(summary(_chaos))
+    fuzz()
+    report_figures(summary(seen))
 
 
 # -- what the fuzz found (minimal reproductions; the fuzz keeps the strategies) -------------
@@ -171,32 +171,29 @@ async def test_replay_passes_over_an_entry_that_never_decoded(
     assert len(result.entries) == 1
 
 
-_killed: list[Figures] = []
-
-
 @pytest.mark.long
 @pytest.mark.timeout(3600)
-@settings(max_examples=100, deadline=None, suppress_health_check=HEALTH, print_blob=True)
-@given(example=examples(), kill_at=st.integers(1, 15))
 def test_composed_pipelines_survive_a_kill_9(server: ServerProcess, tmp_path: Path,
-                                             example: Example, kill_at: int) -> None:
+                                             report_figures: Callable[[str], None]) -> None:
     """The same, with the workers in two processes, one of them killed (-9) once the
     streams hold ``kill_at`` entries and replaced; what it held is claimed by the others."""
-    text = f"{example.describe()}\nkill -9 at {kill_at} entries"
-    note(text)
-    print(text)
+    seen: list[Figures] = []
 
-    def processes(keys: StreamKeys, built: Built) -> Processes:
-        return Processes(server.url, keys, built, example.shape, tmp_path / "procs")
+    @settings(max_examples=100, deadline=None, suppress_health_check=HEALTH, print_blob=True)
+    @given(example=examples(), kill_at=st.integers(1, 15))
+    def fuzz(example: Example, kill_at: int) -> None:
+        text = f"{example.describe()}\nkill -9 at {kill_at} entries"
+        note(text)
+        print(text)
 
-    _killed.append(asyncio.run(run_example(server.url, example, workers=processes,
-                                           kill_at=kill_at)))
+        def processes(keys: StreamKeys, built: Built) -> Processes:
+            return Processes(server.url, keys, built, example.shape, tmp_path / "procs")
 
+        seen.append(asyncio.run(run_example(server.url, example, workers=processes,
+                                            kill_at=kill_at)))
 
-@pytest.mark.long
-def test_composition_fuzz_kill_figures(report_figures: Callable[[str], None]) -> None:
-    if _killed:
-        report_figures(summary(_killed))
+    fuzz()
+    report_figures(summary(seen))
 
 
 async def test_a_worker_whose_loop_stalled_past_the_visibility_timeout_goes_on(

@@ -38,7 +38,6 @@ from printery import (
 from printery.inbox.dead_letters import replay_dead_letter
 from printery.keys import StreamKeys
 from printery.runs.index import RunIndexReader
-from printery.runtime import holding
 from printery.testing import wait_for
 
 
@@ -256,14 +255,13 @@ async def test_a_handler_that_swallows_its_cancellation_still_times_out(
 
 
 async def test_a_call_that_never_ends_after_its_cancellation_is_given_up_on(
-    client: aioredis.Redis, prefix: str, redis_url: str, monkeypatch: Any
+    client: aioredis.Redis, prefix: str, redis_url: str
 ) -> None:
     """Before (found by a hostile run): a handler that swallowed every cancellation held
     its step's one running place for ever, its entry was claimed back again and again
     (deliveries past max_deliveries) and never dead-lettered, and its run and every run
     after it never ended. Now the call is given up on a while after its cancellation:
     the entry is redelivered, then dead-lettered with `timeout`, and the step goes on."""
-    monkeypatch.setattr(holding, "ABANDON_AFTER", 0.3)
     keys = StreamKeys(prefix)
     p = Pipeline("t", ingress=["in"])
     let_go = asyncio.Event()  # the test's own way to end the stubborn calls at its end
@@ -280,7 +278,7 @@ async def test_a_call_that_never_ends_after_its_cancellation_is_given_up_on(
         return Output("out", message.data)
 
     try:
-        async with running(client, keys, p, visibility_timeout=1.0) as manager, \
+        async with running(client, keys, p, visibility_timeout=1.0, abandon_after=0.3) as manager, \
                 Client(redis_url, stream_prefix=prefix, app=p) as runs:
             stuck = await runs.submit({"stubborn": True})
             plain = await runs.submit({"plain": 1})

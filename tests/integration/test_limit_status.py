@@ -9,7 +9,6 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Callable
 
-import pytest
 import redis.asyncio as aioredis
 
 from printery import Limit, StreamWorker
@@ -17,7 +16,6 @@ from printery.keys import StreamKeys
 from printery.metrics import Metrics, MetricsObserver
 from printery.runtime.consumer import ConsumerSettings
 from printery.runtime.handler import Message, Output
-from printery.runtime.limit_gate import WINDOW_ENV
 from printery.runtime.limit_waits import limit_labels
 from printery.testing import wait_for
 from support.spine import publish, running
@@ -38,7 +36,8 @@ def wait_seconds(metrics: Metrics, limit: str) -> tuple[float, float]:
 
 
 def limited_worker(client: aioredis.Redis, keys: StreamKeys, metrics: Metrics,
-                   limits: list[Limit], handler: Callable[[Message], object]) -> StreamWorker:
+                   limits: list[Limit], handler: Callable[[Message], object],
+                   window: float = 60.0) -> StreamWorker:
     async def handle(message: Message) -> Output:
         await handler(message)  # type: ignore[misc]
         return Output("out", message.data)
@@ -46,7 +45,7 @@ def limited_worker(client: aioredis.Redis, keys: StreamKeys, metrics: Metrics,
     return StreamWorker(
         "w", client=client, keys=keys, consumes=["in"], handler=handle,
         settings=ConsumerSettings(concurrency=4, block_ms=100, visibility_timeout=5.0,
-                                  claim_interval=0.1),
+                                  claim_interval=0.1, limit_window=window),
         observer=MetricsObserver(metrics), limits=limits)
 
 
@@ -95,11 +94,10 @@ async def test_an_entry_waiting_for_a_slot_is_counted_on_the_concurrency_limit(
 
 
 async def test_an_entry_waiting_for_a_window_is_counted_on_the_rate_limit(
-    client: aioredis.Redis, prefix: str, monkeypatch: pytest.MonkeyPatch
+    client: aioredis.Redis, prefix: str
 ) -> None:
     """One start a window (shortened to 2 s for the test) per tenant: the second entry
     waits for the tenant's window, not for the API's slots (of which it has plenty)."""
-    monkeypatch.setenv(WINDOW_ENV, "2")
     keys, metrics = StreamKeys(prefix), Metrics(process_metrics=False)
     started: list[int] = []
 
@@ -108,7 +106,7 @@ async def test_an_entry_waiting_for_a_window_is_counted_on_the_rate_limit(
 
     worker = limited_worker(client, keys, metrics, [
         Limit("api-key", concurrency=5),
-        Limit(tenant, requests_per_minute=1, name="per-tenant")], handler)
+        Limit(tenant, requests_per_minute=1, name="per-tenant")], handler, window=2.0)
     async with running(worker) as manager:
         await publish(client, keys, "in", 2)
 

@@ -21,7 +21,6 @@ from printery.keys import StreamKeys
 from printery.metrics import Metrics, MetricsObserver
 from printery.runtime.consumer import ConsumerSettings
 from printery.runtime.handler import Message, Output
-from printery.runtime.limit_gate import WINDOW_ENV
 from printery.servers.process import ServerProcess
 from printery.testing import wait_for
 from printery.transport.limit_store import WAIT_FOR_SLOT, Ask, Bound, LimitStore, Report
@@ -83,9 +82,10 @@ class Limited:
               ) -> tuple[subprocess.Popen[str], Path]:
         self.logdir.mkdir(parents=True, exist_ok=True)
         out = self.logdir / f"{len(self.procs)}.out"
-        env = {**os.environ, "PYTHONPATH": str(TESTS)}
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join(
+            filter(None, [str(TESTS), os.environ.get("PYTHONPATH")]))}
         if window is not None:
-            env[WINDOW_ENV] = str(window)
+            args = (*args, "--window", str(window))
         with out.open("w") as stdout, (self.logdir / f"{len(self.procs)}.err").open("w") as err:
             proc = subprocess.Popen(
                 [sys.executable, "-m", "support.limited_proc", self.url, prefix, api, *args],

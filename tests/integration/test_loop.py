@@ -308,6 +308,7 @@ async def test_a_model_that_is_down_reaches_the_fallback_not_the_dlq(running: An
     assert not await client.redis.xlen(client.keys.dlq)
 
 
+@pytest.mark.slow  # about 10 s: the review of the exhausted run waits out its redeliveries
 async def test_a_fallback_that_is_down_too_ends_exhausted_or_in_review(
     running: Any, client: aioredis.Redis, prefix: str
 ) -> None:

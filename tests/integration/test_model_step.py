@@ -8,7 +8,7 @@ import asyncio
 import io
 import time
 from collections.abc import AsyncIterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import orjson
@@ -21,7 +21,6 @@ from printery.keys import StreamKeys
 from printery.logging import configure_logging
 from printery.models import OpenAICompatible
 from printery.runtime.consumer import ConsumerSettings
-from printery.runtime.limit_gate import WINDOW_ENV
 from printery.testing import wait_for
 from printery.transport.commit import SPENT_SCALE
 from printery.worker import WorkerState
@@ -186,18 +185,18 @@ async def test_the_key_appears_in_no_log_and_no_error(
 
 
 async def test_tokens_per_minute_charged_by_real_usage(
-    client: aioredis.Redis, prefix: str, model: FakeModel, monkeypatch: pytest.MonkeyPatch
+    client: aioredis.Redis, prefix: str, model: FakeModel
 ) -> None:
     """42 tokens a call, 60 per window (shortened to 2 s for the test), one call at a
     time: the second call starts (42 < 60), the third waits until the first call's
     tokens leave the window."""
-    monkeypatch.setenv(WINDOW_ENV, "2")
     keys = StreamKeys(prefix)
     llm = OpenAICompatible(model.url, "tiny-1", api_key_env="TEST_MODEL_KEY")
     seen: list[int] = []
     pipeline = model_pipeline(llm, seen, limits=[
         Limit("llm", tokens_per_minute=60, concurrency=1)])
-    workers = [w for w, _ in pipeline.build_workers(client=client, keys=keys, settings=settings())]
+    workers = [w for w, _ in pipeline.build_workers(client=client, keys=keys, settings=replace(
+        settings(), limit_window=2.0))]
     async with running(*workers) as manager:
         await publish(client, keys, "in", 3)
 

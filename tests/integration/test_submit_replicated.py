@@ -11,6 +11,8 @@ import uuid
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from printery import Output
 from printery.envelope import DEFAULT_PAYLOAD_LIMIT
 from printery.keys import StreamKeys
@@ -40,6 +42,7 @@ async def _in_sync(client: Any, timeout: float = 30) -> None:
         await asyncio.sleep(0.05)
 
 
+@pytest.mark.slow  # about 15 s: a master and its replica of its own, started and synced
 async def test_a_submit_waits_for_the_replica_of_one_server(tmp_path: Path) -> None:
     master = ServerProcess(tmp_path / "master")
     master.start()

@@ -2,7 +2,7 @@
 Flow control).
 
 Usage: python -m support.limited_proc REDIS_URL PREFIX API_URL [--consumers N]
-       [--concurrency N] [--rpm N] [--tpm N] [--tokens N] [--visibility S]
+       [--concurrency N] [--rpm N] [--tpm N] [--tokens N] [--visibility S] [--window S]
 
 Each handler call GETs ``API_URL?n=<n>`` (a real HTTP server the test runs, which counts
 the requests in flight), reports ``--tokens`` tokens, and relays ``data`` to ``out``.
@@ -38,6 +38,7 @@ async def main() -> None:
     parser.add_argument("--tpm", type=int, default=None)
     parser.add_argument("--tokens", type=int, default=0)
     parser.add_argument("--visibility", type=float, default=5.0)
+    parser.add_argument("--window", type=float, default=60.0)
     args = parser.parse_args()
     structlog.configure(logger_factory=structlog.PrintLoggerFactory(sys.stderr))
     client = connect(args.url, block_ms=100)
@@ -56,7 +57,7 @@ async def main() -> None:
         "w", client=client, keys=StreamKeys(args.prefix), consumes=["in"], handler=handler,
         settings=ConsumerSettings(
             concurrency=args.consumers, block_ms=100, visibility_timeout=args.visibility,
-            claim_interval=0.1, retry_backoff_ms=20,
+            claim_interval=0.1, retry_backoff_ms=20, limit_window=args.window,
         ),
         limits=[limit],
     )

@@ -57,8 +57,8 @@ EXPECTED = {
 
 def test_exported_members() -> None:
     assert set(printery.__all__) == EXPECTED
-    for name in printery.__all__:
-        assert getattr(printery, name) is not None
+    missing = [name for name in printery.__all__ if not hasattr(printery, name)]
+    assert missing == [], f"in printery.__all__ but not importable from printery: {missing}"
 
 
 def test_every_exported_error_is_under_the_root_and_in_its_tree() -> None:

@@ -7,6 +7,7 @@ import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from printery.limits import WINDOW_SECONDS
 from printery.runtime import alone
 from printery.runtime.alone import Turn
 
@@ -57,6 +58,12 @@ class ConsumerSettings:
     #: ``concurrency`` (what a step's ``concurrency`` means, docs/reference.md). A worker built
     #: by hand may run more calls at once than it has consumers.
     in_flight: int | None = None
+    #: Seconds a call cancelled at its timeout may take to end before it is given up on
+    #: (docs/reference.md, Failures): its entry fails and the step goes on.
+    abandon_after: float = 5.0
+    #: Seconds of a limit's window (``starts_per_minute``, ``tokens_per_minute``): the
+    #: contract's minute; shorter only where a test watches a window refill.
+    limit_window: float = WINDOW_SECONDS
 
 
     @property

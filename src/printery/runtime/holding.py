@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import os
 import time
 from collections.abc import Awaitable, Callable, Collection, Sequence
 from dataclasses import dataclass
@@ -23,13 +22,6 @@ from printery.errors import TIMEOUT_CANCEL
 from printery.runtime.consumer import Consumer, ConsumerSettings, Delivery
 from printery.runtime.limit_gate import LimitGate
 from printery.transport.streams import CONNECTION_ERRORS, Leases
-
-#: Tests only: a shorter wait than :data:`ABANDON_AFTER`'s 5 s, so a test's process gives
-#: a stubborn call up in a fraction of a second. Not a setting.
-ABANDON_ENV = "PRINTERY_TEST_ABANDON_AFTER_S"
-
-#: Seconds a call cancelled at its timeout may take to end before it is given up on.
-ABANDON_AFTER = float(os.environ.get(ABANDON_ENV) or 5.0)
 
 
 @dataclass(slots=True)
@@ -67,15 +59,15 @@ class Holdings:
         attempt's failure (``reason_code`` ``timeout``). One sweep a second (or four per
         timeout when that is shorter) rather than a timer per call: the common call
         costs nothing but noting when it began. A call still running
-        :data:`ABANDON_AFTER` seconds after its cancellation swallowed it: it is given up
-        on (``abandon``), so that one stubborn call never holds its step, its entry or
-        its run for ever."""
+        :attr:`~ConsumerSettings.abandon_after` seconds after its cancellation swallowed
+        it: it is given up on (``abandon``), so that one stubborn call never holds its
+        step, its entry or its run for ever."""
         timeout = self.settings.timeout
         interval = max(0.01, min(1.0, timeout / 4))
         while not closing.is_set():
             await idle(interval)
             now = time.monotonic()
-            overdue, stubborn = now - timeout, now - timeout - ABANDON_AFTER
+            overdue, stubborn = now - timeout, now - timeout - self.settings.abandon_after
             for consumer in self.consumers:
                 for delivery in list(consumer.held.values()):
                     if not 0.0 < delivery.began < overdue:

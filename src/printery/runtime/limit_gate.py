@@ -26,7 +26,6 @@ or the window: it is another provider's call.
 from __future__ import annotations
 
 import asyncio
-import os
 import random
 import time
 from collections.abc import Callable, Iterable, Sequence
@@ -37,7 +36,7 @@ import structlog
 from printery._util import stop_tasks, wait_event, where
 from printery.errors import PipelineError, PrinteryError, WorkerCrashed, describe
 from printery.keys import StreamKeys
-from printery.limits import WINDOW_SECONDS, Limit
+from printery.limits import Limit
 from printery.runtime.handler import Message
 from printery.runtime.limit_departed import DepartedSlots, gate_name
 from printery.runtime.limit_waits import HELD_BY_SLOT, HELD_BY_WINDOW, LimitWaits
@@ -56,16 +55,6 @@ SLOT_POLL_SECONDS = 0.1
 #: before it is sent on its own: what another process waiting for the slot sees at most
 #: this late, a fifth of its polling interval; a waiter in this process is woken at once.
 RELEASE_REPORT_SECONDS = 0.02
-
-#: Tests only: a shorter window than the contract's 60 s, so a test can watch a window
-#: refill in seconds rather than minutes. Not a setting: the public semantics are per
-#: 60 s, and nothing outside the test suite may set it.
-WINDOW_ENV = "PRINTERY_TEST_LIMIT_WINDOW_S"
-
-
-def window_seconds() -> float:
-    return float(os.environ.get(WINDOW_ENV) or WINDOW_SECONDS)
-
 
 class FallsBackFailed(PrinteryError):
     """The step's ``falls_back`` raised for an entry (the ``__cause__``): that entry's

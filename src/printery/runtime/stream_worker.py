@@ -40,7 +40,7 @@ from printery.runtime.handler import Handler, Output
 from printery.runtime.holding import Holdings
 from printery.runtime.intake import Intake
 from printery.runtime.lanes import Lane, Lanes
-from printery.runtime.limit_gate import LimitGate, window_seconds
+from printery.runtime.limit_gate import LimitGate
 from printery.runtime.observe import NullObserver, Observer
 from printery.runtime.partials import PartialWriter, using
 from printery.runtime.payloads import PayloadStore
@@ -180,7 +180,7 @@ class StreamWorker:
         self._consumers = [Consumer(consumer_name(self.name, i), self.settings, in_flight)
                            for i in range(self.settings.concurrency)]
         if self.limits:
-            store = LimitStore(self.client, window_ms=int(window_seconds() * 1000),
+            store = LimitStore(self.client, window_ms=int(self.settings.limit_window * 1000),
                                lease_ms=int(self.settings.visibility_timeout * 1000))
             self._gate = LimitGate(store, self.keys, self.limits, worker=self.name,
                                    observer=self.observer, falls_back=fallback_of(self.handler))

@@ -211,6 +211,7 @@ class Service(ProcessLifecycle):
             max_deliveries=s.transport.max_deliveries,
             visibility_timeout=s.transport.visibility_timeout,
             claim_interval=s.transport.claim_interval,
+            abandon_after=s.transport.abandon_after,
         )
         overrides = worker_overrides(
             s, {name: self.pipeline.steps[name].concurrency for name in self.workers}

@@ -240,6 +240,7 @@ request_like = st.fixed_dictionaries(
 )
 
 
+@pytest.mark.fuzz
 @settings(max_examples=300, suppress_health_check=[HealthCheck.too_slow])
 @given(json_values | request_like)
 def test_random_input_never_raises(data: object) -> None:
@@ -297,6 +298,7 @@ def valid_requests(draw: st.DrawFn) -> dict[str, Any]:
     return request
 
 
+@pytest.mark.fuzz
 @settings(max_examples=200, suppress_health_check=[HealthCheck.too_slow])
 @given(valid_requests())
 def test_random_valid_requests_pass(data: dict[str, Any]) -> None:
