@@ -142,7 +142,7 @@ def check(message: Message) -> list[Reason]:
 pipeline.add(Map(
     "pages", consumes="doc:submitted", produces="doc:extracted",
     split=lambda m: [{"page": n, "text": text} for n, text in enumerate(m.data["pages"], 1)],
-    each=Loop("extract", consumes="pages:item", produces="pages:result", work=extract,
+    each=Loop("extract", work=extract,  # the Map wires it to its items and results
               validate=check, max_attempts=2, fallback=figures_only, concurrency=4,
               cost_units=["tokens"], estimate={"tokens": ESTIMATE}),
     merge=lambda outputs: {"pages": [{k: o[k] for k in ("page", "by", "summary")}

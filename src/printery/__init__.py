@@ -68,7 +68,7 @@ from printery.pipeline.fanout import Map
 from printery.pipeline.loop import Loop
 from printery.pipeline.render import to_mermaid, to_text
 from printery.pipeline.review_kinds import ReviewCase, ReviewKind, ReviewOutcome
-from printery.pipeline.step import LoopShape, Step, StepSource
+from printery.pipeline.step import BoundStep, LoopShape, MapShape, Step, StepOptions, StepSource
 from printery.reason import Reason
 from printery.redact import redact_text, redact_url, register_secret
 from printery.runs.client import Client, SyncClient
@@ -93,8 +93,8 @@ if TYPE_CHECKING:
 
 __all__ = [  # noqa: RUF022 - grouped as docs/reference.md's sections, sorted within each
     # Pipelines and steps
-    "Companion", "Emit", "Pipeline", "PipelineError", "Step", "StepContext", "StepSource",
-    "to_mermaid", "to_text",
+    "BoundStep", "Companion", "Emit", "Pipeline", "PipelineError", "Step", "StepContext",
+    "StepOptions", "StepSource", "to_mermaid", "to_text",
     # Budgets
     "Budget", "BudgetPlan",
     # Handlers
@@ -111,7 +111,7 @@ __all__ = [  # noqa: RUF022 - grouped as docs/reference.md's sections, sorted wi
     # Streaming through the gate
     "Partial", "Verdict",
     # Fan-out: Map
-    "Map",
+    "Map", "MapShape",
     # Review inbox
     "REVIEW", "REVIEW_DECIDED", "ReviewActionFailed", "ReviewCase", "ReviewError",
     "ReviewInvalid", "ReviewKind", "ReviewNotFound", "ReviewOutcome", "ReviewRefused",

@@ -43,7 +43,9 @@ EXPECTED = {
     # circuit breakers of model steps (reference: flow control and model steps)
     "Breaker", "ProviderDown",
     # fan-out over run-time data (reference: fan-out)
-    "Map",
+    "Map", "MapShape",
+    # steps composed one way: what a step is in one worker, its typed options
+    "BoundStep", "StepOptions",
     # the types of the exported signatures (docs/reference.md, Pipelines and steps; Budgets;
     # Validation loops; Running workers; Flow control and model steps)
     "BudgetPlan", "Companion", "Emit", "LoopShape", "Observer", "PayloadStore", "RunIndex",

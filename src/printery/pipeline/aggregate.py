@@ -18,7 +18,7 @@ import contextlib
 import inspect
 import time
 import traceback
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -29,7 +29,13 @@ from printery._util import idle, parse_rfc3339
 from printery.backoff import compute_backoff
 from printery.errors import PipelineError
 from printery.keys import StreamKeys
-from printery.pipeline.step import Step, check_concurrency, check_renamed_from
+from printery.pipeline.step import (
+    BoundStep,
+    Step,
+    check_concurrency,
+    check_renamed_from,
+    refuses_unknown_options,
+)
 from printery.runtime.handler import HandlerResult, Message, Output
 from printery.runtime.step_context import StepContext
 from printery.runtime.writes import dead_letter_write
@@ -145,8 +151,9 @@ def check_policy(name: str, policy: object) -> None:
         return
 
 
+@refuses_unknown_options("aggregator")
 class Aggregator:
-    """Builds the aggregator step.
+    """Builds the aggregator step (``pipeline.add`` it).
 
     ``opens`` is the event type whose arrival opens a join (its name in the arrivals is
     ``opens_as``) and starts the deadline; ``branches`` maps each branch's event type to its
@@ -190,10 +197,15 @@ class Aggregator:
         self.on_timeout = on_timeout
         self.extra_produces = tuple(extra_produces)
         self.renamed_from = renamed_from
-        self._context: StepContext | None = None
-        self._joins: JoinStore | None = None
+
+    def steps(self) -> tuple[Step]:
+        """The aggregator's one step (what :meth:`Pipeline.add <printery.Pipeline.add>`
+        adds when given it)."""
+        return (self.step(),)
 
     def step(self) -> Step:
+        """The aggregator as a pipeline step; its handler, which keeps the joins in the
+        server, is built for each worker that runs it (``Step.bind``)."""
         return Step(
             name=self.name,
             consumes=(self.opens, *self.branches, *self.closes),
@@ -201,7 +213,7 @@ class Aggregator:
             handler=self.handle,
             concurrency=self.concurrency,
             companions=(self._sweep,),
-            on_context=self._bind,
+            bind=self._bind,
             # One join evaluation at a time per consumer, so a branch that arrives after the
             # decision sees it and is recorded as late; across consumers the ``once`` guard
             # still keeps the result unique.
@@ -209,10 +221,15 @@ class Aggregator:
             renamed_from=self.renamed_from,
         )
 
-    def _bind(self, context: StepContext) -> None:
-        """The worker built for this step: where the joins live (before it runs)."""
-        self._context = context
-        self._joins = JoinStore(context.store, self.name, ttl_s=self.ttl_s)
+    def _bind(self, context: StepContext) -> BoundStep:
+        """The handler of one worker of this step: the joins where its keys say."""
+        keys, arrive = context.keys, self._arrive
+        joins = JoinStore(context.store, self.name, ttl_s=self.ttl_s)
+
+        def handle(message: Message) -> Awaitable[HandlerResult]:  # no coroutine of its own
+            return arrive(message, keys, joins)
+
+        return BoundStep(handle)
 
     def _once(self, correlation_id: str) -> str:
         return f"{self.emits}:{correlation_id}"
@@ -225,9 +242,16 @@ class Aggregator:
         return JoinState(correlation_id, arrived, names, closed_by, timed_out, missing)
 
     async def handle(self, message: Message) -> HandlerResult:
-        context, joins = self._require_context()
+        """The handler outside a worker: a join needs the server, which the handler a
+        worker runs is built with (``Step.bind``, by :meth:`Pipeline.build_workers
+        <printery.Pipeline.build_workers>`)."""
+        raise RuntimeError(f"aggregator {self.name!r}: its handler runs in a worker built by "
+                           "Pipeline.build_workers (its joins live in the server)")
+
+    async def _arrive(self, message: Message, every: StreamKeys,
+                      joins: JoinStore) -> HandlerResult:
         cid, kind = message.correlation_id, message.type
-        keys = context.keys.of(cid)  # a run's join state lives in its partition
+        keys = every.of(cid)  # a run's join state lives in its partition
         slot = self.opens_as if kind == self.opens else self.branches.get(kind) or self.closes[kind]
         opened_ms = None
         if kind == self.opens:
@@ -244,11 +268,6 @@ class Aggregator:
         if merged is None:
             return None
         return Output(self.emits, merged, correlation_id=cid, once=self._once(cid))
-
-    def _require_context(self) -> tuple[StepContext, JoinStore]:
-        if self._context is None or self._joins is None:
-            raise RuntimeError("aggregator used before a worker was built for it")
-        return self._context, self._joins
 
     async def _sweep(self, context: StepContext) -> None:
         """Finish joins whose deadline passed, with the missing branches named."""

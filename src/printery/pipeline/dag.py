@@ -8,7 +8,7 @@ import functools
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import fields as dc_fields
 from dataclasses import replace
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 
 from pydantic import BaseModel
 
@@ -26,9 +26,8 @@ from printery.errors import PipelineError
 from printery.keys import DLQ, REVIEW, REVIEW_DECIDED, RUN_FAILED, StreamKeys
 from printery.limits import Limit
 from printery.pipeline.budget_review import budget_review_kind
-from printery.pipeline.fanout import Map, MapShape
 from printery.pipeline.review_kinds import ReviewHook, ReviewKind, escalation_of
-from printery.pipeline.step import LoopShape, Step, StepSource
+from printery.pipeline.step import LoopShape, MapShape, Step, StepOptions, StepSource
 from printery.reason import Reason
 from printery.runtime.consumer import ConsumerSettings
 from printery.runtime.groups import place_pipeline_groups
@@ -40,6 +39,9 @@ from printery.runtime.stream_worker import StreamWorker
 from printery.store import Redis
 from printery.supervisor.graph import find_cycle
 from printery.transport.groups import Reader
+
+if TYPE_CHECKING:
+    from typing_extensions import Unpack
 
 
 def _statuses(success: Iterable[str]) -> tuple[str, ...]:
@@ -99,11 +101,15 @@ class Pipeline:
         self.extra_types = tuple(extra_types)
         self._outcomes = tuple(outcomes) if outcomes is not None else None
         self.steps: dict[str, Step] = {}
-        #: The Maps added (reference: fan-out), by name: each is three of ``steps``.
-        self.maps: dict[str, MapShape] = {}
         self.review_kinds: dict[str, ReviewKind] = {}
         self.budget = budget
         self._check_budget(budget, "the pipeline")
+
+    @property
+    def maps(self) -> dict[str, MapShape]:
+        """The Maps added (reference: fan-out), by name: each is three of ``steps``, its
+        split (named after it) carrying its shape."""
+        return {s.map.name: s.map for s in self.steps.values() if s.map is not None}
 
     @property
     def outcomes(self) -> tuple[str, ...]:
@@ -175,25 +181,29 @@ class Pipeline:
                 for reason in step.input_reasons({**data, field: run_id})
                 if reason.field == field and reason.code != "unknown_field"]
 
-    def add(self, step: Step | StepSource | Map) -> Step:
-        """Add a step, or what builds one (a :class:`~printery.Loop`, an
-        :class:`~printery.Aggregator`); the step added. A :class:`~printery.Map` adds its
-        three steps (its split, returned, its each and its collector)."""
-        if isinstance(step, Map):
-            taken = [name for name in step.shape.steps if name in self.steps]
-            if taken or step.name in self.maps:
-                raise PipelineError(f"map {step.name!r}: steps {taken or [step.name]} declared "
-                                    "twice")
-            split, *rest = step.steps()
-            added = self.add(split)
-            for other in rest:
-                self.add(other)
-            self.maps[step.name] = step.shape
-            return added
-        if not isinstance(step, Step):
-            step = step.step()
-        if step.name in self.steps:
-            raise PipelineError(f"step {step.name!r} declared twice")
+    def add(self, step: StepSource) -> Step:
+        """Add what :meth:`~printery.StepSource.steps` gives: a :class:`Step` itself, the
+        step of a :class:`~printery.Loop` or an :class:`~printery.Aggregator`, the three
+        of a :class:`~printery.Map` (its split, its each, its collector); the first one,
+        which is returned. No step is added when one of their names is taken."""
+        steps = getattr(step, "steps", None)
+        given: list[object] = list(steps()) if callable(steps) else []
+        if not given or not all(isinstance(s, Step) for s in given):
+            raise PipelineError(f"pipeline {self.name!r}: add takes a Step, or what gives its "
+                                f"steps (a Loop, a Map, an Aggregator), not {step!r}")
+        return self._add_all(cast(list[Step], given))
+
+    def _add_all(self, given: list[Step]) -> Step:
+        names = [s.name for s in given]
+        taken = [n for n in names if n in self.steps or names.count(n) > 1]
+        if taken:
+            raise PipelineError(f"step{'s' if len(taken) > 1 else ''} "
+                                f"{', '.join(map(repr, dict.fromkeys(taken)))} declared twice")
+        for one in given:
+            self._add(one)
+        return given[0]
+
+    def _add(self, step: Step) -> None:
         self._check_rename(step)
         unknown = [u for u in step.cost_units if u not in self.cost_units]
         if unknown:
@@ -202,7 +212,6 @@ class Pipeline:
             raise PipelineError(f"step {step.name!r}: budget entries are written by printery")
         self._check_budget(step.budget, f"step {step.name!r}")
         self.steps[step.name] = step
-        return step
 
     def _check_rename(self, step: Step) -> None:
         """A step may take over the groups of a name no other step has or takes over."""
@@ -234,7 +243,7 @@ class Pipeline:
         timeout: float | None = None,
         estimate: Estimate | None = None,
         renamed_from: str | None = None,
-        **settings: Any,
+        **settings: Unpack[StepOptions],
     ) -> Callable[[Handler], Handler]:
         """Decorator form of :meth:`add`. ``estimate``: what one handler call is expected
         to spend (``{"tokens": 2000}``, or a function of the message), reserved against
@@ -424,6 +433,10 @@ class Pipeline:
                 companions=step.companions, budget=self.budget_plan(step), limits=step.limits,
                 index=index, written_by=self._writers_of(step), place_groups=place,
             )
+            if step.bind is not None:  # its handler for this worker, given the worker's context
+                bound = step.bind(worker.context)
+                worker.handler = step.guarded_handler(bound.handler)
+                worker.companions = [*worker.companions, *bound.companions]
             if step.on_context is not None:
                 step.on_context(worker.context)
             built.append((worker, tuple(d for d in deps[step.name] if d in chosen)))

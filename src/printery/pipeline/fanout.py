@@ -29,8 +29,7 @@ from __future__ import annotations
 import asyncio
 import inspect
 import reprlib
-from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass
+from collections.abc import Awaitable, Callable, Iterable, Sequence
 from typing import Any, Literal, cast
 
 from printery import _json
@@ -40,7 +39,15 @@ from printery.fields import ITEM, ITEM_FAILED, ITEMS, MAP, ON_ITEM_FAILURE, item
 from printery.keys import RUN_FAILED, StreamKeys, item_type, result_type
 from printery.limits import Limit
 from printery.pipeline.loop import Loop
-from printery.pipeline.step import Step, check_concurrency, check_renamed_from, check_timeout
+from printery.pipeline.step import (
+    BoundStep,
+    MapShape,
+    Step,
+    check_concurrency,
+    check_renamed_from,
+    check_timeout,
+    refuses_unknown_options,
+)
 from printery.runtime.handler import HandlerResult, Message, Output
 from printery.runtime.step_context import StepContext
 from printery.store.item_counts import ItemCounts
@@ -73,37 +80,16 @@ COLLECT_IN_FLIGHT = 128
 COLLECT_PREFETCH = 256
 
 
-@dataclass(frozen=True, slots=True)
-class MapShape:
-    """What a Map is made of, for the graph's drawings and checks: its steps by role,
-    its types and its bounds."""
-
-    name: str
-    consumes: str
-    produces: str
-    item_type: str
-    result_type: str
-    each: str
-    collect: str
-    max_items: int
-    on_item_failure: str
-    #: The exhausted type of a Loop as ``each`` (consumed by the collector, not an
-    #: outcome of the run), else None.
-    exhausted: str | None = None
-
-    @property
-    def steps(self) -> tuple[str, str, str]:
-        return (self.name, self.each, self.collect)
-
-
+@refuses_unknown_options("map")
 class Map:
     """Fan-out over run-time data; ``pipeline.add`` it (reference: fan-out).
 
     ``split(message)`` returns the items (a list of JSON data); each becomes one
     ``<name>:item`` entry of the run, handled by ``each``: a function of the item's
     :class:`~printery.Message` returning the item's output data (written as
-    ``<name>:result``), or a :class:`~printery.Loop` consuming ``<name>:item`` and
-    producing ``<name>:result``. When every item has ended, ``produces`` is written once
+    ``<name>:result``), or a :class:`~printery.Loop`, which the Map wires to consume
+    ``<name>:item`` and produce ``<name>:result`` (leave its ``consumes`` and
+    ``produces`` out; given, they must be those). When every item has ended, ``produces`` is written once
     with ``{"items": [outputs in item order], "failed": [indexes]}``, or what ``merge``
     returns given the outputs (None in place of a failed item). ``on_item_failure``
     ``"fail"`` ends the run ``failed`` at the first item that fails; ``"skip"`` lists it
@@ -156,6 +142,7 @@ class Map:
             self._check_loop(name, each, concurrency=concurrency, limits=tuple(limits),
                              budget=budget, timeout=timeout, estimate=estimate,
                              cost_units=tuple(cost_units))
+            each = each.wired_to(item_type(name), result_type(name))
         elif not callable(each):
             raise PipelineError(f"{what}: each={each!r} is neither a function of one Message "
                                 "nor a Loop")
@@ -182,8 +169,6 @@ class Map:
             result_type=result_type(name), each=loop.name if loop else f"{name}:each",
             collect=f"{name}:collect", max_items=max_items, on_item_failure=on_item_failure,
             exhausted=loop.shape.exhausted if loop else None)
-        #: The collector worker's keys and the runs' counts, once it is built.
-        self._bound: tuple[StreamKeys, ItemCounts] | None = None
 
     @staticmethod
     def _check_loop(name: str, loop: Loop, **given: Any) -> None:
@@ -191,12 +176,13 @@ class Map:
         bounds: the Map's would be silently ignored, so they are refused."""
         what = f"map {name!r}"
         wrong = []
-        if loop.consumes != item_type(name):
+        if loop.consumes not in ("", item_type(name)):  # "": not given, wired here
             wrong.append(f"consumes={item_type(name)!r} (it has {loop.consumes!r})")
-        if loop.shape.produces != result_type(name):
+        if loop.shape.produces not in ("", result_type(name)):
             wrong.append(f"produces={result_type(name)!r} (it has {loop.shape.produces!r})")
         if wrong:
-            raise PipelineError(f"{what}: a Loop as each must have {' and '.join(wrong)}")
+            raise PipelineError(f"{what}: a Loop as each must have {' and '.join(wrong)}, or "
+                                "leave them out (the Map gives them)")
         if loop.shape.review_kind:
             raise PipelineError(f"{what}: a Loop as each cannot escalate to a review "
                                 f"(review_kind={loop.shape.review_kind!r}): a review's decision "
@@ -214,9 +200,9 @@ class Map:
         shape = self.shape
         split = Step(name=shape.name, consumes=(shape.consumes,),
                      produces=(shape.item_type, shape.produces), handler=self._split,
-                     renamed_from=self.renamed_from)
+                     renamed_from=self.renamed_from, map=shape)
         if isinstance(self.each, Loop):
-            each = self.each.step()
+            (each,) = self.each.steps()
         else:
             each = Step(name=shape.each, consumes=(shape.item_type,),
                         produces=(shape.result_type,), handler=self._each,
@@ -227,24 +213,31 @@ class Map:
         ends = shape.exhausted is not None and shape.on_item_failure == "fail"
         collect = Step(name=shape.collect, consumes=consumes,
                        produces=(shape.produces, *((RUN_FAILED,) if ends else ())),
-                       handler=self._collect, on_context=self._bind,
-                       companions=(self._closing,),
+                       handler=self._unbound, bind=self._collector,
                        settings={"prefetch": COLLECT_PREFETCH, "in_flight": COLLECT_IN_FLIGHT})
         return [split, each, collect]
 
-    def _bind(self, context: StepContext) -> None:
-        """The collector's worker is built: where the runs' counts live (before it runs)."""
-        self._bound = (context.keys, ItemCounts(context.store, self.shape.collect,
-                                                ttl_s=COLLECT_TTL))
+    def _collector(self, context: StepContext) -> BoundStep:
+        """The collector as one worker runs it: the runs' counts where its keys say, over
+        a connection of its own, closed when the worker stops."""
+        keys, counting = context.keys, self._collect
+        counts = ItemCounts(context.store, self.shape.collect, ttl_s=COLLECT_TTL)
 
-    async def _closing(self, context: StepContext) -> None:
-        """Beside the collector for as long as it runs: its counts' connection closed
-        when it stops."""
-        try:
-            await asyncio.Event().wait()
-        finally:
-            if self._bound is not None:
-                await self._bound[1].close()
+        def collect(message: Message) -> Awaitable[HandlerResult]:  # no coroutine of its own
+            return counting(message, keys, counts)
+
+        async def closing(context: StepContext) -> None:
+            try:
+                await asyncio.Event().wait()
+            finally:
+                await counts.close()
+
+        return BoundStep(collect, (closing,))
+
+    async def _unbound(self, message: Message) -> HandlerResult:
+        """The collector's handler outside a worker (``Step.bind`` builds the one it runs)."""
+        raise RuntimeError(f"map {self.name!r}: its collector runs in a worker built by "
+                           "Pipeline.build_workers (it counts in the server)")
 
     def _items(self, found: Any) -> list[Any]:
         """The split's answer as items, or the rejection that says why it is not."""
@@ -284,7 +277,8 @@ class Map:
                       idempotency_key=item_key(self.shape.result_type, message.correlation_id,
                                                carried), extra=carried)
 
-    async def _collect(self, message: Message) -> HandlerResult:
+    async def _collect(self, message: Message, every: StreamKeys,
+                       counts: ItemCounts) -> HandlerResult:
         shape, cid = self.shape, message.correlation_id
         extra = message.envelope.extra
         try:
@@ -298,7 +292,6 @@ class Map:
                 "status": "failed", "step": shape.each, "reason_code": ITEM_EXHAUSTED,
                 "error": f"item {index} of map {self.name!r} exhausted its attempts",
                 "item": index}, idempotency_key=f"{RUN_FAILED}:{cid}:{shape.each}:{index}")
-        every, counts = self._require_bound()
         keys = every.of(cid) if every.partitioned else every  # the run's partition
         failed = exhausted or ITEM_FAILED in extra
         value = _FAILED if failed else _DONE + _json.dumps(message.data)
@@ -325,12 +318,6 @@ class Map:
         data = {"items": outputs, "failed": list(failed)} if self.merge is None else (
             self.merge(outputs))
         return Output(self.shape.produces, data, correlation_id=cid, once=self._once(cid))
-
-    def _require_bound(self) -> tuple[StreamKeys, ItemCounts]:
-        if self._bound is None:
-            raise RuntimeError(f"map {self.name!r}: its collector ran before a worker was built "
-                               "for it")
-        return self._bound
 
 
 async def _settled(value: Any) -> Any:

@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import copy
 import dataclasses
 import functools
 import inspect
@@ -69,6 +70,7 @@ from printery.pipeline.step import (
     check_renamed_from,
     check_timeout,
     checked_reasons,
+    refuses_unknown_options,
     validation_reasons,
 )
 from printery.reason import Reason
@@ -99,14 +101,17 @@ DEFAULT_TIMEOUT = 300.0
 TIMEOUT_GRACE = 1.0
 
 
+@refuses_unknown_options("loop")
 class Loop:
     """A validation loop over ``work``, checked by ``validate``; ``pipeline.add`` it.
 
     ``consumes`` is the loop's input type, ``produces`` the type written with an output
-    that passed, ``exhausted`` (default ``<name>:exhausted``) the outcome of a run whose
-    attempts all failed: ``{"status": "exhausted", "attempts": [...]}``, or the rejection
-    of its review when ``review_kind`` is set (an approval writes ``produces`` with the
-    reviewer's data, default the last output). ``input_model`` checks the loop's input
+    that passed (both required, except in a Loop given as a :class:`~printery.Map`'s
+    ``each``, which the Map wires to its item and result types), ``exhausted`` (default
+    ``<name>:exhausted``) the outcome of a run whose attempts all failed: ``{"status":
+    "exhausted", "attempts": [...]}``, or the rejection of its review when
+    ``review_kind`` is set (an approval writes ``produces`` with the reviewer's data,
+    default the last output). ``input_model`` checks the loop's input
     (a bad one is dead-lettered with ``invalid_input``); ``cost_units`` declares what the
     worker and validator may report. ``limits``, ``budget`` and ``timeout`` (seconds, default
     300) apply to every attempt and to the fallback, as they do to a step's handler (a
@@ -122,8 +127,8 @@ class Loop:
         self,
         name: str,
         *,
-        consumes: str,
-        produces: str,
+        consumes: str | None = None,
+        produces: str | None = None,
         work: Work,
         validate: Check,
         max_attempts: int,
@@ -154,19 +159,16 @@ class Loop:
                 raise PipelineError(f"{what}: {label}={handler!r} is not callable; write a "
                                     "function of one Message")
         self.name = name
+        #: Its types: "" where none was given (a Loop as a Map's ``each``, which the Map
+        #: wires to its item and result types).
         self.shape = LoopShape(
             max_attempts=max_attempts, stream_type=f"{name}:loop", attempt_type=f"{name}:attempt",
-            verdict_type=f"{name}:verdict", produces=produces,
+            verdict_type=f"{name}:verdict", produces=produces or "",
             exhausted=exhausted or f"{name}:exhausted", fallback=fallback is not None,
             review_kind=review_kind or None,
         )
-        types = [consumes, produces, self.shape.exhausted, *self.shape.internal,
-                 self.shape.attempt_type, self.shape.verdict_type]
-        if len(set(types)) != len(types) or not all(types):
-            raise PipelineError(f"{what}: consumes, produces and exhausted must be distinct "
-                                f"event types other than {list(self.shape.internal)}; got "
-                                f"{[consumes, produces, self.shape.exhausted]}")
-        self.consumes = consumes
+        self.consumes = consumes or ""
+        _check_types(what, self.consumes, self.shape, given=(consumes, produces))
         self.work, self.validate, self.fallback = work, validate, fallback
         self.concurrency = concurrency
         self.cost_units = tuple(cost_units)
@@ -179,9 +181,39 @@ class Loop:
         #: Seconds one ``work`` or fallback call may take before it is a failed attempt.
         self.call_timeout = self.timeout if self.timeout is not None else DEFAULT_TIMEOUT
 
+    @property
+    def wired(self) -> bool:
+        """Whether the loop knows what it reads and writes (a Loop left without
+        ``consumes`` and ``produces`` is wired by the Map it is the ``each`` of)."""
+        return bool(self.consumes and self.shape.produces)
+
+    def wired_to(self, consumes: str, produces: str) -> Loop:
+        """This loop reading ``consumes`` and writing ``produces`` (what a
+        :class:`~printery.Map` does with a Loop as its ``each``: its item and result types);
+        a type the loop was given must be that one. A new declaration: this one is left
+        as it is."""
+        wrong = [f"{label}={want!r} (it has {have!r})" for label, want, have in (
+            ("consumes", consumes, self.consumes), ("produces", produces, self.shape.produces))
+            if have and have != want]
+        if wrong:
+            raise PipelineError(f"loop {self.name!r}: {' and '.join(wrong)} needed here")
+        wired = copy.copy(self)
+        wired.consumes = consumes
+        wired.shape = dataclasses.replace(self.shape, produces=produces)
+        _check_types(f"loop {self.name!r}", consumes, wired.shape, given=(consumes, produces))
+        return wired
+
+    def steps(self) -> tuple[Step]:
+        """The loop's one step (what :meth:`Pipeline.add <printery.Pipeline.add>` adds
+        when given the loop)."""
+        return (self.step(),)
+
     def step(self) -> Step:
-        """The loop as a pipeline step (what :meth:`Pipeline.add <printery.Pipeline.add>`
-        adds when given the loop)."""
+        """The loop as a pipeline step."""
+        if not self.wired:
+            raise PipelineError(
+                f"loop {self.name!r}: consumes and produces are required (only a Loop given as "
+                "a Map's each may leave them out: the Map gives its item and result types)")
         shape = self.shape
         produces = [*shape.internal, shape.produces, shape.exhausted]
         if shape.review_kind:
@@ -373,6 +405,19 @@ class Loop:
             outputs.append(_ended(shape.exhausted, {"status": "exhausted", "attempts": attempts},
                                   message, carried))
         return outputs
+
+
+def _check_types(what: str, consumes: str, shape: LoopShape,
+                 given: tuple[str | None, str | None]) -> None:
+    """Refuse a loop whose types are not distinct, or a type given empty (a type not
+    given, None, is the Map's to give)."""
+    types = [t for t in (consumes, shape.produces) if t]
+    types += [shape.exhausted, *shape.internal, shape.attempt_type, shape.verdict_type]
+    if (len(set(types)) != len(types) or not all(types)
+            or any(t is not None and not t for t in given)):
+        raise PipelineError(f"{what}: consumes, produces and exhausted must be distinct "
+                            f"event types other than {list(shape.internal)}; got "
+                            f"{[given[0], given[1], shape.exhausted]}")
 
 
 def _entry(shape: LoopShape, event_type: str, message: Message, n: int, data: Any,

@@ -8,10 +8,12 @@ a bad output is a handler bug and fails loudly (counted, retried, then dead-lett
 
 from __future__ import annotations
 
+import functools
+import inspect
 import reprlib
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, fields
-from typing import Any, Protocol
+from typing import Any, Protocol, TypedDict, TypeVar
 
 from pydantic import BaseModel, ValidationError
 
@@ -26,6 +28,8 @@ from printery.runtime.consumer import ConsumerSettings
 from printery.runtime.handler import Handler, HandlerResult, Message, outputs_of
 from printery.runtime.partials import retract
 from printery.runtime.step_context import Companion, StepContext
+
+_Declared = TypeVar("_Declared", bound=type)
 
 
 def validation_reasons(error: ValidationError) -> list[Reason]:
@@ -111,6 +115,25 @@ def check_timeout(what: str, timeout: object) -> None:
 STEP_OPTIONS = frozenset(f.name for f in fields(ConsumerSettings)) - {"concurrency", "timeout"}
 
 
+class StepOptions(TypedDict, total=False):
+    """The options of :data:`STEP_OPTIONS`, typed: what ``**settings`` of
+    :meth:`Pipeline.step <printery.Pipeline.step>` (and ``Step(settings=)``) may hold, so
+    a type checker catches a misspelt one before the definition refuses it."""
+
+    prefetch: int | None
+    parallel: int | None
+    block_ms: int
+    max_deliveries: int
+    visibility_timeout: float
+    claim_interval: float | None
+    retry_backoff_ms: float
+    retry_backoff_cap_ms: float
+    record_ttl: float
+    handler_timeout: float | None
+    stall_timeout: float
+    in_flight: int | None
+
+
 def check_settings(what: str, settings: Mapping[str, Any]) -> None:
     """Refuse an option no step knows (``concurency=3`` would otherwise run with the
     default, silently): a mistake is caught at definition, with the names it could be."""
@@ -120,6 +143,41 @@ def check_settings(what: str, settings: Mapping[str, Any]) -> None:
             f"{what}: unknown option{'s' if len(unknown) > 1 else ''} "
             f"{', '.join(unknown)}; the options are concurrency, timeout and "
             f"{', '.join(sorted(STEP_OPTIONS))}")
+
+
+def refuses_unknown_options(kind: str) -> Callable[[_Declared], _Declared]:
+    """A class decorator: the class's constructor refuses a keyword it does not take with
+    :class:`~printery.PipelineError` naming it and the ones it takes (``Loop(...,
+    concurency=3)`` would otherwise be a bare ``TypeError``, or, through ``**options``,
+    run with the default). ``kind`` names the definition in the error (``loop 'draft'``).
+    Checked once, as the definition is made; the signature is the constructor's own."""
+
+    def decorate(cls: _Declared) -> _Declared:
+        init = cls.__init__  # type: ignore[misc]  # the class's own, to be wrapped
+        parameters = list(inspect.signature(init).parameters.values())[1:]  # self
+        known = tuple(p.name for p in parameters
+                      if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY))
+
+        @functools.wraps(init)
+        def checked(self: object, *args: Any, **options: Any) -> None:
+            unknown = [k for k in options if k not in known]
+            if unknown:
+                name = args[0] if args else options.get("name")
+                raise PipelineError(_unknown_options(f"{kind} {name!r}", unknown, known))
+            init(self, *args, **options)
+
+        setattr(cls, "__init__", checked)  # noqa: B010 - mypy refuses cls.__init__ = ...
+        return cls
+
+    return decorate
+
+
+def _unknown_options(what: str, unknown: Sequence[str], known: Sequence[str]) -> str:
+    settings = [k for k in unknown if k in STEP_OPTIONS]
+    hint = (f" ({', '.join(settings)}: consumer settings, given under [workers.<step>] of "
+            "the config, or as settings= of a Step)" if settings else "")
+    return (f"{what}: unknown option{'s' if len(unknown) > 1 else ''} {', '.join(unknown)}"
+            f"{hint}; the options are {', '.join(k for k in known if k != 'name')}")
 
 
 def check_renamed_from(what: str, name: str, renamed_from: object) -> None:
@@ -155,13 +213,53 @@ class LoopShape:
         return (self.stream_type,)
 
 
+@dataclass(frozen=True, slots=True)
+class MapShape:
+    """What a :class:`~printery.Map` is made of, for the graph's drawings and checks: its
+    steps by role, its types and its bounds (set on its split step, as ``Step.loop`` is on
+    a loop's)."""
+
+    name: str
+    consumes: str
+    produces: str
+    item_type: str
+    result_type: str
+    each: str
+    collect: str
+    max_items: int
+    on_item_failure: str
+    #: The exhausted type of a Loop as ``each`` (consumed by the collector, not an
+    #: outcome of the run), else None.
+    exhausted: str | None = None
+
+    @property
+    def steps(self) -> tuple[str, str, str]:
+        return (self.name, self.each, self.collect)
+
+
 class StepSource(Protocol):
-    """Anything that builds its step (a :class:`~printery.Loop`, an
-    :class:`~printery.Aggregator`): :meth:`Pipeline.add` takes it as it takes a step."""
+    """What :meth:`Pipeline.add <printery.Pipeline.add>` takes: anything that gives its
+    steps (a :class:`Step` gives itself; a :class:`~printery.Loop` and an
+    :class:`~printery.Aggregator` one step, a :class:`~printery.Map` three, its split
+    first). What a combinator is beyond its steps travels on them (``Step.loop``,
+    ``Step.map``), and what it needs of the worker that runs it comes through
+    ``Step.bind``, so a definition holds no worker's state."""
 
-    def step(self) -> Step: ...
+    def steps(self) -> Sequence[Step]: ...
 
 
+@dataclass(frozen=True, slots=True)
+class BoundStep:
+    """A step as one worker runs it (what ``Step.bind`` returns, given the worker's
+    :class:`~printery.runtime.step_context.StepContext`): its handler, which may use what
+    it was built with (the server, the keys) without the definition holding it, and what
+    runs beside its consumers there (closing what the handler opened, say)."""
+
+    handler: Handler
+    companions: Sequence[Companion] = ()
+
+
+@refuses_unknown_options("step")
 @dataclass(slots=True)
 class Step:
     """One node of a pipeline: a worker consuming ``consumes`` and producing ``produces``."""
@@ -209,6 +307,20 @@ class Step:
     #: its consumer groups take the old name's place (position and pending entries)
     #: instead of starting at the end of their streams.
     renamed_from: str | None = None
+    #: Builds the step's handler for one worker from that worker's
+    #: :class:`~printery.runtime.step_context.StepContext`, as the worker is built
+    #: (:meth:`Pipeline.build_workers <printery.Pipeline.build_workers>`), in place of
+    #: ``handler`` there: for a handler that keeps state of its own in the server (an
+    #: aggregator's joins, a Map's counts), so one definition built into two workers
+    #: shares nothing between them. None: ``handler`` runs as it is.
+    bind: Callable[[StepContext], BoundStep] | None = None
+    #: Set on the split step of a :class:`~printery.Map` (what the graph's drawings,
+    #: checks and a replay know of it).
+    map: MapShape | None = None
+
+    def steps(self) -> tuple[Step]:
+        """The step itself: a step is a :class:`StepSource` of one."""
+        return (self,)
 
     def input_reasons(self, data: Any) -> list[Reason]:
         """Why ``data`` is not valid input of this step (empty: it is)."""
@@ -237,9 +349,11 @@ class Step:
             if not isinstance(limit, Limit):
                 raise PipelineError(f"step {self.name!r}: limits holds {limit!r}, not a Limit")
 
-    def guarded_handler(self) -> Handler:
-        """The handler wrapped in its input and output contracts."""
-        inner, input_model, output_models = self.handler, self.input_model, self.output_models
+    def guarded_handler(self, inner: Handler | None = None) -> Handler:
+        """The handler (or ``inner``, the one ``bind`` built for a worker) wrapped in its
+        input and output contracts."""
+        inner = self.handler if inner is None else inner
+        input_model, output_models = self.input_model, self.output_models
         produces, estimate = set(self.produces), self.estimate
 
         async def handle(message: Message) -> HandlerResult:
