@@ -44,6 +44,7 @@ from printery.runs.facade import Runs
 from printery.servers.process import ServerProcess
 from printery.testing import wait_for
 from support.composition import (
+    CRASHING,
     STALLING,
     Built,
     Example,
@@ -177,7 +178,7 @@ _killed: list[Figures] = []
 @pytest.mark.long
 @pytest.mark.timeout(3600)
 @settings(max_examples=100, deadline=None, suppress_health_check=HEALTH, print_blob=True)
-@given(example=examples(), kill_at=st.integers(1, 15))
+@given(example=examples(modes=CRASHING), kill_at=st.integers(1, 15))
 def test_composed_pipelines_survive_a_kill_9(server: ServerProcess, tmp_path: Path,
                                              example: Example, kill_at: int) -> None:
     """The same, with the workers in two processes, one of them killed (-9) once the
@@ -191,6 +192,25 @@ def test_composed_pipelines_survive_a_kill_9(server: ServerProcess, tmp_path: Pa
 
     _killed.append(asyncio.run(run_example(server.url, example, workers=processes,
                                            kill_at=kill_at)))
+
+
+@settings(max_examples=6, deadline=None, derandomize=True, suppress_health_check=HEALTH,
+          print_blob=True)
+@given(example=examples(max_runs=3, modes=st.sampled_from(["ok", "ok", "crash", "raise"])))
+def test_composed_pipelines_blame_only_the_crasher(server: ServerProcess, tmp_path: Path,
+                                                   example: Example) -> None:
+    """Handlers that kill their process (``os._exit``) among healthy ones, the workers in
+    two processes replaced as they die: only a crasher's entry is dead-lettered for the
+    deaths, every run ends (``make chaos`` draws crashes among every other mode, with a
+    kill -9 on top)."""
+    text = example.describe()
+    note(text)
+    print(text)
+
+    def processes(keys: StreamKeys, built: Built) -> Processes:
+        return Processes(server.url, keys, built, example.shape, tmp_path / "procs")
+
+    _killed.append(asyncio.run(run_example(server.url, example, workers=processes)))
 
 
 @pytest.mark.long
