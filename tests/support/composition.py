@@ -102,6 +102,10 @@ IGNORE = frozenset(os.environ.get("PRINTERY_FUZZ_IGNORE", "").split(","))
 #: The bound on one example's runs ending and settling (each phase).
 SETTLE_TIMEOUT = 20.0
 
+#: Set in the kill -9 variant's worker processes: only there does ``crash`` kill.
+CRASH_ENV = "FUZZ_CRASH_KILLS"
+#: The exit status of a process a ``crash`` handler killed.
+CRASH_EXIT = 7
 #: The producer of the garbage entries.
 GARBAGE = "fuzz-garbage"
 KINDS = ("plain", "escalate", "validator", "loop", "join", "map", "model")
@@ -231,6 +235,10 @@ SHAPES = st.builds(
 )
 #: Mostly success, so that runs reach the later stages.
 MODE = st.one_of(st.just("ok"), st.sampled_from(MODES))
+#: ``crash``: the handler kills its process (``os._exit``) on every call, in the kill -9
+#: variant only (its workers run in processes of their own, restarted when they die):
+#: only its entry may be blamed for the deaths, never a neighbour in flight beside it.
+CRASHING = st.one_of(st.just("ok"), st.sampled_from([*MODES, "crash", "crash"]))
 #: ``stall``: the handler's first call blocks the event loop (synchronous code) past the
 #: visibility timeout, then hangs. Seconds each: ``make chaos`` draws it, rarely.
 STALLING = st.one_of(st.just("ok"), st.sampled_from([*MODES, *MODES, *MODES, "stall"]))
@@ -327,6 +335,8 @@ async def misbehave(mode: str, message: Message) -> None:
         await asyncio.Event().wait()
     if mode == "exit":
         sys.exit(3)
+    if mode == "crash" and os.environ.get(CRASH_ENV) == "1":
+        os._exit(CRASH_EXIT)  # a native crash, an OOM kill: no exception, no cleanup
     if mode == "quota":
         raise QuotaExhausted("fuzz: the provider's quota is gone", retry_after=259200)
 
@@ -626,6 +636,8 @@ class Context:
     example: Example
     #: run id -> how a person decides its reviews.
     runs: dict[str, str] = field(default_factory=dict)
+    #: run id -> the modes of its stages (what its handlers do).
+    modes: dict[str, tuple[str, ...]] = field(default_factory=dict)
     #: what happened, for the figures and the failure message.
     log: list[str] = field(default_factory=list)
     decided: Counter[str] = field(default_factory=Counter)
@@ -716,6 +728,7 @@ async def _run_example(url: str, example: Example, label: str,
             for n, run in enumerate(example.runs):
                 run_id, _ = await submitter.submit({"run": n, "modes": list(run.modes)})
                 ctx.runs[run_id] = run.decision
+                ctx.modes[run_id] = run.modes
         finally:
             await submitter.close()
         ids = list(ctx.runs)
@@ -821,6 +834,7 @@ async def _replay(ctx: Context, run_id: str, step: int | None) -> int:
         ctx.log.append(f"replay of {run_id} from {from_step}: {exc!r}")
         return 0
     ctx.runs[result.new_id] = ctx.runs.get(run_id, "approve")
+    ctx.modes[result.new_id] = ctx.modes.get(run_id, ())  # the same data, the same handlers
     ctx.log.append(f"replay of {run_id} from {from_step or 'ingress'} as {result.new_id}")
     return 1
 
@@ -973,6 +987,7 @@ async def check(ctx: Context, figures: Figures) -> None:
     problems += [f"unsettled: {line}" for line in await unsettled(ctx)]
     problems += await _run_problems(ctx, figures)
     problems += await _write_problems(ctx)
+    problems += await _blame_problems(ctx)
     if not figures.kills:  # a process killed mid-attempt cannot retract what it showed
         problems += await _stream_problems(ctx)
     if problems:
@@ -1036,6 +1051,19 @@ async def _write_problems(ctx: Context) -> list[str]:
             if abs(spent - committed) > 1e-6:
                 problems.append(f"run {run}: spent {spent!r} but its entries committed "
                                 f"{committed!r} ({sorted(calls.get(run, {}).values())})")
+    return problems
+
+
+async def _blame_problems(ctx: Context) -> list[str]:
+    """A process's death is blamed on the entry that kills it alone: no dead letter for
+    a death (its error says the process died) of a run whose handlers never crash."""
+    problems = []
+    crashing = {run for run, modes in ctx.modes.items() if "crash" in modes}
+    for _entry_id, fields in await entries(ctx, "dlq"):
+        run = correlation_of(fields, ctx.pipeline.correlation_field) or ""
+        if "died" in fields.get("error", "") and run not in crashing:
+            problems.append(f"run {run} (no crash in it) dead-lettered for a death: "
+                            f"{fields.get('error')}")
     return problems
 
 

@@ -34,6 +34,8 @@ from printery.runtime.payloads import PayloadStore
 from printery.testing import wait_for
 from printery.transport.connection import connect
 from support.composition import (
+    CRASH_ENV,
+    CRASH_EXIT,
     INLINE_LIMIT,
     PAYLOAD_LIMIT,
     SETTINGS,
@@ -68,7 +70,8 @@ class Proc:
         logdir.mkdir(parents=True, exist_ok=True)
         stamp = time.monotonic_ns()
         self.out_path, self.err_path = logdir / f"{stamp}.out", logdir / f"{stamp}.err"
-        env = {**os.environ, "PYTHONPATH": str(TESTS)}
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join(
+            [str(TESTS), *filter(None, [os.environ.get("PYTHONPATH")])]), CRASH_ENV: "1"}
         with self.out_path.open("w") as out, self.err_path.open("w") as err:
             self.popen = subprocess.Popen(
                 [sys.executable, "-m", "support.composition_proc", url, prefix,
@@ -94,12 +97,16 @@ class Processes:
         self.url, self.keys, self.shape, self.logdir = url, keys, shape, logdir
         self.count = count
         self.procs: list[Proc] = []
+        self.deaths = 0
+        self._watch: asyncio.Task[None] | None = None
 
     async def _spawn(self) -> Proc:
         proc = Proc(self.url, self.keys.prefix, self.shape, self.logdir)
         self.procs.append(proc)
 
         async def ready() -> bool:
+            if proc.popen.poll() == CRASH_EXIT:
+                return True  # it ran, and a handler killed it: replaced like any death
             if proc.popen.poll() is not None:
                 raise AssertionError(f"worker process exited {proc.popen.returncode}: "
                                      f"{proc.err_path.read_text()[-2000:]}")
@@ -111,6 +118,18 @@ class Processes:
     async def start(self) -> None:
         for _ in range(self.count):
             await self._spawn()
+        self._watch = asyncio.create_task(self._restart_the_dead())
+
+    async def _restart_the_dead(self) -> None:
+        """What a supervisor does: a process that died (a handler's ``os._exit``) is
+        replaced, so the others take its entries and the run goes on."""
+        while True:
+            await asyncio.sleep(0.05)
+            for proc in list(self.procs):
+                if not proc.killed and proc.popen.poll() is not None:
+                    proc.killed = True  # gone: not stopped at the end, not a failure
+                    self.deaths += 1
+                    await self._spawn()
 
     async def kill_one(self) -> str:
         victim = next(p for p in self.procs if not p.killed)
@@ -127,6 +146,13 @@ class Processes:
 
     async def stop(self) -> list[str]:
         """SIGTERM the live ones and wait; what went wrong (exit codes, late reports)."""
+        if self._watch is not None:
+            self._watch.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._watch
+        for proc in self.procs:  # a replacement still starting when the watch stopped
+            if not proc.killed and "ready" not in proc.lines():
+                proc.kill()
         live = [p for p in self.procs if not p.killed and p.popen.poll() is None]
         for proc in live:
             proc.popen.send_signal(signal.SIGTERM)
