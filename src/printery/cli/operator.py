@@ -76,14 +76,18 @@ class _OperatorGroup(click.Group):
     and whose command list is written from :data:`COMMANDS` without importing any."""
 
     def list_commands(self, ctx: click.Context) -> list[str]:
-        return sorted(COMMANDS)
+        return sorted({*COMMANDS, *super().list_commands(ctx)})
 
     def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
-        return load_command(cmd_name) if cmd_name in COMMANDS else None
+        if cmd_name in COMMANDS:
+            return load_command(cmd_name)
+        return super().get_command(ctx, cmd_name)  # one added with add_command, if any
 
     def format_commands(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
         listing = click.Group(commands=[click.Command(name, help=summary)
                                         for name, (_, _, summary) in COMMANDS.items()])
+        for name, command in self.commands.items():
+            listing.add_command(command, name)
         listing.format_commands(ctx, formatter)
 
 
