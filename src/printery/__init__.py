@@ -1,146 +1,185 @@
 """printery: worker orchestration over Redis Streams.
 
-Everything here is the public API, described in docs/reference.md ("Python API"); the
-names of ``__all__`` are grouped as its sections are. Other modules are internal, but
-for ``printery.models``, whose names are also here (imported on first use: they load
-an HTTP client that only a model step needs).
+This is the face for the two audiences that use printery as it is (docs/reference.md,
+"Python API"): pipeline authors (steps, handlers, loops, joins, budgets, limits, model
+steps, review kinds) and applications (submitting and following runs, replay and cost,
+settings, running a pipeline's workers in their own process). ``__all__`` is those two
+and nothing else. The extension surface, for code that builds workers by hand or plugs
+into them (stream workers, companions, observers, codecs, run indexes, payload stores),
+is :mod:`printery.ext`; its names still resolve here, outside ``__all__``, for code
+written before it had a namespace of its own. Every other module is internal.
+
+Every name is imported on first use (PEP 562), not with the package: a ``printery``
+command that needs no runtime does not pay for loading one.
 """
 
-from typing import TYPE_CHECKING
+import typing
 
-from printery.backoff import compute_backoff
-from printery.budgets import Budget, BudgetPlan
-from printery.config import AppConfig, Settings, SettingsTable
-from printery.config_tables import (
-    ConsoleSettings,
-    ReviewSettings,
-    TelemetrySettings,
-    TransportSettings,
-    WorkerSettings,
-)
-from printery.envelope import Codec, Envelope
-from printery.errors import (
-    BlobMissing,
-    ConfigError,
-    DecodeError,
-    DependencyCycle,
-    HandlerError,
-    InvalidInput,
-    MessageError,
-    OutputContractError,
-    PartitionError,
-    PayloadTooLarge,
-    PipelineError,
-    PrinteryError,
-    ProviderDown,
-    QuotaExhausted,
-    Reject,
-    Retry,
-    ReviewActionFailed,
-    ReviewError,
-    ReviewInvalid,
-    ReviewNotFound,
-    ReviewRefused,
-    ReviewRunEnded,
-    ServerRefused,
-    ServerStartError,
-    StepTimeout,
-    SupervisorError,
-    TransportError,
-    UnknownRun,
-    WorkerCrashed,
-    WorkerFailed,
-)
-from printery.fields import review_fields
-from printery.keys import DLQ, REVIEW, REVIEW_DECIDED, RUN_FAILED, StreamKeys, partition_of
-from printery.limits import Limit
-from printery.pipeline.aggregate import (
-    Aggregator,
-    JoinState,
-    MergePolicy,
-    all_must_pass,
-    any_pass,
-    first_wins,
-)
-from printery.pipeline.dag import Pipeline
-from printery.pipeline.escalation import escalate, review_output
-from printery.pipeline.fanout import Map
-from printery.pipeline.loop import Loop
-from printery.pipeline.render import to_mermaid, to_text
-from printery.pipeline.review_kinds import ReviewCase, ReviewKind, ReviewOutcome
-from printery.pipeline.step import BoundStep, LoopShape, MapShape, Step, StepOptions, StepSource
-from printery.reason import Reason
-from printery.redact import redact_text, redact_url, register_secret
-from printery.runs.client import Client, SyncClient
-from printery.runs.cost import cost_summary
-from printery.runs.listing import RunSummary
-from printery.runs.partials import Partial, Verdict
-from printery.runs.reader import RunResult
-from printery.runs.replay import ReplayError, ReplayResult, replay
-from printery.runtime.breaker import Breaker
-from printery.runtime.consumer import ConsumerSettings
-from printery.runtime.handler import Handler, HandlerResult, Message, Output
-from printery.runtime.observe import Observer
-from printery.runtime.payloads import PayloadStore
-from printery.runtime.run_index import RunIndex, RunMark
-from printery.runtime.step_context import Companion, Emit, StepContext
-from printery.runtime.stream_worker import StreamWorker
-from printery.supervisor.manager import WorkerManager
-from printery.worker import RunContext, Worker, WorkerState, WorkerStats
-
-if TYPE_CHECKING:
+if typing.TYPE_CHECKING:
+    from printery.budgets import Budget
+    from printery.config import AppConfig, Settings, SettingsTable
+    from printery.config_tables import (
+        ConsoleSettings,
+        ReviewSettings,
+        TelemetrySettings,
+        TransportSettings,
+        WorkerSettings,
+    )
+    from printery.errors import (
+        BlobMissing,
+        ConfigError,
+        DecodeError,
+        DependencyCycle,
+        HandlerError,
+        InvalidInput,
+        MessageError,
+        OutputContractError,
+        PartitionError,
+        PayloadTooLarge,
+        PipelineError,
+        PrinteryError,
+        ProviderDown,
+        QuotaExhausted,
+        Reject,
+        Retry,
+        ReviewActionFailed,
+        ReviewError,
+        ReviewInvalid,
+        ReviewNotFound,
+        ReviewRefused,
+        ReviewRunEnded,
+        ServerRefused,
+        ServerStartError,
+        StepTimeout,
+        SupervisorError,
+        TransportError,
+        UnknownRun,
+        WorkerCrashed,
+        WorkerFailed,
+    )
+    from printery.keys import DLQ, REVIEW, REVIEW_DECIDED, RUN_FAILED, StreamKeys
+    from printery.limits import Limit
     from printery.models import Completion, OpenAICompatible
+    from printery.pipeline.aggregate import (
+        Aggregator,
+        JoinState,
+        MergePolicy,
+        all_must_pass,
+        any_pass,
+        first_wins,
+    )
+    from printery.pipeline.dag import Pipeline
+    from printery.pipeline.escalation import escalate, review_output
+    from printery.pipeline.fanout import Map
+    from printery.pipeline.loop import Loop
+    from printery.pipeline.review_kinds import ReviewCase, ReviewKind, ReviewOutcome
+    from printery.pipeline.step import Step, StepOptions
+    from printery.reason import Reason
+    from printery.redact import redact_text, redact_url, register_secret
+    from printery.runs.client import Client, SyncClient
+    from printery.runs.cost import cost_summary
+    from printery.runs.listing import RunSummary
+    from printery.runs.partials import Partial, Verdict
+    from printery.runs.reader import RunResult
+    from printery.runs.replay import ReplayError, ReplayResult, replay
+    from printery.runtime.breaker import Breaker
+    from printery.runtime.consumer import ConsumerSettings
+    from printery.runtime.handler import Handler, HandlerResult, Message, Output
+    from printery.supervisor.manager import WorkerManager
 
-__all__ = [  # noqa: RUF022 - grouped as docs/reference.md's sections, sorted within each
-    # Pipelines and steps
-    "BoundStep", "Companion", "Emit", "Pipeline", "PipelineError", "Step", "StepContext",
-    "StepOptions", "StepSource", "to_mermaid", "to_text",
-    # Budgets
-    "Budget", "BudgetPlan",
-    # Handlers
-    "Handler", "HandlerResult", "Message", "Output", "QuotaExhausted", "Reason", "Reject",
-    "Retry",
-    # Flow control and model steps
-    "Breaker", "Completion", "Limit", "OpenAICompatible", "ProviderDown",
-    # Joins
+__all__ = [  # noqa: RUF022 - two faces, grouped as docs/reference.md's sections
+    # For pipeline authors: what a pipeline, its steps and their handlers are made of,
+    # and what a handler or a review hook may raise.
+    # - pipelines and steps; budgets
+    "Pipeline", "PipelineError", "Step", "StepOptions", "Budget",
+    # - handlers
+    "Handler", "HandlerError", "HandlerResult", "Message", "Output", "OutputContractError",
+    "QuotaExhausted", "Reason", "Reject", "Retry", "StepTimeout", "WorkerCrashed",
+    # - flow control and model steps
+    "Breaker", "Completion", "Limit", "OpenAICompatible", "ProviderDown", "register_secret",
+    # - joins
     "Aggregator", "JoinState", "MergePolicy", "all_must_pass", "any_pass", "first_wins",
-    # Escalation
-    "escalate", "review_fields", "review_output",
-    # Validation loops
-    "Loop", "LoopShape",
-    # Streaming through the gate
-    "Partial", "Verdict",
-    # Fan-out: Map
-    "Map", "MapShape",
-    # Review inbox
-    "REVIEW", "REVIEW_DECIDED", "ReviewActionFailed", "ReviewCase", "ReviewError",
-    "ReviewInvalid", "ReviewKind", "ReviewNotFound", "ReviewOutcome", "ReviewRefused",
-    "ReviewRunEnded",
-    # Running workers
-    "ConsumerSettings", "Observer", "PartitionError", "PayloadStore", "RunContext",
-    "RunIndex", "RunMark", "StreamKeys", "StreamWorker", "Worker", "WorkerCrashed", "WorkerManager",
-    "WorkerState", "WorkerStats", "compute_backoff", "partition_of",
-    # Replay and cost
-    "DLQ", "RUN_FAILED", "ReplayError", "ReplayResult", "cost_summary", "replay",
-    # Runs: submitting work and following it
-    "Client", "InvalidInput", "RunResult", "RunSummary", "SyncClient", "UnknownRun",
-    # Settings and applications
+    # - escalation, validation loops, fan-out
+    "Loop", "Map", "escalate", "review_output",
+    # - review kinds, their hooks and what those raise
+    "ReviewActionFailed", "ReviewCase", "ReviewError", "ReviewInvalid", "ReviewKind",
+    "ReviewNotFound", "ReviewOutcome", "ReviewRefused", "ReviewRunEnded",
+    # - the framework's own event types, which a step may consume
+    "DLQ", "REVIEW", "REVIEW_DECIDED", "RUN_FAILED",
+    # For applications: submitting and following runs, replay and cost, settings,
+    # running a pipeline's workers in their own process, and the errors of all that.
+    # - runs
+    "Client", "InvalidInput", "Partial", "RunResult", "RunSummary", "SyncClient",
+    "UnknownRun", "Verdict",
+    # - replay and cost
+    "ReplayError", "ReplayResult", "cost_summary", "replay",
+    # - running a pipeline's workers (Pipeline.build_workers)
+    "ConsumerSettings", "PartitionError", "StreamKeys", "WorkerManager",
+    # - settings and applications
     "AppConfig", "ConsoleSettings", "ReviewSettings", "Settings", "SettingsTable",
     "TelemetrySettings", "TransportSettings", "WorkerSettings",
-    # Envelopes, errors and redaction
-    "BlobMissing", "Codec", "ConfigError", "DecodeError", "DependencyCycle", "Envelope",
-    "HandlerError", "MessageError", "OutputContractError", "PayloadTooLarge",
-    "PrinteryError", "ServerRefused", "ServerStartError", "StepTimeout", "SupervisorError", "TransportError",
-    "WorkerFailed", "redact_text", "redact_url", "register_secret",
+    # - errors and redaction
+    "BlobMissing", "ConfigError", "DecodeError", "DependencyCycle", "MessageError",
+    "PayloadTooLarge", "PrinteryError", "ServerRefused", "ServerStartError",
+    "SupervisorError", "TransportError", "WorkerFailed", "redact_text", "redact_url",
 ]
 
-#: The names of :mod:`printery.models`, imported on first use (it loads httpx).
-_MODELS = frozenset({"Completion", "OpenAICompatible"})
+#: Where each name of ``__all__`` lives: module -> names.
+_MODULES = {
+    "printery.budgets": ("Budget",),
+    "printery.config": ("AppConfig", "Settings", "SettingsTable"),
+    "printery.config_tables": ("ConsoleSettings", "ReviewSettings", "TelemetrySettings",
+                               "TransportSettings", "WorkerSettings"),
+    "printery.errors": (
+        "BlobMissing", "ConfigError", "DecodeError", "DependencyCycle", "HandlerError",
+        "InvalidInput", "MessageError", "OutputContractError", "PartitionError",
+        "PayloadTooLarge", "PipelineError", "PrinteryError", "ProviderDown", "QuotaExhausted",
+        "Reject", "Retry", "ReviewActionFailed", "ReviewError", "ReviewInvalid",
+        "ReviewNotFound", "ReviewRefused", "ReviewRunEnded", "ServerRefused",
+        "ServerStartError", "StepTimeout", "SupervisorError", "TransportError", "UnknownRun",
+        "WorkerCrashed", "WorkerFailed"),
+    "printery.keys": ("DLQ", "REVIEW", "REVIEW_DECIDED", "RUN_FAILED", "StreamKeys"),
+    "printery.limits": ("Limit",),
+    "printery.models": ("Completion", "OpenAICompatible"),
+    "printery.pipeline.aggregate": ("Aggregator", "JoinState", "MergePolicy", "all_must_pass",
+                                    "any_pass", "first_wins"),
+    "printery.pipeline.dag": ("Pipeline",),
+    "printery.pipeline.escalation": ("escalate", "review_output"),
+    "printery.pipeline.fanout": ("Map",),
+    "printery.pipeline.loop": ("Loop",),
+    "printery.pipeline.review_kinds": ("ReviewCase", "ReviewKind", "ReviewOutcome"),
+    "printery.pipeline.step": ("Step", "StepOptions"),
+    "printery.reason": ("Reason",),
+    "printery.redact": ("redact_text", "redact_url", "register_secret"),
+    "printery.runs.client": ("Client", "SyncClient"),
+    "printery.runs.cost": ("cost_summary",),
+    "printery.runs.listing": ("RunSummary",),
+    "printery.runs.partials": ("Partial", "Verdict"),
+    "printery.runs.reader": ("RunResult",),
+    "printery.runs.replay": ("ReplayError", "ReplayResult", "replay"),
+    "printery.runtime.breaker": ("Breaker",),
+    "printery.runtime.consumer": ("ConsumerSettings",),
+    "printery.runtime.handler": ("Handler", "HandlerResult", "Message", "Output"),
+    "printery.supervisor.manager": ("WorkerManager",),
+}
+_WHERE = {name: module for module, names in _MODULES.items() for name in names}
 
+if not typing.TYPE_CHECKING:  # type checkers see the imports above instead
 
-def __getattr__(name: str) -> object:
-    if name in _MODELS:
-        from printery import models
+    def __getattr__(name: str) -> object:
+        """A name's first use imports its module (and keeps the name here)."""
+        import importlib
 
-        return getattr(models, name)
-    raise AttributeError(f"module 'printery' has no attribute {name!r}")
+        module = _WHERE.get(name)
+        if module is not None:
+            value = getattr(importlib.import_module(module), name)
+        else:
+            ext = importlib.import_module("printery.ext")
+            if name.startswith("_") or name not in ext.__all__:
+                raise AttributeError(f"module 'printery' has no attribute {name!r}")
+            value = getattr(ext, name)
+        globals()[name] = value
+        return value
+
+    def __dir__() -> list[str]:
+        return sorted({*globals(), *__all__})

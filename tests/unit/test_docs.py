@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 import printery
+import printery.ext
 
 ROOT = Path(__file__).resolve().parents[2]
 REFERENCE = ROOT / "docs" / "reference.md"
@@ -69,10 +70,11 @@ def render(obj: object) -> str:
 
 def test_reference_names_every_public_name_with_its_signature() -> None:
     text = REFERENCE.read_text()
-    missing = [name for name in printery.__all__ if f"`{name}`" not in text and f"\n{name}(" not in text]
+    names = [*printery.__all__, *printery.ext.__all__]  # both faces and the extension surface
+    missing = [name for name in names if f"`{name}`" not in text and f"\n{name}(" not in text]
     assert not missing, f"docs/reference.md does not mention {missing}"
     wrong = []
-    for name in printery.__all__:
+    for name in names:
         obj = getattr(printery, name)
         if name == "WorkerState" or getattr(obj, "_is_protocol", False) or not callable(obj) or (
                 isinstance(obj, type) and issubclass(obj, BaseException) and "__init__" not in vars(obj)):

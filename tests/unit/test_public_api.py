@@ -1,72 +1,127 @@
-"""The public API is pinned (the layering: test_layering.py)."""
+"""The public API is pinned, face by face: ``printery`` for pipeline authors and for
+applications, ``printery.ext`` for extensions (the layering: test_layering.py)."""
 
 from __future__ import annotations
 
 import inspect
 import re
+import subprocess
+import sys
 import typing
 from collections.abc import Iterator
 from typing import Any
 
+import pytest
+
 import printery
 import printery.errors
+import printery.ext
 
-EXPECTED = {
-    "Aggregator", "BlobMissing", "Codec", "ConfigError", "ConsumerSettings", "DecodeError",
-    "DependencyCycle", "Envelope", "Handler", "HandlerError", "HandlerResult", "JoinState", "Limit",
-    "MergePolicy", "Message", "MessageError", "Output", "PayloadTooLarge", "Pipeline",
-    "PipelineError", "PrinteryError", "Reason", "Reject", "Retry", "RunContext", "Settings",
-    "Step", "StreamWorker", "SupervisorError", "ServerRefused", "TransportError", "Worker", "WorkerFailed",
-    "WorkerManager", "WorkerState", "WorkerStats", "all_must_pass", "any_pass",
-    "compute_backoff", "escalate", "first_wins", "review_output", "to_mermaid", "to_text",
-    # replay and cost accounting for any pipeline (docs/reference.md, Replay and cost)
-    "ReplayError", "ReplayResult", "StreamKeys", "cost_summary", "replay",
-    # the application hook of the settings, redaction, the framework's own streams
-    "AppConfig", "SettingsTable", "redact_text", "redact_url", "DLQ", "REVIEW", "REVIEW_DECIDED",
-    "review_fields",
-    # runs: submitting work and following it (docs/reference.md, Runs)
-    "Client", "SyncClient", "RunResult", "RunSummary", "InvalidInput", "UnknownRun",
-    # what followers see while a step works (docs/reference.md, Streaming through the gate)
-    "Partial", "Verdict",
-    # the review inbox of any pipeline (docs/reference.md, Review inbox)
-    "ReviewCase", "ReviewKind", "ReviewOutcome", "ReviewError", "ReviewNotFound",
-    "ReviewRefused", "ReviewInvalid", "ReviewActionFailed", "ReviewRunEnded",
-    # AI-worker patterns (docs/reference.md, Validation loops; Budgets; Flow control)
-    "Budget",
-    "Loop",
-    # partitioned streams (docs/reference.md, Partitions)
-    "PartitionError", "partition_of",
-    # failure semantics (docs/reference.md, Failures)
-    "RUN_FAILED", "WorkerCrashed",
-    # quota-aware fallbacks (reference: flow control and model steps)
-    "QuotaExhausted",
-    # circuit breakers of model steps (reference: flow control and model steps)
-    "Breaker", "ProviderDown",
-    # fan-out over run-time data (reference: fan-out)
-    "Map", "MapShape",
-    # steps composed one way: what a step is in one worker, its typed options
-    "BoundStep", "StepOptions",
-    # the types of the exported signatures (docs/reference.md, Pipelines and steps; Budgets;
-    # Validation loops; Running workers; Flow control and model steps)
-    "BudgetPlan", "Companion", "Emit", "LoopShape", "Observer", "PayloadStore", "RunIndex",
-    "RunMark", "StepContext", "StepSource", "Completion", "OpenAICompatible",
-    "ConsoleSettings", "ReviewSettings", "TelemetrySettings", "TransportSettings",
-    "WorkerSettings",
-    # errors and redaction (docs/reference.md, Envelopes, errors and redaction)
-    "OutputContractError", "ServerStartError", "StepTimeout", "register_secret",
+#: The face of pipeline authors (``printery.__all__``): what a pipeline, its steps and their
+#: handlers are made of, and what a handler or a review hook may raise.
+AUTHOR = {
+    "Pipeline", "PipelineError", "Step", "StepOptions", "Budget",
+    "Handler", "HandlerError", "HandlerResult", "Message", "Output", "OutputContractError",
+    "QuotaExhausted", "Reason", "Reject", "Retry", "StepTimeout", "WorkerCrashed",
+    "Breaker", "Completion", "Limit", "OpenAICompatible", "ProviderDown", "register_secret",
+    "Aggregator", "JoinState", "MergePolicy", "all_must_pass", "any_pass", "first_wins",
+    "Loop", "Map", "escalate", "review_output",
+    "ReviewActionFailed", "ReviewCase", "ReviewError", "ReviewInvalid", "ReviewKind",
+    "ReviewNotFound", "ReviewOutcome", "ReviewRefused", "ReviewRunEnded",
+    "DLQ", "REVIEW", "REVIEW_DECIDED", "RUN_FAILED",
+}
+
+#: The face of applications (``printery.__all__``): runs, replay and cost, settings, a
+#: pipeline's workers run in the application's own process, the errors of all that.
+APPLICATION = {
+    "Client", "InvalidInput", "Partial", "RunResult", "RunSummary", "SyncClient",
+    "UnknownRun", "Verdict",
+    "ReplayError", "ReplayResult", "cost_summary", "replay",
+    "ConsumerSettings", "PartitionError", "StreamKeys", "WorkerManager",
+    "AppConfig", "ConsoleSettings", "ReviewSettings", "Settings", "SettingsTable",
+    "TelemetrySettings", "TransportSettings", "WorkerSettings",
+    "BlobMissing", "ConfigError", "DecodeError", "DependencyCycle", "MessageError",
+    "PayloadTooLarge", "PrinteryError", "ServerRefused", "ServerStartError",
+    "SupervisorError", "TransportError", "WorkerFailed", "redact_text", "redact_url",
+}
+
+#: The extension surface (``printery.ext.__all__``): workers built by hand, companions,
+#: observers, codecs, payloads, the run index, the pieces of a definition such code reads.
+EXTENSION = {
+    "RunContext", "StreamWorker", "Worker", "WorkerState", "WorkerStats",
+    "Companion", "Emit", "StepContext",
+    "Observer", "PayloadStore", "RunIndex", "RunMark",
+    "Codec", "Envelope", "compute_backoff", "partition_of", "review_fields",
+    "BudgetPlan", "BoundStep", "LoopShape", "MapShape", "StepSource", "to_mermaid", "to_text",
+}
+
+#: The Python names the reference pins for runs, reviews, AI-worker patterns, failure
+#: semantics, fan-out, run control and the bad-day rounds (docs/reference.md, Runs; Review
+#: inbox; Validation loops; Budgets; Flow control and model steps; Fan-out; Streaming
+#: through the gate): each is on a face of ``printery`` itself.
+PINNED = {
+    "Client", "SyncClient", "InvalidInput", "Reason", "RunResult", "UnknownRun", "PrinteryError",
+    "escalate", "Pipeline", "Loop", "Budget", "Limit", "OpenAICompatible", "WorkerCrashed",
+    "Map", "Partial", "QuotaExhausted", "Output", "Retry", "Breaker", "ProviderDown", "Step",
+    "Aggregator",
 }
 
 
-def test_exported_members() -> None:
-    assert set(printery.__all__) == EXPECTED
-    missing = [name for name in printery.__all__ if not hasattr(printery, name)]
-    assert missing == [], f"in printery.__all__ but not importable from printery: {missing}"
+def test_each_name_is_on_exactly_one_face() -> None:
+    assert AUTHOR.isdisjoint(APPLICATION)
+    assert (AUTHOR | APPLICATION).isdisjoint(EXTENSION)
+    assert sorted(printery.__all__) == sorted(AUTHOR | APPLICATION)
+    assert sorted(printery.ext.__all__) == sorted(EXTENSION)
+    assert PINNED <= AUTHOR | APPLICATION
+
+
+def test_every_name_resolves_from_its_face() -> None:
+    for name in printery.__all__:
+        assert getattr(printery, name) is not None
+    for name in printery.ext.__all__:
+        assert getattr(printery.ext, name) is not None
+        # code written before the namespace still finds it, outside ``__all__``
+        assert getattr(printery, name) is getattr(printery.ext, name)
+    star: dict[str, object] = {}
+    exec("from printery import *", star)  # what a star import gives
+    assert set(star) - {"__builtins__"} == AUTHOR | APPLICATION
+
+
+def test_internals_are_not_exported() -> None:
+    """Once every name is loaded, the package holds no public name but its faces' (and
+    its submodules, which are internal but for ``printery.ext`` and ``printery.models``)."""
+    for name in [*printery.__all__, *printery.ext.__all__]:
+        getattr(printery, name)
+    public = {name for name, value in vars(printery).items()
+              if not name.startswith("_") and not inspect.ismodule(value)}
+    assert public <= AUTHOR | APPLICATION | EXTENSION
+    for internal in ("Runs", "NullObserver", "StreamOverview", "approve_by_resuming"):
+        with pytest.raises(AttributeError):
+            getattr(printery, internal)
+        with pytest.raises(AttributeError):
+            getattr(printery.ext, internal)
+
+
+def faces() -> dict[str, object]:
+    """Every name of a face with what it names."""
+    return {**{name: getattr(printery.ext, name) for name in printery.ext.__all__},
+            **{name: getattr(printery, name) for name in printery.__all__}}
+
+
+def test_importing_printery_imports_no_module_of_it() -> None:
+    """A name is imported on its first use, so ``import printery`` (and the command line
+    that starts with it) loads no runtime it does not use."""
+    code = ("import sys, printery, printery.ext\n"
+            "print(sorted(m for m in sys.modules if m.startswith('printery') or m == 'redis'))")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=60, check=True)
+    assert done.stdout.split() == ["['printery',", "'printery.ext']"]
 
 
 def test_every_exported_error_is_under_the_root_and_in_its_tree() -> None:
     """One ``except PrinteryError`` catches whatever printery raises, and errors.py's tree
     names every error a user can import."""
-    errors = [obj for obj in vars(printery).values()
+    errors = [obj for obj in faces().values()
               if isinstance(obj, type) and issubclass(obj, BaseException)]
     assert {e.__name__ for e in errors} <= set(printery.__all__)
     assert [e.__name__ for e in errors if not issubclass(e, printery.PrinteryError)] == []
@@ -103,15 +158,17 @@ def _signatures(obj: object) -> Iterator[tuple[str, Any]]:
 
 
 def test_every_type_in_an_exported_signature_is_exported() -> None:
-    """A user can name every printery type an exported name takes or returns."""
-    public = {id(getattr(printery, name)) for name in printery.__all__}
+    """A user can name every printery type an exported name takes or returns: from its
+    face, or from the extension namespace."""
+    named = faces()
+    public = {id(value) for value in named.values()}
     leaked = set()
-    for name in printery.__all__:
-        for where, obj in _signatures(getattr(printery, name)):
+    for name, value in named.items():
+        for where, obj in _signatures(value):
             if not (isinstance(obj, type) or inspect.isfunction(obj)):
                 continue
             try:
-                hints = typing.get_type_hints(obj, localns=vars(printery))
+                hints = typing.get_type_hints(obj, localns=named)
             except (NameError, TypeError):
                 continue  # a base class's method of another library (pydantic's)
             for hint in hints.values():

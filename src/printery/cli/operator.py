@@ -8,41 +8,87 @@ already exit 2), 3 for ``emit --wait`` timing out.
 
 from __future__ import annotations
 
+import importlib
+
 import click
 
 from printery.cli.common import apps_from_cwd, version_option
-from printery.cli.ops_backfill import backfill
-from printery.cli.ops_bench import bench
-from printery.cli.ops_common import OpsContext
-from printery.cli.ops_dlq import dlq
-from printery.cli.ops_emit import emit
-from printery.cli.ops_inspect import pipeline_group, status, streams
-from printery.cli.ops_pending import pending
-from printery.cli.ops_review import review
-from printery.cli.ops_runs import runs
-from printery.cli.ops_trace import cost, replay, trace
-from printery.cli.ops_watch import watch
+
+#: Every subcommand: its module, its name there, and the first paragraph of its help, which
+#: ``printery --help`` shortens as click does. A subcommand's module (and the runtime it
+#: imports) is loaded only when that subcommand runs or shows its own help, so neither
+#: ``printery --help`` nor one command pays for all the others (tests/unit/test_lazy_cli.py
+#: checks that the summaries are the commands' own).
+COMMANDS: dict[str, tuple[str, str, str]] = {
+    "backfill": ("printery.cli.ops_backfill", "backfill",
+                 "Hand STEP the retained entries of its streams it was never given (a step "
+                 "added, or renamed without renamed_from, after the pipeline first ran); "
+                 "prints the count."),
+    "bench": ("printery.cli.ops_bench", "bench",
+              "Throughput benchmark: hand-written relay ceilings vs printery's pipeline (with "
+              "the library's default settings unless --prefetch is given); with --submit, the "
+              "client; with --console, the web console (--events: GETs per page, default 200)."),
+    "cost": ("printery.cli.ops_trace", "cost",
+             "Handler time and reported cost, summed per step and unit."),
+    "demo": ("printery.cli.demo", "demo",
+             "The five-minute tour: server, demo services, workers, one deployment per outcome."),
+    "dlq": ("printery.cli.ops_dlq", "dlq", "Dead-lettered entries: list, show, replay, purge."),
+    "emit": ("printery.cli.ops_emit", "emit",
+             "Submit a run: a deployment request (deployment:started), or with --app and "
+             "--type any pipeline's ingress entry; print its run id. The data is checked "
+             "against the ingress step first (refused: the reasons, exit 1, nothing written)."),
+    "pending": ("printery.cli.ops_pending", "pending",
+                "Entries delivered to a worker and not acknowledged (in flight, or held by a "
+                "consumer that died and not claimed yet), oldest first: with --json a list of "
+                "objects with id, stream, worker, consumer, deliveries, idle_ms, run_id."),
+    "pipeline": ("printery.cli.ops_inspect", "pipeline_group", "The pipeline's DAG."),
+    "replay": ("printery.cli.ops_trace", "replay",
+               "Run a deployment again from a step under a new id (replay_of = the original)."),
+    "review": ("printery.cli.ops_review", "review",
+               "Escalations waiting for a human: list, show, approve, reject."),
+    "runs": ("printery.cli.ops_runs", "runs",
+             "Runs newest first: id, status, start, end and cost."),
+    "status": ("printery.cli.ops_inspect", "status",
+               "Every running printery-workers process (any host) with its workers."),
+    "streams": ("printery.cli.ops_inspect", "streams",
+                "Each stream of the pipeline plus dlq and review: its length, and per consumer "
+                "group its consumers, pending (delivered, not acknowledged), undelivered (not "
+                "given to any consumer yet) and lag_s (seconds the oldest entry it owes has "
+                "waited); with several partitions, each partition's stream."),
+    "trace": ("printery.cli.ops_trace", "trace",
+              "Every entry of one deployment across all streams, in time order, with durations."),
+    "watch": ("printery.cli.ops_watch", "watch",
+              "Follow one run live (a deployment id, or any pipeline's correlation id)."),
+}
 
 
-def _demo_command() -> click.Command:
-    """``printery demo``, imported only when asked for: it pulls in the demo's web
-    services, which every other subcommand would otherwise pay for at start-up."""
-    from printery.cli.demo import demo
-
-    return demo
+def load_command(name: str) -> click.Command:
+    """The subcommand ``name``, its module imported now."""
+    module, attribute, _ = COMMANDS[name]
+    command = getattr(importlib.import_module(module), attribute)
+    if not isinstance(command, click.Command):
+        raise TypeError(f"{module}.{attribute} is not a click command")
+    return command
 
 
 class _OperatorGroup(click.Group):
-    """A click group that adds the ``demo`` command lazily."""
+    """A click group whose subcommands are imported when asked for (click's lazy group),
+    and whose command list is written from :data:`COMMANDS` without importing any."""
 
     def list_commands(self, ctx: click.Context) -> list[str]:
-        return sorted([*super().list_commands(ctx), "demo"])
+        return sorted({*COMMANDS, *super().list_commands(ctx)})
 
     def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
-        command = super().get_command(ctx, cmd_name)
-        if command is None and cmd_name == "demo":
-            return _demo_command()
-        return command
+        if cmd_name in COMMANDS:
+            return load_command(cmd_name)
+        return super().get_command(ctx, cmd_name)  # one added with add_command, if any
+
+    def format_commands(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
+        listing = click.Group(commands=[click.Command(name, help=summary)
+                                        for name, (_, _, summary) in COMMANDS.items()])
+        for name, command in self.commands.items():
+            listing.add_command(command, name)
+        listing.format_commands(ctx, formatter)
 
 
 @click.group(cls=_OperatorGroup, context_settings={"help_option_names": ["-h", "--help"]})
@@ -77,17 +123,14 @@ def printery(
     Environment variables are read by the shared settings loader (not by click), so
     precedence is the same as the service's: flag > env var > config file > default.
     """
+    from printery.cli.ops_common import OpsContext
+
     apps_from_cwd()  # as for `printery-workers`
     ctx.obj = OpsContext(flags={
         "redis_url": redis_url or None, "stream_prefix": stream_prefix,
         "data_dir": data_dir, "config": config, "app": app,
         "partitions": partitions,
     })
-
-
-for _command in (emit, status, streams, pending, dlq, review, trace, watch, pipeline_group, replay,
-                 cost, bench, runs, backfill):
-    printery.add_command(_command)
 
 
 def main() -> None:

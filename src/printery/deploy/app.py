@@ -25,7 +25,6 @@ from printery import (
     Output,
     Pipeline,
     Reason,
-    review_fields,
     review_output,
 )
 from printery.deploy.decisions import register_review_kinds
@@ -52,6 +51,7 @@ from printery.deploy.merge import merge_outcome
 from printery.deploy.probes import check_dependencies, watch_health
 from printery.deploy.settings import CONFIG, DeploySettings, HasTables
 from printery.deploy.validation import Validation, validate_request
+from printery.ext import review_fields
 
 log = structlog.get_logger("printery.deploy")
 

@@ -26,7 +26,8 @@ from urllib.parse import urlsplit
 import httpx
 import orjson
 
-from printery import compute_backoff, redact_url
+from printery import redact_url
+from printery.ext import compute_backoff
 
 LOG = "log"
 WEBHOOK_PREFIX = "webhook+"

@@ -21,7 +21,7 @@ import orjson
 from packaging.specifiers import InvalidSpecifier, SpecifierSet
 from packaging.version import InvalidVersion, Version
 
-from printery import compute_backoff, redact_url
+from printery import redact_url
 from printery.deploy.delivery import read_limited
 from printery.deploy.events import (
     DependenciesChecked,
@@ -29,6 +29,7 @@ from printery.deploy.events import (
     DependencyStatus,
     HealthChecked,
 )
+from printery.ext import compute_backoff
 
 #: Health bodies are small JSON documents; anything past this is not read.
 MAX_BODY_BYTES = 65536
