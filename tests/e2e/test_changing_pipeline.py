@@ -46,7 +46,8 @@ def _app(tmp_path: Path, name: str, *steps: str) -> None:
     body = "".join(textwrap.dedent(STEPS[s]) for s in steps)
     (tmp_path / f"{name}.py").write_text(
         "import asyncio\n\nfrom printery import Message, Output, Pipeline\n\n"
-        'pipeline = Pipeline("changes", ingress=["in"])\n' + body)
+        # `worked` is the runs' outcome (a run gets one), `audited` a record beside it
+        'pipeline = Pipeline("changes", ingress=["in"], outcomes=["worked"])\n' + body)
 
 
 def _start(server: ServerProcess, prefix: str, tmp_path: Path, app: str) -> ServiceHandle:
