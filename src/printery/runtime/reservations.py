@@ -24,7 +24,7 @@ from typing import Any
 
 from printery.budgets import BudgetPlan, Exceeded, estimated_amounts
 from printery.errors import PipelineError, WorkerCrashed, describe
-from printery.keys import StreamKeys
+from printery.keys import StreamKeys, parse_reservation
 from printery.runtime.handler import Message
 from printery.transport.commit import decode_spent, encode_amount, encode_limit
 from printery.transport.connection import Redis
@@ -113,17 +113,14 @@ class Reservations:
 
 def reserved_sums(held: Mapping[str, str], now_ms: float | None = None) -> dict[str, float]:
     """What the live reservations of a run's reservations hash (``StreamKeys.reserved``,
-    as ``reserve.lua`` writes it: ``<expires ms> <field> <amount> ...``) hold, per budget
+    in the encoding :func:`~printery.keys.parse_reservation` reads) hold, per budget
     field, in units; a lapsed one counts for nothing (the next reservation sweeps it)."""
     now = time.time() * 1000 if now_ms is None else now_ms
     sums: dict[str, float] = {}
     for value in held.values():
-        expires, *pairs = value.split()
-        try:
-            if float(expires) <= now:
-                continue
-        except ValueError:
+        expires, amounts = parse_reservation(value)
+        if expires <= now:
             continue
-        for field, amount in zip(pairs[::2], pairs[1::2], strict=False):
+        for field, amount in amounts.items():
             sums[field] = sums.get(field, 0.0) + decode_spent(amount)
     return sums

@@ -23,8 +23,8 @@
 -- Returns the entries refused: per such entry {k, j, spent, raised, reserved} (its
 -- position from 1, the first field j it would pass, and that field's counts as
 -- stored); the usual reply is empty.
-local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+--@include clock
+local now = now_ms()
 local lease = tonumber(ARGV[1])
 local nf = tonumber(ARGV[2])
 local names, limits = {}, {}
