@@ -57,7 +57,7 @@ async def test_submit_outcome_and_raw_runs_are_indexed(client: aioredis.Redis, p
                       mark=index.mark(keys.stream("deployment:started"), "dep-raw", [], {"usd": 0.25}))
     # As a worker's committer does: the marks of a script run's entries written together.
     committer = Committer(client, index_key=keys.idempotency_index("w"), group="w",
-                          ttl_ms=60_000, index_writes=index.writes)
+                          ttl_ms=60_000, index_writes=index.committed)
     assert [r for r in await committer.commit([commit, raw])] == [2, 1]
     await committer.close()
     failed, total = await reads.page(client, status="failed")
@@ -93,10 +93,14 @@ async def test_the_marks_of_one_script_run_are_written_together(
     # 2 ZADDs of the started, ZADD + ZREM of the ended, a ZADD per status, one SADD, an
     # HSET per ended run: 10 commands for 5 marks, against 2 + 5 per mark one by one.
     assert len(writes) == 2 + 2 + 2 + 1 + 3, writes
-    commits = [EntryCommit("", "", "", "", [], mark=mark) for mark in marks]
+    # The commit ends a run only with the outcome it keeps: each mark's outputs go with it.
+    outputs = [[], [], [(done, succeeded)], [(gave_up, {"data": "{}"})], [(done, succeeded)],
+               [(keys.stream("other"), {"data": "{}"})]]
+    commits = [EntryCommit("", "", "", "", [Append(*out) for out in outs], mark=mark)
+               for mark, outs in zip(marks, outputs, strict=True)]
     committer = Committer(client, index_key=keys.idempotency_index("w"), group="w",
-                          ttl_ms=60_000, index_writes=index.writes)
-    assert await committer.commit(commits) == [1] * len(commits)
+                          ttl_ms=60_000, index_writes=index.committed)
+    assert await committer.commit(commits) == [1 + len(outs) for outs in outputs]
     await committer.close()
     rows, total = await reads.page(client, count=10)
     assert total == 4
@@ -174,8 +178,9 @@ async def test_with_partitions_each_run_is_indexed_in_its_partition_and_read_mer
     scope = part.scope + ":"
     assert all(command[1].startswith(scope) for command in within.writes([mark]))
     committer = Committer(client, index_key=part.idempotency_index("w"), group="w",
-                          ttl_ms=60_000, index_writes=within.writes)
-    assert await committer.commit([EntryCommit("", "", "", "", [], mark=mark)]) == [1]
+                          ttl_ms=60_000, index_writes=within.committed)
+    assert await committer.commit([EntryCommit("", "", "", "", [Append(
+        part.stream("deployment:finished"), {"data": finished})], mark=mark)]) == [2]
     await committer.close()
     failed, total = await reads.page(client, status="failed")
     assert total == 1 and failed[0]["run_id"] == first

@@ -24,7 +24,7 @@ from typing import Any
 
 from printery.budgets import BudgetPlan, Exceeded, estimated_amounts
 from printery.errors import PipelineError, WorkerCrashed, describe
-from printery.keys import StreamKeys, parse_reservation
+from printery.keys import StreamKeys, parse_reservation, raise_field
 from printery.runtime.handler import Message
 from printery.transport.commit import decode_spent, encode_amount, encode_limit
 from printery.transport.connection import Redis
@@ -53,7 +53,7 @@ class Reservations:
         self._limits = plan.limits
         self._head: list[Any] = [lease_ms, len(self._limits)]
         for limit in self._limits:
-            self._head += (limit.field, encode_limit(limit.limit))
+            self._head += (limit.field, raise_field(limit.field), encode_limit(limit.limit))
         #: The amounts of a fixed estimate, encoded once.
         self._fixed = None if callable(self.estimate) else self._encoded(self.estimate)
 

@@ -25,29 +25,28 @@ end
 -- (a key of another type) fails no commit: each is returned, in order.
 local function write_run_index(ix, kept)
   local errors = {}
-  local function try(...)
-    local reply = redis.pcall(...)
+  local function try(reply)  -- each write by its name: try(redis.pcall('NAME', ...))
     if type(reply) == 'table' and reply.err then errors[#errors + 1] = reply.err end
   end
-  for j = 1, #ix.costs, 2 do try('HINCRBYFLOAT', ix.minute, ix.costs[j], ix.costs[j + 1]) end
-  if ix.minute and ix.ttl ~= '0' then try('EXPIRE', ix.minute, ix.ttl) end
+  for j = 1, #ix.costs, 2 do try(redis.pcall('HINCRBYFLOAT', ix.minute, ix.costs[j], ix.costs[j + 1])) end
+  if ix.minute and ix.ttl ~= '0' then try(redis.pcall('EXPIRE', ix.minute, ix.ttl)) end
   if #ix.started > 0 then
     local members = {}
     for j, run in ipairs(ix.started) do members[2 * j - 1], members[2 * j] = ix.at, run end
-    try('ZADD', ix.every, 'NX', unpack(members))
-    try('ZADD', ix.running, 'NX', unpack(members))
+    try(redis.pcall('ZADD', ix.every, 'NX', unpack(members)))
+    try(redis.pcall('ZADD', ix.running, 'NX', unpack(members)))
   end
   for _, e in ipairs(ix.ended) do
     if kept[e.info] then
       kept[e.info] = nil
-      try('ZADD', ix.every, 'NX', ix.at, e.run)
-      try('ZREM', ix.running, e.run)
-      try('ZADD', e.set, ix.at, e.run)
-      try('SADD', ix.statuses, e.status)
+      try(redis.pcall('ZADD', ix.every, 'NX', ix.at, e.run))
+      try(redis.pcall('ZREM', ix.running, e.run))
+      try(redis.pcall('ZADD', e.set, ix.at, e.run))
+      try(redis.pcall('SADD', ix.statuses, e.status))
       if e.clears then
-        try('HSET', e.info, 'status', e.status, 'ended', ix.at, 'dead_letter', '')
+        try(redis.pcall('HSET', e.info, 'status', e.status, 'ended', ix.at, 'dead_letter', ''))
       else
-        try('HSET', e.info, 'status', e.status, 'ended', ix.at)
+        try(redis.pcall('HSET', e.info, 'status', e.status, 'ended', ix.at))
       end
     end
   end
