@@ -56,7 +56,7 @@ def test_each_format_is_spelled_in_keys_py_alone(pattern: str) -> None:
     spelled = [p.relative_to(SRC).as_posix()
                for p in [*SRC.rglob("*.py"), *LUA] if p.name != "keys.py"
                and re.search(pattern, _code(p) if p.suffix == ".lua" else p.read_text())]
-    assert spelled == [] or pattern == r"'%S\+'" and spelled == ["transport/lua/reserve.lua"], spelled
+    assert spelled == [] or (pattern == r"'%S\+'" and spelled == ["transport/lua/reserve.lua"]), spelled
 
 
 def test_the_formats() -> None:

@@ -2,8 +2,9 @@
 
 An entry's handling ends in one of: **done** (its outputs commit), **retry** (after a
 backoff, or the handler's ``Retry(delay=...)``, as a counted delivery), **dead letter**
-(with a reason code: its ``dlq`` entry and its run's ``run:failed``, written by
-:class:`~printery.transport.commit.EntryCommit` ``letter``: a commit of its kind), or **held** (a limit, a budget, a review:
+(with a reason code: its ``dlq`` entry and its run's ``run:failed``, a commit of its
+kind: :class:`~printery.transport.commit.EntryCommit` ``letter``), or **held** (a limit,
+a budget, a review:
 :mod:`printery.runtime.limit_gate`, :mod:`printery.runtime.budget_guard`). Whatever decides
 that an entry failed (the decode, a limit's key function, the handler, its timeout, the
 encoding of its outputs, the loop's and the gate's checks by raising
@@ -15,7 +16,6 @@ letter says why even after the process that saw it died.
 from __future__ import annotations
 
 import asyncio
-import functools
 
 import structlog
 

@@ -18,7 +18,7 @@ commit of an entry of an ingress type indexes its run too (``NX``: a submitted r
 its start), so a run an external producer started with a plain ``XADD`` is indexed when
 its first entry is handled. The commit of an outcome entry sets the status, once: the
 first outcome of a run stays its status, and commit.lua withholds an outcome of a run
-whose info hash says it ended (:attr:`RunMark.ends`, :meth:`RunIndex.committed`). Each entry's
+whose info hash says it ended (:attr:`RunMark.ends`, :func:`committed`). Each entry's
 commit carries a :class:`RunMark`; the committer turns the marks of the entries of one
 script run into a few commands of that run's own transaction (:meth:`RunIndex.writes`:
 one ``ZADD`` per set for all of them, not one per entry), so they land with the
@@ -41,7 +41,7 @@ from printery.transport.channel import Command
 from printery.transport.commit import IndexEnd, IndexWrites
 
 __all__ = ["COST_MINUTE_TTL", "DEAD_LETTER", "RUNNING", "RunIndex", "RunMark",
-           "now_ms", "outcome_status", "run_status"]
+           "committed", "now_ms", "outcome_status", "run_status"]
 
 #: A run's status before its outcome entry.
 RUNNING = "running"
@@ -84,7 +84,7 @@ class RunMark(NamedTuple):
     dead_letter: bool = False
     #: The positions, among the entry's outputs, of those that are outcomes of its run, and
     #: the run's info hash: the commit withholds them when the run has ended already, but
-    #: by a dead letter (a run gets one outcome; :meth:`RunIndex.committed`).
+    #: by a dead letter (a run gets one outcome; :func:`committed`).
     ends: tuple[int, ...] = ()
     info: str = ""
 
@@ -181,7 +181,7 @@ class RunIndex:
         in its info hash; one ``ZADD`` per set, one ``ZREM`` and one ``SADD`` for all the
         marks, and their costs summed into their minute (:meth:`spent`). The starts go
         first: a run one commit starts and ends is ended (and one a commit ends and starts
-        again too). For commit.lua, the same by name: :meth:`committed`."""
+        again too). For commit.lua, the same by name: :func:`committed`."""
         at = now_ms() if at_ms is None else at_ms
         every, running = self._sets()
         total: dict[str, float] = {}
@@ -215,35 +215,6 @@ class RunIndex:
                      for mark in ended]
         return commands
 
-    def committed(self, marks: Sequence[RunMark], at_ms: int | None = None) -> IndexWrites | None:
-        """The writes of ``marks`` for commit.lua (``Committer(index_writes=...)``), by
-        name: :meth:`writes`' commands as the script's run index include makes them, each
-        end only when the script kept that run's outcome (the run had not ended before
-        it), so the first outcome stays the run's status. None: nothing to write."""
-        at = now_ms() if at_ms is None else at_ms
-        total: dict[str, float] = {}
-        for mark in marks:
-            if mark.costs:
-                for unit, amount in mark.costs.items():
-                    total[unit] = total.get(unit, 0.0) + amount
-        started = tuple(mark.run_id for mark in marks if mark.started)
-        ended = tuple(IndexEnd(mark.info or self.keys.run_info(mark.run_id),
-                               self._status_set(mark.status), mark.run_id, mark.status,
-                               not mark.dead_letter)
-                      for mark in marks if mark.status)
-        if not total and not started and not ended:
-            return None
-        every, running = self._sets()
-        minute, ttl = "", 0
-        if total:
-            minute = self.keys.cost_minute(at // 60_000)
-            if at // 1000 != self._expire_sent:
-                self._expire_sent = at // 1000
-                ttl = COST_MINUTE_TTL
-        return IndexWrites(at, every, running, started, minute, ttl,
-                           tuple((unit, repr(float(amount))) for unit, amount in total.items()),
-                           self.keys.run_statuses if ended else "", ended)
-
     def commit_writes(self, source: str, run_id: str,
                       outputs: Iterable[Sequence[Any]]) -> list[Command]:
         """The writes of :meth:`mark` for one commit made on its own (a review's decision)."""
@@ -259,3 +230,36 @@ def outcome_status(event_type: str, fields: Mapping[str, str]) -> str:
     except (_json.JSONDecodeError, ValueError):
         data = None
     return run_status({"stream": event_type, "data": data})
+
+
+def committed(
+    index: RunIndex, marks: Sequence[RunMark], at_ms: int | None = None
+) -> IndexWrites | None:
+    """The writes of ``marks`` under ``index`` for commit.lua (a committer's
+    ``index_writes``: ``partial(committed, index)``), by name: :meth:`RunIndex.writes`'
+    commands as the script's run index include makes them, each end only when the script
+    kept that run's outcome (the run had not ended before it), so the first outcome stays
+    the run's status. None: nothing to write."""
+    at = now_ms() if at_ms is None else at_ms
+    total: dict[str, float] = {}
+    for mark in marks:
+        if mark.costs:
+            for unit, amount in mark.costs.items():
+                total[unit] = total.get(unit, 0.0) + amount
+    started = tuple(mark.run_id for mark in marks if mark.started)
+    ended = tuple(IndexEnd(mark.info or index.keys.run_info(mark.run_id),
+                           index._status_set(mark.status), mark.run_id, mark.status,
+                           not mark.dead_letter)
+                  for mark in marks if mark.status)
+    if not total and not started and not ended:
+        return None
+    every, running = index._sets()
+    minute, ttl = "", 0
+    if total:
+        minute = index.keys.cost_minute(at // 60_000)
+        if at // 1000 != index._expire_sent:
+            index._expire_sent = at // 1000
+            ttl = COST_MINUTE_TTL
+    return IndexWrites(at, every, running, started, minute, ttl,
+                       tuple((unit, repr(float(amount))) for unit, amount in total.items()),
+                       index.keys.run_statuses if ended else "", ended)

@@ -2,8 +2,9 @@
 
 A record is written by the commit (commit.lua, atomically with the outputs and the ack)
 as a member of one set per generation (:func:`printery.keys.record_set`: a ring of three
-sets); the index hash names the current generation. A generation is current for the record ttl, then previous (still checked),
-then expires, so a record is kept at least ttl and at most about twice that.
+sets); the index hash names the current generation. A generation is current for the
+record ttl, then previous (still checked), then expires, so a record is kept at least ttl
+and at most about twice that.
 :class:`RecordLookup` reads them before handlers run, so a duplicate is acked without
 being handled again (the commit checks again, atomically).
 """
