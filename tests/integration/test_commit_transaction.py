@@ -20,6 +20,7 @@ from printery.transport.channel import DirectChannel
 from printery.transport.commit import (
     ARGUMENTS_PARSED,
     COMMIT_LUA,
+    COMMIT_SCRIPT,
     DUPLICATE,
     FENCED,
     SPENT_SCALE,
@@ -29,11 +30,16 @@ from printery.transport.commit import (
     Committer,
     DeadLetterWrite,
     EntryCommit,
+    IndexEnd,
+    IndexWrites,
     commit_commands,
     commit_results,
     commit_run,
     encode_amount,
+    index_errors,
 )
+from printery.transport.dead_letter import write_dead_letter
+from printery.transport.scripts import Scripts
 from printery.transport.streams import ensure_group
 
 TTL_MS = 60_000
@@ -352,3 +358,55 @@ async def test_a_commit_after_the_server_forgot_the_script_writes_once(
         await committer.close()
     assert [f["data"] for _, f in await client.xrange(out)] == ["0", "0b", "1", "1b", "2", "2b"]
     assert (await client.xpending(stream, "g"))["pending"] == 0
+
+
+async def test_a_run_index_write_that_fails_is_returned_and_the_commit_stands(
+    client: aioredis.Redis, prefix: str
+) -> None:
+    """The run index is written by name and its errors come back with the reply (after
+    the entries' results): an index key of another type fails no commit."""
+    keys = StreamKeys(prefix)
+    stream, out, index = keys.stream("in"), keys.stream("out"), keys.idempotency_index("g")
+    await _fill(client, stream, 1)
+    (entry_id,) = await _read(client, stream, "c", 1)
+    await client.set(keys.run_index(), "not a sorted set")
+    writes = IndexWrites(1, keys.run_index(), keys.run_index("running"), ("r1",))
+    run = commit_run(index, "g", TTL_MS, [EntryCommit(stream, "c", entry_id, "k", [Append(out, {"data": "1"})],
+                                                      mark=object())], lambda marks: writes)
+    channel = DirectChannel(client, preload=[COMMIT_SCRIPT])
+    try:
+        (executed,) = await channel.transactions([commit_commands(run)])
+    finally:
+        await channel.close()
+    reply = executed[-1]
+    assert index_errors(run, reply) and "WRONGTYPE" in index_errors(run, reply)[0]
+    assert commit_results(run, reply) == [2], "the commit stands"
+    assert await client.xlen(out) == 1 and (await client.xpending(stream, "g"))["pending"] == 0
+    assert await client.zscore(keys.run_index("running"), "r1") == 1, "the other writes made"
+
+
+async def test_a_dead_letter_alone_is_one_commit_of_its_kind_written_once(
+    client: aioredis.Redis, prefix: str
+) -> None:
+    """An operator's dead letter (no committer): the commit script writes its dlq entry,
+    the run:failed naming it, the ack and the index; a retry finds it acked: nothing twice."""
+    keys = StreamKeys(prefix)
+    stream = keys.stream("in")
+    await _fill(client, stream, 1)
+    (entry_id,) = await _read(client, stream, "c", 1)
+    info = keys.run_info("r1")
+    letter = DeadLetterWrite(
+        stream, "g", "", entry_id, keys.dlq, {"type": "in", "error": "boom"},
+        outcome=keys.stream("run:failed"), outcome_fields={"data": "", "cid": "r1"},
+        data_before='{"dlq_id":"', data_after='"}', run_info=info,
+        index=IndexWrites(5, keys.run_index(), keys.run_index("running"), (), "", 0, (),
+                          keys.run_statuses,
+                          (IndexEnd(info, keys.run_index("failed"), "r1", "failed", False),)))
+    dlq_id = await write_dead_letter(Scripts(client), letter)
+    assert dlq_id is not None
+    ((_, failed),) = await client.xrange(keys.stream("run:failed"))
+    assert _json.loads(failed["data"]) == {"dlq_id": dlq_id}
+    assert (await client.xpending(stream, "g"))["pending"] == 0
+    assert await client.hgetall(info) == {"dead_letter": dlq_id, "status": "failed", "ended": "5"}
+    assert await write_dead_letter(Scripts(client), letter) is None, "fenced: written once"
+    assert await client.xlen(keys.dlq) == 1
