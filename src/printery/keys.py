@@ -298,7 +298,7 @@ class StreamKeys:
     def reserved(self, run_id: str) -> str:
         """Hash of what entries of a run that have not committed yet reserved of its
         budget (a step's ``estimate=``), by the entry's reservation key, each with its
-        expiry (see ``transport/reserve.lua``)."""
+        expiry (see ``transport/lua/reserve.lua``)."""
         return f"{self.reserved_prefix}{run_id}"
 
     @property
@@ -356,7 +356,7 @@ class StreamKeys:
 
     def breaker(self, model: str) -> str:
         """Hash of the circuit breaker of the model ``model`` (docs/reference.md, Flow
-        control and model steps; ``transport/breaker.lua``): shared by every process and
+        control and model steps; ``transport/lua/breaker.lua``): shared by every process and
         every step calling that model name. One hash tag for all breakers: /status reads
         them together."""
         return f"{self.prefix}:{{breaker}}:{model}"

@@ -1,4 +1,4 @@
-"""Idempotency records (transport/commit.lua): members of one set per generation, against
+"""Idempotency records (transport/lua/includes/records.lua): members of one set per generation, against
 a real server. A generation's age is set through its index, so no test waits for a TTL."""
 
 from __future__ import annotations

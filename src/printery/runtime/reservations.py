@@ -4,7 +4,7 @@ reserves of its runs' limits before its handlers run.
 Checking what a run spent before a handler and charging it at commit lets every sibling
 running at once pass the check together (fifty items of a map, each under the limit
 alone, overshoot it fifty-fold). Here the check is a reservation, taken atomically with
-every other of the run by one script per read batch (``transport/reserve.lua``): an entry
+every other of the run by one script per read batch (``transport/lua/reserve.lua``): an entry
 runs only while spent + reserved + its estimate stays within the limit, else its budget's
 ``on_exceeded`` applies as for a breach. The entry's commit removes its reservation in
 the same transaction that adds what it spent (``commit.lua``, see
