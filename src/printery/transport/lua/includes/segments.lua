@@ -1,8 +1,9 @@
 -- A commit's arguments (transport/commit.py writes them; docs/engine.md, The Lua
 -- library): group, record ttl ms, '1' + the records' index hash and ring (keys) when an
 -- entry carries a record (else '0'), the segment count, then each segment, then the
--- count of the run index's writes and each. A segment is a letter (one dead letter) or consecutive entries that share a source stream, a consumer, whether they
--- carry a record, their output streams and budget plan: its header (kind 'entries',
+-- count of the run index's writes and each. A segment is a letter (one dead letter) or
+-- consecutive entries that share a source stream, a consumer, whether they carry a
+-- record, their output streams and budget plan: its header (kind 'entries',
 -- count n, '1' + source stream key + consumer if it has one, '1' if it carries records,
 -- outputs m, budget fields nb; per output its stream (key) and flags: 1 once key, + 2 an
 -- outcome of its run), its budget plan, then its columns, n each: entry ids, records,
