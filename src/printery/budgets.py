@@ -21,7 +21,7 @@ others find its ``once`` guard (:func:`review_guard`) taken.
 
 Reserved budgets: a step that declares what one call is expected to spend (``estimate=``)
 reserves it against its run's limits before its handler runs, atomically with every
-other reservation of the run (``transport/reserve.lua``, a reservations hash per run
+other reservation of the run (``transport/lua/reserve.lua``, a reservations hash per run
 beside its budget hash); the entry's commit replaces its reservation with what it spent.
 """
 

@@ -31,6 +31,61 @@ REVIEW_DECIDED = "review:decided"
 RUN_FAILED = "run:failed"
 
 
+#: Record sets per idempotency index: generation g's records are in ``record_sets[g % 3]``
+#: (commit.lua's records include rotates through them; the one a rotation makes current
+#: expired a record ttl before).
+RECORD_RING = 3
+
+
+def record_set(index_key: str, generation: int) -> str:
+    """The set holding generation ``generation``'s idempotency records of an index."""
+    return f"{index_key}:r{generation % RECORD_RING}"
+
+
+def record_sets(index_key: str) -> tuple[str, ...]:
+    """The ring of an index's record sets, in generation order (``% RECORD_RING``)."""
+    return tuple(record_set(index_key, g) for g in range(RECORD_RING))
+
+
+def warned_field(field: str) -> str:
+    """The field of a run's budget hash that says its ``field``'s soft warning was written."""
+    return f"warned:{field}"
+
+
+def raise_field(field: str) -> str:
+    """The field of a run's budget hash holding what approved raises added to the limit
+    of ``field`` (docs/reference.md, Budgets)."""
+    return f"raise:{field}"
+
+
+def budget_warning_key(run_id: str, field: str) -> str:
+    """The idempotency key of a run's soft-budget warning of ``field`` (one per run and
+    field); commit.lua writes it as the two parts of :func:`budget_warning_key_parts`
+    around the run id."""
+    before, after = budget_warning_key_parts(field)
+    return f"{before}{run_id}{after}"
+
+
+def budget_warning_key_parts(field: str) -> tuple[str, str]:
+    return "budget:warning:", f":{field}"
+
+
+def reservation_value(expires_ms: int, amounts: dict[str, str]) -> str:
+    """A reservation in a run's reservations hash (reserve.lua writes it so): ``<expires
+    ms> <field> <amount> ...``, a budget field name holding no space."""
+    return " ".join([str(expires_ms), *(part for pair in amounts.items() for part in pair)])
+
+
+def parse_reservation(value: str) -> tuple[float, dict[str, str]]:
+    """A reservation's expiry (ms; 0 when unreadable) and its field -> amount pairs."""
+    expires, *pairs = value.split() or ["0"]
+    try:
+        at = float(expires)
+    except ValueError:
+        at = 0.0
+    return at, dict(zip(pairs[::2], pairs[1::2], strict=False))
+
+
 def item_type(map_name: str) -> str:
     """The event type of a Map's items (reference: fan-out): ``<name>:item``."""
     return f"{map_name}:item"
@@ -185,7 +240,7 @@ class StreamKeys:
 
     def idempotency_index(self, worker: str) -> str:
         """Where ``worker`` records the idempotency keys it committed: this hash names the
-        current generation; the records are members of ``<index>:r<generation>`` sets."""
+        current generation; the records are members of :func:`record_sets`."""
         return f"{self.scope}:idem:{worker}"
 
     def last_error(self, worker: str, stream: str, entry_id: str) -> str:
@@ -243,7 +298,7 @@ class StreamKeys:
     def reserved(self, run_id: str) -> str:
         """Hash of what entries of a run that have not committed yet reserved of its
         budget (a step's ``estimate=``), by the entry's reservation key, each with its
-        expiry (see ``transport/reserve.lua``)."""
+        expiry (see ``transport/lua/reserve.lua``)."""
         return f"{self.reserved_prefix}{run_id}"
 
     @property
@@ -301,7 +356,7 @@ class StreamKeys:
 
     def breaker(self, model: str) -> str:
         """Hash of the circuit breaker of the model ``model`` (docs/reference.md, Flow
-        control and model steps; ``transport/breaker.lua``): shared by every process and
+        control and model steps; ``transport/lua/breaker.lua``): shared by every process and
         every step calling that model name. One hash tag for all breakers: /status reads
         them together."""
         return f"{self.prefix}:{{breaker}}:{model}"

@@ -4,7 +4,7 @@
 A limit is declared on a step (``@pipeline.step(..., limits=[Limit(...)])``) and holds
 across every process sharing the server, because its state lives there: see
 :mod:`printery.runtime.limit_gate` for how entries wait and
-``printery/transport/limit.lua`` for the one atomic decision.
+``printery/transport/lua/limit.lua`` for the one atomic decision.
 """
 
 from __future__ import annotations

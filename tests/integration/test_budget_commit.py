@@ -10,7 +10,7 @@ from typing import Any
 import redis.asyncio as aioredis
 
 from printery import Pipeline, _json
-from printery.keys import StreamKeys
+from printery.keys import StreamKeys, record_set
 from printery.runs.cost import cost_summary
 from printery.transport.commit import (
     FENCED,
@@ -61,7 +61,7 @@ async def test_spent_counts_only_what_commits_and_the_warning_is_written_once(
     ids = await _read(client, stream, 7)
     await client.xclaim(stream, "g", "other", 0, [ids[1]])  # fenced out
     await client.hset(index, mapping={"gen": 1, "start": 2**52})
-    await client.sadd(f"{index}:r1", "k2")  # already recorded: a duplicate
+    await client.sadd(record_set(index, 1), "k2")  # already recorded: a duplicate
 
     def entry(n: int, usd: float) -> EntryCommit:
         return EntryCommit(stream, "c", ids[n], f"k{n}", [Append(out, {"data": str(n)})],

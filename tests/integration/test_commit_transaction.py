@@ -14,12 +14,13 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from printery import _json
-from printery.keys import StreamKeys
+from printery.keys import StreamKeys, record_set, record_sets
 from printery.runtime.run_index import RunMark
 from printery.transport.channel import DirectChannel
 from printery.transport.commit import (
     ARGUMENTS_PARSED,
     COMMIT_LUA,
+    COMMIT_SCRIPT,
     DUPLICATE,
     FENCED,
     SPENT_SCALE,
@@ -27,12 +28,18 @@ from printery.transport.commit import (
     BudgetCharge,
     ChargePlan,
     Committer,
+    DeadLetterWrite,
     EntryCommit,
+    IndexEnd,
+    IndexWrites,
     commit_commands,
     commit_results,
     commit_run,
     encode_amount,
+    index_errors,
 )
+from printery.transport.dead_letter import write_dead_letter
+from printery.transport.scripts import Scripts
 from printery.transport.streams import ensure_group
 
 TTL_MS = 60_000
@@ -71,7 +78,7 @@ async def test_one_run_keeps_only_what_commits_and_a_replay_writes_nothing(
     # has two outputs, the second guarded by a once key that is already taken.
     await client.xclaim(stream, "g", "other", 0, [ids[1]])
     await client.hset(index, mapping={"gen": 1, "start": 2**52})
-    await client.sadd(f"{index}:r1", "k2")
+    await client.sadd(record_set(index, 1), "k2")
     await client.set(keys.once("taken"), "1")
 
     def call(n: int, *extra: Append) -> EntryCommit:
@@ -88,7 +95,7 @@ async def test_one_run_keeps_only_what_commits_and_a_replay_writes_nothing(
     assert written == ['{"n": 0}', '{"n": 3}', '{"n": 4}']
     pending = await client.xpending_range(stream, "g", min="-", max="+", count=10)
     assert [row["message_id"] for row in pending] == [ids[1]], "all but the fenced acked"
-    assert await client.smismember(f"{index}:r1", ["k0", "k1", "k3", "k4"]) == [1, 0, 1, 1]
+    assert await client.smismember(record_set(index, 1), ["k0", "k1", "k3", "k4"]) == [1, 0, 1, 1]
 
     # The reply was lost and the run is sent again: everything is now fenced (acked)
     # or a duplicate, so its outputs are withdrawn inside the same transaction.
@@ -115,7 +122,7 @@ async def test_an_output_key_of_another_type_fails_its_entry_alone(
         "the failed entry's other output is withdrawn")
     pending = await client.xpending_range(stream, "g", min="-", max="+", count=10)
     assert [row["message_id"] for row in pending] == [ids[0]]
-    assert not await client.sismember(f"{index}:r1", "a"), "no record for the failed entry"
+    assert not await client.sismember(record_set(index, 1), "a"), "no record for the failed entry"
 
 
 async def test_a_run_of_several_segments_commits_each_entry_on_its_own(
@@ -150,14 +157,16 @@ async def test_a_run_of_several_segments_commits_each_entry_on_its_own(
         call(b, "c2", from_b[3], "t", to(out, "b3")),  # b3 is c1's: fenced
         EntryCommit("", "", "", "", [to(out, "emitted")]),
     ]
-    assert commit_run(index, "g", TTL_MS, calls).keys == [index, a, b]
+    # Every key the script touches is declared (the cluster routes by them).
+    assert set(commit_run(index, "g", TTL_MS, calls).keys) == {
+        index, *record_sets(index), a, b, out, side, keys.once("fresh"), keys.once("taken")}
     assert await _commit(client, index, calls) == [2, 2, DUPLICATE, 3, 2, 1, 1, FENCED, 2]
     assert [f["data"] for _, f in await client.xrange(out)] == ["a0", "a1", "a3", "emitted"]
     assert [f["data"] for _, f in await client.xrange(side)] == ["a3s", "b0"]
     for stream, still in ((a, []), (b, [from_b[3]])):
         pending = await client.xpending_range(stream, "g", min="-", max="+", count=10)
         assert [row["message_id"] for row in pending] == still
-    assert sorted(await client.smembers(f"{index}:r1")) == ["u", "v", "w", "x", "y", "z"]
+    assert sorted(await client.smembers(record_set(index, 1))) == ["u", "v", "w", "x", "y", "z"]
     assert await client.get(keys.once("fresh")) == "1"
 
 
@@ -188,11 +197,17 @@ async def test_a_clean_run_replies_with_its_count_and_unsorted_ids_are_checked_o
 _DECODER = """
 local entries = {}
 for _, s in ipairs(segs) do
-  for x = 1, s.n do
+  local l = s.letter
+  if l then
+    entries[#entries + 1] = {'letter', l.id, l.consumer, l.dlq, l.source or '', l.fields,
+      l.outcome or '', l.info or '', l.before or '', l.after or '', l.outcome_fields,
+      l.last_error or '', l.once or '', l.once_ttl or '', l.reserved or '', l.reservation or ''}
+  end
+  for x = 1, (l and 0 or s.n) do
     local outs = {}
     for j = 1, s.m do
       local column, ends = s.once[j], s.ends[j]
-      outs[j] = {s.outs[j], column and ARGV[column + x - 1] or '', ends and ARGV[ends + x - 1] or ''}
+      outs[j] = {s.outs[j], column and KEYS[column + x - 1] or '', ends and KEYS[ends + x - 1] or ''}
     end
     local budget = {}
     if s.budget then
@@ -200,10 +215,9 @@ for _, s in ipairs(segs) do
       for j, f in ipairs(b.fields) do
         charged[j] = {f.name, ARGV[f.col + x - 1], f.soft or '', f.hard or '', f.note}
       end
-      local tpl = {}
-      for j = b.tpl, b.tpl + b.ntpl - 1 do tpl[#tpl + 1] = ARGV[j] end
-      budget = {b.prefix .. ARGV[b.runs + x - 1], b.corr, b.stream, b.over, b.reserved,
-                b.scale, tpl, charged}
+      budget = {KEYS[b.hashes + x - 1], b.corr, b.stream, b.over or '',
+                b.reserved and KEYS[b.reserved + x - 1] or '', b.scale, b.tpl, charged,
+                ARGV[b.runs + x - 1]}
     end
     entries[#entries + 1] = {
       s.stream or '', s.stream and s.consumer or '', s.ids and ARGV[s.ids + x - 1] or '',
@@ -246,8 +260,29 @@ _entries = st.lists(st.builds(
     entry_id=st.sampled_from(["", "1-0", "2-0", "3-1"]), record=st.sampled_from(["", "k1", "k2"]),
     appends=_appends, budget=_charges(), mark=st.none() | st.builds(
         RunMark, run_id=st.just("r"), started=st.just(False), status=st.just("done"),
-        ends=st.sampled_from([(), (0,), (1, 2)]), info=st.sampled_from(["i1", "i2"]))),
+        ends=st.sampled_from([(), (0,), (1, 2)]), info=st.sampled_from(["i1", "i2"])),
+    letter=st.none() | st.builds(
+        DeadLetterWrite, source=st.just("in1"), group=st.just("group"), consumer=st.sampled_from(["", "c1"]),
+        entry_id=st.sampled_from(["", "1-0"]), dlq=st.just("dlq"), letter=st.just({"type": "t", "error": "e"}),
+        outcome=st.sampled_from(["", "run:failed"]), outcome_fields=st.just({"data": "", "cid": "r"}),
+        data_before=st.just('{"a":"'), data_after=st.just('"}'), run_info=st.just("i1"),
+        index=st.none(), last_error=st.sampled_from(["", "lasterr"]), once=st.sampled_from(["", "o9"]),
+        once_ttl_ms=st.just(5), ends_run=st.booleans(), reserved=st.just("res"),
+        reservation=st.sampled_from(["", "k1"])) | st.none()),
     min_size=1, max_size=12)
+
+
+def _lettered(letter: DeadLetterWrite) -> list[Any]:
+    """A dead letter as the decoder shows it."""
+    outcome = bool(letter.outcome)
+    flat = [part for pair in letter.letter.items() for part in pair]
+    fields = [part for pair in letter.outcome_fields.items() for part in pair] if outcome else []
+    return ["letter", letter.entry_id, letter.consumer, letter.dlq,
+            letter.source if letter.entry_id else "", flat, letter.outcome,
+            letter.run_info if outcome else "", letter.data_before if outcome else "",
+            letter.data_after if outcome else "", fields or {}, letter.last_error, letter.once,
+            str(letter.once_ttl_ms) if letter.once else "",
+            letter.reserved if letter.reservation else "", letter.reservation]
 
 
 def _charged(charge: BudgetCharge | None) -> list[Any]:
@@ -263,8 +298,9 @@ def _charged(charge: BudgetCharge | None) -> list[Any]:
               for name, column, soft, limit, note in zip(plan.fields, columns, plan.soft,
                                                          hard, plan.notes, strict=True)]
     template = [part for pair in plan.warning.items() for part in pair]
-    return [plan.prefix + charge.run, plan.corr, plan.warning_stream, plan.over, plan.reserved,
-            SPENT_SCALE, template, fields]
+    return [plan.prefix + charge.run, plan.corr, plan.warning_stream, plan.over,
+            plan.reserved + charge.run if plan.reserved else "", SPENT_SCALE, template, fields,
+            charge.run]
 
 
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
@@ -283,14 +319,16 @@ async def test_the_script_parses_exactly_what_the_python_half_encodes(
     group, ttl, seen = _json.loads(reply)
     assert (group, ttl) == ("group", TTL_MS)
     expected = [
+        _lettered(e.letter) if e.letter is not None else
         [e.source if e.entry_id else "", e.consumer if e.entry_id else "", e.entry_id,
          e.record, [[out.stream, out.once, e.mark.info if e.mark and slot in e.mark.ends else ""]
                     for slot, out in enumerate(e.appends)], _charged(e.budget)]
         for e in entries
     ]
     # cjson writes an empty table as an object.
-    assert [[*entry[:4], entry[4] or [], entry[5] or []] for entry in seen] == expected
-    assert run.appends == [out for e in entries for out in e.appends]
+    assert [entry if entry[0] == "letter" else [*entry[:4], entry[4] or [], entry[5] or []]
+            for entry in seen] == expected
+    assert run.appends == [out for e in entries if e.letter is None for out in e.appends]
 
 
 async def test_a_commit_after_the_server_forgot_the_script_writes_once(
@@ -320,3 +358,55 @@ async def test_a_commit_after_the_server_forgot_the_script_writes_once(
         await committer.close()
     assert [f["data"] for _, f in await client.xrange(out)] == ["0", "0b", "1", "1b", "2", "2b"]
     assert (await client.xpending(stream, "g"))["pending"] == 0
+
+
+async def test_a_run_index_write_that_fails_is_returned_and_the_commit_stands(
+    client: aioredis.Redis, prefix: str
+) -> None:
+    """The run index is written by name and its errors come back with the reply (after
+    the entries' results): an index key of another type fails no commit."""
+    keys = StreamKeys(prefix)
+    stream, out, index = keys.stream("in"), keys.stream("out"), keys.idempotency_index("g")
+    await _fill(client, stream, 1)
+    (entry_id,) = await _read(client, stream, "c", 1)
+    await client.set(keys.run_index(), "not a sorted set")
+    writes = IndexWrites(1, keys.run_index(), keys.run_index("running"), ("r1",))
+    run = commit_run(index, "g", TTL_MS, [EntryCommit(stream, "c", entry_id, "k", [Append(out, {"data": "1"})],
+                                                      mark=object())], lambda marks: writes)
+    channel = DirectChannel(client, preload=[COMMIT_SCRIPT])
+    try:
+        (executed,) = await channel.transactions([commit_commands(run)])
+    finally:
+        await channel.close()
+    reply = executed[-1]
+    assert index_errors(run, reply) and "WRONGTYPE" in index_errors(run, reply)[0]
+    assert commit_results(run, reply) == [2], "the commit stands"
+    assert await client.xlen(out) == 1 and (await client.xpending(stream, "g"))["pending"] == 0
+    assert await client.zscore(keys.run_index("running"), "r1") == 1, "the other writes made"
+
+
+async def test_a_dead_letter_alone_is_one_commit_of_its_kind_written_once(
+    client: aioredis.Redis, prefix: str
+) -> None:
+    """An operator's dead letter (no committer): the commit script writes its dlq entry,
+    the run:failed naming it, the ack and the index; a retry finds it acked: nothing twice."""
+    keys = StreamKeys(prefix)
+    stream = keys.stream("in")
+    await _fill(client, stream, 1)
+    (entry_id,) = await _read(client, stream, "c", 1)
+    info = keys.run_info("r1")
+    letter = DeadLetterWrite(
+        stream, "g", "", entry_id, keys.dlq, {"type": "in", "error": "boom"},
+        outcome=keys.stream("run:failed"), outcome_fields={"data": "", "cid": "r1"},
+        data_before='{"dlq_id":"', data_after='"}', run_info=info,
+        index=IndexWrites(5, keys.run_index(), keys.run_index("running"), (), "", 0, (),
+                          keys.run_statuses,
+                          (IndexEnd(info, keys.run_index("failed"), "r1", "failed", False),)))
+    dlq_id = await write_dead_letter(Scripts(client), letter)
+    assert dlq_id is not None
+    ((_, failed),) = await client.xrange(keys.stream("run:failed"))
+    assert _json.loads(failed["data"]) == {"dlq_id": dlq_id}
+    assert (await client.xpending(stream, "g"))["pending"] == 0
+    assert await client.hgetall(info) == {"dead_letter": dlq_id, "status": "failed", "ended": "5"}
+    assert await write_dead_letter(Scripts(client), letter) is None, "fenced: written once"
+    assert await client.xlen(keys.dlq) == 1

@@ -1,4 +1,4 @@
-"""Idempotency records (transport/commit.lua): members of one set per generation, against
+"""Idempotency records (transport/lua/includes/records.lua): members of one set per generation, against
 a real server. A generation's age is set through its index, so no test waits for a TTL."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from typing import Any
 import redis.asyncio as aioredis
 
 from printery import Message, Pipeline
-from printery.keys import StreamKeys
+from printery.keys import StreamKeys, record_set
 from printery.runtime.handler import Output
 from printery.testing import wait_for
 from printery.transport.channel import DirectChannel
@@ -36,11 +36,11 @@ async def test_records_are_set_members_kept_across_a_rotation(client: aioredis.R
         await client.xadd(keys.stream("in"), {"data": '{"n": 1}', "idempotency_key": "k1"})
         await wait_for(lambda: _settled(client, keys, 1))
         assert await client.hget(index, "gen") == "1"
-        assert await client.type(f"{index}:r1") == "set"
-        assert await client.sismember(f"{index}:r1", "k1")
-        assert 0 < await client.pttl(f"{index}:r1") <= 2 * TTL_MS
+        assert await client.type(record_set(index, 1)) == "set"
+        assert await client.sismember(record_set(index, 1), "k1")
+        assert 0 < await client.pttl(record_set(index, 1)) <= 2 * TTL_MS
         assert sorted([k async for k in client.scan_iter(match=f"{prefix}:idem:*")]) == [
-            index, f"{index}:r1"], "one set per generation, no key per record"
+            index, record_set(index, 1)], "one set per generation, no key per record"
 
         # Generation 1 began a TTL ago: the next commit rotates; its records stay
         # consulted as the previous generation, and expire one TTL from now.
@@ -49,13 +49,13 @@ async def test_records_are_set_members_kept_across_a_rotation(client: aioredis.R
         await wait_for(lambda: _settled(client, keys, 2))
         assert handler.calls == 1, "a duplicate of a previous generation's record"
         assert await client.hget(index, "gen") == "2"
-        assert 0 < await client.pttl(f"{index}:r1") <= TTL_MS
+        assert 0 < await client.pttl(record_set(index, 1)) <= TTL_MS
 
         await client.xadd(keys.stream("in"), {"data": '{"n": 2}', "idempotency_key": "k2"})
         await wait_for(lambda: _settled(client, keys, 3))
         assert handler.calls == 2
-        assert await client.sismember(f"{index}:r2", "k2")
-        assert not await client.sismember(f"{index}:r1", "k2")
+        assert await client.sismember(record_set(index, 2), "k2")
+        assert not await client.sismember(record_set(index, 1), "k2")
     assert await client.xlen(keys.stream("out")) == 2
 
 
@@ -101,7 +101,7 @@ async def test_commit_script_checks_the_previous_generation_itself(
     await client.set(keys.stream("not-a-stream"), "x")
     result = await commit(ids[2], "k2", out="not-a-stream")
     assert isinstance(result, Exception) and "WRONGTYPE" in str(result)
-    assert not await client.sismember(f"{index}:r2", "k2"), "no record is written"
+    assert not await client.sismember(record_set(index, 2), "k2"), "no record is written"
     assert (await client.xpending(stream, "g"))["pending"] == 1, "and the entry not acked"
     await committer.close()
 
@@ -116,11 +116,11 @@ async def test_the_lookup_before_handlers_follows_a_rotation(
     try:
         assert await lookup.recorded(["a"]) == [False], "nothing recorded yet"
         await client.hset(index, mapping={"gen": 1, "start": 0})
-        await client.sadd(f"{index}:r1", "a")
+        await client.sadd(record_set(index, 1), "a")
         assert await lookup.recorded(["a", "b"]) == [True, False]
         await client.hset(index, "gen", 3)  # two rotations: generation 1 is gone from view
-        await client.sadd(f"{index}:r2", "b")
-        await client.sadd(f"{index}:r3", "c")
+        await client.sadd(record_set(index, 2), "b")
+        await client.sadd(record_set(index, 3), "c")
         assert await lookup.recorded(["a", "b", "c"]) == [False, True, True]
     finally:
         await lookup.close()
@@ -134,7 +134,7 @@ async def test_lookups_made_at_once_do_not_wait_for_each_other(
     its own keys', and the connections are kept for the next lookups."""
     index = StreamKeys(prefix).idempotency_index("g")
     await client.hset(index, mapping={"gen": 1, "start": 0})
-    await client.sadd(f"{index}:r1", *[f"k{n}" for n in range(0, 40, 2)])
+    await client.sadd(record_set(index, 1), *[f"k{n}" for n in range(0, 40, 2)])
     lookup = RecordLookup(DirectChannel(client), index)
     try:
         keys = [[f"k{n}", f"k{n + 1}"] for n in range(0, 40, 2)]

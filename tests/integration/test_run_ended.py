@@ -13,6 +13,7 @@ import json
 import os
 import sys
 from collections.abc import AsyncIterator
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -24,7 +25,7 @@ from printery import ConsumerSettings, ReviewNotFound, StreamKeys
 from printery.envelope import Codec
 from printery.inbox import reviews
 from printery.runs.facade import Runs
-from printery.runtime.run_index import RunIndex
+from printery.runtime.run_index import RunIndex, committed
 from printery.servers.process import ServerProcess
 from printery.service.access import Access
 from printery.service.api import build_api
@@ -208,7 +209,7 @@ async def test_the_commit_withholds_an_outcome_of_a_run_that_has_ended(
     keys = StreamKeys(prefix)
     index = RunIndex(keys, outcomes=["end"])
     committer = Committer(client, index_key=keys.idempotency_index("g"), group="g",
-                          ttl_ms=60_000, index_writes=index.committed)
+                          ttl_ms=60_000, index_writes=partial(committed, index))
     codec = Codec(correlation_field="run")
 
     def output(event_type: str, run: str, status: str) -> Append:

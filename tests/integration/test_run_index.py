@@ -5,6 +5,8 @@ the last hour only. Pages read the index in bounded round trips whatever its siz
 
 from __future__ import annotations
 
+from functools import partial
+
 import pytest
 import redis.asyncio as aioredis
 
@@ -15,7 +17,7 @@ from printery.keys import StreamKeys
 from printery.runs.facade import Runs
 from printery.runs.history import id_order
 from printery.runs.index import RunIndexReader
-from printery.runtime.run_index import RUNNING, RunIndex, RunMark, now_ms
+from printery.runtime.run_index import RUNNING, RunIndex, RunMark, committed, now_ms
 from printery.store import run_index as index_reads
 from printery.testing import wait_for
 from printery.transport.commit import Append, Committer, EntryCommit
@@ -57,7 +59,7 @@ async def test_submit_outcome_and_raw_runs_are_indexed(client: aioredis.Redis, p
                       mark=index.mark(keys.stream("deployment:started"), "dep-raw", [], {"usd": 0.25}))
     # As a worker's committer does: the marks of a script run's entries written together.
     committer = Committer(client, index_key=keys.idempotency_index("w"), group="w",
-                          ttl_ms=60_000, index_writes=index.writes)
+                          ttl_ms=60_000, index_writes=partial(committed, index))
     assert [r for r in await committer.commit([commit, raw])] == [2, 1]
     await committer.close()
     failed, total = await reads.page(client, status="failed")
@@ -93,10 +95,14 @@ async def test_the_marks_of_one_script_run_are_written_together(
     # 2 ZADDs of the started, ZADD + ZREM of the ended, a ZADD per status, one SADD, an
     # HSET per ended run: 10 commands for 5 marks, against 2 + 5 per mark one by one.
     assert len(writes) == 2 + 2 + 2 + 1 + 3, writes
-    commits = [EntryCommit("", "", "", "", [], mark=mark) for mark in marks]
+    # The commit ends a run only with the outcome it keeps: each mark's outputs go with it.
+    outputs = [[], [], [(done, succeeded)], [(gave_up, {"data": "{}"})], [(done, succeeded)],
+               [(keys.stream("other"), {"data": "{}"})]]
+    commits = [EntryCommit("", "", "", "", [Append(*out) for out in outs], mark=mark)
+               for mark, outs in zip(marks, outputs, strict=True)]
     committer = Committer(client, index_key=keys.idempotency_index("w"), group="w",
-                          ttl_ms=60_000, index_writes=index.writes)
-    assert await committer.commit(commits) == [1] * len(commits)
+                          ttl_ms=60_000, index_writes=partial(committed, index))
+    assert await committer.commit(commits) == [1 + len(outs) for outs in outputs]
     await committer.close()
     rows, total = await reads.page(client, count=10)
     assert total == 4
@@ -174,8 +180,9 @@ async def test_with_partitions_each_run_is_indexed_in_its_partition_and_read_mer
     scope = part.scope + ":"
     assert all(command[1].startswith(scope) for command in within.writes([mark]))
     committer = Committer(client, index_key=part.idempotency_index("w"), group="w",
-                          ttl_ms=60_000, index_writes=within.writes)
-    assert await committer.commit([EntryCommit("", "", "", "", [], mark=mark)]) == [1]
+                          ttl_ms=60_000, index_writes=partial(committed, within))
+    assert await committer.commit([EntryCommit("", "", "", "", [Append(
+        part.stream("deployment:finished"), {"data": finished})], mark=mark)]) == [2]
     await committer.close()
     failed, total = await reads.page(client, status="failed")
     assert total == 1 and failed[0]["run_id"] == first

@@ -1001,7 +1001,7 @@ async def _run_problems(ctx: Context, figures: Figures) -> list[str]:
     ended = await outcomes(ctx)
     for run in ctx.runs:
         # Entries of two streams in one millisecond have no order of their own: a
-        # run:failed tied with an outcome came first (dead_letter.lua writes none for a
+        # run:failed tied with an outcome came first (a dead letter, commit.lua, writes none for a
         # run its index has seen end by an outcome), and the run went on to that outcome
         # (another branch, which a dead letter does not stop).
         found = sorted(ended.get(run, []),
@@ -1010,7 +1010,7 @@ async def _run_problems(ctx: Context, figures: Figures) -> list[str]:
             problems.append(f"run {run} has no outcome")
             continue
         figures.statuses[found[0][1]] += 1
-        # (A run that ended failed may end failed again: dead_letter.lua.)
+        # (A run that ended failed may end failed again: a dead letter in commit.lua.)
         late = [e for e in found[1:] if e[1] == RUN_FAILED and found[0][1] != RUN_FAILED]
         if late and "late" not in IGNORE:
             problems.append(f"run {run}: run:failed {late} after its outcome {found[0]}")

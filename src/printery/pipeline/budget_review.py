@@ -32,6 +32,7 @@ from printery.budgets import (
 )
 from printery.errors import ReviewActionFailed
 from printery.fields import REPLAY_FOR, SOURCE_STREAM, STEP
+from printery.keys import raise_field
 from printery.pipeline.review_kinds import (
     REJECTED_BY_REVIEWER,
     ReviewCase,
@@ -70,7 +71,7 @@ def budget_review_kind() -> ReviewKind:
             raise ReviewActionFailed("a budget review is decided with the stream keys")
         keys, run, field = case.keys, case.correlation_id, fields.get(BUDGET_FIELD, "")
         commands: list[tuple[Any, ...]] = [
-            ("HINCRBY", keys.budget(run), f"raise:{field}", encode_amount(raise_by))]
+            ("HINCRBY", keys.budget(run), raise_field(field), encode_amount(raise_by))]
         held_in = fields.get(HELD_IN)
         if held_in is None:  # a review of an earlier version: it held the entry it shows
             return ReviewOutcome([_held_copy(case)], detail=f"limit raised by {raise_by:g}",

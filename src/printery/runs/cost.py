@@ -27,7 +27,7 @@ from printery import _json
 from printery.budgets import step_field
 from printery.envelope import correlation_of
 from printery.fields import CALL_OF, REPLAYED_FROM
-from printery.keys import DLQ, REVIEW, StreamKeys
+from printery.keys import DLQ, REVIEW, StreamKeys, raise_field
 from printery.pipeline.dag import Pipeline
 from printery.runtime.reservations import reserved_sums
 from printery.store import Redis
@@ -124,7 +124,7 @@ async def budget_report(
         step, unit = row["step"], row["unit"]
         field = step_field(step, unit) if step else unit
         spent = decode_spent(held.get(field))
-        limit = row["limit"] + decode_spent(held.get(f"raise:{field}"))
+        limit = row["limit"] + decode_spent(held.get(raise_field(field)))
         soft = limit * row["soft"]
         status = ("exceeded" if spent >= limit else "warning" if spent >= soft else "ok")
         rows.append({"step": step, "unit": unit, "spent": spent,

@@ -5,7 +5,7 @@ entry on its own.
 :class:`Breaker` is the declaration (``OpenAICompatible(..., breaker=Breaker(...))``);
 :class:`Circuit` is one model's breaker at run time. Its state lives in the server, one
 hash per model name (:meth:`~printery.keys.StreamKeys.breaker`), changed only by
-``transport/breaker.lua`` on the server's clock, so every process and every step calling
+``transport/lua/breaker.lua`` on the server's clock, so every process and every step calling
 that model sees the same breaker: ``failures`` consecutive failed requests (a timeout, a
 connection error, a 5xx, a stream cut short) within ``window`` seconds open it; for
 ``reset`` seconds every request is refused at once with

@@ -46,7 +46,7 @@ from printery.budgets import (
 )
 from printery.envelope import Codec
 from printery.fields import REPLAY_FOR, TRACEPARENT, review_fields
-from printery.keys import REVIEW, StreamKeys
+from printery.keys import REVIEW, StreamKeys, raise_field
 from printery.runtime.handler import Message, Output
 from printery.runtime.reservations import Reservations
 from printery.transport.channel import Command
@@ -83,7 +83,8 @@ class BudgetGuard:
         self._scripts = Scripts(client)
         self._limits = plan.limits  # built once: checked for every batch
         self._check_args = [len(self._limits)] + [
-            value for limit in self._limits for value in (limit.field, encode_limit(limit.limit))]
+            value for limit in self._limits
+            for value in (limit.field, raise_field(limit.field), encode_limit(limit.limit))]
         charged = plan.charged()
         #: The units charged, one amount each (the run's field and the step's share it).
         self._units = tuple(dict.fromkeys(unit for _, unit, _, _ in charged))

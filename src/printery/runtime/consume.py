@@ -471,16 +471,11 @@ class EntryPipeline:
     async def _commit(self, decided: list[Decided], begun: float) -> None:
         if not decided:
             return
-        commits = [item.commit for item in decided if item.letter is None]
-        written = await self.connectivity.retrying(lambda: self.committer.commit(commits)) \
-            if commits else []
-        if len(commits) == len(decided):
-            results: list[Any] = written
-        else:  # dead letters: a script run each (rare), in order with the rest
-            results, rest = [], iter(written)
-            for item in decided:
-                letter = item.letter
-                results.append(next(rest) if letter is None else await self.failures.write(letter))
+        # Dead letters are commits of their kind, in the same round trip as the rest.
+        written = await self.connectivity.retrying(
+            lambda: self.committer.commit([item.commit for item in decided]))
+        results: list[Any] = [result if item.letter is None else self.failures.letter_result(result)
+                              for item, result in zip(decided, written, strict=True)]
         lost = []
         for item, result in zip(decided, results, strict=True):
             try:

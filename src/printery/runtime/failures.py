@@ -2,8 +2,9 @@
 
 An entry's handling ends in one of: **done** (its outputs commit), **retry** (after a
 backoff, or the handler's ``Retry(delay=...)``, as a counted delivery), **dead letter**
-(with a reason code: its ``dlq`` entry and its run's ``run:failed``, written by
-:mod:`printery.transport.dead_letter`), or **held** (a limit, a budget, a review:
+(with a reason code: its ``dlq`` entry and its run's ``run:failed``, a commit of its
+kind: :class:`~printery.transport.commit.EntryCommit` ``letter``), or **held** (a limit,
+a budget, a review:
 :mod:`printery.runtime.limit_gate`, :mod:`printery.runtime.budget_guard`). Whatever decides
 that an entry failed (the decode, a limit's key function, the handler, its timeout, the
 encoding of its outputs, the loop's and the gate's checks by raising
@@ -15,7 +16,6 @@ letter says why even after the process that saw it died.
 from __future__ import annotations
 
 import asyncio
-import functools
 
 import structlog
 
@@ -32,8 +32,8 @@ from printery.runtime.observe import Observer
 from printery.runtime.run_index import RunIndex
 from printery.runtime.writes import Writes
 from printery.store.records import read_record, write_record
-from printery.transport.commit import FENCED, EntryCommit
-from printery.transport.dead_letter import DeadLetterWrite, write_dead_letter
+from printery.transport.commit import FENCED
+from printery.transport.dead_letter import letter_commit
 from printery.transport.streams import Leases
 from printery.worker import WorkerStats
 
@@ -77,16 +77,16 @@ class Failures:
             reason_code=reason_code, error=error,
             deliveries=delivery.deliveries if deliveries is None else deliveries,
             traceback=traceback, index=self.index)
-        commit = EntryCommit(delivery.stream, delivery.consumer.name, delivery.entry_id, "", ())
-        return Decided(delivery, commit, "dead_lettered", reason_code=reason_code,
+        return Decided(delivery, letter_commit(letter), "dead_lettered", reason_code=reason_code,
                        error=error, traceback=traceback, letter=letter)
 
-    async def write(self, letter: DeadLetterWrite) -> int:
-        """Write one dead letter: what its commit result is (2: its dlq entry and its
-        outcome; :data:`FENCED`: the entry is no longer ours)."""
-        dlq_id = await self.connectivity.retrying(
-            functools.partial(write_dead_letter, self.leases.scripts, letter))
-        return FENCED if dlq_id is None else 2
+    @staticmethod
+    def letter_result(result: object) -> object:
+        """A dead letter's commit result as its entry's (2: its dlq entry and its outcome;
+        :data:`FENCED`: the entry is no longer ours; an error as it is)."""
+        if isinstance(result, Exception):
+            return result
+        return FENCED if result == FENCED or result is None else 2
 
     async def over_delivered(self, delivery: Delivery, fields: dict[str, str]) -> Decided:
         """The dead letter of an entry delivered more than ``max_deliveries`` times: with

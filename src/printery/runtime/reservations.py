@@ -4,7 +4,7 @@ reserves of its runs' limits before its handlers run.
 Checking what a run spent before a handler and charging it at commit lets every sibling
 running at once pass the check together (fifty items of a map, each under the limit
 alone, overshoot it fifty-fold). Here the check is a reservation, taken atomically with
-every other of the run by one script per read batch (``transport/reserve.lua``): an entry
+every other of the run by one script per read batch (``transport/lua/reserve.lua``): an entry
 runs only while spent + reserved + its estimate stays within the limit, else its budget's
 ``on_exceeded`` applies as for a breach. The entry's commit removes its reservation in
 the same transaction that adds what it spent (``commit.lua``, see
@@ -24,7 +24,7 @@ from typing import Any
 
 from printery.budgets import BudgetPlan, Exceeded, estimated_amounts
 from printery.errors import PipelineError, WorkerCrashed, describe
-from printery.keys import StreamKeys
+from printery.keys import StreamKeys, parse_reservation, raise_field
 from printery.runtime.handler import Message
 from printery.transport.commit import decode_spent, encode_amount, encode_limit
 from printery.transport.connection import Redis
@@ -53,7 +53,7 @@ class Reservations:
         self._limits = plan.limits
         self._head: list[Any] = [lease_ms, len(self._limits)]
         for limit in self._limits:
-            self._head += (limit.field, encode_limit(limit.limit))
+            self._head += (limit.field, raise_field(limit.field), encode_limit(limit.limit))
         #: The amounts of a fixed estimate, encoded once.
         self._fixed = None if callable(self.estimate) else self._encoded(self.estimate)
 
@@ -113,17 +113,14 @@ class Reservations:
 
 def reserved_sums(held: Mapping[str, str], now_ms: float | None = None) -> dict[str, float]:
     """What the live reservations of a run's reservations hash (``StreamKeys.reserved``,
-    as ``reserve.lua`` writes it: ``<expires ms> <field> <amount> ...``) hold, per budget
+    in the encoding :func:`~printery.keys.parse_reservation` reads) hold, per budget
     field, in units; a lapsed one counts for nothing (the next reservation sweeps it)."""
     now = time.time() * 1000 if now_ms is None else now_ms
     sums: dict[str, float] = {}
     for value in held.values():
-        expires, *pairs = value.split()
-        try:
-            if float(expires) <= now:
-                continue
-        except ValueError:
+        expires, amounts = parse_reservation(value)
+        if expires <= now:
             continue
-        for field, amount in zip(pairs[::2], pairs[1::2], strict=False):
+        for field, amount in amounts.items():
             sums[field] = sums.get(field, 0.0) + decode_spent(amount)
     return sums

@@ -18,7 +18,7 @@ commit of an entry of an ingress type indexes its run too (``NX``: a submitted r
 its start), so a run an external producer started with a plain ``XADD`` is indexed when
 its first entry is handled. The commit of an outcome entry sets the status, once: the
 first outcome of a run stays its status, and commit.lua withholds an outcome of a run
-whose info hash says it ended (:attr:`RunMark.ends`, ``writes(guarded=True)``). Each entry's
+whose info hash says it ended (:attr:`RunMark.ends`, :func:`committed`). Each entry's
 commit carries a :class:`RunMark`; the committer turns the marks of the entries of one
 script run into a few commands of that run's own transaction (:meth:`RunIndex.writes`:
 one ``ZADD`` per set for all of them, not one per entry), so they land with the
@@ -38,9 +38,10 @@ from typing import Any, NamedTuple
 from printery import _json
 from printery.keys import StreamKeys
 from printery.transport.channel import Command
+from printery.transport.commit import IndexEnd, IndexWrites
 
-__all__ = ["COST_MINUTE_TTL", "DEAD_LETTER", "ENDED_GUARD", "RUNNING", "RunIndex", "RunMark",
-           "now_ms", "outcome_status", "run_status"]
+__all__ = ["COST_MINUTE_TTL", "DEAD_LETTER", "RUNNING", "RunIndex", "RunMark",
+           "committed", "now_ms", "outcome_status", "run_status"]
 
 #: A run's status before its outcome entry.
 RUNNING = "running"
@@ -48,9 +49,6 @@ RUNNING = "running"
 DEAD_LETTER = "dead_letter"
 #: Seconds a cost minute is kept: the last hour is always there.
 COST_MINUTE_TTL = 7200
-#: Not a command: commit.lua's guard of a run's end, ``(ENDED_GUARD, info key, n)``: the
-#: ``n`` commands after it run only if the script kept an outcome of that run.
-ENDED_GUARD = "?ended"
 
 
 def run_status(outcome: Mapping[str, Any] | None) -> str:
@@ -86,7 +84,7 @@ class RunMark(NamedTuple):
     dead_letter: bool = False
     #: The positions, among the entry's outputs, of those that are outcomes of its run, and
     #: the run's info hash: the commit withholds them when the run has ended already, but
-    #: by a dead letter (a run gets one outcome; :meth:`RunIndex.writes` ``guarded``).
+    #: by a dead letter (a run gets one outcome; :func:`committed`).
     ends: tuple[int, ...] = ()
     info: str = ""
 
@@ -175,8 +173,7 @@ class RunIndex:
         return RunMark(run_id, starts, status, costs or None, ends=tuple(ends),
                        info=self.keys.run_info(run_id))
 
-    def writes(self, marks: Sequence[RunMark], at_ms: int | None = None, *,
-               guarded: bool = False) -> list[Command]:
+    def writes(self, marks: Sequence[RunMark], at_ms: int | None = None) -> list[Command]:
         """The commands that index ``marks`` (of the entries of one commit) at ``at_ms``
         (default now), a few for all of them: a started run goes into every run's set
         and the running ones (``NX``: kept as it was when indexed already), an ended one
@@ -184,12 +181,7 @@ class RunIndex:
         in its info hash; one ``ZADD`` per set, one ``ZREM`` and one ``SADD`` for all the
         marks, and their costs summed into their minute (:meth:`spent`). The starts go
         first: a run one commit starts and ends is ended (and one a commit ends and starts
-        again too).
-
-        ``guarded`` (for commit.lua alone, :meth:`committed`): each end goes on its own
-        behind a :data:`ENDED_GUARD`, which the script runs only when it kept that run's
-        outcome (the run had not ended before it), so the first outcome stays the run's
-        status."""
+        again too). For commit.lua, the same by name: :func:`committed`."""
         at = now_ms() if at_ms is None else at_ms
         every, running = self._sets()
         total: dict[str, float] = {}
@@ -203,12 +195,6 @@ class RunIndex:
             commands += [("ZADD", every, "NX", *started), ("ZADD", running, "NX", *started)]
         ended = [mark for mark in marks if mark.status]
         if not ended:
-            return commands
-        if guarded:
-            for mark in ended:
-                block = self._ended(every, running, [mark], at)
-                info = mark.info or self.keys.run_info(mark.run_id)
-                commands += [(ENDED_GUARD, info, len(block)), *block]
             return commands
         return commands + self._ended(every, running, ended, at)
 
@@ -229,11 +215,6 @@ class RunIndex:
                      for mark in ended]
         return commands
 
-    def committed(self, marks: Sequence[RunMark]) -> list[Command]:
-        """The writes of ``marks`` for commit.lua (``Committer(index_writes=...)``):
-        :meth:`writes` ``guarded``."""
-        return self.writes(marks, guarded=True)
-
     def commit_writes(self, source: str, run_id: str,
                       outputs: Iterable[Sequence[Any]]) -> list[Command]:
         """The writes of :meth:`mark` for one commit made on its own (a review's decision)."""
@@ -249,3 +230,36 @@ def outcome_status(event_type: str, fields: Mapping[str, str]) -> str:
     except (_json.JSONDecodeError, ValueError):
         data = None
     return run_status({"stream": event_type, "data": data})
+
+
+def committed(
+    index: RunIndex, marks: Sequence[RunMark], at_ms: int | None = None
+) -> IndexWrites | None:
+    """The writes of ``marks`` under ``index`` for commit.lua (a committer's
+    ``index_writes``: ``partial(committed, index)``), by name: :meth:`RunIndex.writes`'
+    commands as the script's run index include makes them, each end only when the script
+    kept that run's outcome (the run had not ended before it), so the first outcome stays
+    the run's status. None: nothing to write."""
+    at = now_ms() if at_ms is None else at_ms
+    total: dict[str, float] = {}
+    for mark in marks:
+        if mark.costs:
+            for unit, amount in mark.costs.items():
+                total[unit] = total.get(unit, 0.0) + amount
+    started = tuple(mark.run_id for mark in marks if mark.started)
+    ended = tuple(IndexEnd(mark.info or index.keys.run_info(mark.run_id),
+                           index._status_set(mark.status), mark.run_id, mark.status,
+                           not mark.dead_letter)
+                  for mark in marks if mark.status)
+    if not total and not started and not ended:
+        return None
+    every, running = index._sets()
+    minute, ttl = "", 0
+    if total:
+        minute = index.keys.cost_minute(at // 60_000)
+        if at // 1000 != index._expire_sent:
+            index._expire_sent = at // 1000
+            ttl = COST_MINUTE_TTL
+    return IndexWrites(at, every, running, started, minute, ttl,
+                       tuple((unit, repr(float(amount))) for unit, amount in total.items()),
+                       index.keys.run_statuses if ended else "", ended)

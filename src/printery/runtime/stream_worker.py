@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Awaitable, Callable, Collection, Sequence
+from functools import partial
 from typing import Any
 
 import structlog
@@ -45,7 +46,7 @@ from printery.runtime.observe import NullObserver, Observer
 from printery.runtime.partials import PartialWriter, using
 from printery.runtime.payloads import PayloadStore
 from printery.runtime.placement import Placer
-from printery.runtime.run_index import RunIndex
+from printery.runtime.run_index import RunIndex, committed
 from printery.runtime.step_context import Companion, StepContext
 from printery.runtime.suspects import HandBacks, Suspects
 from printery.transport.channel import Command, DirectChannel
@@ -278,7 +279,7 @@ class StreamWorker:
         run_index = None if self.index is None else self.index.within(keys)
         committer = Committer(self.client, index_key=index, group=self.name,
                               ttl_ms=int(self.settings.record_ttl * 1000),
-                              index_writes=None if run_index is None else run_index.committed)
+                              index_writes=None if run_index is None else partial(committed, run_index))
         records = RecordLookup(DirectChannel(self.client), index)
         pipeline = EntryPipeline(
             self.name, handler=self.handler, codec=self.codec, keys=keys,

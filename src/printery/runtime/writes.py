@@ -25,8 +25,7 @@ from printery.fields import (
 from printery.keys import RUN_FAILED, StreamKeys, result_type
 from printery.runtime.handler import Message, Output
 from printery.runtime.payloads import PayloadStore
-from printery.runtime.run_index import RunIndex
-from printery.transport.channel import Command
+from printery.runtime.run_index import RunIndex, committed
 from printery.transport.commit import Append
 from printery.transport.dead_letter import DeadLetterWrite
 
@@ -170,10 +169,10 @@ def dead_letter_write(
                                idempotency_key=f"{RUN_FAILED}:{run}:{group}:{stream}:{entry_id}",
                                extra=extra)
     outcome_stream = keys.stream(RUN_FAILED)
-    writes: list[Command] = []
+    writes = None
     if index is not None:
         mark = index.mark(stream, run, [(outcome_stream, {**outcome, "data": before + after})])
-        writes = index.writes([mark._replace(dead_letter=True)]) if mark is not None else []
+        writes = committed(index, [mark._replace(dead_letter=True)]) if mark is not None else None
     return DeadLetterWrite(
         stream, group, consumer, entry_id, keys.dlq, entry, outcome=outcome_stream,
         outcome_fields={**outcome, "data": ""}, data_before=before, data_after=after,

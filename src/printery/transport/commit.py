@@ -16,16 +16,18 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from itertools import chain
 from typing import Any, NamedTuple, cast
 
 import redis.asyncio as aioredis
+import structlog
 from redis.exceptions import NoScriptError, ResponseError
 
 from printery._util import check_cancelled, fail_waiters
+from printery.keys import budget_warning_key_parts, record_sets, warned_field
 from printery.transport.channel import Command, DirectChannel
-from printery.transport.scripts import script
+from printery.transport.scripts import Scripts, script
 
 Fields = Mapping[str, str]
 
@@ -45,10 +47,12 @@ SPENT_SCALE = 10**9
 #: The most a budget field counts (a commit that would pass it stops there).
 SPENT_MAX = 2**63 - 1
 
+log = structlog.get_logger("printery.commit")
+
 COMMIT_SCRIPT = script("commit")
 COMMIT_LUA = COMMIT_SCRIPT.source
-#: The line of commit.lua after which its arguments are parsed (the test runs the script
-#: up to there with a decoder of its own).
+#: The line of commit.lua (assembled) after which its arguments are parsed (the test runs
+#: the script up to there with a decoder of its own).
 ARGUMENTS_PARSED = "-- end of argument parsing"
 
 
@@ -101,16 +105,84 @@ class BudgetCharge(NamedTuple):
     amounts: tuple[str, ...]
 
 
+class IndexEnd(NamedTuple):
+    """A run's end in the run index: its ``info`` hash and its status's set (keys), its
+    id and ``status``; ``clears``: its outcome is no dead letter's (the info's
+    ``dead_letter`` is cleared). Written only when the commit kept that run's outcome."""
+
+    info: str
+    status_set: str
+    run: str
+    status: str
+    clears: bool
+
+
+class IndexWrites(NamedTuple):
+    """The run index's writes of one commit, by name (commit.lua's ``run_index`` include;
+    :class:`~printery.runtime.run_index.RunIndex` makes them): at ``at`` ms, the
+    ``started`` runs go into ``every`` and ``running``, ``costs`` (unit, amount) add to
+    the ``minute`` hash (its ttl set again when ``minute_ttl``), the ``ended`` runs
+    leave ``running`` for their status's set and are named in ``statuses``."""
+
+    at: int
+    every: str = ""
+    running: str = ""
+    started: tuple[str, ...] = ()
+    minute: str = ""
+    minute_ttl: int = 0
+    costs: tuple[tuple[str, str], ...] = ()
+    statuses: str = ""
+    ended: tuple[IndexEnd, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class DeadLetterWrite:
+    """Everything one dead letter writes (a commit of its own kind: :class:`EntryCommit`
+    ``letter``). ``consumer`` "" takes the entry from whoever holds it (an operator's
+    ``printery pending dlq``). ``outcome`` "" ends no run (the entry names none); else
+    the run's ``run:failed`` stream, ``outcome_fields`` its entry (its ``data`` is
+    ``data_before`` + the dlq id + ``data_after``), ``run_info`` the run's index hash (a
+    run ended with another status gets no outcome) and ``index`` the index's writes for
+    it. ``last_error`` the key of the entry's last error record, removed with it ("" none).
+    ``entry_id`` "" dead-letters what no entry holds (a join a sweep decided: no fence,
+    no ack); ``once`` a key that makes it written at most once (kept ``once_ttl_ms``), ""
+    none. ``ends_run`` False writes ``outcome_fields`` to ``outcome`` as a plain entry (a
+    skipped Map item's result for its collector): no run ends, the index is not touched.
+    ``reservation`` the entry's field in its run's reservations hash ``reserved`` (a
+    step's ``estimate=``), removed with it ("" none)."""
+
+    source: str
+    group: str
+    consumer: str
+    entry_id: str
+    dlq: str
+    letter: Mapping[str, str]
+    outcome: str = ""
+    outcome_fields: Mapping[str, str] = field(default_factory=dict)
+    data_before: str = ""
+    data_after: str = ""
+    run_info: str = ""
+    index: IndexWrites | None = None
+    last_error: str = ""
+    once: str = ""
+    once_ttl_ms: int = 0
+    ends_run: bool = True
+    reserved: str = ""
+    reservation: str = ""
+
+
 class EntryCommit(NamedTuple):
     """One entry's part of a commit. ``entry_id`` "" means outputs caused by no entry
-    (no ack, no fence); ``record`` "" means no idempotency record (dead letters);
-    ``budget`` what its commit adds to its run's budget (None: nothing); ``mark`` what
-    the entry tells the committer's ``index_writes`` (None: nothing; a run index's
-    :class:`~printery.runtime.run_index.RunMark`), which turns the marks of the entries of one
-    script run into commands that script run makes whatever its verdict, so idempotent
-    ones: a few for all of them rather than some for each. A mark's ``ends`` (positions
-    in ``appends``) are outcomes of its run, withheld when its ``info`` hash says the run
-    has ended: a run gets one outcome."""
+    (no ack, no fence); ``record`` "" means no idempotency record; ``budget`` what its
+    commit adds to its run's budget (None: nothing); ``mark`` what the entry tells the
+    committer's ``index_writes`` (None: nothing; a run index's
+    :class:`~printery.runtime.run_index.RunMark`), which turns the marks of the entries of
+    one script run into the :class:`IndexWrites` that script run makes whatever its
+    verdict, so idempotent ones: a few for all of them rather than some for each. A
+    mark's ``ends`` (positions in ``appends``) are outcomes of its run, withheld when its
+    ``info`` hash says the run has ended: a run gets one outcome. ``letter``: this entry
+    is dead-lettered (its ``appends`` are empty); its result is the dlq entry's id, or
+    :data:`FENCED`."""
 
     source: str
     consumer: str
@@ -119,6 +191,7 @@ class EntryCommit(NamedTuple):
     appends: Sequence[Append]
     budget: BudgetCharge | None = None
     mark: Any = None
+    letter: DeadLetterWrite | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -132,29 +205,45 @@ class CommitRun:
     output_counts: list[int]
 
 
-#: Turns the marks of the entries of one script run into commands (see ``EntryCommit``).
-IndexWrites = Callable[[list[Any]], Sequence[Command]]
+#: Turns the marks of the entries of one script run into its index writes (see
+#: ``EntryCommit``; None: nothing to write).
+IndexWritesOf = Callable[[list[Any]], "IndexWrites | None"]
 
 
 def commit_run(
     index_key: str, group: str, ttl_ms: int, entries: Sequence[EntryCommit],
-    index_writes: IndexWrites | None = None,
+    index_writes: IndexWritesOf | None = None,
 ) -> CommitRun:
     """One run over ``entries`` of ``group``, whose idempotency records live under
     ``index_key`` for at least ``ttl_ms``, with ``index_writes`` of their marks.
     Consecutive entries of one shape (source, consumer, record or not, output streams
     and whether each has a once key, the budget fields they charge) form a segment whose
-    per-entry values go as columns: the script hands them to its commands whole (see
-    commit.lua for the layout)."""
-    keys: list[str] = [index_key]
-    args: list[Any] = [group, ttl_ms, 0]
+    per-entry values go as columns: the script hands them to its commands whole; a dead
+    letter is a segment of its own. Every key goes in ``keys``, every value in ``args``,
+    each in the order commit.lua reads them (docs/engine.md, The Lua library)."""
+    # The records' keys only when an entry carries one (a dead letter alone has none).
+    recorded = any(entry.record and entry.letter is None for entry in entries)
+    keys: list[str] = [index_key, *record_sets(index_key)] if recorded else []
+    args: list[Any] = [group, ttl_ms, 1 if recorded else 0, 0]
     appends: list[Append] = []
-    index: list[Any] = []  # the marks' writes: per command its length, then it
     marks: list[Any] = []
     counts: list[int] = []
+    indexes: list[IndexWrites] = []
     segment: list[EntryCommit] = []
     shape: tuple[Any, ...] = ()
+    segments = 0
     for entry in entries:
+        if entry.letter is not None:
+            if segment:
+                _add_segment(keys, args, segment, shape)
+                segments += 1
+                segment, shape = [], ()
+            _add_letter(keys, args, entry.letter)
+            segments += 1
+            counts.append(0)
+            if entry.letter.index is not None:
+                indexes.append(entry.letter.index)
+            continue
         source = entry.source if entry.entry_id else ""
         ends = _ends(entry)
         entry_shape = (source, entry.consumer if source else "", not entry.record,
@@ -163,6 +252,7 @@ def commit_run(
                          for slot, out in enumerate(entry.appends)])
         if entry_shape != shape and segment:
             _add_segment(keys, args, segment, shape)
+            segments += 1
             segment = []
         shape = entry_shape
         segment.append(entry)
@@ -170,13 +260,17 @@ def commit_run(
         appends += entry.appends
         if entry.mark is not None:
             marks.append(entry.mark)
-    if marks and index_writes is not None:
-        for command in index_writes(marks):
-            index += (len(command), *command)
     if segment:
         _add_segment(keys, args, segment, shape)
-    args[2] = len(index)
-    args += index
+        segments += 1
+    args[3] = segments
+    if marks and index_writes is not None:
+        written = index_writes(marks)
+        if written is not None:
+            indexes.insert(0, written)
+    args.append(len(indexes))
+    for writes in indexes:
+        _add_index(keys, args, writes)
     return CommitRun(keys, args, appends, counts)
 
 
@@ -184,40 +278,89 @@ def _add_segment(
     keys: list[str], args: list[Any], segment: list[EntryCommit], shape: tuple[Any, ...]
 ) -> None:
     source, consumer, unrecorded, budget, *outputs = shape
+    args += ("entries", len(segment))
     if source:
-        # A key is passed only when there is one: never the empty name, which an ACL user
-        # confined to its prefix may not touch.
-        if source not in keys[1:]:
-            keys.append(source)
-        position = keys.index(source, 1) + 1
+        keys.append(source)
+        args += (1, consumer)
     else:
-        position = 0
-    args += (position, consumer, len(segment), "0" if unrecorded else "1", len(outputs),
-             len(budget.fields) if budget else 0)
+        args.append(0)
+    args += ("0" if unrecorded else "1", len(outputs), len(budget.fields) if budget else 0)
     for stream, no_once, ends in outputs:
-        args += (stream, str((0 if no_once else 1) + (2 if ends else 0)))
+        keys.append(stream)
+        args.append(str((0 if no_once else 1) + (2 if ends else 0)))
+    columns = ()
     if budget:
         template = list(chain.from_iterable(budget.warning.items()))
         columns = budget.columns or tuple(range(len(budget.fields)))
-        args += (budget.prefix, budget.corr, budget.warning_stream, budget.over, budget.reserved,
-                 SPENT_SCALE, max(columns, default=-1) + 1, len(template), *template)
+        keys.append(budget.warning_stream)
+        args += (budget.corr, SPENT_SCALE, max(columns, default=-1) + 1)
+        if budget.over:
+            keys.append(budget.over)
+        args += (1 if budget.over else 0, 1 if budget.reserved else 0, len(template), *template,
+                 len(budget.fields))
         hard = budget.hard or (None,) * len(budget.fields)
         for name, soft, limit, note, column in zip(budget.fields, budget.soft, hard,
                                                    budget.notes, columns, strict=True):
-            args += (name, encode_limit(soft), encode_limit(limit), note, column + 1)
+            before, after = budget_warning_key_parts(name)
+            args += (name, warned_field(name), encode_limit(soft), encode_limit(limit), note,
+                     column + 1, before, after)
     if source:
         args += [entry.entry_id for entry in segment]
     if not unrecorded:
         args += [entry.record for entry in segment]
     for slot, (_, no_once, ends) in enumerate(outputs):
         if not no_once:
-            args += [entry.appends[slot].once for entry in segment]
+            keys += [entry.appends[slot].once for entry in segment]
         if ends:
-            args += [entry.mark.info for entry in segment]
+            keys += [entry.mark.info for entry in segment]
     if budget:  # every entry of the segment charges (its shape has the plan)
-        args += [entry.budget.run for entry in segment]  # type: ignore[union-attr]
+        charges = [entry.budget for entry in segment]
+        keys += [budget.prefix + charge.run for charge in charges]  # type: ignore[union-attr]
+        if budget.reserved:
+            keys += [budget.reserved + charge.run for charge in charges]  # type: ignore[union-attr]
+        args += [charge.run for charge in charges]  # type: ignore[union-attr]
         for column in range(max(columns, default=-1) + 1):
-            args += [entry.budget.amounts[column] for entry in segment]  # type: ignore[union-attr]
+            args += [charge.amounts[column] for charge in charges]  # type: ignore[union-attr]
+
+
+def _add_letter(keys: list[str], args: list[Any], letter: DeadLetterWrite) -> None:
+    """A dead letter's segment (commit.lua's ``letter`` include reads it)."""
+    args += ("letter", letter.entry_id, letter.consumer)
+    keys.append(letter.dlq)
+    if letter.entry_id:
+        keys.append(letter.source)
+    fields = list(chain.from_iterable(letter.letter.items()))
+    args += (len(fields), *fields)
+    outcome = list(chain.from_iterable(letter.outcome_fields.items())) if letter.outcome else []
+    args.append(len(outcome))
+    if outcome:
+        keys += (letter.outcome, letter.run_info)
+        args += ("1" if letter.ends_run else "0", letter.data_before, letter.data_after, *outcome)
+    for present, key, value in ((letter.last_error, letter.last_error, None),
+                                (letter.once, letter.once, letter.once_ttl_ms),
+                                (letter.reservation, letter.reserved, letter.reservation)):
+        args.append(1 if present else 0)
+        if present:
+            keys.append(key)
+            if value is not None:
+                args.append(value)
+
+
+def _add_index(keys: list[str], args: list[Any], writes: IndexWrites) -> None:
+    """One run index's writes (commit.lua's ``run_index`` include reads them)."""
+    args += (writes.at, len(writes.started), len(writes.costs), len(writes.ended))
+    if writes.started or writes.ended:
+        keys += (writes.every, writes.running)
+    args += writes.started
+    if writes.costs:
+        keys.append(writes.minute)
+        args.append(writes.minute_ttl)
+        args += chain.from_iterable(writes.costs)
+    if writes.ended:
+        keys.append(writes.statuses)
+    for end in writes.ended:
+        keys += (end.info, end.status_set)
+        args += (end.run, end.status, "1" if end.clears else "0")
 
 
 def _ends(entry: EntryCommit) -> tuple[int, ...]:
@@ -277,8 +420,9 @@ def commit_commands(run: CommitRun) -> list[Command]:
 
 def commit_results(run: CommitRun, reply: Any) -> list[Any]:
     """Each entry's result from the script's reply: :data:`FENCED`, :data:`DUPLICATE`,
-    ``1 +`` the number of outputs kept, or the error of an entry that could not commit.
-    A reply that is an error fails every entry of the run."""
+    ``1 +`` the number of outputs kept, a dead letter's dlq entry id, or the error of an
+    entry that could not commit. A reply that is an error fails every entry of the run.
+    The run index's errors, when the reply has them, are logged (:func:`index_errors`)."""
     if isinstance(reply, Exception):
         return [reply] * len(run.output_counts)
     if isinstance(reply, int):  # every entry committed with all its outputs
@@ -286,7 +430,34 @@ def commit_results(run: CommitRun, reply: Any) -> list[Any]:
             error = ResponseError(f"commit decided {reply} entries of {len(run.output_counts)}")
             return [error] * len(run.output_counts)
         return [1 + count for count in run.output_counts]
-    return cast(list[Any], reply)
+    results = cast(list[Any], reply)
+    errors = index_errors(run, results)
+    if errors:
+        log.warning("run index writes failed (the commit stands)", errors=errors)
+        results = results[: len(run.output_counts)]
+    return [entry.decode() if isinstance(entry, bytes) else entry for entry in results]
+
+
+def index_errors(run: CommitRun, reply: Any) -> list[str]:
+    """The errors of the run index's writes a commit's reply carries (after its entries'
+    results: the commit stands, the index missed them)."""
+    if isinstance(reply, list) and len(reply) == len(run.output_counts) + 1:
+        return [e.decode() if isinstance(e, bytes) else str(e) for e in reply[-1]]
+    return []
+
+
+async def commit_alone(scripts: Scripts, entries: Sequence[EntryCommit]) -> list[Any]:
+    """Commit entries that append nothing (dead letters) with one script run over
+    ``scripts``, outside a committer (an operator's, a join's sweep): the same script,
+    with no ``XADD`` before it, so no transaction."""
+    assert not any(entry.appends for entry in entries), "outputs need the transaction"
+    letter = next(entry.letter for entry in entries if entry.letter is not None)
+    run = commit_run("", letter.group, 0, entries)
+    try:
+        reply = await scripts.call(COMMIT_SCRIPT, run.keys, run.args)
+    except ResponseError as exc:
+        reply = exc
+    return commit_results(run, reply)
 
 
 _Queued = tuple[Sequence[EntryCommit], "asyncio.Future[list[Any]]"]
@@ -304,7 +475,7 @@ class Committer:
 
     def __init__(
         self, client: aioredis.Redis, *, index_key: str, group: str, ttl_ms: int,
-        index_writes: IndexWrites | None = None,
+        index_writes: IndexWritesOf | None = None,
     ) -> None:
         self._channel = DirectChannel(client, preload=[COMMIT_SCRIPT])
         self._header = (index_key, group, ttl_ms)

@@ -1,9 +1,10 @@
 """Idempotency records: which entries' idempotency keys a consumer group has committed.
 
 A record is written by the commit (commit.lua, atomically with the outputs and the ack)
-as a member of one set per generation, ``<index>:r<n>``; the index hash names the current
-generation. A generation is current for the record ttl, then previous (still checked),
-then expires, so a record is kept at least ttl and at most about twice that.
+as a member of one set per generation (:func:`printery.keys.record_set`: a ring of three
+sets); the index hash names the current generation. A generation is current for the
+record ttl, then previous (still checked), then expires, so a record is kept at least ttl
+and at most about twice that.
 :class:`RecordLookup` reads them before handlers run, so a duplicate is acked without
 being handled again (the commit checks again, atomically).
 """
@@ -15,12 +16,8 @@ from typing import Any
 
 from redis.exceptions import ResponseError
 
+from printery.keys import record_set
 from printery.transport.channel import Command, DirectChannel
-
-
-def record_set(index_key: str, generation: int) -> str:
-    """The set holding a generation's records (named as commit.lua names it)."""
-    return f"{index_key}:r{generation}"
 
 
 class RecordLookup:

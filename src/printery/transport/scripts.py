@@ -1,7 +1,12 @@
 """Every Lua script printery runs, and the one way they are loaded and run.
 
-Each script is a ``.lua`` file of this package's folder, read once by :func:`script`
-(what the wheel ships is what runs; nothing is written inline in Python). One run of a
+Each script is an entry point, a ``.lua`` file of ``transport/lua/``, assembled once by
+:func:`script` from its own lines and the shared includes of ``transport/lua/includes/``
+it names (a line ``--@include name`` is replaced by ``includes/name.lua``, each include
+once per script, an include's own includes first): the ownership fence, the server's
+clock, the argument readers, the records, outputs, budgets and run index are each
+written once (docs/engine.md, The Lua library). What the wheel ships is what runs;
+nothing is written inline in Python. One run of a
 script goes through :class:`Scripts` (by SHA over the pooled client, loaded again after a
 server restart, and on a cluster sent as ``EVAL`` when a promoted replica answers
 ``NOSCRIPT``: :mod:`printery.transport.cluster`); many at once through
@@ -16,6 +21,7 @@ from __future__ import annotations
 
 import functools
 import hashlib
+import re
 from collections.abc import Awaitable, Sequence
 from dataclasses import dataclass
 from importlib import resources
@@ -24,7 +30,10 @@ from typing import Any, cast
 import redis.asyncio as aioredis
 from redis.exceptions import NoScriptError, ResponseError
 
-__all__ = ["Script", "Scripts", "script"]
+__all__ = ["INCLUDE", "Script", "Scripts", "assemble", "script"]
+
+#: An include directive: the whole line, ``--@include <name>``.
+INCLUDE = re.compile(r"^--@include ([a-z_]+)[ \t]*$", re.MULTILINE)
 
 
 @dataclass(frozen=True, slots=True)
@@ -40,10 +49,30 @@ class Script:
         return ("EVAL", self.source, len(keys), *keys, *args)
 
 
+def _library() -> Any:
+    return resources.files("printery.transport").joinpath("lua")
+
+
+def assemble(text: str, seen: set[str] | None = None) -> str:
+    """``text`` with each ``--@include`` line replaced by that include's text (its own
+    includes resolved first; one already assembled into this script is left out)."""
+    seen = set() if seen is None else seen
+
+    def include(match: re.Match[str]) -> str:
+        name = match.group(1)
+        if name in seen:
+            return f"-- (include {name}: above)"
+        seen.add(name)
+        body = _library().joinpath("includes", f"{name}.lua").read_text()
+        return f"-- include {name}\n{assemble(body, seen).rstrip()}\n-- end of include {name}"
+
+    return INCLUDE.sub(include, text)
+
+
 @functools.cache
 def script(name: str) -> Script:
-    """The script in ``<name>.lua`` of this folder, read once per process."""
-    source = resources.files("printery.transport").joinpath(f"{name}.lua").read_text()
+    """The entry point ``lua/<name>.lua``, with its includes, assembled once per process."""
+    source = assemble(_library().joinpath(f"{name}.lua").read_text())
     return Script(name, source, hashlib.sha1(source.encode()).hexdigest())
 
 

@@ -8,15 +8,16 @@
 -- KEYS[1] the stream, KEYS[1 + i] entry i's record; ARGV: group, consumer, record ttl ms,
 -- then the ids. Returns per entry {suspect 0/1, its delivery count}, {-1, 0} when it is
 -- no longer this consumer's.
+--@include fence
 local stream, group, consumer, ttl = KEYS[1], ARGV[1], ARGV[2], ARGV[3]
 local out = {}
 for i = 4, #ARGV do
   local id, key = ARGV[i], KEYS[i - 2]
-  local pending = redis.call('XPENDING', stream, group, id, id, 1)
-  if #pending == 0 or pending[1][2] ~= consumer then
+  local row = held(stream, group, id, consumer)
+  if row == nil then
     out[#out + 1] = {-1, 0}
   else
-    local count = tonumber(pending[1][4])
+    local count = tonumber(row[4])
     if redis.call('HEXISTS', key, 'handed') == 1 then
       redis.call('HDEL', key, 'handed')
     elseif redis.call('HEXISTS', key, 'trial') == 1 then

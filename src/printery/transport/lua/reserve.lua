@@ -18,21 +18,22 @@
 -- KEYS: per entry, its run's budget hash then its run's reservations hash (pairs, in
 --       entry order; repeats are read once)
 -- ARGV[1] how long a reservation lives, ms; ARGV[2] nf: the limited fields, then nf x
---         (field name, hard limit as the hash counts it: 1/scale of a unit); then per
+--         (field name, the field of its raises (keys.py: raise_field), hard limit as the
+--         hash counts it: 1/scale of a unit); then per
 --         entry: its reservation key and nf amounts ('0': none for that field)
 -- Returns the entries refused: per such entry {k, j, spent, raised, reserved} (its
 -- position from 1, the first field j it would pass, and that field's counts as
 -- stored); the usual reply is empty.
-local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+--@include clock
+local now = now_ms()
 local lease = tonumber(ARGV[1])
 local nf = tonumber(ARGV[2])
-local names, limits = {}, {}
+local names, raises, limits = {}, {}, {}
 for j = 1, nf do
-  names[j] = ARGV[1 + 2 * j]
-  limits[j] = tonumber(ARGV[2 + 2 * j])
+  names[j], raises[j] = ARGV[3 * j], ARGV[3 * j + 1]
+  limits[j] = tonumber(ARGV[3 * j + 2])
 end
-local a = 3 + 2 * nf
+local a = 3 + 3 * nf
 
 -- Per reservations hash: live reservations by key (expiry, then field and amount
 -- pairs), and their sums per field name.
@@ -59,7 +60,7 @@ local function load(budget, held)
   local fields = {}
   for j = 1, nf do
     fields[2 * j - 1] = names[j]
-    fields[2 * j] = 'raise:' .. names[j]
+    fields[2 * j] = raises[j]
   end
   local values = redis.pcall('HMGET', budget, unpack(fields))
   if type(values) ~= 'table' or values.err then values = {} end

@@ -4,8 +4,8 @@
 -- hash is deleted; one filed under an older outcome of a run that ended again since only
 -- leaves that status's set. Returns how many runs went and how many it looked at (the
 -- call is repeated while that is the most asked).
-local t = redis.call('TIME')
-local cutoff = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000) - tonumber(ARGV[1])
+--@include clock
+local cutoff = now_ms() - tonumber(ARGV[1])
 local left, forgotten = tonumber(ARGV[2]), 0
 for k = 2, #KEYS do
   if left <= 0 then break end

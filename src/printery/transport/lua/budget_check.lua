@@ -3,8 +3,8 @@
 -- of runs that reached a hard limit (runtime/budget_guard.py): the server compares, so
 -- the reply carries only the runs that are over.
 -- KEYS: each such entry's run budget hash, in batch order (repeats are read once)
--- ARGV: n, then n limits x (hash field, limit as the hash counts: 1/scale of a unit, see
---       transport/commit.py)
+-- ARGV: n, then n limits x (hash field, the field of its raises (keys.py: raise_field),
+--       limit as the hash counts: 1/scale of a unit, see transport/commit.py)
 -- Returns the keys over a limit only (the usual reply is empty, so the client does nothing
 -- per entry): per such key {k, i, spent, raised}: its position k (from 1) and its first
 -- limit i (from 1) with spent >= limit + raised (spent and raised as stored). A value
@@ -12,9 +12,9 @@
 local n = tonumber(ARGV[1])
 local fields, limits = {}, {}
 for j = 1, n do
-  fields[2 * j - 1] = ARGV[2 * j]
-  fields[2 * j] = 'raise:' .. ARGV[2 * j]
-  limits[j] = tonumber(ARGV[2 * j + 1])
+  fields[2 * j - 1] = ARGV[3 * j - 1]
+  fields[2 * j] = ARGV[3 * j]
+  limits[j] = tonumber(ARGV[3 * j + 1])
 end
 local seen, out = {}, {}
 for k, key in ipairs(KEYS) do

@@ -2,6 +2,7 @@
 -- KEYS[1] stream; ARGV: retention ms ('' = no age limit), explicit cutoff ms ('' = none),
 -- '1' to trim a stream no group reads, '1' for approximate trimming.
 -- Returns {entries trimmed, the MINID used ('' when nothing was trimmed)}.
+--@include clock
 local stream = KEYS[1]
 local retention, keep_after = ARGV[1], ARGV[2]
 local without_groups, approximate = ARGV[3] == '1', ARGV[4] == '1'
@@ -22,9 +23,7 @@ local function lower(id)
   if bound == nil or less(id, bound) then bound = id end
 end
 if retention ~= '' then
-  local now = redis.call('TIME')
-  local now_ms = tonumber(now[1]) * 1000 + math.floor(tonumber(now[2]) / 1000)
-  lower(string.format('%d-0', now_ms - tonumber(retention)))
+  lower(string.format('%d-0', now_ms() - tonumber(retention)))
 end
 if keep_after ~= '' then lower(keep_after .. '-0') end
 

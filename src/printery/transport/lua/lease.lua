@@ -2,12 +2,12 @@
 -- KEYS[1] stream; ARGV: group, consumer, idle ms to set ('0' = renew), ids...
 -- XCLAIM ... JUSTID resets (or sets) the idle time without counting a delivery.
 -- Returns the ids that are no longer ours (reclaimed by someone else, or acked).
+--@include fence
 local stream, group, consumer, idle = KEYS[1], ARGV[1], ARGV[2], ARGV[3]
 local lost = {}
 for i = 4, #ARGV do
   local id = ARGV[i]
-  local pending = redis.call('XPENDING', stream, group, id, id, 1)
-  if #pending == 0 or pending[1][2] ~= consumer then
+  if held(stream, group, id, consumer) == nil then
     lost[#lost + 1] = id
   elseif idle == '0' then
     redis.call('XCLAIM', stream, group, consumer, 0, id, 'JUSTID')

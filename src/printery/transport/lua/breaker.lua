@@ -16,8 +16,8 @@
 -- {state, ms, failures, opened}: state 0 closed, 1 open, 3 half open (the reset is over,
 -- a trial decides); ms until a trial may be made; the consecutive failures in the
 -- window; the ms of the last opening (0: none).
-local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+--@include clock
+local now = now_ms()
 local key, op = KEYS[1], ARGV[1]
 local failures, window = tonumber(ARGV[2]), tonumber(ARGV[3])
 local reset, lease, caller = tonumber(ARGV[4]), tonumber(ARGV[5]), ARGV[6]

@@ -5,11 +5,11 @@
 -- unless the mark is no longer `consumer`'s (a later delivery's, after a claim).
 -- KEYS[1] the record, KEYS[2] the stream; ARGV: mode, consumer, group, id, record ttl ms.
 -- Returns 1 when it changed the record, else 0.
+--@include fence
 local key, mode, consumer = KEYS[1], ARGV[1], ARGV[2]
 if mode == 'begin' then
   local id = ARGV[4]
-  local pending = redis.call('XPENDING', KEYS[2], ARGV[3], id, id, 1)
-  if #pending == 0 or pending[1][2] ~= consumer then
+  if held(KEYS[2], ARGV[3], id, consumer) == nil then
     return 0
   end
   redis.call('HSET', key, 'trial', consumer)
