@@ -63,6 +63,10 @@ _CHUNK = 1000
 #: Longest a follower waits for its run's next entries before it checks its deadline and
 #: whether its reader is still there.
 _FOLLOW_WAIT_S = 1.0
+#: Most passes over a run's streams one history read makes: each after the first is one
+#: more outcome found (a replayed dead letter's), so only a writer adding outcomes to the
+#: run without end reaches it, and gets the entries as read.
+_HISTORY_PASSES = 8
 #: Longest one read of a run's partials by its follower blocks, while the partition's
 #: read under way does not read them yet.
 _BRIDGE_MS = 100
@@ -316,7 +320,8 @@ class RunReader:
         last = {stream: "0-0" if start == "-" else _before(start)
                 for stream in self.streams_of(run_id)}
         outcome: Any = None
-        while True:
+        ordered: list[dict[str, Any]] = []
+        for _ in range(_HISTORY_PASSES):
             for stream in await self._moved(last, first=outcome is None):
                 async for entry_id, fields in scan_stream(self.client, stream,
                                                           "(" + last[stream], chunk=_CHUNK):
@@ -327,8 +332,9 @@ class RunReader:
             end = self.ending(ordered)
             now = None if end is None else (ordered[end]["stream"], ordered[end]["id"])
             if now == outcome:
-                return ordered, last
+                break
             outcome = now
+        return ordered, last
 
     async def _moved(self, last: Mapping[str, str], *, first: bool) -> list[str]:
         """The streams to read on after ``last``: all of them the first time, then (one
