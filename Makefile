@@ -18,7 +18,7 @@ run: $(STAMP)
 
 test: $(STAMP)
 	@test -x /usr/bin/chromium -a -x /usr/bin/chromedriver || echo "browser tests skipped: no /usr/bin/chromium and chromedriver (apt-get install -y chromium chromium-driver)"
-	$(BIN)/pytest -q -n 2 --dist loadfile
+	$(BIN)/pytest -q -n 3 --dist loadfile
 
 # The edit-run loop (README, Tests): unit and contract tests and the integration tests that
 # start no process of their own and use no cluster; no fuzz, chaos, bench, browser or slow test.

@@ -29,6 +29,7 @@ from tests.chaos.driver import (
     deployment_request,
     pending_entries,
     status_of,
+    stop_services,
 )
 from tests.support.cluster import Node, ValkeyCluster
 
@@ -191,10 +192,7 @@ async def run_cluster_chaos(
         for task in (publisher, failover):
             if task is not None:
                 task.cancel()
-        for service in services:
-            service.terminate()
-        for service in services:
-            service.stop()
+        await stop_services(services)
         await asyncio.to_thread(cluster.stop)
         for step in (client.aclose, sandbox.stop):
             with contextlib.suppress(Exception):
@@ -273,10 +271,7 @@ async def run_master_failover(
     finally:
         if publisher is not None:
             publisher.cancel()
-        for service in services:
-            service.terminate()
-        for service in services:
-            service.stop()
+        await stop_services(services)
         await asyncio.to_thread(cluster.stop)
         for step in (client.aclose, sandbox.stop):
             with contextlib.suppress(Exception):

@@ -1,5 +1,5 @@
 """``printery bench`` on a cluster before and after a master failover (issue 31,
-docs/performance.md): a fresh 3-master + 3-replica Valkey cluster (tests/support/cluster.py),
+docs/performance-history.md): a fresh 3-master + 3-replica Valkey cluster (tests/support/cluster.py),
 the bench with nine partitions in rate mode; then kill -9 of the master holding most
 partitions, the bench again once its replica is promoted (the old master still down: the
 promoted one has no replica to feed); then the killed node started again (it rejoins as

@@ -1,4 +1,4 @@
-"""What the ``WAIT`` after a submit costs (issue 31, docs/performance.md): submits per
+"""What the ``WAIT`` after a submit costs (issue 31, docs/performance-history.md): submits per
 second with 100 in flight and the latency of one submit at a time, with the wait
 (``[transport] submit_wait = 1``) and without it (0), on one server with a replica and
 on a 3-master + 3-replica Valkey cluster with nine partitions, all on loopback.

@@ -17,7 +17,9 @@ pytestmark = [pytest.mark.slow]
 
 
 @pytest.mark.timeout(240)
-@pytest.mark.parametrize("url_nodes", ["all", "one"])
+# A URL naming every node through a failover is test_cluster.py's too (50 deployments, 1 s
+# node timeout): make test runs this one with the URL naming only the killed node.
+@pytest.mark.parametrize("url_nodes", [pytest.param("all", marks=pytest.mark.long), "one"])
 async def test_a_master_failover_is_a_pause(
     url_nodes: str, tmp_path: Path, report_figures: Callable[[str], None]
 ) -> None:

@@ -73,6 +73,10 @@ class Node:
                 "--cluster-node-timeout", str(node_timeout_ms),
                 "--cluster-replica-validity-factor", "0",
                 "--cluster-require-full-coverage", "yes",
+                # A replica's first sync (at forming, after a rejoin) starts at once:
+                # the server's default waits 5 s for more replicas to share it, which
+                # was most of the time a test's own cluster took to form.
+                "--repl-diskless-sync-delay", "0",
             ],
         )
         self.id = ""

@@ -4,7 +4,7 @@ server: :func:`cpu_seconds`), or of a cluster's masters.
 On one embedded server the bench reads the server process's CPU time
 (:class:`ServerCpu`); a cluster's nodes may be anywhere, so each master's own count is
 read instead (:class:`ClusterCpu`: ``INFO cpu``, ``used_cpu_user`` + ``used_cpu_sys``),
-per master, because the model of docs/performance.md scales by masters: server CPU per
+per master, because the model of docs/performance-history.md (Issue 18) scales by masters: server CPU per
 event on a master times the events/s it carries.
 """
 

@@ -53,7 +53,7 @@ from printery.runtime.payloads import PayloadStore
 from printery.runtime.run_index import RUNNING, run_status
 from printery.store import UNREACHABLE, Outage, Redis
 from printery.store.run_index import run_start
-from printery.store.scan import read_after, scan_stream
+from printery.store.scan import last_ids, read_after, scan_stream
 
 __all__ = ["RUNNING", "RunFollow", "RunOrder", "RunReader", "RunResult", "run_cost",
            "run_status"]
@@ -63,6 +63,10 @@ _CHUNK = 1000
 #: Longest a follower waits for its run's next entries before it checks its deadline and
 #: whether its reader is still there.
 _FOLLOW_WAIT_S = 1.0
+#: Most passes over a run's streams one history read makes: each after the first is one
+#: more outcome found (a replayed dead letter's), so only a writer adding outcomes to the
+#: run without end reaches it, and gets the entries as read.
+_HISTORY_PASSES = 8
 #: Longest one read of a run's partials by its follower blocks, while the partition's
 #: read under way does not read them yet.
 _BRIDGE_MS = 100
@@ -299,19 +303,46 @@ class RunReader:
 
     async def history(self, run_id: str) -> tuple[list[dict[str, Any]], dict[str, str]]:
         """The run's entries so far in order (:class:`RunOrder`), and per stream the
-        last id read (where following it live goes on)."""
+        last id read (where following it live goes on).
+
+        The streams are scanned one after another while the run's workers go on writing:
+        a scan may find the outcome in a stream read after the one its cause landed in a
+        moment too late. What led to the outcome was written before it, so it is in the
+        streams by the time the outcome is found: once an outcome is known, the streams
+        are read on from where each scan stopped, until the outcome stays the same
+        (a replayed dead letter's later outcome, read in that pass, is read up to too).
+        A run without its outcome yet needs none of this: following it live from those
+        positions gives what each scan missed."""
         start = await self.start_of(run_id)
         if start != "-":  # another stream's entry of the same millisecond may sort lower
             start = f"{id_order(start)[0]}-0"
         found: list[dict[str, Any]] = []
-        last: dict[str, str] = {}
-        for stream in self.streams_of(run_id):
-            last[stream] = "0-0" if start == "-" else _before(start)
-            async for entry_id, fields in scan_stream(self.client, stream, start, chunk=_CHUNK):
-                if self.belongs(fields, run_id):
-                    found.append(self.view(entry_id, stream, fields))
-                last[stream] = entry_id
-        return self.order.sort(found), last
+        last = {stream: "0-0" if start == "-" else _before(start)
+                for stream in self.streams_of(run_id)}
+        outcome: Any = None
+        ordered: list[dict[str, Any]] = []
+        for _ in range(_HISTORY_PASSES):
+            for stream in await self._moved(last, first=outcome is None):
+                async for entry_id, fields in scan_stream(self.client, stream,
+                                                          "(" + last[stream], chunk=_CHUNK):
+                    if self.belongs(fields, run_id):
+                        found.append(self.view(entry_id, stream, fields))
+                    last[stream] = entry_id
+            ordered = self.order.sort(found)
+            end = self.ending(ordered)
+            now = None if end is None else (ordered[end]["stream"], ordered[end]["id"])
+            if now == outcome:
+                break
+            outcome = now
+        return ordered, last
+
+    async def _moved(self, last: Mapping[str, str], *, first: bool) -> list[str]:
+        """The streams to read on after ``last``: all of them the first time, then (one
+        round trip) those written to since."""
+        if first:
+            return list(last)
+        now = await last_ids(self.client, list(last))
+        return [stream for stream, at in now.items() if id_order(at) > id_order(last[stream])]
 
     async def exists(self, run_id: str) -> bool:
         entries, _ = await self.history(run_id)

@@ -92,6 +92,10 @@ def server_info(host: str, port: int, timeout: float) -> dict[str, str] | None:
     return fields
 
 
+#: Seconds between two SIGTERMs of a server that has not exited (see ServerProcess.stop).
+_TERM_AGAIN_S = 0.2
+
+
 class ServerProcess:
     """One server process on a fixed loopback port with its data in ``data_dir``.
 
@@ -178,16 +182,20 @@ class ServerProcess:
         return next((line for line in reversed(lines) if line.strip()), "empty log")
 
     def stop(self, timeout: float = 10.0) -> None:
-        """Stop the process (SIGTERM, then SIGKILL); the data stays on disk."""
+        """Stop the process (SIGTERM, then SIGKILL after ``timeout``); the data stays on
+        disk. The server refuses a SIGTERM while it writes its first AOF (a replica just
+        after its first sync: "Writing initial AOF, can't exit") and then runs on, so the
+        SIGTERM is sent again every :data:`_TERM_AGAIN_S` until it exits."""
         if not self.process:
             return
-        if self.process.poll() is None:
+        deadline = time.monotonic() + timeout
+        while self.process.poll() is None and time.monotonic() < deadline:
             self.process.terminate()
-            try:
-                self.process.wait(timeout)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait(timeout)
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                self.process.wait(min(_TERM_AGAIN_S, max(0.0, deadline - time.monotonic())))
+        if self.process.poll() is None:
+            self.process.kill()
+            self.process.wait(timeout)
         self.process = None
 
     def kill(self) -> None:
