@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import random
 import shutil
 import socket
 import subprocess
@@ -40,11 +41,46 @@ def find_server_binary() -> str:
     )
 
 
+_EPHEMERAL_RANGE = Path("/proc/sys/net/ipv4/ip_local_port_range")
+_LOWEST_PORT = 10000
+_handed_out: set[int] = set()
+
+
+def _ephemeral_low() -> int:
+    """The lowest port the kernel gives outgoing connections (32768 where it cannot be read)."""
+    try:
+        return int(_EPHEMERAL_RANGE.read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768
+
+
 def free_port(host: str = "127.0.0.1") -> int:
+    """A port free now, to be bound by another process a moment later.
+
+    Chosen at random *below* the kernel's ephemeral range: a port the kernel picked for
+    ``bind(0)`` is one it also hands to outgoing connections, so between this check and
+    the child's bind any client socket of any process could take it (seen as ``address
+    already in use`` under parallel tests). Below that range only another listener can,
+    and a random pick over thousands of ports (never the same one twice in a process)
+    makes that rare. Falls back to ``bind(0)`` when the range leaves no room."""
+    low = _ephemeral_low()
+    if low - _LOWEST_PORT >= 1000:
+        rng = random.SystemRandom()
+        for _ in range(64):
+            port = rng.randrange(_LOWEST_PORT, low)
+            if port in _handed_out:
+                continue
+            with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+                try:
+                    sock.bind((host, port))
+                except OSError:
+                    continue
+            _handed_out.add(port)
+            return port
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.bind((host, 0))
-        port: int = sock.getsockname()[1]
-        return port
+        chosen: int = sock.getsockname()[1]
+        return chosen
 
 
 def _answers_ping(host: str, port: int, password: str | None) -> bool:
