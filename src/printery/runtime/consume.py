@@ -54,7 +54,6 @@ from printery.keys import StreamKeys
 from printery.runtime import partials
 from printery.runtime.accounting import Accounting, Decided
 from printery.runtime.budget_guard import BudgetGuard
-from printery.runtime.connectivity import Connectivity
 from printery.runtime.consumer import ConsumerSettings, Delivery
 from printery.runtime.failures import Failures
 from printery.runtime.handler import Handler, Message, Output, outputs_of
@@ -67,6 +66,7 @@ from printery.runtime.run_handlers import HandlerRunner
 from printery.runtime.run_index import RunIndex, RunMark
 from printery.runtime.spans import bind_spans
 from printery.runtime.writes import Writes
+from printery.store.outage import Outage
 from printery.transport.commit import DUPLICATE, FENCED, Append, Committer, EntryCommit
 from printery.transport.records import RecordLookup
 from printery.transport.streams import Leases, public_api
@@ -90,7 +90,7 @@ class EntryPipeline:
         settings: ConsumerSettings,
         observer: Observer,
         stats: WorkerStats,
-        connectivity: Connectivity,
+        connectivity: Outage,
         budget: BudgetGuard | None = None,
         gate: LimitGate | None = None,
         placer: Placer | None = None,
@@ -136,7 +136,7 @@ class EntryPipeline:
         begun = time.perf_counter()
         decided: list[Decided] = []
         admitted = await self._admit(batch, decided, none_over)
-        if self.connectivity.stopping.is_set():
+        if self.connectivity.stopped():
             await self._commit(decided, begun)  # what was admitted never starts
             return
         tickets = await self._limit(admitted, decided) if self.gate is not None and admitted else None

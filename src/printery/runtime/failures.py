@@ -25,12 +25,12 @@ from printery.backoff import compute_backoff
 from printery.errors import Retry, StepTimeout, bounded_traceback, describe
 from printery.keys import StreamKeys
 from printery.runtime.accounting import Decided
-from printery.runtime.connectivity import Connectivity
 from printery.runtime.consumer import ConsumerSettings, Delivery
 from printery.runtime.handler import Message
 from printery.runtime.observe import Observer
 from printery.runtime.run_index import RunIndex
 from printery.runtime.writes import Writes
+from printery.store.outage import Outage
 from printery.store.records import read_record, write_record
 from printery.transport.commit import FENCED
 from printery.transport.dead_letter import letter_commit
@@ -53,7 +53,7 @@ class Failures:
     def __init__(
         self, worker: str, *, keys: StreamKeys, writes: Writes, leases: Leases,
         settings: ConsumerSettings, observer: Observer, stats: WorkerStats,
-        connectivity: Connectivity, index: RunIndex | None,
+        connectivity: Outage, index: RunIndex | None,
     ) -> None:
         self.worker = worker
         self.keys = keys

@@ -19,9 +19,9 @@ from dataclasses import KW_ONLY, dataclass
 import structlog
 
 from printery._util import wait_event
-from printery.runtime.connectivity import Connectivity
 from printery.runtime.consumer import Consumer, ConsumerSettings
 from printery.runtime.departed import died_here
+from printery.store.outage import Outage
 from printery.transport.channel import Command, DirectChannel
 from printery.transport.connection import Redis
 from printery.transport.streams import (
@@ -58,7 +58,7 @@ class Intake:
     settings: ConsumerSettings
     ctx: RunContext
     closing: asyncio.Event
-    connectivity: Connectivity
+    connectivity: Outage
     prepare: Callable[[], Awaitable[None]]
     accept: Accept
     stats: WorkerStats

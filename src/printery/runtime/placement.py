@@ -23,8 +23,8 @@ import structlog
 from printery._util import new_id
 from printery.envelope import Codec, Envelope, correlation_of
 from printery.keys import StreamKeys, new_id_in, partition_of
-from printery.runtime.connectivity import Connectivity
 from printery.runtime.consumer import Delivery
+from printery.store.outage import Outage
 from printery.transport.connection import Redis
 from printery.transport.scripts import Scripts
 from printery.transport.streams import ROUTE_LUA
@@ -40,7 +40,7 @@ class Placer:
     """Places entries of one partition's streams (``keys``, a partition's view)."""
 
     def __init__(self, client: Redis, keys: StreamKeys, codec: Codec,
-                 connectivity: Connectivity) -> None:
+                 connectivity: Outage) -> None:
         assert keys.partition is not None
         self.client = client
         self.connectivity = connectivity

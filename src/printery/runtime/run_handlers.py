@@ -17,11 +17,11 @@ from typing import Any
 
 from printery._util import given_up, log_failure
 from printery.runtime.accounting import Decided
-from printery.runtime.connectivity import Connectivity
 from printery.runtime.consumer import Consumer, Delivery
 from printery.runtime.handler import Message
 from printery.runtime.limit_gate import Ticket
 from printery.runtime.spans import HandleEntry
+from printery.store.outage import Outage
 
 #: Python 3.12+ runs a new task's first step at once (a handler that never awaits then
 #: costs no scheduling); 3.11 schedules it.
@@ -48,7 +48,7 @@ class HandlerRunner:
 
     def __init__(
         self, handle: HandleEntry[Decided],
-        commit: Callable[[list[Decided], float], Awaitable[None]], connectivity: Connectivity,
+        commit: Callable[[list[Decided], float], Awaitable[None]], connectivity: Outage,
     ) -> None:
         self.handle = handle
         self.commit = commit
@@ -98,7 +98,7 @@ class HandlerRunner:
 
         def start_the_rest() -> None:
             nonlocal running, left_held, rest_settled
-            left_held = self.connectivity.stopping.is_set()
+            left_held = self.connectivity.stopped()
             rest = [] if left_held else admitted[begun_here + 1 :]
             running = self._start(rest, tickets[begun_here + 1 :] if tickets else None, clean)
             # Committed as they finish, not once the handler here is done: one of them
@@ -143,7 +143,7 @@ class HandlerRunner:
         if running is None:  # nobody waited: what is left here, the rest of a dirty batch
             begun_here += dirty
             start_the_rest_now = admitted[begun_here:]
-            left_held = bool(start_the_rest_now) and self.connectivity.stopping.is_set()
+            left_held = bool(start_the_rest_now) and self.connectivity.stopped()
             running = [] if left_held else self._start(
                 start_the_rest_now, tickets[begun_here:] if tickets else None, clean)
         else:  # the rest commit in their own task (start_the_rest)

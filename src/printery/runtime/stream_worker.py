@@ -34,7 +34,6 @@ from printery.envelope import Codec
 from printery.keys import StreamKeys
 from printery.limits import Limit, fallback_of
 from printery.runtime.budget_guard import BudgetGuard
-from printery.runtime.connectivity import Connectivity
 from printery.runtime.consume import EntryPipeline
 from printery.runtime.consumer import Consumer, ConsumerSettings, InFlight
 from printery.runtime.handler import Handler, Output
@@ -49,6 +48,7 @@ from printery.runtime.placement import Placer
 from printery.runtime.run_index import RunIndex, committed
 from printery.runtime.step_context import Companion, StepContext
 from printery.runtime.suspects import HandBacks, Suspects
+from printery.store.outage import Outage
 from printery.transport.channel import Command, DirectChannel
 from printery.transport.commit import Committer
 from printery.transport.connection import Redis
@@ -130,7 +130,7 @@ class StreamWorker:
         #: Who ran alone when a process died (reference: failures, a crash blames the crasher).
         self._suspects = Suspects(name, client=client, keys=keys, record_ttl=self.settings.record_ttl)
         self._leases: Leases = HandBacks(client, name, self._suspects)
-        self._connectivity: Connectivity | None = None
+        self._connectivity: Outage | None = None
 
     # -- Worker protocol -----------------------------------------------------------------
 
@@ -176,7 +176,7 @@ class StreamWorker:
         #: Set as this run ends, however it ends: a loop that lost its cancellation
         #: still stops at its next turn.
         self._closing = asyncio.Event()
-        connectivity = self._connectivity = Connectivity(self.name, ctx.stopping)
+        connectivity = self._connectivity = Outage(self.name, ctx.stopping)
         in_flight = InFlight(self.settings.in_flight or self.settings.concurrency)
         self._consumers = [Consumer(consumer_name(self.name, i), self.settings, in_flight)
                            for i in range(self.settings.concurrency)]
@@ -202,7 +202,7 @@ class StreamWorker:
             await writer.close()
             streaming.var.reset(streaming)
 
-    async def _run(self, ctx: RunContext, connectivity: Connectivity, lanes: Lanes,
+    async def _run(self, ctx: RunContext, connectivity: Outage, lanes: Lanes,
                    holdings: Holdings, intake: Intake) -> None:
         await connectivity.retrying(self._place)
         readers = [asyncio.create_task(intake.read(c, streams, self._over_counts(lanes, streams)),
@@ -273,7 +273,7 @@ class StreamWorker:
                 counts[count] = None
         return list(counts)
 
-    def _lane(self, keys: StreamKeys, connectivity: Connectivity) -> Lane:
+    def _lane(self, keys: StreamKeys, connectivity: Outage) -> Lane:
         """The commit path of one partition (``keys``), for :class:`Lanes`."""
         index = keys.idempotency_index(self.name)
         run_index = None if self.index is None else self.index.within(keys)

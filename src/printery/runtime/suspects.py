@@ -38,9 +38,9 @@ import structlog
 
 from printery.keys import StreamKeys
 from printery.runtime.alone import Alone
-from printery.runtime.connectivity import Connectivity
 from printery.runtime.consumer import Delivery
 from printery.runtime.handler import Message
+from printery.store.outage import Outage
 from printery.transport.connection import Redis
 from printery.transport.scripts import Scripts, script
 from printery.transport.streams import Leases
@@ -70,14 +70,14 @@ class Suspects:
         return self.keys.at(self.keys.locate(stream)[0]).suspect(self.worker, stream, entry_id)
 
     async def first(
-        self, batch: Sequence[Delivery], connectivity: Connectivity,
+        self, batch: Sequence[Delivery], connectivity: Outage,
         then: Callable[[Sequence[Delivery]], Awaitable[None]],
     ) -> None:
         """Screen a claimed batch, then take it through the pipeline (``then``)."""
         await self.screen(batch, connectivity)
         await then(batch)
 
-    async def screen(self, batch: Sequence[Delivery], connectivity: Connectivity) -> None:
+    async def screen(self, batch: Sequence[Delivery], connectivity: Outage) -> None:
         """Screen entries one consumer claimed from one stream: each gets the delivery count
         that counts, and a suspect its :class:`Trial`. An entry lost meanwhile is left
         as it is (its commit is fenced)."""
@@ -118,7 +118,7 @@ class Trial:
     pipeline before the call); over when the call gives its place back."""
 
     def __init__(self, suspects: Suspects, delivery: Delivery, record: str,
-                 connectivity: Connectivity) -> None:
+                 connectivity: Outage) -> None:
         self.suspects = suspects
         self.delivery = delivery
         self.record = record

@@ -67,6 +67,10 @@ class Outage:
         self.on_attempt = on_attempt
         self.connected = True
 
+    def stopped(self) -> bool:
+        """Whether the caller is stopping (never, for a caller that gave no ``stopping``)."""
+        return self.stopping is not None and self.stopping.is_set()
+
     def restored(self) -> None:
         if not self.connected:
             log.info("server reachable again", who=self.who)
