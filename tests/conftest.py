@@ -98,7 +98,7 @@ def _spawns_processes(path: Path) -> bool:
 
 def _tier_markers(item: pytest.Item) -> set[str]:
     path = item.path
-    tiers = {tier for tier in ("unit", "contract", "integration", "e2e") if tier in path.parts}
+    tiers = {tier for tier in ("unit", "policies", "contract", "integration", "e2e") if tier in path.parts}
     tiers |= {_BY_FIXTURE[name] for name in getattr(item, "fixturenames", ()) if name in _BY_FIXTURE}
     if path.name in _BY_FILE:
         tiers.add(_BY_FILE[path.name])

@@ -74,6 +74,7 @@ if typing.TYPE_CHECKING:
     from printery.pipeline.loop import Loop
     from printery.pipeline.review_kinds import ReviewCase, ReviewKind, ReviewOutcome
     from printery.pipeline.step import Step, StepOptions
+    from printery.policies.middleware import Middleware
     from printery.reason import Reason
     from printery.redact import redact_text, redact_url, register_secret
     from printery.runs.client import Client, SyncClient
@@ -91,7 +92,7 @@ __all__ = [  # noqa: RUF022 - two faces, grouped as docs/reference.md's sections
     # For pipeline authors: what a pipeline, its steps and their handlers are made of,
     # and what a handler or a review hook may raise.
     # - pipelines and steps; budgets
-    "Pipeline", "PipelineError", "Step", "StepOptions", "Budget",
+    "Pipeline", "PipelineError", "Step", "StepOptions", "Budget", "Middleware",
     # - handlers
     "Handler", "HandlerError", "HandlerResult", "Message", "Output", "OutputContractError",
     "QuotaExhausted", "Reason", "Reject", "Retry", "StepTimeout", "WorkerCrashed",
@@ -149,6 +150,7 @@ _MODULES = {
     "printery.pipeline.loop": ("Loop",),
     "printery.pipeline.review_kinds": ("ReviewCase", "ReviewKind", "ReviewOutcome"),
     "printery.pipeline.step": ("Step", "StepOptions"),
+    "printery.policies.middleware": ("Middleware",),
     "printery.reason": ("Reason",),
     "printery.redact": ("redact_text", "redact_url", "register_secret"),
     "printery.runs.client": ("Client", "SyncClient"),

@@ -20,7 +20,7 @@ import printery.ext
 #: The face of pipeline authors (``printery.__all__``): what a pipeline, its steps and their
 #: handlers are made of, and what a handler or a review hook may raise.
 AUTHOR = {
-    "Pipeline", "PipelineError", "Step", "StepOptions", "Budget",
+    "Pipeline", "PipelineError", "Step", "StepOptions", "Budget", "Middleware",
     "Handler", "HandlerError", "HandlerResult", "Message", "Output", "OutputContractError",
     "QuotaExhausted", "Reason", "Reject", "Retry", "StepTimeout", "WorkerCrashed",
     "Breaker", "Completion", "Limit", "OpenAICompatible", "ProviderDown", "register_secret",

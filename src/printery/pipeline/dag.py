@@ -27,7 +27,15 @@ from printery.keys import DLQ, REVIEW, REVIEW_DECIDED, RUN_FAILED, StreamKeys
 from printery.limits import Limit
 from printery.pipeline.budget_review import budget_review_kind
 from printery.pipeline.review_kinds import ReviewHook, ReviewKind, escalation_of
-from printery.pipeline.step import LoopShape, MapShape, Step, StepOptions, StepSource
+from printery.pipeline.step import (
+    LoopShape,
+    MapShape,
+    Step,
+    StepOptions,
+    StepSource,
+    middleware_of,
+)
+from printery.policies.middleware import Middleware
 from printery.reason import Reason
 from printery.runtime.consumer import ConsumerSettings
 from printery.runtime.groups import place_pipeline_groups
@@ -91,8 +99,11 @@ class Pipeline:
         outcomes: Iterable[str] | None = None,
         budget: Budget | None = None,
         success: Iterable[str] = ("succeeded",),
+        middleware: Iterable[Middleware] = (),
     ) -> None:
         self.name = name
+        #: Around every step's calls, outside each step's own (docs/reference.md, Middleware).
+        self.middleware = middleware_of(middleware, f"pipeline {name!r}")
         self.success = _statuses(success)
         self.ingress = tuple(ingress)
         self.correlation_field = correlation_field
@@ -243,13 +254,15 @@ class Pipeline:
         timeout: float | None = None,
         estimate: Estimate | None = None,
         renamed_from: str | None = None,
+        middleware: Iterable[Middleware] = (),
         **settings: Unpack[StepOptions],
     ) -> Callable[[Handler], Handler]:
         """Decorator form of :meth:`add`. ``estimate``: what one handler call is expected
         to spend (``{"tokens": 2000}``, or a function of the message), reserved against
         the run's budget before it runs (reference: budgets). ``renamed_from``: the
         step's old name, whose consumer groups it takes over (reference: where a group
-        starts)."""
+        starts). ``middleware``: the step's own :class:`~printery.Middleware`, inside the
+        pipeline's (docs/reference.md, Middleware)."""
 
         def register(handler: Handler) -> Handler:
             self.add(
@@ -263,6 +276,7 @@ class Pipeline:
                     timeout=timeout,
                     estimate=estimate,
                     renamed_from=renamed_from,
+                    middleware=tuple(middleware),
                 )
             )
             return handler
@@ -432,6 +446,7 @@ class Pipeline:
                 settings=_settings_from(base, fields), observer=observer, payloads=payloads,
                 companions=step.companions, budget=self.budget_plan(step), limits=step.limits,
                 index=index, written_by=self._writers_of(step), place_groups=place,
+                middleware=(*self.middleware, *step.middleware),
             )
             if step.bind is not None:  # its handler for this worker, given the worker's context
                 bound = step.bind(worker.context)

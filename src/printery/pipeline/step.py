@@ -11,7 +11,7 @@ from __future__ import annotations
 import functools
 import inspect
 import reprlib
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, fields
 from typing import Any, Protocol, TypedDict, TypeVar
 
@@ -23,6 +23,7 @@ from printery.errors import OutputContractError, PipelineError, Reject
 from printery.fields import REJECT_TYPE, RESUME_TYPE
 from printery.keys import REVIEW
 from printery.limits import FallsBack, Limit, fallback_of, mark_fallback
+from printery.policies.middleware import Middleware
 from printery.reason import Reason
 from printery.runtime.consumer import ConsumerSettings
 from printery.runtime.handler import Handler, HandlerResult, Message, outputs_of
@@ -317,6 +318,9 @@ class Step:
     #: Set on the split step of a :class:`~printery.Map` (what the graph's drawings,
     #: checks and a replay know of it).
     map: MapShape | None = None
+    #: The user's :class:`~printery.Middleware` of this step, outermost first, inside the
+    #: pipeline's (docs/reference.md, Middleware).
+    middleware: tuple[Middleware, ...] = ()
 
     def steps(self) -> tuple[Step]:
         """The step itself: a step is a :class:`StepSource` of one."""
@@ -340,6 +344,7 @@ class Step:
         check_settings(f"step {self.name!r}", self.settings)
         check_concurrency(f"step {self.name!r}", self.concurrency)
         check_timeout(f"step {self.name!r}", self.timeout)
+        self.middleware = middleware_of(self.middleware, f"step {self.name!r}")
         self.limits = tuple(self.limits)
         if self.falls_back is None:
             self.falls_back = fallback_of(self.handler)
@@ -405,3 +410,19 @@ def _check_review_types(step: str, extra: Mapping[str, str], produces: set[str])
             raise OutputContractError(
                 f"{step} escalated with {name} {event_type!r}, which it does not produce"
             )
+
+
+def middleware_of(given: Iterable[Any], what: str) -> tuple[Middleware, ...]:
+    """``given`` as middleware, refused at definition unless each is a
+    :class:`~printery.Middleware` instance (a class passed for an instance, a bare
+    function)."""
+    if isinstance(given, Middleware):
+        given = (given,)
+    found = tuple(given)
+    for each in found:
+        if not isinstance(each, Middleware):
+            hint = " (pass an instance: Audit(), not Audit)" if isinstance(each, type) \
+                and issubclass(each, Middleware) else ""
+            raise PipelineError(f"{what}: middleware= takes printery.Middleware instances, "
+                                f"not {each!r}{hint}")
+    return found

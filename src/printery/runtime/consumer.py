@@ -5,14 +5,9 @@ from __future__ import annotations
 import asyncio
 import time
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 from printery.limits import WINDOW_SECONDS
 from printery.runtime import alone
-from printery.runtime.alone import Turn
-
-if TYPE_CHECKING:
-    from printery.runtime.limit_gate import Ticket
 
 #: The window of a consumer whose prefetch is unset: from (the start, kept while its
 #: handlers wait on I/O), to (reached while they do not).
@@ -217,8 +212,10 @@ class Consumer:
 class Delivery:
     """One entry a consumer holds, from read (or claim) to commit or hand-back."""
 
-    __slots__ = ("abandoned", "began", "consumer", "deliveries", "entry_id", "fields", "released",
-                 "slot", "started", "stream", "task", "ticket", "timed_out", "trial")
+    #: ``__weakref__``: a policy keeps what it knows of an entry keyed by its delivery
+    #: (:mod:`printery.policies`), for as long as the delivery lives.
+    __slots__ = ("__weakref__", "abandoned", "began", "consumer", "deliveries", "entry_id",
+                 "fields", "released", "slot", "started", "stream", "task", "timed_out")
 
     def __init__(
         self, consumer: Consumer, stream: str, entry_id: str, fields: dict[str, str], deliveries: int
@@ -242,11 +239,6 @@ class Delivery:
         #: Set when that call went on regardless and was given up on
         #: (:meth:`~printery.runtime.consume.EntryPipeline.abandon`).
         self.abandoned = False
-        #: Its handler call's claim on the step's limits (None: the step has none).
-        self.ticket: Ticket | None = None
-        #: Set while it is a suspect of a process's death: its next call runs alone
-        #: (:mod:`printery.runtime.suspects`).
-        self.trial: Turn | None = None
 
     def try_take_slot(self) -> bool:
         """Take a free handler slot of the consumer, if there is one (held until

@@ -22,7 +22,7 @@ import structlog
 from printery import _json
 from printery._util import where
 from printery.backoff import compute_backoff
-from printery.errors import Retry, StepTimeout, bounded_traceback, describe
+from printery.errors import PrinteryError, Retry, StepTimeout, bounded_traceback, describe
 from printery.keys import StreamKeys
 from printery.runtime.accounting import Decided
 from printery.runtime.consumer import ConsumerSettings, Delivery
@@ -37,7 +37,7 @@ from printery.transport.dead_letter import letter_commit
 from printery.transport.streams import Leases
 from printery.worker import WorkerStats
 
-__all__ = ["Failures"]
+__all__ = ["CallFailed", "Failures"]
 
 log = structlog.get_logger("printery.worker")
 
@@ -45,6 +45,12 @@ log = structlog.get_logger("printery.worker")
 EXHAUSTED = "max_deliveries_exceeded"
 #: The reason code of a handler call cancelled at its step's timeout.
 TIMEOUT = "timeout"
+
+
+class CallFailed(PrinteryError):
+    """Raised by a policy's hook before a call (user code it runs failed, the
+    ``__cause__``): the call fails as if its handler had raised, retried or dead-lettered
+    as any failure."""
 
 
 class Failures:

@@ -14,6 +14,7 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 
 from printery.keys import StreamKeys, partition_of
+from printery.runtime.budget_guard import BudgetGuard
 from printery.runtime.consume import EntryPipeline
 from printery.transport.commit import Committer
 from printery.transport.records import RecordLookup
@@ -28,6 +29,8 @@ class Lane:
     committer: Committer
     records: RecordLookup
     pipeline: EntryPipeline
+    #: What its entries check and charge of their runs' budgets (None: no budget).
+    budget: BudgetGuard | None = None
 
 
 class Lanes:

@@ -34,9 +34,10 @@ from typing import Any
 import structlog
 
 from printery._util import stop_tasks, wait_event, where
-from printery.errors import PipelineError, PrinteryError, WorkerCrashed, describe
+from printery.errors import PipelineError, WorkerCrashed, describe
 from printery.keys import StreamKeys
 from printery.limits import Limit
+from printery.runtime.failures import CallFailed
 from printery.runtime.handler import Message
 from printery.runtime.limit_departed import DepartedSlots, gate_name
 from printery.runtime.limit_waits import HELD_BY_SLOT, HELD_BY_WINDOW, LimitWaits
@@ -56,7 +57,7 @@ SLOT_POLL_SECONDS = 0.1
 #: this late, a fifth of its polling interval; a waiter in this process is woken at once.
 RELEASE_REPORT_SECONDS = 0.02
 
-class FallsBackFailed(PrinteryError):
+class FallsBackFailed(CallFailed):
     """The step's ``falls_back`` raised for an entry (the ``__cause__``): that entry's
     call fails as if its handler had raised, and holds nothing of the limits."""
 

@@ -19,7 +19,6 @@ from printery._util import given_up, log_failure
 from printery.runtime.accounting import Decided
 from printery.runtime.consumer import Consumer, Delivery
 from printery.runtime.handler import Message
-from printery.runtime.limit_gate import Ticket
 from printery.runtime.spans import HandleEntry
 from printery.store.outage import Outage
 
@@ -59,20 +58,20 @@ class HandlerRunner:
 
     async def run(
         self, admitted: list[tuple[Delivery, Message]], decided: list[Decided], begun: float,
-        tickets: list[Ticket] | None, *, read: int,
+        *, read: int,
     ) -> bool:
-        """Handle ``admitted`` (``tickets``: their limits' claims) and commit them with
+        """Handle ``admitted`` and commit them with
         ``decided``, of a batch of ``read`` entries that began at ``begun``. True when the
         worker stopped first: what did not start is then left held for the drain."""
         if admitted and (len(admitted) == 1 or (admitted[0][0].consumer.fast and not self.isolate)):
-            return await self.in_turn(admitted, decided, begun, tickets, read)
-        running = self._start(admitted, tickets)
+            return await self.in_turn(admitted, decided, begun, read)
+        running = self._start(admitted)
         return await self._commit_as_done(running, decided, begun,
                                           adapt=admitted[0][0].consumer if admitted else None)
 
     async def in_turn(
         self, admitted: list[tuple[Delivery, Message]], decided: list[Decided], begun: float,
-        tickets: list[Ticket] | None, read: int,
+        read: int,
     ) -> bool:
         """Run the handlers one after another in this task while they neither wait on I/O
         nor change a context variable; the rest each in a task of its own. True when the
@@ -100,7 +99,7 @@ class HandlerRunner:
             nonlocal running, left_held, rest_settled
             left_held = self.connectivity.stopped()
             rest = [] if left_held else admitted[begun_here + 1 :]
-            running = self._start(rest, tickets[begun_here + 1 :] if tickets else None, clean)
+            running = self._start(rest, clean)
             # Committed as they finish, not once the handler here is done: one of them
             # may hold the only slot (``parallel=1``, an aggregator's) that a retry of
             # the handler here waits for after its backoff, which gave that slot back.
@@ -122,8 +121,7 @@ class HandlerRunner:
                     # in tasks of their own and the decided commit first.
                     break
                 delivery.task = task
-                result = await self.handle(delivery, message,
-                                            tickets[begun_here] if tickets else None)
+                result = await self.handle(delivery, message)
                 if result is not None:
                     decided.append(result)
                 if contextvars.copy_context() != clean:
@@ -144,8 +142,7 @@ class HandlerRunner:
             begun_here += dirty
             start_the_rest_now = admitted[begun_here:]
             left_held = bool(start_the_rest_now) and self.connectivity.stopped()
-            running = [] if left_held else self._start(
-                start_the_rest_now, tickets[begun_here:] if tickets else None, clean)
+            running = [] if left_held else self._start(start_the_rest_now, clean)
         else:  # the rest commit in their own task (start_the_rest)
             running = []
         settle = self._commit_as_done(running, decided, begun)
@@ -162,14 +159,13 @@ class HandlerRunner:
         return left_held
 
     def _start(
-        self, admitted: list[tuple[Delivery, Message]], tickets: list[Ticket] | None,
-        context: contextvars.Context | None = None,
+        self, admitted: list[tuple[Delivery, Message]], context: contextvars.Context | None = None,
     ) -> list[asyncio.Task[Decided | None]]:
         """A task per handler, in a copy of ``context`` (default: of the current one):
         a task runs in the context it is given, so tasks given one would share it."""
         running = []
-        for index, (delivery, message) in enumerate(admitted):
-            coro = self.handle(delivery, message, tickets[index] if tickets else None)
+        for delivery, message in admitted:
+            coro = self.handle(delivery, message)
             delivery.task = _task(coro, None if context is None else context.copy())
             running.append(delivery.task)
         return running

@@ -15,7 +15,6 @@ from printery.errors import WorkerCrashed, describe
 from printery.fields import TRACEPARENT
 from printery.runtime.consumer import Delivery
 from printery.runtime.handler import Message
-from printery.runtime.limit_gate import Ticket
 from printery.telemetry import StepTracer, step_tracer
 from printery.transport.commit import DUPLICATE, FENCED
 
@@ -33,9 +32,9 @@ class Spanned(Protocol):
 
 D = TypeVar("D", bound=Spanned)
 #: Takes an entry through its handler to its decision (None: lost to another consumer).
-HandleEntry = Callable[[Delivery, Message, Ticket | None], Coroutine[Any, Any, D | None]]
+HandleEntry = Callable[[Delivery, Message], Coroutine[Any, Any, D | None]]
 #: The same, given the ``traceparent`` its outputs carry.
-RunEntry = Callable[[Delivery, Message, Ticket | None, str], Coroutine[Any, Any, D | None]]
+RunEntry = Callable[[Delivery, Message, str], Coroutine[Any, Any, D | None]]
 #: Accounts for an entry once its commit's ``result`` is known, ``seconds`` after its batch began.
 Account = Callable[[D, Any, float], None]
 
@@ -44,7 +43,7 @@ def bind_spans(
     step: str, run: RunEntry[D], account: Account[D]
 ) -> tuple[EntrySpans | None, HandleEntry[D], Account[D]]:
     """``(spans, handle, account)`` for ``step``'s pipeline: ``run`` and ``account``
-    themselves while tracing is off (``run`` then called with three arguments, its
+    themselves while tracing is off (``run`` then called with two arguments, its
     ``traceparent`` left at its default), else wrapped so each entry is a span."""
     tracer = step_tracer(step)
     if tracer is None:
@@ -87,8 +86,7 @@ class EntrySpans:
         return n
 
     async def run(
-        self, run: RunEntry[D], delivery: Delivery, message: Message, ticket: Ticket | None
-    ) -> D | None:
+        self, run: RunEntry[D], delivery: Delivery, message: Message) -> D | None:
         """``run`` the entry inside its span, parented to the span that wrote it, and
         give the outputs the span's ``traceparent``; the span ends in :meth:`end`, or
         here when the entry is lost or the worker stops or crashes meanwhile."""
@@ -97,7 +95,7 @@ class EntrySpans:
                             self.attempt(message), message.deliveries)
         try:
             with tracer.use(span):
-                decided = await run(delivery, message, ticket, tracer.traceparent(span))
+                decided = await run(delivery, message, tracer.traceparent(span))
         except BaseException as exc:
             outcome = "crashed" if isinstance(exc, WorkerCrashed) else "stopped"
             tracer.end(span, outcome, message.costs, describe(exc))

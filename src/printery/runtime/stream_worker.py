@@ -33,9 +33,13 @@ from printery.budgets import BudgetPlan
 from printery.envelope import Codec
 from printery.keys import StreamKeys
 from printery.limits import Limit, fallback_of
+from printery.policies.middleware import Middleware
+from printery.policies.order import step_chain
+from printery.policies.placement import Placement
 from printery.runtime.budget_guard import BudgetGuard
 from printery.runtime.consume import EntryPipeline
 from printery.runtime.consumer import Consumer, ConsumerSettings, InFlight
+from printery.runtime.failures import Failures
 from printery.runtime.handler import Handler, Output
 from printery.runtime.holding import Holdings
 from printery.runtime.intake import Intake
@@ -48,6 +52,7 @@ from printery.runtime.placement import Placer
 from printery.runtime.run_index import RunIndex, committed
 from printery.runtime.step_context import Companion, StepContext
 from printery.runtime.suspects import HandBacks, Suspects
+from printery.runtime.writes import Writes
 from printery.store.outage import Outage
 from printery.transport.channel import Command, DirectChannel
 from printery.transport.commit import Committer
@@ -98,6 +103,7 @@ class StreamWorker:
         index: RunIndex | None = None,
         written_by: Collection[str] = (),
         place_groups: Callable[[], Awaitable[object]] | None = None,
+        middleware: Sequence[Middleware] = (),
     ) -> None:
         self._name = name
         self.client = client
@@ -115,6 +121,8 @@ class StreamWorker:
         self.limits = tuple(limits)
         self.index = index
         self.written_by = frozenset(written_by)
+        #: The user's middleware of the step, outermost first (docs/reference.md).
+        self.middleware = tuple(middleware)
         #: Places the groups of the whole pipeline as the worker starts
         #: (:mod:`printery.runtime.groups`: ``build_workers`` passes it); None: the
         #: worker's own, as a recovery (:meth:`prepare`).
@@ -267,7 +275,7 @@ class StreamWorker:
         in each partition it reads (none without such a budget)."""
         counts: dict[Command, None] = {}
         for stream in streams:
-            budget = lanes.of_stream(stream).pipeline.budget
+            budget = lanes.of_stream(stream).budget
             count = budget.over_count() if budget is not None else None
             if count is not None:
                 counts[count] = None
@@ -281,20 +289,30 @@ class StreamWorker:
                               ttl_ms=int(self.settings.record_ttl * 1000),
                               index_writes=None if run_index is None else partial(committed, run_index))
         records = RecordLookup(DirectChannel(self.client), index)
+        payloads = self.payloads.within(keys)
+        writes = Writes(self.name, codec=self.codec, keys=keys, payloads=payloads)
+        failures = Failures(self.name, keys=keys, writes=writes, leases=self._leases,
+                            settings=self.settings, observer=self.observer, stats=self._stats,
+                            connectivity=connectivity, index=run_index)
+        budget = None if self.budget is None else BudgetGuard(
+            self.budget, keys=keys, codec=self.codec, worker=self.name, client=self.client,
+            reserve_ms=int((self.settings.timeout + self.settings.visibility_timeout) * 1000))
+        placement = Placement(Placer(self.client, keys, self.codec, connectivity)) \
+            if keys.partitioned else None
+        chain = step_chain(
+            self.name, self.handler, failures=failures, connectivity=connectivity,
+            max_deliveries=self.settings.max_deliveries, suspects=self._suspects,
+            written_by=self.written_by, placement=placement, budget=budget, gate=self._gate,
+            index=run_index, middleware=self.middleware)
         pipeline = EntryPipeline(
-            self.name, handler=self.handler, codec=self.codec, keys=keys,
-            payloads=self.payloads.within(keys), records=records, committer=committer,
-            leases=self._leases, settings=self.settings, observer=self.observer,
-            stats=self._stats, connectivity=connectivity,
-            budget=None if self.budget is None else BudgetGuard(
-                self.budget, keys=keys, codec=self.codec, worker=self.name, client=self.client,
-                reserve_ms=int((self.settings.timeout + self.settings.visibility_timeout) * 1000)),
-            gate=self._gate, index=run_index, written_by=self.written_by,
-            placer=Placer(self.client, keys, self.codec, connectivity) if keys.partitioned else None,
-        )
+            self.name, handler=self.handler, chain=chain, codec=self.codec, keys=keys,
+            writes=writes, failures=failures, records=records, committer=committer,
+            leases=self._leases, settings=self.settings, connectivity=connectivity,
+            observer=self.observer, stats=self._stats,
+            named=None if placement is None else placement.named, index=run_index)
         streams = [stream for stream in self.streams if keys.partitions == 1
                    or keys.locate(stream)[0] == keys.partition]
-        return Lane(keys, streams, committer, records, pipeline)
+        return Lane(keys, streams, committer, records, pipeline, budget)
 
     # -- batches ---------------------------------------------------------------------------
 

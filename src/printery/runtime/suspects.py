@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Awaitable, Callable, Sequence
+from weakref import WeakKeyDictionary
 
 import structlog
 
@@ -63,6 +64,9 @@ class Suspects:
         self.scripts = Scripts(client)
         self.keys = keys
         self.ttl_ms = int(record_ttl * 1000)
+        #: The suspects held now, each with its trial (taken by its next call:
+        #: :class:`~printery.policies.trial.Trials`).
+        self.trials: WeakKeyDictionary[Delivery, Trial] = WeakKeyDictionary()
         #: The trials' watchers (a reference, so none is collected while it waits).
         self.watching: set[asyncio.Task[None]] = set()
 
@@ -94,7 +98,7 @@ class Suspects:
                 continue
             delivery.deliveries = int(count)
             if int(suspect):
-                delivery.trial = Trial(self, delivery, record, connectivity)
+                self.trials[delivery] = Trial(self, delivery, record, connectivity)
                 suspects += 1
         if suspects:
             log.warning("entries held by a process that died are suspects: each runs alone",
@@ -131,7 +135,6 @@ class Trial:
         message is told it is a redelivery (its first partial retracts what an earlier
         delivery showed) whatever its count says."""
         delivery = self.delivery
-        delivery.trial = None  # one trial: its retries, if any, run as any entry's
         message.redelivered = True
         in_flight = delivery.consumer.in_flight
         alone = Alone.here()
