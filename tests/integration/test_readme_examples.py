@@ -42,10 +42,11 @@ LIMITS = block("llm = OpenAICompatible(")
 QUOTA = block("fallback=draft_elsewhere")
 LOOP = block('answers.add(Loop(')
 RENAME = textwrap.dedent(block('renamed_from="summarize"'))  # in a list item
+MIDDLEWARE = block("class RedactCards(Middleware)")
 
 
 def test_every_block_is_run_here() -> None:
-    assert len(BLOCKS) == 10, "a new README block: run it in this file"
+    assert len(BLOCKS) == 11, "a new README block: run it in this file"
 
 
 def run_block(source: str, namespace: dict[str, Any]) -> Any:
@@ -197,3 +198,32 @@ async def test_readme_rename_block_takes_over_the_old_steps_group(
     await prepare_groups(client, keys, pipeline)
     assert [g["name"] for g in await client.xinfo_groups(stream)] == ["summarise"]
     assert (await client.xpending(stream, "summarise"))["pending"] == 1
+
+
+async def test_readme_middleware_block_redacts_before_the_handler_and_audits_in_the_commit(
+    client: aioredis.Redis,
+) -> None:
+    namespace: dict[str, Any] = {"__name__": "readme"}
+    run_block(MIDDLEWARE, namespace)
+    support: Pipeline = namespace["support"]
+    support.validate()
+    keys = StreamKeys(unique_prefix("mw"))
+    manager = WorkerManager(drain_timeout=2)
+    for worker, deps in support.build_workers(client=client, keys=keys,
+                                              settings=ConsumerSettings(block_ms=100)):
+        manager.register(worker, deps)
+    await manager.start_all()
+    try:
+        await client.xadd(keys.stream("ticket"), {"data": json.dumps(
+            {"text": "my card 4242424242424242 was charged twice"}), "correlation_id": "t-1"})
+        [answer] = await wait_for(lambda: _read(client, keys.stream("answer")), timeout=20)
+        [audit] = await wait_for(lambda: _read(client, keys.stream("audit")), timeout=20)
+    finally:
+        await manager.stop_all(2)
+    assert json.loads(answer["data"]) == {"text": "re: my card [card] was charged twice"}
+    assert json.loads(audit["data"]) == {"step": "answer", "wrote": ["answer"]}
+    assert audit["correlation_id"] == answer["correlation_id"] == "t-1"
+
+
+async def _read(client: aioredis.Redis, stream: str) -> list[dict[str, str]]:
+    return [fields for _, fields in await client.xrange(stream)]
