@@ -7,7 +7,7 @@ from tests.support.policy_fakes import Connectivity, Failures, batch, entries, i
 
 from printery.errors import PipelineError
 from printery.policies.chain import Chain
-from printery.policies.limits import Limits
+from printery.policies.limits import FallsBackFailed, Limits
 
 
 class Ticket:
@@ -20,7 +20,10 @@ class Gate:
     """Admits the batch's even entries at once, the others when they wait; entry 3's
     key function fails."""
 
-    def __init__(self) -> None:
+    worker = "step"
+
+    def __init__(self, gives_up: bool = False) -> None:
+        self.gives_up = gives_up
         self.requests: list[list[int]] = []
         self.waited: list[int] = []
         self.released: list[tuple[int, dict[str, float]]] = []
@@ -41,6 +44,7 @@ class Gate:
 
     async def admit(self, ticket: Ticket, message: Any) -> None:
         self.waited.append(ticket.n)
+        self.may_give_up = message is not None
         ticket.admitted = True
 
     def release(self, ticket: Ticket, costs: dict[str, float]) -> None:
@@ -104,3 +108,24 @@ async def test_nothing_is_claimed_once_the_worker_stops() -> None:
     policy = Limits(gate, failures, Connectivity(stopped=True))  # type: ignore[arg-type]
     await policy.admit(batch(entries(2)))
     assert gate.requests == []
+
+
+async def test_falls_back_is_asked_and_what_it_raises_fails_the_call_not_the_batch() -> None:
+    gate, failures = Gate(gives_up=True), Failures()
+
+    def falls_back(message: Any) -> bool:
+        if message.entry_id == "3-0":
+            raise KeyError("fallback")
+        return message.entry_id == "1-0"
+
+    policy = Limits(gate, failures, Connectivity(), falls_back)  # type: ignore[arg-type]
+    admitted = batch(entries(2))
+    await policy.admit(admitted)
+    (_, _), (d1, m1) = admitted.entries
+    await policy.attempt(d1, m1)
+    assert gate.may_give_up  # the gate was given the message: it may give up for it
+    (d3, m3), = entries(1)
+    m3.entry_id = "3-0"
+    policy.tickets[d3] = Ticket(3)
+    with pytest.raises(FallsBackFailed, match="falls_back raised KeyError"):
+        await policy.attempt(d3, m3)

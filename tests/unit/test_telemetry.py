@@ -31,8 +31,8 @@ def test_with_tracing_off_nothing_of_opentelemetry_is_imported() -> None:
         assert telemetry.start(Settings().telemetry.otlp_endpoint, dict(os.environ)) is False
         assert telemetry.step_tracer("validator") is None
         pipeline = EntryPipeline.__new__(EntryPipeline)
-        EntryPipeline.__init__(pipeline, "validator", handler=None, chain=None, codec=None,
-            keys=None, writes=None, failures=None, records=None, committer=None, leases=None,
+        EntryPipeline.__init__(pipeline, "validator", handler=None, chain=None,
+            writes=None, failures=None, records=None, committer=None, leases=None,
             settings=None, connectivity=None, observer=None, stats=None)
         assert pipeline.spans is None and pipeline.handlers.handle == pipeline._run
         loaded = sorted(m for m in sys.modules if m.startswith("opentelemetry"))

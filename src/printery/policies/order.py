@@ -28,6 +28,7 @@ from __future__ import annotations
 
 from collections.abc import Collection, Sequence
 
+from printery.limits import fallback_of
 from printery.policies.base import Policy
 from printery.policies.budget import Budget
 from printery.policies.chain import Chain
@@ -67,7 +68,7 @@ def step_chain(
         if budget.reservations is not None:
             policies.append(Reserve(budget, budget.reservations, failures, connectivity))
     if gate is not None:
-        policies.append(Limits(gate, failures, connectivity))
+        policies.append(Limits(gate, failures, connectivity, fallback_of(handler)))
     policies.append(Trials(suspects))
     policies += [UserMiddleware(each) for each in middleware]
     if index is not None:

@@ -1,45 +1,29 @@
-"""The entry pipeline: decode, the step's chain of policies, the call, the commit.
+"""The entry pipeline: **decode → chain → call → commit → account**, for every entry a
+consumer takes (docs/engine.md, The chain of policies).
 
-1. **decode** each entry once (a ``$ref`` payload resolved first); an undecodable entry
-   is dead-lettered without a call;
-2. **admit**: the chain's ``admit`` hooks decide entries of the whole batch before any
-   call (placement, replay skip, max deliveries, dedupe, budgets, reservations, limits:
-   :mod:`printery.policies`), their reads joined into the batch's one lookup round trip;
-3. **call**: each entry's call runs once the chain's ``attempt`` hooks let it (a limit's
-   wait), it holds a handler slot and a place among the worker's running calls (its
-   ``concurrency``), and the ``before_call`` hooks ran (a suspect's trial); the handler
-   runs wrapped by the chain's ``wrap`` hooks (compiled once), one after another in the
-   batch's task while the step's handlers neither wait on I/O nor set context variables,
-   else each in a task of its own (:mod:`printery.runtime.run_handlers`). Whatever it
-   raises (``SystemExit`` included), or a call past the step's ``timeout``, is a failure
-   of that entry: :mod:`printery.runtime.failures` retries it after a backoff or
-   dead-letters it; :class:`Reject`, an output that cannot be encoded and a validator's
-   error dead-letter at once; only :class:`WorkerCrashed` crashes the worker;
-4. **commit**: the entries decided by the same turn of the event loop commit together
-   (one group commit), each atomically: its outputs, ack and idempotency record with what
-   the ``on_commit`` hooks add (a budget's charge, the run index's mark); a dead letter is
-   a commit of its kind in the same round trip; the ``after_commit`` hooks then learn
-   what happened (a draft retracted when its entry was lost);
-5. **account**: metrics, counters, log lines (and a span, tracing on), once the commit
-   says what happened.
-
-A read batch and a single entry take the same path: one entry is a batch of one.
+Decode parses each entry once (a ``$ref`` payload resolved first; an undecodable entry
+is dead-lettered). The step's chain (:mod:`printery.policies`) admits the batch, lets each
+call start and wraps it; the call runs once it holds a handler slot and a place among the
+worker's running calls (:mod:`printery.runtime.run_handlers` runs them), and whatever it
+raises, or a call past the step's ``timeout``, fails that entry only
+(:mod:`printery.runtime.failures`: retried after a backoff, or dead-lettered; only
+:class:`WorkerCrashed` crashes the worker). The entries decided by one turn of the event
+loop commit together, each atomically (outputs, ack, idempotency record and what the
+chain adds; a dead letter is a commit of its kind), then are accounted for. A read batch
+and a single entry take the same path: one entry is a batch of one.
 """
 
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from printery.envelope import Codec
 from printery.errors import MessageError, PayloadTooLarge, Reject, StepTimeout, WorkerCrashed, describe
-from printery.fields import STREAMED
-from printery.keys import StreamKeys
 from printery.policies.base import Call, Entry
 from printery.policies.chain import Chain
+from printery.policies.drafts import unshown
 from printery.runtime import partials
 from printery.runtime.accounting import Accounting, Decided
 from printery.runtime.consumer import ConsumerSettings, Delivery
@@ -61,22 +45,20 @@ from printery.worker import WorkerStats
 
 class EntryPipeline:
     """Takes the entries of one consumer group's partition through decode, ``chain`` and
-    commit (one per worker run and partition). ``named``: what an entry's fields become
-    before they are decoded (placement's run id); ``index``: the run index that what
-    :meth:`emit` writes tells."""
+    commit (one per worker run and partition; ``writes`` has its codec and keys).
+    ``named``: what an entry's fields become before they are decoded (placement's run
+    id); ``index``: the run index that what :meth:`emit` writes tells."""
 
     def __init__(
-        self, worker: str, *, handler: Handler, chain: Chain, codec: Codec, keys: StreamKeys,
-        writes: Writes, failures: Failures, records: RecordLookup, committer: Committer,
-        leases: Leases, settings: ConsumerSettings, connectivity: Outage, observer: Observer,
+        self, worker: str, *, handler: Handler, chain: Chain, writes: Writes,
+        failures: Failures, records: RecordLookup, committer: Committer, leases: Leases,
+        settings: ConsumerSettings, connectivity: Outage, observer: Observer,
         stats: WorkerStats, named: Callable[[Mapping[str, str]], dict[str, str]] | None = None,
         index: RunIndex | None = None,
     ) -> None:
         self.worker = worker
         self.handler = handler
         self.chain = chain
-        self.codec = codec
-        self.keys = keys
         self.writes = writes
         self.failures = failures
         self.records = records
@@ -127,8 +109,8 @@ class EntryPipeline:
                     fields = named(fields)
                 stream_type = types.get(delivery.stream)
                 if stream_type is None:
-                    stream_type = types[delivery.stream] = self.keys.event_type(delivery.stream)
-                envelope = self.codec.decode(fields, stream_type)
+                    stream_type = types[delivery.stream] = self.writes.keys.event_type(delivery.stream)
+                envelope = self.writes.codec.decode(fields, stream_type)
             except MessageError as exc:
                 decided.append(self.failures.dead_letter(delivery, fields, exc.reason_code, str(exc)))
                 continue
@@ -156,8 +138,6 @@ class EntryPipeline:
         if self.chain.committing:
             commit = self.chain.on_commit(message, commit, outcome)
         return Decided(delivery, commit, outcome, message)
-
-    # -- call ----------------------------------------------------------------------------------
 
     async def _run(self, delivery: Delivery, message: Message, tp: str = "") -> Decided | None:
         """Call the handler until it succeeds, is rejected, or runs out of deliveries; the
@@ -241,14 +221,14 @@ class EntryPipeline:
             appends = self.writes.appends(outputs, message, seconds, traceparent=tp)
         except Exception as exc:  # the handler's data, not the runtime
             error = f"{self.worker}'s output cannot be encoded as JSON: {describe(exc)}"
-            await _unshown(message, outputs, "output_not_serializable", error)
+            await unshown(message, outputs, "output_not_serializable", error)
             return self.failures.dead_letter(delivery, message.fields, "output_not_serializable",
                                              error, deliveries=message.deliveries)
         if self.writes.has_large(appends):
             try:
                 appends = await self.writes.store_large(appends)
             except PayloadTooLarge as exc:
-                await _unshown(message, outputs, exc.reason_code, str(exc))
+                await unshown(message, outputs, exc.reason_code, str(exc))
                 return self.failures.dead_letter(delivery, message.fields, exc.reason_code,
                                                  str(exc), deliveries=message.deliveries)
         if message.streamed:  # its partials and verdict before what it commits
@@ -284,8 +264,6 @@ class EntryPipeline:
         timeout.__cause__ = cancelled
         return timeout
 
-    # -- commit --------------------------------------------------------------------------------
-
     async def _commit(self, decided: list[Decided], begun: float) -> None:
         if not decided:
             return
@@ -317,16 +295,3 @@ class EntryPipeline:
             raise result
         return max(0, int(result) - 1)
 
-
-async def _unshown(message: Message, outputs: Sequence[Output], code: str, error: str) -> None:
-    """Retract what a call showed whose outputs cannot be written (its entry is
-    dead-lettered at once): its own draft, and the draft of a loop's attempt it carries
-    (an attempt that streamed is judged by the next call, which will never come), so that
-    no follower is left with a draft that gets no verdict."""
-    reasons = [{"code": code, "field": "", "message": error}]
-    if message.streamed:
-        await partials.withdraw(message, reasons)
-    for out in outputs:
-        attempt = out.data.get("attempt") if isinstance(out.data, dict) else None
-        if out.extra.get(STREAMED) and isinstance(attempt, int):
-            await partials.withdraw(dataclasses.replace(message, attempt=attempt), reasons)

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from printery.keys import StreamKeys, partition_of
 from printery.runtime.budget_guard import BudgetGuard
 from printery.runtime.consume import EntryPipeline
+from printery.transport.channel import Command
 from printery.transport.commit import Committer
 from printery.transport.records import RecordLookup
 
@@ -54,6 +55,17 @@ class Lanes:
 
     def of_run(self, correlation_id: str) -> Lane:
         return self.lanes[partition_of(correlation_id, self.partitions)]
+
+    def over_counts(self, streams: Sequence[str]) -> list[Command]:
+        """What a read of ``streams`` also counts: the runs at a hard limit of their budget
+        in each partition it reads (none without such a budget)."""
+        counts: dict[Command, None] = {}
+        for stream in streams:
+            budget = self.of_stream(stream).budget
+            count = budget.over_count() if budget is not None else None
+            if count is not None:
+                counts[count] = None
+        return list(counts)
 
     def read_sets(self, one_slot_per_read: bool) -> list[Sequence[str]]:
         """The streams one ``XREADGROUP`` may name together: all of them on one server

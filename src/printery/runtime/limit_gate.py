@@ -16,11 +16,8 @@ died on this host (:mod:`printery.runtime.limit_departed`). A release waits up t
 sooner), so a gate sends one request per batch, not two; when no limit key is a function,
 every call holds the same slots, and releases are counted and given back in one go as
 that request is made.
-
-A limit with ``max_wait`` lets an entry give up waiting for it: when the step has a
-fallback for that entry, the wait ends once it passes ``max_wait`` (or at once when the
-window's reply says it would), and the call runs the fallback instead, without the slot
-or the window: it is another provider's call.
+An entry may give up waiting once a limit's ``max_wait`` runs out
+(:mod:`printery.policies.limits` says when).
 """
 
 from __future__ import annotations
@@ -28,21 +25,20 @@ from __future__ import annotations
 import asyncio
 import random
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import structlog
 
 from printery._util import stop_tasks, wait_event, where
-from printery.errors import PipelineError, WorkerCrashed, describe
 from printery.keys import StreamKeys
 from printery.limits import Limit
-from printery.runtime.failures import CallFailed
 from printery.runtime.handler import Message
 from printery.runtime.limit_departed import DepartedSlots, gate_name
+from printery.runtime.limit_tickets import Claims, Ticket, slot_bases
 from printery.runtime.limit_waits import HELD_BY_SLOT, HELD_BY_WINDOW, LimitWaits
 from printery.runtime.observe import Observer
-from printery.transport.limit_store import WAIT_FOR_SLOT, Ask, Bound, LimitStore, Report
+from printery.transport.limit_store import WAIT_FOR_SLOT, Ask, LimitStore, Report
 from printery.transport.streams import CONNECTION_ERRORS
 
 log = structlog.get_logger("printery.worker")
@@ -57,32 +53,6 @@ SLOT_POLL_SECONDS = 0.1
 #: this late, a fifth of its polling interval; a waiter in this process is woken at once.
 RELEASE_REPORT_SECONDS = 0.02
 
-class FallsBackFailed(CallFailed):
-    """The step's ``falls_back`` raised for an entry (the ``__cause__``): that entry's
-    call fails as if its handler had raised, and holds nothing of the limits."""
-
-
-class Ticket:
-    """One handler call's claim on the step's limits (the same ticket again for a retry:
-    :meth:`LimitGate.release` makes it a new claim). ``wait``: the last request's reply
-    for it (0 admitted, else the ms until the window can admit it, or
-    :data:`WAIT_FOR_SLOT`); ``held``: what held it back since it asked; ``abandoned``:
-    its caller is gone, so an admission that comes now is given back at once; ``gave_up``:
-    its call runs the step's fallback instead (a ``max_wait`` ran out), holding nothing."""
-
-    __slots__ = ("abandoned", "admitted", "bounds", "gave_up", "held", "since", "wait")
-
-    def __init__(self, bounds: tuple[Bound, ...], since: float) -> None:
-        self.bounds = bounds
-        self.since = since
-        self.admitted = False
-        self.abandoned = False
-        self.gave_up = False
-        self.wait = 0
-        #: What held it back since it asked (:data:`HELD_BY_SLOT`, :data:`HELD_BY_WINDOW`).
-        self.held = 0
-
-
 class LimitGate:
     """The limits of one step's worker: what it holds is counted here, per limit key, and
     reported with every request (the server keeps one count per gate, not a member per
@@ -90,7 +60,7 @@ class LimitGate:
 
     def __init__(
         self, store: LimitStore, keys: StreamKeys, limits: Sequence[Limit], *, worker: str,
-        observer: Observer, falls_back: Callable[[Message], bool] | None = None,
+        observer: Observer,
     ) -> None:
         self.store = store
         self.keys = keys
@@ -110,11 +80,12 @@ class LimitGate:
         self._flusher: asyncio.Task[None] | None = None
         self._report_later: asyncio.TimerHandle | None = None
         self._freed = asyncio.Event()
-        #: The bounds of every call when no key is a function (computed once).
-        self._static = None if any(callable(limit.key) for limit in self.limits) else tuple(
-            self._bound(limit, limit.key) for limit in self.limits if isinstance(limit.key, str))
+        claims = self._claims = Claims(keys, self.limits)
+        #: A claim for each call of a batch (:meth:`Claims.tickets`).
+        self.tickets = claims.tickets
+        self._static = claims.static
         #: The limit keys whose concurrency every call holds, when no key is a function.
-        self._static_slots = None if self._static is None else _slot_bases(self._static)
+        self._static_slots = None if self._static is None else slot_bases(self._static)
         #: Whether any call was ever abandoned (then admissions look for such tickets).
         self._abandons = False
         self._slot_waiters = 0
@@ -122,33 +93,8 @@ class LimitGate:
         self._counts_tokens = any(limit.tokens_per_minute for limit in self.limits)
         #: Which limit holds an entry, and how long entries waited for each.
         self.waits = LimitWaits(self.limits, worker, observer)
-        #: Whether an entry may give up waiting (a limit has ``max_wait``) for the step's
-        #: fallback; None: every entry waits until admitted.
-        self._falls_back = falls_back if self.waits.max_wait else None
-
-    def tickets(
-        self, count: int, messages: Iterable[Message]
-    ) -> tuple[list[Ticket], dict[int, PipelineError]]:
-        """A claim for one handler call of each of ``messages`` (the ``count`` entries of
-        a read batch, read only when a limit's key is a function of them), but for those
-        whose key function failed: their errors, by position."""
-        now = time.perf_counter()
-        bounds = self._static
-        if bounds is not None:
-            return [Ticket(bounds, now) for _ in range(count)], {}
-        claims: list[Ticket] = []
-        failed: dict[int, PipelineError] = {}
-        for n, message in enumerate(messages):
-            try:
-                claims.append(Ticket(tuple(self._bound(limit, limit.key_of(message))
-                                           for limit in self.limits), now))
-            except PipelineError as exc:
-                failed[n] = exc
-        return claims, failed
-
-    def _bound(self, limit: Limit, key: str) -> Bound:
-        return Bound(self.keys.limit(key), limit.concurrency or 0,
-                     limit.requests_per_minute or 0, limit.tokens_per_minute or 0)
+        #: Whether an entry may give up waiting at all (a limit has ``max_wait``).
+        self.gives_up = bool(self.waits.max_wait)
 
     async def try_admit(self, tickets: Sequence[Ticket]) -> None:
         """Ask once for all ``tickets`` (a read batch): those the limits let through now
@@ -167,12 +113,12 @@ class LimitGate:
             raise
 
     async def admit(self, ticket: Ticket, message: Message | None = None) -> None:
-        """Wait until ``ticket`` is admitted, or, for ``message`` of a step with a fallback
-        for it, until a limit's ``max_wait`` runs out: then the ticket has ``gave_up``
-        and ``message.over_limit`` names the limit. Connection errors are raised (the
-        caller retries with the same ticket: what a lost reply admitted, the next report
-        gives back)."""
-        may_give_up = self._may_give_up(message)  # before anything is held or counted
+        """Wait until ``ticket`` is admitted, or, given the ``message`` of a step with a
+        fallback for it (the caller asked its ``falls_back``), until a limit's
+        ``max_wait`` runs out: then the ticket has ``gave_up`` and ``message.over_limit``
+        names the limit. Connection errors are raised (the caller retries with the same
+        ticket: what a lost reply admitted, the next report gives back)."""
+        may_give_up = message is not None and self.gives_up
         self._slot_waiters += 1  # a release wakes it (cheaper than an event per release)
         if not ticket.since:
             ticket.since = time.perf_counter()  # a retry's claim: its wait starts now
@@ -211,21 +157,6 @@ class LimitGate:
             if waiting:
                 self.waits.count_waiting(waiting, -1)
 
-    def _may_give_up(self, message: Message | None) -> bool:
-        """Whether ``message``'s wait may end in the step's fallback (its ``falls_back``
-        says so). What that user function raises is :class:`FallsBackFailed`: the entry's
-        call fails as its handler's would (retried, then dead-lettered), never the batch."""
-        falls_back = self._falls_back
-        if falls_back is None or message is None:
-            return False
-        try:
-            return bool(falls_back(message))
-        except WorkerCrashed:
-            raise
-        except (Exception, SystemExit, KeyboardInterrupt) as exc:
-            raise FallsBackFailed(
-                f"{self.worker}: its falls_back raised {describe(exc)}") from exc
-
     def release(self, ticket: Ticket, costs: dict[str, float]) -> None:
         """The handler call is over: give back its slots and charge the tokens it
         reported (sent with the next round trip, which starts now if none is on the wire).
@@ -238,7 +169,7 @@ class LimitGate:
         if ticket.admitted:
             ticket.admitted = False
             if self._static_slots is None:
-                for base in _slot_bases(ticket.bounds):
+                for base in slot_bases(ticket.bounds):
                     self._held[base] -= 1
                     self._dirty = True
             else:  # every call holds the same slots: counted, and given back in one go
@@ -262,11 +193,6 @@ class LimitGate:
         if any(self._held.values()):
             self._dirty = True
             self._kick()
-
-    def status(self) -> dict[str, dict[str, float]]:
-        """Per limit (:func:`~printery.runtime.limit_waits.limit_labels`): the entries
-        ``waiting`` for it now, and the seconds ``waited_s`` for it in all."""
-        return self.waits.status()
 
     async def close(self) -> None:
         """Give back what is still held as the worker stops (best effort: what cannot
@@ -305,7 +231,7 @@ class LimitGate:
         if not waits:
             return
         slots = self._static_slots
-        for base in _slot_bases(group[0].bounds) if slots is None else slots:
+        for base in slot_bases(group[0].bounds) if slots is None else slots:
             self._held[base] = self._held.get(base, 0) + len(waits)
         self.waits.admitted(waits, held)
         if self._abandons:
@@ -375,7 +301,7 @@ class LimitGate:
                            for base, held in self._held.items()]
                 reports += [Report(base, 0, amount) for base, amount in tokens.items()
                             if base not in self._held]
-                groups = [group for tickets, _ in asks for group in self._groups(tickets)]
+                groups = [group for tickets, _ in asks for group in self._claims.groups(tickets)]
                 try:
                     results = await self.store.apply(
                         self._gate, reports, [Ask(len(group), group[0].bounds) for group in groups],
@@ -397,7 +323,7 @@ class LimitGate:
                     if admitted:
                         self._admitted(group, admitted)
                     if admitted < len(group) and wait == WAIT_FOR_SLOT:
-                        short.update(_slot_bases(group[0].bounds))
+                        short.update(slot_bases(group[0].bounds))
                 for _, future in asks:
                     if not future.done():
                         future.set_result(None)
@@ -407,15 +333,6 @@ class LimitGate:
                     self._departed.look(short)
         finally:
             self._flusher = None
-
-    def _groups(self, tickets: list[Ticket]) -> list[list[Ticket]]:
-        """``tickets`` by their bounds (one group when no limit key is a function)."""
-        if self._static is not None:
-            return [tickets]
-        groups: dict[tuple[Bound, ...], list[Ticket]] = {}
-        for ticket in tickets:
-            groups.setdefault(ticket.bounds, []).append(ticket)
-        return list(groups.values())
 
     def _failed(self, asks: list[Any], tokens: dict[str, float], exc: Exception,
                 departed: dict[str, set[str]]) -> None:
@@ -428,8 +345,3 @@ class LimitGate:
         self._dirty = True
         if not isinstance(exc, CONNECTION_ERRORS):
             log.error("limit request failed", worker=self.worker, error=str(exc))
-
-
-def _slot_bases(bounds: Sequence[Bound]) -> tuple[str, ...]:
-    """The limit keys of ``bounds`` whose concurrency a call holds."""
-    return tuple(bound.base for bound in bounds if bound.concurrency > 0)

@@ -257,3 +257,4 @@ async def verdict(message: Attempt, *, passed: bool,
         writer.verdict(message, passed=passed, reasons=reasons)
         await writer.flush()
 
+

@@ -32,7 +32,7 @@ from printery._util import consumer_name, log_failure, stop_tasks, where
 from printery.budgets import BudgetPlan
 from printery.envelope import Codec
 from printery.keys import StreamKeys
-from printery.limits import Limit, fallback_of
+from printery.limits import Limit
 from printery.policies.middleware import Middleware
 from printery.policies.order import step_chain
 from printery.policies.placement import Placement
@@ -54,7 +54,7 @@ from printery.runtime.step_context import Companion, StepContext
 from printery.runtime.suspects import HandBacks, Suspects
 from printery.runtime.writes import Writes
 from printery.store.outage import Outage
-from printery.transport.channel import Command, DirectChannel
+from printery.transport.channel import DirectChannel
 from printery.transport.commit import Committer
 from printery.transport.connection import Redis
 from printery.transport.groups import Reader, place_groups
@@ -161,7 +161,7 @@ class StreamWorker:
     def stats(self) -> WorkerStats:
         self._stats.in_flight = sum(len(c.held) for c in self._consumers)
         if self._gate is not None:
-            self._stats.limits = self._gate.status()
+            self._stats.limits = self._gate.waits.status()
         return self._stats
 
     async def prepare(self) -> None:
@@ -192,7 +192,7 @@ class StreamWorker:
             store = LimitStore(self.client, window_ms=int(self.settings.limit_window * 1000),
                                lease_ms=int(self.settings.visibility_timeout * 1000))
             self._gate = LimitGate(store, self.keys, self.limits, worker=self.name,
-                                   observer=self.observer, falls_back=fallback_of(self.handler))
+                                   observer=self.observer)
         lanes = self._lanes = Lanes(self.keys, lambda keys: self._lane(keys, connectivity))
         holdings = Holdings(self._consumers, self._leases, self.settings, self._gate,
                             lambda delivery: lanes.of_stream(delivery.stream).pipeline.abandon(delivery))
@@ -213,7 +213,7 @@ class StreamWorker:
     async def _run(self, ctx: RunContext, connectivity: Outage, lanes: Lanes,
                    holdings: Holdings, intake: Intake) -> None:
         await connectivity.retrying(self._place)
-        readers = [asyncio.create_task(intake.read(c, streams, self._over_counts(lanes, streams)),
+        readers = [asyncio.create_task(intake.read(c, streams, lanes.over_counts(streams)),
                                        name=f"{c.name}:read")
                    for c in self._consumers for streams in lanes.read_sets(one_slot(self.client))]
         loops = [
@@ -269,18 +269,6 @@ class StreamWorker:
         return await self._lanes.of_run(correlation_id).pipeline.emit(
             outputs, correlation_id=correlation_id)
 
-    @staticmethod
-    def _over_counts(lanes: Lanes, streams: Sequence[str]) -> list[Command]:
-        """What a read of ``streams`` also counts: the runs at a hard limit of their budget
-        in each partition it reads (none without such a budget)."""
-        counts: dict[Command, None] = {}
-        for stream in streams:
-            budget = lanes.of_stream(stream).budget
-            count = budget.over_count() if budget is not None else None
-            if count is not None:
-                counts[count] = None
-        return list(counts)
-
     def _lane(self, keys: StreamKeys, connectivity: Outage) -> Lane:
         """The commit path of one partition (``keys``), for :class:`Lanes`."""
         index = keys.idempotency_index(self.name)
@@ -305,8 +293,8 @@ class StreamWorker:
             written_by=self.written_by, placement=placement, budget=budget, gate=self._gate,
             index=run_index, middleware=self.middleware)
         pipeline = EntryPipeline(
-            self.name, handler=self.handler, chain=chain, codec=self.codec, keys=keys,
-            writes=writes, failures=failures, records=records, committer=committer,
+            self.name, handler=self.handler, chain=chain, writes=writes, failures=failures,
+            records=records, committer=committer,
             leases=self._leases, settings=self.settings, connectivity=connectivity,
             observer=self.observer, stats=self._stats,
             named=None if placement is None else placement.named, index=run_index)
