@@ -7,11 +7,11 @@ from collections.abc import Callable
 
 import structlog
 
-from printery.errors import ProviderDown, QuotaExhausted, Reject, WorkerCrashed
 from printery.fields import review_fields
 from printery.keys import REVIEW
 from printery.limits import mark_fallback
 from printery.pipeline.review_kinds import Escalation, mark_escalation
+from printery.runtime.failures import CRASH, DOWN, QUOTA, REJECTED, STOP, kind_of
 from printery.runtime.handler import Handler, HandlerResult, Message, Output, outputs_of
 from printery.runtime.partials import retract
 
@@ -108,18 +108,15 @@ async def _call(
     ``WorkerCrashed`` (deliberate: dead-lettered at once / the worker crashes)."""
     try:
         return await handler(message), None
-    except QuotaExhausted as exc:
-        return None, exc
-    except ProviderDown as exc:
-        if falls_back or message.deliveries >= attempts:
+    except BaseException as exc:
+        kind = kind_of(exc)
+        if kind == QUOTA:
+            return None, exc
+        if kind in (CRASH, REJECTED, STOP):
+            raise
+        if message.deliveries >= attempts or (kind == DOWN and falls_back):
             return None, exc
         raise
-    except (Reject, WorkerCrashed):
-        raise
-    except (Exception, SystemExit, KeyboardInterrupt) as exc:
-        if message.deliveries < attempts:
-            raise
-        return None, exc
 
 
 async def _retracted(message: Message, failure: BaseException) -> None:
@@ -136,14 +133,13 @@ async def _fall_back(
     """The fallback's result, or why it failed (then the escalation goes on)."""
     try:
         return await fallback(message), None
-    except QuotaExhausted as exc:  # the fallback's provider too: escalated
-        failure: BaseException = exc
-    except (Reject, WorkerCrashed):
-        raise
-    except (Exception, SystemExit, KeyboardInterrupt) as exc:
-        if message.over_limit and message.deliveries < attempts:
+    except BaseException as exc:
+        kind = kind_of(exc)
+        if kind in (CRASH, REJECTED, STOP):
+            raise
+        if kind != QUOTA and message.over_limit and message.deliveries < attempts:
             raise  # retried as a delivery, which waits for the limit again
-        failure = exc
+        failure = exc  # the fallback's provider's quota too: escalated
     log.warning("fallback failed", worker=message.worker, error=str(failure))
     return None, failure
 

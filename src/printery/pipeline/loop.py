@@ -54,9 +54,8 @@ from printery.errors import (
     QUOTA_EXHAUSTED,
     PipelineError,
     ProviderDown,
-    QuotaExhausted,
     Reject,
-    WorkerCrashed,
+    StepTimeout,
     describe,
 )
 from printery.fields import STREAMED, item_fields, item_key
@@ -74,6 +73,15 @@ from printery.pipeline.step import (
     validation_reasons,
 )
 from printery.reason import Reason
+from printery.runtime.failures import (
+    CRASH,
+    DOWN,
+    QUOTA,
+    REJECTED,
+    STOP,
+    TIMEOUT_KIND,
+    kind_of,
+)
 from printery.runtime.handler import HandlerResult, Message, Output
 from printery.runtime.partials import current, retract
 from printery.runtime.partials import verdict as publish_verdict
@@ -313,26 +321,26 @@ class Loop:
         try:
             try:
                 began = time.monotonic()
-                async with asyncio.timeout(self.call_timeout):
-                    entry["data"] = await _output(run(seen), seen)
+                try:
+                    async with asyncio.timeout(self.call_timeout):
+                        entry["data"] = await _output(run(seen), seen)
+                except TimeoutError as exc:
+                    raise self._past(label) from exc
                 if time.monotonic() - began > self.call_timeout:  # a blocking call's
-                    raise TimeoutError  # result, returned past its deadline: not used
-            except QuotaExhausted as exc:  # asking again will not help: judged now
-                entry["failed"] = _failure(message, exc, f"{label} raised {describe(exc)}",
-                                           QUOTA_EXHAUSTED)
-            except ProviderDown as exc:  # a breaker open: to the fallback now, if any
-                entry["failed"] = self._down(message, exc, label, fallback=fallback)
-            except (Reject, WorkerCrashed):
-                raise  # deliberate: dead-lettered at once / the worker crashes
-            except TimeoutError as exc:
-                if not message.last_delivery:
-                    raise  # retried as a delivery, like any failure
-                entry["failed"] = _failure(message, exc, f"{label} did not finish within its "
-                                                         f"timeout of {self.call_timeout:g} s")
-            except (Exception, SystemExit, KeyboardInterrupt) as exc:
-                if not message.last_delivery:
-                    raise
-                entry["failed"] = _failure(message, exc, f"{label} raised {describe(exc)}")
+                    raise self._past(label)  # result, returned past its deadline: not used
+            except BaseException as exc:
+                kind = kind_of(exc)
+                if kind == QUOTA:  # asking again will not help: judged now
+                    entry["failed"] = _failure(message, exc, f"{label} raised {describe(exc)}",
+                                               QUOTA_EXHAUSTED)
+                elif kind == DOWN:  # a breaker open: to the fallback now, if any
+                    assert isinstance(exc, ProviderDown)
+                    entry["failed"] = self._down(message, exc, label, fallback=fallback)
+                elif kind in (CRASH, REJECTED, STOP) or not message.last_delivery:
+                    raise  # deliberate, a stop, or retried as a delivery like any failure
+                else:
+                    entry["failed"] = _failure(message, exc, str(exc) if kind == TIMEOUT_KIND
+                                               else f"{label} raised {describe(exc)}")
         except BaseException as exc:
             if seen.streamed:  # this delivery's partials are retracted; the next streams anew
                 await retract(seen, exc)
@@ -343,6 +351,10 @@ class Loop:
         if writer is not None:
             await writer.flush()
         return _entry(self.shape, self.shape.attempt_type, message, n, entry, {STREAMED: str(n)})
+
+    def _past(self, label: str) -> StepTimeout:
+        """The failure of a call of ``label`` past the loop's timeout."""
+        return StepTimeout(f"{label} did not finish within its timeout of {self.call_timeout:g} s")
 
     def _down(self, message: Message, exc: ProviderDown, label: str, *,
               fallback: bool) -> dict[str, str]:

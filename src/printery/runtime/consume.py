@@ -20,14 +20,14 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from printery.errors import MessageError, PayloadTooLarge, Reject, StepTimeout, WorkerCrashed, describe
+from printery.errors import MessageError, PayloadTooLarge, Reject, StepTimeout, describe
 from printery.policies.base import Call, Entry
 from printery.policies.chain import Chain
 from printery.policies.drafts import unshown
 from printery.runtime import partials
 from printery.runtime.accounting import Accounting, Decided
 from printery.runtime.consumer import ConsumerSettings, Delivery
-from printery.runtime.failures import CallFailed, Failures
+from printery.runtime.failures import CRASH, QUOTA, REJECTED, CallFailed, Failures, kind_of
 from printery.runtime.handler import Handler, Message, Output, outputs_of
 from printery.runtime.observe import Observer
 from printery.runtime.payloads import PayloadStore
@@ -202,14 +202,16 @@ class EntryPipeline:
                     f"{self.settings.timeout:g} s, without giving the event loop a turn "
                     "to cancel it (a blocking call): its result is not used")
             outputs = outputs_of(result)
-        except WorkerCrashed:
-            raise
         except asyncio.CancelledError as exc:
             return self._timeout(delivery, exc)
-        except Reject as exc:
-            return self.failures.dead_letter(delivery, message.fields, exc.reason_code,
-                                             str(exc), deliveries=message.deliveries)
         except BaseException as exc:  # user code: it fails its entry only (reference: failures)
+            kind = kind_of(exc)
+            if kind == CRASH:
+                raise
+            if kind in (REJECTED, QUOTA):
+                assert isinstance(exc, Reject)
+                return self.failures.dead_letter(delivery, message.fields, exc.reason_code,
+                                                 str(exc), deliveries=message.deliveries)
             return exc
         return await self._outputs(delivery, message, outputs, time.perf_counter() - begun, tp)
 

@@ -9,7 +9,8 @@ a budget, a review:
 that an entry failed (the decode, a limit's key function, the handler, its timeout, the
 encoding of its outputs, the loop's and the gate's checks by raising
 :class:`~printery.Reject`) hands the failure here; nothing else decides what a failure
-is. The last error of an entry that will be retried is kept in the server, so a dead
+is, and :func:`kind_of` is the one classification that the runtime, a ``Loop`` and
+``escalate`` decide by. The last error of an entry that will be retried is kept in the server, so a dead
 letter says why even after the process that saw it died.
 """
 
@@ -22,7 +23,17 @@ import structlog
 from printery import _json
 from printery._util import where
 from printery.backoff import compute_backoff
-from printery.errors import PrinteryError, Retry, StepTimeout, bounded_traceback, describe
+from printery.errors import (
+    PrinteryError,
+    ProviderDown,
+    QuotaExhausted,
+    Reject,
+    Retry,
+    StepTimeout,
+    WorkerCrashed,
+    bounded_traceback,
+    describe,
+)
 from printery.keys import StreamKeys
 from printery.runtime.accounting import Decided
 from printery.runtime.consumer import ConsumerSettings, Delivery
@@ -37,7 +48,8 @@ from printery.transport.dead_letter import letter_commit
 from printery.transport.streams import Leases
 from printery.worker import WorkerStats
 
-__all__ = ["CallFailed", "Failures"]
+__all__ = ["CRASH", "DOWN", "ERROR", "QUOTA", "REJECTED", "STOP", "TIMEOUT_KIND", "CallFailed",
+           "Failures", "kind_of"]
 
 log = structlog.get_logger("printery.worker")
 
@@ -45,6 +57,34 @@ log = structlog.get_logger("printery.worker")
 EXHAUSTED = "max_deliveries_exceeded"
 #: The reason code of a handler call cancelled at its step's timeout.
 TIMEOUT = "timeout"
+
+#: What a failure is: the one classification the runtime, a ``Loop`` and ``escalate``
+#: decide by (:func:`kind_of`).
+CRASH = "crash"  # WorkerCrashed: the worker crashes on purpose
+QUOTA = "quota"  # QuotaExhausted: asking again will not help (a Reject: dead-lettered)
+REJECTED = "rejected"  # Reject: dead-lettered at once, deliberately
+DOWN = "down"  # ProviderDown: a breaker is open (a Retry: retried, or the fallback now)
+TIMEOUT_KIND = "timeout"  # StepTimeout: the call ran past its step's timeout
+ERROR = "error"  # anything else user code raises, SystemExit included: retried
+STOP = "stop"  # a cancellation (the worker stops) or GeneratorExit: no failure of the entry
+
+
+def kind_of(failure: BaseException) -> str:
+    """What ``failure`` is (reference: failures), most specific first: a
+    ``QuotaExhausted`` is a ``Reject`` and a ``ProviderDown`` a ``Retry``."""
+    if isinstance(failure, WorkerCrashed):
+        return CRASH
+    if isinstance(failure, QuotaExhausted):
+        return QUOTA
+    if isinstance(failure, Reject):
+        return REJECTED
+    if isinstance(failure, ProviderDown):
+        return DOWN
+    if isinstance(failure, StepTimeout):
+        return TIMEOUT_KIND
+    if isinstance(failure, Exception | SystemExit | KeyboardInterrupt):
+        return ERROR
+    return STOP
 
 
 class CallFailed(PrinteryError):
@@ -122,7 +162,7 @@ class Failures:
         delivery, else (after the backoff) the message of its next delivery, or None
         when the entry was lost to another consumer meanwhile."""
         self._log(message, failure)
-        timed_out = isinstance(failure, StepTimeout)
+        timed_out = kind_of(failure) == TIMEOUT_KIND
         if message.deliveries >= self.settings.max_deliveries:
             return self.dead_letter(
                 delivery, message.fields, TIMEOUT if timed_out else EXHAUSTED,
