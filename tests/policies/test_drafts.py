@@ -30,10 +30,9 @@ async def test_a_fenced_or_duplicate_commit_retracts_its_attempts_draft() -> Non
         commit = EntryCommit("s", "c", "1-0", "k", (Append("loop:attempt", {STREAMED: "2"}),))
         item = Decided(delivery, commit, "ok", message)
         policy = Drafts()
-        await policy.after_commit(item, 1)
+        await policy.after_commit([item], [1])
         assert writer.verdicts == []
-        await policy.after_commit(item, FENCED)
-        await policy.after_commit(item, DUPLICATE)
+        await policy.after_commit([item, item], [FENCED, DUPLICATE])
         assert writer.verdicts == [(2, False, "redelivered"), (2, False, "redelivered")]
     finally:
         token.var.reset(token)

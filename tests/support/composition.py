@@ -59,6 +59,7 @@ from printery import (
     Loop,
     Map,
     Message,
+    Middleware,
     OpenAICompatible,
     Output,
     Pipeline,
@@ -149,6 +150,8 @@ class Shape:
     partitions: int = 1
     #: Whether the steps reserve ``estimate={"usd": 1}`` (each call spends about that).
     estimate: bool = False
+    #: Whether the pipeline has a user's middleware (:class:`AuditCalls`) on every step.
+    middleware: bool = False
 
 
 @dataclass(frozen=True)
@@ -187,7 +190,7 @@ class Example:
     def describe(self) -> str:
         """The example in a few lines (printed and noted on failure)."""
         lines = [f"shape: budget={self.shape.budget} partitions={self.shape.partitions} "
-                 f"estimate={self.shape.estimate}"]
+                 f"estimate={self.shape.estimate} middleware={self.shape.middleware}"]
         lines += [f"  stage {i}: {s}" for i, s in enumerate(self.shape.stages)]
         lines += [f"run {i}: {r}" for i, r in enumerate(self.runs)]
         lines += [f"garbage: {g}" for g in self.garbage]
@@ -232,6 +235,7 @@ SHAPES = st.builds(
                                           st.sampled_from(["stop", "review"]))),
     partitions=st.sampled_from([1, 1, 1, 2]),
     estimate=st.booleans(),
+    middleware=st.booleans(),
 )
 #: Mostly success, so that runs reach the later stages.
 MODE = st.one_of(st.just("ok"), st.sampled_from(MODES))
@@ -368,7 +372,8 @@ def build(shape: Shape, model_url: str = "", change: str | None = None) -> Built
     too; "rename": the first plain step renamed (``renamed_from`` its old name)."""
     units = ["usd", "tokens"]
     budget = Budget(usd=shape.budget[0], on_exceeded=shape.budget[1]) if shape.budget else None
-    pipeline = Pipeline("fuzz", ingress=["s0"], cost_units=units, budget=budget)
+    pipeline = Pipeline("fuzz", ingress=["s0"], cost_units=units, budget=budget,
+                        middleware=[AuditCalls()] if shape.middleware else ())
     #: What every step of the shape that calls a handler reserves (with a budget).
     estimate: Estimate = {"usd": 1.0} if shape.estimate and budget is not None else None
     probe = Probe()
@@ -392,6 +397,25 @@ def build(shape: Shape, model_url: str = "", change: str | None = None) -> Built
         async def audit(message: Message) -> Output:
             return Output("audited", {"seen": True})
     return Built(pipeline, probe, tuple(f"s{i}" for i in range(n + 1)), tuple(joins))
+
+
+#: The type of the audit records :class:`AuditCalls` commits with every call's outputs.
+AUDIT = "mw:audit"
+
+
+class AuditCalls(Middleware):
+    """Around every call, and one audit record in every call's commit (naming the step,
+    the entry and what the call wrote): each is committed with its call's outputs or not
+    at all, so an entry has at most one, and what it names was written."""
+
+    async def call(self, message: Message, call_next: Any) -> Any:
+        return await call_next(message)
+
+    def commit(self, message: Message, outputs: list[Output]) -> list[Output]:
+        return [Output(AUDIT, {"step": message.worker, "entry": message.entry_id,
+                               "wrote": sorted({out.type for out in outputs})},
+                       idempotency_key=f"{AUDIT}:{message.worker}:{message.stream}:"
+                                       f"{message.entry_id}")]
 
 
 def _first_plain(shape: Shape) -> int | None:
@@ -988,6 +1012,7 @@ async def check(ctx: Context, figures: Figures) -> None:
     problems += await _run_problems(ctx, figures)
     problems += await _write_problems(ctx)
     problems += await _blame_problems(ctx)
+    problems += await _audit_problems(ctx)
     if not figures.kills:  # a process killed mid-attempt cannot retract what it showed
         problems += await _stream_problems(ctx)
     if problems:
@@ -1051,6 +1076,29 @@ async def _write_problems(ctx: Context) -> list[str]:
             if abs(spent - committed) > 1e-6:
                 problems.append(f"run {run}: spent {spent!r} but its entries committed "
                                 f"{committed!r} ({sorted(calls.get(run, {}).values())})")
+    return problems
+
+
+async def _audit_problems(ctx: Context) -> list[str]:
+    """A middleware's audit record is committed with its call's outputs: what it names of
+    the chain's types was written by its step for its run (and at most one per entry: the
+    idempotency-key check of :func:`_write_problems`). Reviews are left out: a decided
+    one leaves the review stream."""
+    if not ctx.built.pipeline.middleware:
+        return []
+    written: set[tuple[str, str, str]] = set()
+    field_name = ctx.pipeline.correlation_field
+    for stream in await streams(ctx):
+        _, event_type = ctx.keys.locate(stream)
+        for _entry_id, fields in await ctx.redis.xrange(stream):
+            written.add((event_type, fields.get("producer", ""),
+                         correlation_of(fields, field_name) or ""))
+    problems = []
+    for _entry_id, fields in await entries(ctx, AUDIT):
+        data, run = json.loads(fields["data"]), correlation_of(fields, field_name) or ""
+        problems += [f"run {run}: {data['step']}'s audit of {data['entry']} names {t}, "
+                     "which it did not write" for t in data["wrote"]
+                     if t in ctx.built.chain and (t, data["step"], run) not in written]
     return problems
 
 

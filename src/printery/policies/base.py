@@ -17,7 +17,8 @@ meets them (docs/engine.md, The chain of policies):
 * ``on_commit(message, commit, outcome)``: what the commit of an entry that writes
   outputs carries besides them (a budget's charge, the run index's mark); ``outcome``
   ``ok`` for a call's, else what wrote them (``budget_exceeded``);
-* ``after_commit(item, result)``: once the commit said what happened to the entry;
+* ``after_commit(decided, results)``: once a commit said what happened to its entries
+  (one call per commit, with each entry's result);
 * ``abandoned(delivery)``: a call was given up on at its timeout: what it held is given
   back.
 
@@ -75,7 +76,7 @@ class Policy:
     def on_commit(self, message: Message, commit: EntryCommit, outcome: str) -> EntryCommit:
         return commit
 
-    async def after_commit(self, item: Decided, result: object) -> None:
+    async def after_commit(self, decided: Sequence[Decided], results: Sequence[object]) -> None:
         return None
 
     def abandoned(self, delivery: Delivery) -> None:

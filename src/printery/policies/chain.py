@@ -80,9 +80,9 @@ class Chain:
             commit = policy.on_commit(message, commit, outcome)
         return commit
 
-    async def after_commit(self, item: Decided, result: object) -> None:
+    async def after_commit(self, decided: Sequence[Decided], results: Sequence[object]) -> None:
         for policy in self.after:
-            await policy.after_commit(item, result)
+            await policy.after_commit(decided, results)
 
     def abandoned(self, delivery: Delivery) -> None:
         for policy in self.abandoning:

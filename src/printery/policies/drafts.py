@@ -22,16 +22,19 @@ __all__ = ["Drafts", "unshown"]
 class Drafts(Policy):
     name = "drafts"
 
-    async def after_commit(self, item: Decided, result: object) -> None:
-        message = item.message
-        if message is None or result not in (FENCED, DUPLICATE):
-            return
-        for append in item.commit.appends:
-            attempt = append.fields.get(STREAMED)
-            if attempt and attempt.isdigit():
-                await partials.withdraw(dataclasses.replace(message, attempt=int(attempt)), [{
-                    "code": "redelivered", "field": "",
-                    "message": "another delivery of the entry took its place"}])
+    async def after_commit(self, decided: Sequence[Decided], results: Sequence[object]) -> None:
+        for item, result in zip(decided, results, strict=True):
+            if item.message is not None and result in (FENCED, DUPLICATE):
+                await _lost(item.message, item)
+
+
+async def _lost(message: Message, item: Decided) -> None:
+    for append in item.commit.appends:
+        attempt = append.fields.get(STREAMED)
+        if attempt and attempt.isdigit():
+            await partials.withdraw(dataclasses.replace(message, attempt=int(attempt)), [{
+                "code": "redelivered", "field": "",
+                "message": "another delivery of the entry took its place"}])
 
 
 async def unshown(message: Message, outputs: Sequence[Output], code: str, error: str) -> None:

@@ -280,8 +280,7 @@ class EntryPipeline:
             finally:
                 item.delivery.release()
         if self.chain.after:
-            for item, result in zip(decided, results, strict=True):
-                await self.chain.after_commit(item, result)
+            await self.chain.after_commit(decided, results)
 
     @public_api
     async def emit(self, outputs: Sequence[Output], *, correlation_id: str) -> int:
