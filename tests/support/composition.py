@@ -870,11 +870,24 @@ async def _replay(ctx: Context, run_id: str, step: int | None) -> int:
 QUIET_S = 0.1
 
 
+def settle_bound(example: Example) -> float:
+    """How long an example may take to settle: :data:`SETTLE_TIMEOUT`, and the event loop
+    each ``stall`` blocks on purpose (:data:`STALL` per first delivery of each attempt a
+    stage may make of it, and once more for its entry claimed after the lease lapsed),
+    since the worker can do nothing else meanwhile."""
+    stalls = sum(2 * max(1, stage.attempts)
+                 for run in example.runs for stage, mode in zip(example.shape.stages, run.modes,
+                                                                strict=False)
+                 if mode == "stall")
+    return SETTLE_TIMEOUT + STALL * stalls
+
+
 async def settle(ctx: Context, what: str) -> None:
     """Decide every open review as the example says, until every run ended, no review
-    is open and everything is read and acknowledged; bounded by SETTLE_TIMEOUT."""
+    is open and everything is read and acknowledged; bounded by :func:`settle_bound`."""
 
     quiet_since: list[float] = []
+    bound = settle_bound(ctx.example)
 
     async def still() -> bool:
         await decide_reviews(ctx)
@@ -895,9 +908,9 @@ async def settle(ctx: Context, what: str) -> None:
         return time.monotonic() - quiet_since[0] >= QUIET_S
 
     try:
-        await wait_for(settled, timeout=SETTLE_TIMEOUT, interval=0.01, message=what)
+        await wait_for(settled, timeout=bound, interval=0.01, message=what)
     except TimeoutError:
-        raise AssertionError(f"{what} did not settle within {SETTLE_TIMEOUT} s:\n"
+        raise AssertionError(f"{what} did not settle within {bound:g} s:\n"
                              + await diagnosis(ctx)) from None
 
 
