@@ -7,6 +7,7 @@ verdict commits or retracts it; none of it is an entry of the run."""
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -33,7 +34,7 @@ from printery import (
 from printery.models import OpenAICompatible
 from printery.runs import tail
 from printery.runs.partials import POSITION, Drafts
-from printery.testing import wait_for
+from printery.testing import unique_prefix, wait_for
 from printery.transport.connection import connect
 from support.cluster import ValkeyCluster
 from support.spine import pipeline_starter
@@ -638,3 +639,43 @@ async def test_a_draft_whose_output_cannot_be_written_is_retracted(
         assert found[-1]["passed"] is False, found
         assert [r["code"] for r in found[-1]["reasons"]] == ["output_not_serializable"], found
         assert sum("passed" in item for item in found) == 1, "one verdict, and no pass"
+
+
+async def test_a_call_that_returns_past_its_timeout_retracts_what_it_showed(
+    client: aioredis.Redis,
+) -> None:
+    """A call that blocked the event loop past its timeout and then returned is not
+    taken (reference: failures): what it showed is retracted, so no follower is left with
+    a draft that never gets a verdict (what the composition fuzz found under load)."""
+    pipeline = Pipeline("late", ingress=["ask"])
+
+    @pipeline.step("draft", consumes=["ask"], produces=["answer"], timeout=0.2)
+    async def draft(message: Message) -> Output:
+        await message.partial("hello ")
+        time.sleep(0.4)  # noqa: ASYNC251 - a blocking call, on purpose
+        return Output("answer", {"text": "too late"})
+
+    keys = StreamKeys(unique_prefix("late"))
+    manager = WorkerManager(drain_timeout=2)
+    for worker, deps in pipeline.build_workers(
+            client=client, keys=keys, settings=ConsumerSettings(block_ms=50, max_deliveries=1)):
+        manager.register(worker, deps)
+    await manager.start_all()
+    try:
+        await client.xadd(keys.stream("ask"), {"data": "{}", "correlation_id": "r-1"})
+        stream = keys.of("r-1").partials("r-1")
+
+        async def verdicts() -> list[dict[str, str]]:
+            return [f for _, f in await client.xrange(stream) if f["kind"] == "verdict"]
+
+        [verdict] = await wait_for(verdicts, timeout=20)
+        [letter] = await wait_for(lambda: _read_all(client, keys.stream("dlq")), timeout=20)
+    finally:
+        await manager.stop_all(2)
+    assert verdict["passed"] == "0" and "past its timeout" in verdict["reasons"]
+    assert letter["reason_code"] == "timeout"
+    assert await client.xlen(keys.stream("answer")) == 0
+
+
+async def _read_all(client: aioredis.Redis, stream: str) -> list[dict[str, str]]:
+    return [fields for _, fields in await client.xrange(stream)]

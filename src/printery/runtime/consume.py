@@ -116,9 +116,8 @@ class EntryPipeline:
                 continue
             admitted.append((delivery, Message(
                 envelope=envelope, stream=delivery.stream, entry_id=delivery.entry_id,
-                deliveries=delivery.deliveries, worker=self.worker,
-                consumer=delivery.consumer.name, fields=fields, started=now,
-                max_deliveries=limit,
+                deliveries=delivery.deliveries, worker=self.worker, consumer=delivery.consumer.name,
+                fields=fields, started=now, max_deliveries=limit,
             )))
         return admitted
 
@@ -197,10 +196,13 @@ class EntryPipeline:
             if delivery.timed_out:  # it swallowed its cancellation and returned
                 raise asyncio.CancelledError
             if (ran := time.perf_counter() - begun) > self.settings.timeout:
-                raise StepTimeout(
+                late = StepTimeout(
                     f"{self.worker} ran {ran:.1f} s, past its timeout of "
                     f"{self.settings.timeout:g} s, without giving the event loop a turn "
                     "to cancel it (a blocking call): its result is not used")
+                if message.streamed:  # it returned, so nothing retracted what it showed
+                    await partials.retract(message, late)
+                return late
             outputs = outputs_of(result)
         except asyncio.CancelledError as exc:
             return self._timeout(delivery, exc)
