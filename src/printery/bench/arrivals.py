@@ -22,7 +22,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from printery import _json
+from printery.base import _json
 from printery.bench.layout import BenchLayout
 from printery.store import Redis
 

@@ -19,7 +19,7 @@ from printery import (
 )
 from printery.bench.arrivals import ArrivalRecorder
 from printery.bench.layout import BenchLayout
-from printery.metrics import Metrics, MetricsObserver
+from printery.observe.metrics import Metrics, MetricsObserver
 from printery.store import Redis
 
 #: The bench's budgets: never reached, so every event still arrives; what is measured

@@ -18,7 +18,7 @@ import functools
 from collections.abc import Callable
 from weakref import WeakKeyDictionary
 
-from printery.errors import WorkerCrashed, describe
+from printery.base.errors import WorkerCrashed, describe
 from printery.policies.base import Batch, Call, Policy
 from printery.runtime.consumer import Delivery
 from printery.runtime.failures import CallFailed, Failures

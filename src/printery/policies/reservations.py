@@ -6,7 +6,7 @@ removes its reservation (its charge says so: :class:`~printery.policies.budget.B
 
 from __future__ import annotations
 
-from printery.errors import PipelineError
+from printery.base.errors import PipelineError
 from printery.policies.base import Batch, Entry, Policy
 from printery.policies.budget import held
 from printery.runtime.budget_guard import BudgetGuard

@@ -10,9 +10,9 @@ from collections.abc import Sequence
 
 import structlog
 
-from printery.keys import StreamKeys
 from printery.store import Redis
 from printery.transport.groups import END, RENAMED, Placement, Reader, place_groups
+from printery.wire.keys import StreamKeys
 
 __all__ = ["place_pipeline_groups"]
 

@@ -18,12 +18,12 @@ from collections.abc import Callable, Iterable
 
 import structlog
 
-from printery._util import hostname, stop_tasks
-from printery.errors import describe
+from printery.base._util import hostname, stop_tasks
+from printery.base.errors import describe
 from printery.runtime.departed import died_here
 from printery.transport.limit_store import LimitStore
 
-log = structlog.get_logger("printery.worker")
+log = structlog.get_logger("printery.base.worker")
 
 #: How often at most a gate whose entries wait for a slot of a limit key looks for
 #: holders of it whose process is known to be dead.

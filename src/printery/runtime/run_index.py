@@ -2,7 +2,7 @@
 newest first, and each one's status), turned into a few commands of that commit's own
 transaction. The reads (the console's overview and runs pages) and the sweep that forgets
 ended runs are :mod:`printery.runs.index`; the keys, every one from
-:class:`~printery.keys.StreamKeys`:
+:class:`~printery.wire.keys.StreamKeys`:
 
 - ``run_index()``: sorted set, run id -> when it started (ms);
 - ``run_index(status)``: the runs of one status (``running``, then the outcome's status)
@@ -35,10 +35,10 @@ import time
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, NamedTuple
 
-from printery import _json
-from printery.keys import StreamKeys
+from printery.base import _json
 from printery.transport.channel import Command
 from printery.transport.commit import IndexEnd, IndexWrites
+from printery.wire.keys import StreamKeys
 
 __all__ = ["COST_MINUTE_TTL", "DEAD_LETTER", "RUNNING", "RunIndex", "RunMark",
            "committed", "now_ms", "outcome_status", "run_status"]

@@ -3,10 +3,10 @@ as any start of the pipeline does (:mod:`printery.runtime.groups`)."""
 
 from __future__ import annotations
 
-from printery.keys import StreamKeys
 from printery.pipeline.dag import Pipeline, readers_of
 from printery.runtime.groups import place_pipeline_groups
 from printery.store import Redis
+from printery.wire.keys import StreamKeys
 
 __all__ = ["prepare_groups"]
 

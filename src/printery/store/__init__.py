@@ -21,7 +21,7 @@ rest takes the client as :data:`Redis` and calls in here:
   (payloads by reference), :mod:`~printery.store.budgets`, :mod:`~printery.store.records`
   (a failed entry's last error), :mod:`~printery.store.sessions` (console sessions) and
   :mod:`~printery.store.servers` (what the servers report): each keyspace, its keys
-  named in :mod:`printery.keys`.
+  named in :mod:`printery.wire.keys`.
 """
 
 from __future__ import annotations

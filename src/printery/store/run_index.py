@@ -13,9 +13,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from printery.keys import StreamKeys
 from printery.transport.connection import Redis
 from printery.transport.scripts import Scripts, script
+from printery.wire.keys import StreamKeys
 
 __all__ = ["FORGET_BATCH", "IndexCounts", "cost_of_minutes", "counts", "forget_ended", "is_indexed",
            "newest", "newest_after", "run_rows", "run_start", "run_starts"]

@@ -16,17 +16,17 @@ from typing import Any
 
 import structlog
 
-from printery._util import stop_tasks, wait_event, where
-from printery.backoff import compute_backoff
-from printery.errors import SupervisorError, WorkerFailed
+from printery.base._util import stop_tasks, wait_event, where
+from printery.base.backoff import compute_backoff
+from printery.base.errors import SupervisorError, WorkerFailed
+from printery.base.worker import Observable, RunContext, Worker, WorkerState
 from printery.supervisor.graph import topological_levels
-from printery.worker import Observable, RunContext, Worker, WorkerState
 
 log = structlog.get_logger("printery.manager")
 
 #: Seconds a worker cancelled after its drain overran gets to end: its hand-back and
 #: close run as it unwinds, so it is cancelled again only after :data:`CANCEL_AGAIN_AFTER`
-#: (a cancellation redis-py lost, see :func:`printery._util.check_cancelled`).
+#: (a cancellation redis-py lost, see :func:`printery.base._util.check_cancelled`).
 CANCEL_TIMEOUT = 15.0
 CANCEL_AGAIN_AFTER = 5.0
 

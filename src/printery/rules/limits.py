@@ -13,8 +13,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from printery._util import marked
-from printery.errors import PipelineError, WorkerCrashed, describe
+from printery.base._util import marked
+from printery.base.errors import PipelineError, WorkerCrashed, describe
 
 __all__ = ["WINDOW_SECONDS", "FallsBack", "Limit", "fallback_of", "mark_fallback"]
 
