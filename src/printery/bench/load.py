@@ -14,7 +14,7 @@ import time
 from typing import Any
 
 from printery.base import _json
-from printery.bench.layout import BenchLayout
+from printery.bench.names import BenchLayout
 from printery.store import Redis
 from printery.wire.envelope import Codec
 

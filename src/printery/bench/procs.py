@@ -21,7 +21,7 @@ import psutil
 from printery.base import _json
 from printery.base.errors import PrinteryError
 from printery.bench.cpu import cpu_seconds
-from printery.bench.layout import PROTOCOL_PREFIX
+from printery.bench.names import PROTOCOL_PREFIX
 
 #: How long a relay process may take to import, connect and create its groups.
 READY_TIMEOUT = 60.0

@@ -18,7 +18,7 @@ from printery import (
     WorkerManager,
 )
 from printery.bench.arrivals import ArrivalRecorder
-from printery.bench.layout import BenchLayout
+from printery.bench.names import BenchLayout
 from printery.observe.metrics import Metrics, MetricsObserver
 from printery.store import Redis
 

@@ -28,8 +28,8 @@ from printery.base._util import settle_gc
 from printery.base.worker import Observable
 from printery.bench.arrivals import ArrivalRecorder
 from printery.bench.ceiling import CeilingRelay
-from printery.bench.layout import PROTOCOL_PREFIX, BenchLayout
 from printery.bench.load import server_offset_ms
+from printery.bench.names import PROTOCOL_PREFIX, BenchLayout
 from printery.bench.stages import FEATURES, bench_manager, bench_settings
 from printery.observe import telemetry
 from printery.transport.connection import connect, connect_bare

@@ -91,7 +91,7 @@ def bench(
         print_json(measured) if as_json else click.echo(format_console(measured))
         return
     if map_items is not None:
-        from printery.bench.fanout import format_map, run_map_bench
+        from printery.bench.map_cost import format_map, run_map_bench
         from printery.observe.logging import configure_logging
 
         configure_logging("warn")  # its workers run here: their lines to stderr, not stdout

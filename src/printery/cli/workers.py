@@ -137,7 +137,7 @@ def cli(ctx: click.Context, /, **params: Any) -> None:
         click.echo(" ".join(str(exc).split()), err=True)
         ctx.exit(EXIT_CONFIG)
     if settings.processes > 1:
-        from printery.cli.processes import Parent
+        from printery.cli.multiprocess import Parent
 
         ctx.exit(Parent(settings, pipeline, _child_args(flags)).run())
     from printery.service.service import Service

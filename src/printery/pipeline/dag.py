@@ -42,7 +42,7 @@ from printery.runtime.payloads import PayloadStore
 from printery.runtime.run_index import RunIndex
 from printery.runtime.stream_worker import StreamWorker
 from printery.store import Redis
-from printery.supervisor.graph import find_cycle
+from printery.supervisor.levels import find_cycle
 from printery.transport.groups import Reader
 from printery.wire.envelope import MAX_RUN_ID, Codec
 from printery.wire.envelope import run_id_problem as run_id_problem  # where the runs layer finds it

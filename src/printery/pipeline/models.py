@@ -31,6 +31,8 @@ A quota is not a rate limit: a 402, a 429 whose body names ``insufficient_quota`
 served for hours (a monthly quota, a ``Retry-After`` of three days) goes to the step's
 fallback (a :class:`~printery.Loop`'s, or ``escalate(..., fallback=...)``) instead of
 being retried for as long as the entry's deliveries last.
+
+Its namesake in other layers (the same job there): :mod:`printery.models`.
 """
 
 from __future__ import annotations

@@ -23,6 +23,8 @@ Reserved budgets: a step that declares what one call is expected to spend (``est
 reserves it against its run's limits before its handler runs, atomically with every
 other reservation of the run (``transport/lua/reserve.lua``, a reservations hash per run
 beside its budget hash); the entry's commit replaces its reservation with what it spent.
+
+Its namesake in other layers (the same job there): :mod:`printery.store.budgets`.
 """
 
 from __future__ import annotations

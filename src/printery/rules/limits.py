@@ -5,6 +5,8 @@ A limit is declared on a step (``@pipeline.step(..., limits=[Limit(...)])``) and
 across every process sharing the server, because its state lives there: see
 :mod:`printery.runtime.limit_gate` for how entries wait and
 ``printery/transport/lua/limit.lua`` for the one atomic decision.
+
+Its namesake in other layers (the same job there): :mod:`printery.policies.limits`.
 """
 
 from __future__ import annotations

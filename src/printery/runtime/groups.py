@@ -2,7 +2,9 @@
 ``Pipeline.build_workers`` under its own manager): every consumer group of the pipeline
 placed where it must start (:mod:`printery.transport.groups`: at 0 on the pipeline's
 first start on this server, at the end of its stream for a group added later, in the
-place of the group it was ``renamed_from``), and what changed said in the log."""
+place of the group it was ``renamed_from``), and what changed said in the log.
+
+Its namesake in other layers (the same job there): :mod:`printery.service.groups`."""
 
 from __future__ import annotations
 

@@ -11,6 +11,8 @@ one transaction: a crash between them leaves the entry pending, it is routed aga
 guard appends nothing) and acked. An entry that names no run at all gets a fresh
 correlation id in the partition it was found in (:func:`~printery.wire.keys.new_id_in`), so
 it is handled where it is.
+
+Its namesake in other layers (the same job there): :mod:`printery.policies.placement`.
 """
 
 from __future__ import annotations

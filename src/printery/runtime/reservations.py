@@ -14,6 +14,8 @@ finds it and renews it instead of reserving again).
 
 A step without ``estimate=`` has none of this: no round trip, no argument, no script
 work.
+
+Its namesake in other layers (the same job there): :mod:`printery.policies.reservations`.
 """
 
 from __future__ import annotations

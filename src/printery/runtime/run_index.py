@@ -27,6 +27,9 @@ idempotent (``NX``, the same status again), except the cost minutes: a duplicate
 delivery's cost counts twice there (an overview figure; ``printery cost`` is exact).
 The costs of the entries of one script run go to their minute summed (:meth:`RunIndex.spent`,
 from their marks): one write per script run, not per entry.
+
+Its namesakes in other layers (the same job there): :mod:`printery.policies.run_index`,
+:mod:`printery.store.run_index`.
 """
 
 from __future__ import annotations

@@ -1,5 +1,7 @@
 """The service's start: every consumer group of the pipeline placed where it must start,
-as any start of the pipeline does (:mod:`printery.runtime.groups`)."""
+as any start of the pipeline does (:mod:`printery.runtime.groups`).
+
+Its namesake in other layers (the same job there): :mod:`printery.transport.groups`."""
 
 from __future__ import annotations
 

@@ -13,7 +13,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, NamedTuple, cast
 
-from printery.store.errors import ServerError, WatchConflict
+from printery.store.client_errors import ServerError, WatchConflict
 from printery.store.outage import unreachable
 from printery.store.scan import read_entry
 from printery.transport.connection import Redis

@@ -6,6 +6,8 @@ Per partition: a sorted set of every run by its start (``run_index()``), one per
 (``run_info``: ``status``, ``ended``) and a hash per minute of what the steps spent
 (``cost_minute``). Every read here is bounded whatever the index holds: a page, a batch of
 ids, the counts, sixty minutes.
+
+Its namesake in other layers (the same job there): :mod:`printery.policies.run_index`.
 """
 
 from __future__ import annotations

@@ -3,7 +3,7 @@ with backoff (supervised mode) or fails fast (standalone mode), and drains them 
 
 Its restart policy is the project's one restart-with-backoff policy: the service's
 workers and the child processes of ``--processes`` (each a
-:class:`~printery.supervisor.process.ChildProcess` worker) are supervised by it alike."""
+:class:`~printery.supervisor.child.ChildProcess` worker) are supervised by it alike."""
 
 from __future__ import annotations
 
@@ -20,7 +20,7 @@ from printery.base._util import stop_tasks, wait_event, where
 from printery.base.backoff import compute_backoff
 from printery.base.errors import SupervisorError, WorkerFailed
 from printery.base.worker import Observable, RunContext, Worker, WorkerState
-from printery.supervisor.graph import topological_levels
+from printery.supervisor.levels import topological_levels
 
 log = structlog.get_logger("printery.manager")
 

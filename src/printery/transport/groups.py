@@ -13,6 +13,9 @@ record, any consumer group on the pipeline's streams. The decision and the creat
 one script per partition (``groups.lua``: the record and the partition's streams share
 its hash tag), so two processes starting at once on a fresh server agree that it is the
 first start.
+
+Its namesakes in other layers (the same job there): :mod:`printery.runtime.groups`,
+:mod:`printery.service.groups`.
 """
 
 from __future__ import annotations

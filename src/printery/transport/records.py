@@ -7,6 +7,8 @@ record ttl, then previous (still checked), then expires, so a record is kept at 
 and at most about twice that.
 :class:`RecordLookup` reads them before handlers run, so a duplicate is acked without
 being handled again (the commit checks again, atomically).
+
+Its namesake in other layers (the same job there): :mod:`printery.store.records`.
 """
 
 from __future__ import annotations

@@ -12,7 +12,7 @@ Design, kept deliberately simple:
 * With no Redis URL the parent acquires the embedded server of the data dir first and
   holds it until every child has exited; children find it and take their own leases, so
   a crashing child never takes the server down with it.
-* Each child is a :class:`~printery.supervisor.process.ChildProcess` worker of a
+* Each child is a :class:`~printery.supervisor.child.ChildProcess` worker of a
   :class:`~printery.WorkerManager`, the one supervisor of the project: a child that
   exits while the parent is not stopping is restarted after
   :func:`printery.compute_backoff` (``--backoff`` doubling per consecutive crash, without
@@ -60,8 +60,8 @@ from printery.service.lifecycle import EXIT_CONFIG, EXIT_OK, ProcessLifecycle
 from printery.settings.config import Settings
 from printery.store import ServerError
 from printery.store.partitions import resolve_keys
+from printery.supervisor.child import ChildProcess
 from printery.supervisor.manager import WorkerManager
-from printery.supervisor.process import ChildProcess
 from printery.transport.connection import connect
 from printery.wire.keys import StreamKeys
 
