@@ -58,7 +58,7 @@ from printery.runtime.handler import Message
 
 __all__ = ["Completion", "OpenAICompatible"]
 
-log = structlog.get_logger("printery.pipeline.models")
+log = structlog.get_logger("printery.models")
 
 #: The name of a model call's span while tracing is on.
 SPAN_NAME = "model.complete"

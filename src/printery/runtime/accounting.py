@@ -19,7 +19,7 @@ from printery.transport.dead_letter import DeadLetterWrite
 
 __all__ = ["Accounting", "Decided"]
 
-log = structlog.get_logger("printery.base.worker")
+log = structlog.get_logger("printery.worker")
 
 
 @dataclass(slots=True)

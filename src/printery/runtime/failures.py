@@ -51,7 +51,7 @@ from printery.wire.keys import StreamKeys
 __all__ = ["CRASH", "DOWN", "ERROR", "QUOTA", "REJECTED", "STOP", "TIMEOUT_KIND", "CallFailed",
            "Failures", "kind_of"]
 
-log = structlog.get_logger("printery.base.worker")
+log = structlog.get_logger("printery.worker")
 
 #: The reason code of an entry whose handler kept failing (its last error says how).
 EXHAUSTED = "max_deliveries_exceeded"

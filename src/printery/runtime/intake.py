@@ -35,7 +35,7 @@ from printery.transport.streams import (
     read_new,
 )
 
-log = structlog.get_logger("printery.base.worker")
+log = structlog.get_logger("printery.worker")
 
 #: Takes a batch one consumer now holds: its stream, ``(id, fields, deliveries)``, and
 #: whether no run was at a hard limit of its budget as it was read (False: not known).

@@ -23,7 +23,7 @@ from printery.base.errors import describe
 from printery.runtime.departed import died_here
 from printery.transport.limit_store import LimitStore
 
-log = structlog.get_logger("printery.base.worker")
+log = structlog.get_logger("printery.worker")
 
 #: How often at most a gate whose entries wait for a slot of a limit key looks for
 #: holders of it whose process is known to be dead.

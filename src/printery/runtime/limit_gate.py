@@ -41,7 +41,7 @@ from printery.transport.limit_store import WAIT_FOR_SLOT, Ask, LimitStore, Repor
 from printery.transport.streams import CONNECTION_ERRORS
 from printery.wire.keys import StreamKeys
 
-log = structlog.get_logger("printery.base.worker")
+log = structlog.get_logger("printery.worker")
 
 #: How often an entry waiting for a concurrency slot asks again (plus up to as much
 #: again at random, so processes do not ask in step); a slot given back in this process

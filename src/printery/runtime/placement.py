@@ -31,7 +31,7 @@ from printery.transport.streams import ROUTE_LUA
 from printery.wire.envelope import Codec, Envelope, correlation_of
 from printery.wire.keys import StreamKeys, new_id_in, partition_of
 
-log = structlog.get_logger("printery.base.worker")
+log = structlog.get_logger("printery.worker")
 
 #: How long a routed entry's guard is kept: the idempotency records' default (7 days),
 #: longer than any entry stays pending.

@@ -67,7 +67,7 @@ from printery.transport.streams import (
 from printery.wire.envelope import Codec
 from printery.wire.keys import StreamKeys
 
-log = structlog.get_logger("printery.base.worker")
+log = structlog.get_logger("printery.worker")
 
 class StreamWorker:
     """A :class:`~printery.Worker` that consumes event types through one consumer group.

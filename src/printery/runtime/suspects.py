@@ -48,7 +48,7 @@ from printery.wire.keys import StreamKeys
 
 __all__ = ["HandBacks", "Suspects", "Trial"]
 
-log = structlog.get_logger("printery.base.worker")
+log = structlog.get_logger("printery.worker")
 
 SCREEN_LUA = script("suspects")
 TRIAL_LUA = script("trial")
