@@ -178,7 +178,7 @@ async def demo_reviewer(client: aioredis.Redis, keys: StreamKeys) -> None:
 
 async def run_once(url: str, prefix: str, docs: dict[str, str], timeout: float = 30) -> dict[str, Any]:
     """Run the pipeline, submit ``docs``, wait for each to be published or refused."""
-    from printery._json import dumps, loads
+    from printery.base._json import dumps, loads
     from printery.transport.connection import connect
 
     client = connect(url, block_ms=100)

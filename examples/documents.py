@@ -50,7 +50,7 @@ from printery import (
     Verdict,
     WorkerManager,
 )
-from printery.models import OpenAICompatible
+from printery.pipeline.models import OpenAICompatible
 from printery.runs.cost import budget_status
 
 DOCUMENT = {"doc_id": "report-q3", "pages": [
@@ -211,7 +211,7 @@ def account(result: RunResult, budget: list[dict[str, Any]]) -> list[str]:
 
 
 def main() -> int:
-    from printery.logging import configure_logging
+    from printery.observe.logging import configure_logging
 
     configure_logging("error")  # to stderr: the account (stdout) says what happened
     url = os.environ.get("REDIS_URL")

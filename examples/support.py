@@ -8,7 +8,7 @@ steps (docs/reference.md, Python API).
                               └─ still failing: review (a human edits the answer)
                                    approve → support:drafted · reject → support:unanswered
 
-- **The drafter** is a model step (:class:`printery.models.OpenAICompatible`) when
+- **The drafter** is a model step (:class:`printery.pipeline.models.OpenAICompatible`) when
   ``SUPPORT_MODEL_URL`` names an OpenAI-compatible endpoint (``SUPPORT_MODEL`` the model,
   ``SUPPORT_MODEL_KEY`` the env var of its key); otherwise a deterministic drafter stands
   in, documented as such: it answers in English first (the mistake a model makes when it
@@ -53,7 +53,7 @@ from printery import (
     WorkerManager,
 )
 from printery.inbox import reviews
-from printery.models import OpenAICompatible
+from printery.pipeline.models import OpenAICompatible
 
 
 class Request(BaseModel):

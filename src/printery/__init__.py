@@ -16,16 +16,7 @@ command that needs no runtime does not pay for loading one.
 import typing
 
 if typing.TYPE_CHECKING:
-    from printery.budgets import Budget
-    from printery.config import AppConfig, Settings, SettingsTable
-    from printery.config_tables import (
-        ConsoleSettings,
-        ReviewSettings,
-        TelemetrySettings,
-        TransportSettings,
-        WorkerSettings,
-    )
-    from printery.errors import (
+    from printery.base.errors import (
         BlobMissing,
         ConfigError,
         DecodeError,
@@ -57,9 +48,8 @@ if typing.TYPE_CHECKING:
         WorkerCrashed,
         WorkerFailed,
     )
-    from printery.keys import DLQ, REVIEW, REVIEW_DECIDED, RUN_FAILED, StreamKeys
-    from printery.limits import Limit
-    from printery.models import Completion, OpenAICompatible
+    from printery.base.reason import Reason
+    from printery.observe.redact import redact_text, redact_url, register_secret
     from printery.pipeline.aggregate import (
         Aggregator,
         JoinState,
@@ -72,11 +62,12 @@ if typing.TYPE_CHECKING:
     from printery.pipeline.escalation import escalate, review_output
     from printery.pipeline.fanout import Map
     from printery.pipeline.loop import Loop
+    from printery.pipeline.models import Completion, OpenAICompatible
     from printery.pipeline.review_kinds import ReviewCase, ReviewKind, ReviewOutcome
     from printery.pipeline.step import Step, StepOptions
     from printery.policies.middleware import Middleware
-    from printery.reason import Reason
-    from printery.redact import redact_text, redact_url, register_secret
+    from printery.rules.budgets import Budget
+    from printery.rules.limits import Limit
     from printery.runs.client import Client, SyncClient
     from printery.runs.cost import cost_summary
     from printery.runs.listing import RunSummary
@@ -86,7 +77,16 @@ if typing.TYPE_CHECKING:
     from printery.runtime.breaker import Breaker
     from printery.runtime.consumer import ConsumerSettings
     from printery.runtime.handler import Handler, HandlerResult, Message, Output
+    from printery.settings.config import AppConfig, Settings, SettingsTable
+    from printery.settings.config_tables import (
+        ConsoleSettings,
+        ReviewSettings,
+        TelemetrySettings,
+        TransportSettings,
+        WorkerSettings,
+    )
     from printery.supervisor.manager import WorkerManager
+    from printery.wire.keys import DLQ, REVIEW, REVIEW_DECIDED, RUN_FAILED, StreamKeys
 
 __all__ = [  # noqa: RUF022 - two faces, grouped as docs/reference.md's sections
     # For pipeline authors: what a pipeline, its steps and their handlers are made of,
@@ -127,11 +127,11 @@ __all__ = [  # noqa: RUF022 - two faces, grouped as docs/reference.md's sections
 
 #: Where each name of ``__all__`` lives: module -> names.
 _MODULES = {
-    "printery.budgets": ("Budget",),
-    "printery.config": ("AppConfig", "Settings", "SettingsTable"),
-    "printery.config_tables": ("ConsoleSettings", "ReviewSettings", "TelemetrySettings",
+    "printery.rules.budgets": ("Budget",),
+    "printery.settings.config": ("AppConfig", "Settings", "SettingsTable"),
+    "printery.settings.config_tables": ("ConsoleSettings", "ReviewSettings", "TelemetrySettings",
                                "TransportSettings", "WorkerSettings"),
-    "printery.errors": (
+    "printery.base.errors": (
         "BlobMissing", "ConfigError", "DecodeError", "DependencyCycle", "HandlerError",
         "InvalidInput", "MessageError", "OutputContractError", "PartitionError",
         "PayloadTooLarge", "PipelineError", "PrinteryError", "ProviderDown", "QuotaExhausted",
@@ -139,9 +139,9 @@ _MODULES = {
         "ReviewNotFound", "ReviewRefused", "ReviewRunEnded", "ServerRefused",
         "ServerStartError", "StepTimeout", "SupervisorError", "TransportError", "UnknownRun",
         "WorkerCrashed", "WorkerFailed"),
-    "printery.keys": ("DLQ", "REVIEW", "REVIEW_DECIDED", "RUN_FAILED", "StreamKeys"),
-    "printery.limits": ("Limit",),
-    "printery.models": ("Completion", "OpenAICompatible"),
+    "printery.wire.keys": ("DLQ", "REVIEW", "REVIEW_DECIDED", "RUN_FAILED", "StreamKeys"),
+    "printery.rules.limits": ("Limit",),
+    "printery.pipeline.models": ("Completion", "OpenAICompatible"),
     "printery.pipeline.aggregate": ("Aggregator", "JoinState", "MergePolicy", "all_must_pass",
                                     "any_pass", "first_wins"),
     "printery.pipeline.dag": ("Pipeline",),
@@ -151,8 +151,8 @@ _MODULES = {
     "printery.pipeline.review_kinds": ("ReviewCase", "ReviewKind", "ReviewOutcome"),
     "printery.pipeline.step": ("Step", "StepOptions"),
     "printery.policies.middleware": ("Middleware",),
-    "printery.reason": ("Reason",),
-    "printery.redact": ("redact_text", "redact_url", "register_secret"),
+    "printery.base.reason": ("Reason",),
+    "printery.observe.redact": ("redact_text", "redact_url", "register_secret"),
     "printery.runs.client": ("Client", "SyncClient"),
     "printery.runs.cost": ("cost_summary",),
     "printery.runs.listing": ("RunSummary",),

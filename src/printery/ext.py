@@ -18,19 +18,19 @@ Like ``printery``, each name is imported on first use (PEP 562).
 import typing
 
 if typing.TYPE_CHECKING:
-    from printery.backoff import compute_backoff
-    from printery.budgets import BudgetPlan
-    from printery.envelope import Codec, Envelope
-    from printery.fields import review_fields
-    from printery.keys import partition_of
+    from printery.base.backoff import compute_backoff
+    from printery.base.worker import RunContext, Worker, WorkerState, WorkerStats
     from printery.pipeline.render import to_mermaid, to_text
     from printery.pipeline.step import BoundStep, LoopShape, MapShape, StepSource
+    from printery.rules.budgets import BudgetPlan
     from printery.runtime.observe import Observer
     from printery.runtime.payloads import PayloadStore
     from printery.runtime.run_index import RunIndex, RunMark
     from printery.runtime.step_context import Companion, Emit, StepContext
     from printery.runtime.stream_worker import StreamWorker
-    from printery.worker import RunContext, Worker, WorkerState, WorkerStats
+    from printery.wire.envelope import Codec, Envelope
+    from printery.wire.fields import review_fields
+    from printery.wire.keys import partition_of
 
 __all__ = [  # noqa: RUF022 - grouped as docs/reference.md's section
     # workers built by hand and what the supervisor runs
@@ -47,11 +47,11 @@ __all__ = [  # noqa: RUF022 - grouped as docs/reference.md's section
 
 #: Where each name lives: module -> names.
 _MODULES = {
-    "printery.backoff": ("compute_backoff",),
-    "printery.budgets": ("BudgetPlan",),
-    "printery.envelope": ("Codec", "Envelope"),
-    "printery.fields": ("review_fields",),
-    "printery.keys": ("partition_of",),
+    "printery.base.backoff": ("compute_backoff",),
+    "printery.rules.budgets": ("BudgetPlan",),
+    "printery.wire.envelope": ("Codec", "Envelope"),
+    "printery.wire.fields": ("review_fields",),
+    "printery.wire.keys": ("partition_of",),
     "printery.pipeline.render": ("to_mermaid", "to_text"),
     "printery.pipeline.step": ("BoundStep", "LoopShape", "MapShape", "StepSource"),
     "printery.runtime.observe": ("Observer",),
@@ -59,7 +59,7 @@ _MODULES = {
     "printery.runtime.run_index": ("RunIndex", "RunMark"),
     "printery.runtime.step_context": ("Companion", "Emit", "StepContext"),
     "printery.runtime.stream_worker": ("StreamWorker",),
-    "printery.worker": ("RunContext", "Worker", "WorkerState", "WorkerStats"),
+    "printery.base.worker": ("RunContext", "Worker", "WorkerState", "WorkerStats"),
 }
 _WHERE = {name: module for module, names in _MODULES.items() for name in names}
 

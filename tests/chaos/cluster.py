@@ -35,10 +35,10 @@ from tests.support.cluster import Node, ValkeyCluster
 
 from printery.deploy.delivery import IDEMPOTENCY_HEADER
 from printery.deploy.sandbox import Sandbox
-from printery.envelope import Codec
-from printery.keys import StreamKeys
 from printery.transport.connection import connect
 from printery.transport.streams import CONNECTION_ERRORS
+from printery.wire.envelope import Codec
+from printery.wire.keys import StreamKeys
 
 
 async def _publish(url: str, keys: StreamKeys, sandbox: Sandbox, n: int, over: float) -> None:

@@ -31,8 +31,8 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from printery.deploy.delivery import IDEMPOTENCY_HEADER
 from printery.deploy.sandbox import Sandbox
-from printery.envelope import Codec
 from printery.servers.process import ServerProcess
+from printery.wire.envelope import Codec
 
 STARTED, FINISHED, SENT = "deployment:started", "deployment:finished", "notification:sent"
 

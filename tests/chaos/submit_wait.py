@@ -20,12 +20,12 @@ from typing import Any
 from tests.support.cluster import ValkeyCluster
 
 from printery import Output
-from printery.envelope import DEFAULT_PAYLOAD_LIMIT
-from printery.keys import StreamKeys
 from printery.pipeline.dag import Pipeline
 from printery.runs.facade import Runs
 from printery.servers.process import ServerProcess
 from printery.transport.connection import connect
+from printery.wire.envelope import DEFAULT_PAYLOAD_LIMIT
+from printery.wire.keys import StreamKeys
 
 IN_FLIGHT = 100
 

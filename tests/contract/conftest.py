@@ -10,9 +10,9 @@ from collections.abc import AsyncIterator
 
 import pytest
 
-from printery.keys import StreamKeys
 from printery.testing import unique_prefix
 from printery.transport.connection import connect
+from printery.wire.keys import StreamKeys
 from support.backends import PARTITIONS, Backend
 
 

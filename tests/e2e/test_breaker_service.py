@@ -18,11 +18,11 @@ import redis.asyncio as aioredis
 from aiohttp import web
 
 from printery import Breaker, Message, ProviderDown
-from printery.envelope import Codec
-from printery.keys import StreamKeys
-from printery.models import OpenAICompatible
+from printery.pipeline.models import OpenAICompatible
 from printery.runtime.partials import PartialWriter, using
 from printery.testing import unique_prefix, wait_for
+from printery.wire.envelope import Codec
+from printery.wire.keys import StreamKeys
 from support.service import spawn
 
 APP = textwrap.dedent(
@@ -30,7 +30,7 @@ APP = textwrap.dedent(
     import os
 
     from printery import Breaker, Message, Output, Pipeline, escalate
-    from printery.models import OpenAICompatible
+    from printery.pipeline.models import OpenAICompatible
 
     llm = OpenAICompatible(os.environ["BREAKER_MODEL_URL"], "tiny-1", api_key_env=None,
                            breaker=Breaker(failures=3, window=30, reset=60))

@@ -17,10 +17,10 @@ import redis
 
 from printery import Client
 from printery.inbox.reviews import approve, reject
-from printery.keys import StreamKeys
 from printery.servers.process import ServerProcess
 from printery.testing import unique_prefix
 from printery.transport.commit import decode_spent
+from printery.wire.keys import StreamKeys
 from support import budget_app
 from support.operator_cli import cli
 from support.service import ServiceHandle, spawn

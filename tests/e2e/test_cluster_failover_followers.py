@@ -18,9 +18,9 @@ import pytest
 
 from printery import Client
 from printery.deploy.sandbox import Sandbox
-from printery.keys import StreamKeys
-from printery.layout import read_partitions
+from printery.store.partitions import read_partitions
 from printery.transport.connection import connect
+from printery.wire.keys import StreamKeys
 from support.cluster import ValkeyCluster
 from support.service import spawn
 

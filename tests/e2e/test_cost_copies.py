@@ -15,10 +15,10 @@ from typing import Any
 import redis
 
 from printery import Client
-from printery.keys import StreamKeys
 from printery.servers.process import ServerProcess
 from printery.testing import unique_prefix
 from printery.transport.commit import decode_spent
+from printery.wire.keys import StreamKeys
 from support import cost_app
 from support.operator_cli import cli_sync
 from support.service import ServiceHandle, spawn

@@ -132,8 +132,8 @@ def test_streams_show_length_groups_pending_undelivered_lag(server: ServerProces
 async def test_status_lists_registered_processes(server: ServerProcess, prefix: str) -> None:
     import redis.asyncio as aioredis
 
-    from printery.keys import StreamKeys
     from printery.service.registry import ProcessRegistry
+    from printery.wire.keys import StreamKeys
 
     client = aioredis.Redis.from_url(server.url, decode_responses=True)
     registry = ProcessRegistry(client, StreamKeys(prefix), "hostA:4242", ttl=30, interval=10)

@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 from redis.cluster import RedisCluster
 
-from printery.keys import StreamKeys, partition_of
+from printery.wire.keys import StreamKeys, partition_of
 from support.cluster import ValkeyCluster
 from support.operator_cli import cli_sync
 from support.service import ServiceHandle, spawn

@@ -14,8 +14,8 @@ from typing import Any
 import pytest
 import redis
 
-from printery.keys import StreamKeys, partition_of
 from printery.servers.process import ServerProcess
+from printery.wire.keys import StreamKeys, partition_of
 from support.operator_cli import cli_sync
 from support.service import ServiceHandle, spawn
 

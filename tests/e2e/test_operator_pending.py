@@ -13,8 +13,8 @@ from typing import Any
 import pytest
 import redis
 
-from printery.keys import StreamKeys, partition_of
 from printery.servers.process import ServerProcess
+from printery.wire.keys import StreamKeys, partition_of
 from support.operator_cli import cli_sync
 
 STARTED, VALIDATED = "deployment:started", "deployment:validated"

@@ -17,9 +17,9 @@ import psutil
 import pytest
 import redis
 
-from printery.keys import StreamKeys
 from printery.testing import unique_prefix
 from printery.transport.commit import decode_spent
+from printery.wire.keys import StreamKeys
 from support.service import spawn
 
 APP = textwrap.dedent(

@@ -10,9 +10,9 @@ from pathlib import Path
 import redis
 from prometheus_client.parser import text_string_to_metric_families
 
-from printery.keys import StreamKeys
 from printery.servers.process import ServerProcess
 from printery.testing import unique_prefix
+from printery.wire.keys import StreamKeys
 from support.service import spawn, started_entry
 
 DEPLOYMENTS = 20

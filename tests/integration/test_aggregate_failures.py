@@ -15,8 +15,8 @@ import pytest
 import redis.asyncio as aioredis
 
 from printery import Aggregator, ConsumerSettings, JoinState, Pipeline, WorkerManager
-from printery.keys import StreamKeys
 from printery.testing import wait_for
+from printery.wire.keys import StreamKeys
 from support.spine import CODEC
 
 MAX_DELIVERIES = 3

@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 import redis
 
-from printery.keys import StreamKeys
 from printery.servers.process import ServerProcess
+from printery.wire.keys import StreamKeys
 from support.relay_proc import Relays
 from support.spine import CODEC
 

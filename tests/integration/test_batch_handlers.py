@@ -19,9 +19,9 @@ from collections import Counter
 
 import redis.asyncio as aioredis
 
-from printery.keys import StreamKeys
 from printery.runtime.handler import Handler, Message, Output
 from printery.testing import wait_for
+from printery.wire.keys import StreamKeys
 from support.spine import CODEC, publish, running, stream_worker
 
 N = 20

@@ -10,8 +10,8 @@ from typing import Any
 import pytest
 
 from printery import ConsumerSettings
+from printery.base.errors import ConfigError
 from printery.bench import format_table, run_bench
-from printery.errors import ConfigError
 from printery.servers.process import ServerProcess
 
 SIDE_FIELDS = {"events_per_s", "p50_ms", "p99_ms", "max_ms", "cpu_s_per_1000", "peak_rss_mb"}

@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from printery.bench.fanout import format_map, run_map_bench
+from printery.bench.map_cost import format_map, run_map_bench
 from support.operator_cli import cli_sync
 
 

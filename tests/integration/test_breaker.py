@@ -31,15 +31,15 @@ from printery import (
     Retry,
     escalate,
 )
-from printery.envelope import Codec
-from printery.keys import StreamKeys
-from printery.models import OpenAICompatible
+from printery.pipeline.models import OpenAICompatible
 from printery.runtime.breaker import breaker_states
 from printery.runtime.consumer import ConsumerSettings
 from printery.runtime.partials import PartialWriter, using
 from printery.servers.process import free_port
 from printery.testing import wait_for
 from printery.transport.connection import connect
+from printery.wire.envelope import Codec
+from printery.wire.keys import StreamKeys
 from support.cluster import ValkeyCluster
 from support.spine import CODEC, publish, running_pipeline
 
@@ -238,9 +238,9 @@ async def test_another_process_is_refused_by_a_breaker_this_one_opened(
         import asyncio
         import redis.asyncio as aioredis
         from printery import Breaker, Message, ProviderDown
-        from printery.envelope import Codec
-        from printery.keys import StreamKeys
-        from printery.models import OpenAICompatible
+        from printery.wire.envelope import Codec
+        from printery.wire.keys import StreamKeys
+        from printery.pipeline.models import OpenAICompatible
         from printery.runtime.partials import PartialWriter, using
 
         async def main():

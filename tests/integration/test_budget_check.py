@@ -13,7 +13,7 @@ from typing import Any
 import redis.asyncio as aioredis
 
 from printery import Budget, Message, Output, Pipeline
-from printery.keys import StreamKeys
+from printery.wire.keys import StreamKeys
 from support.spine import pipeline_starter
 
 

@@ -9,8 +9,8 @@ from typing import Any
 
 import redis.asyncio as aioredis
 
-from printery import Pipeline, _json
-from printery.keys import StreamKeys, record_set
+from printery import Pipeline
+from printery.base import _json
 from printery.runs.cost import cost_summary
 from printery.transport.commit import (
     FENCED,
@@ -25,6 +25,7 @@ from printery.transport.commit import (
     encode_amount,
 )
 from printery.transport.streams import ensure_group
+from printery.wire.keys import StreamKeys, record_set
 
 TTL_MS = 60_000
 

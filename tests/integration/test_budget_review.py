@@ -22,12 +22,12 @@ from printery import (
     Pipeline,
     Reason,
 )
-from printery.budgets import held_type
 from printery.inbox import reviews
-from printery.keys import StreamKeys, partition_of
+from printery.rules.budgets import held_type
 from printery.servers.process import ServerProcess
 from printery.testing import wait_for
 from printery.transport.commit import decode_spent
+from printery.wire.keys import StreamKeys, partition_of
 from support.spine import pipeline_starter, running_pipeline
 
 Start = Callable[[Pipeline], Awaitable[Client]]

@@ -12,8 +12,8 @@ from pathlib import Path
 
 import psutil
 
+from printery.supervisor.child import ChildProcess
 from printery.supervisor.manager import WorkerManager
-from printery.supervisor.process import ChildProcess
 from printery.testing import wait_for
 
 

@@ -11,9 +11,9 @@ import asyncio
 
 from redis.exceptions import ConnectionError as RedisConnectionError
 
-from printery.keys import StreamKeys
-from printery.lag import event_type_lags
+from printery.store.overview import event_type_lags
 from printery.transport.connection import connect
+from printery.wire.keys import StreamKeys
 from support.cluster import ValkeyCluster
 
 

@@ -12,7 +12,6 @@ import hashlib
 import pytest
 from redis.exceptions import ConnectionError as RedisConnectionError
 
-from printery.keys import StreamKeys
 from printery.service.registry import ProcessRegistry, list_processes
 from printery.testing import wait_for_sync
 from printery.transport.channel import DirectChannel
@@ -20,6 +19,7 @@ from printery.transport.connection import connect
 from printery.transport.limit_store import WAIT_FOR_SLOT, Ask, Bound, LimitStore, Report
 from printery.transport.scripts import Script
 from printery.transport.streams import CONNECTION_ERRORS, one_slot
+from printery.wire.keys import StreamKeys
 from support.cluster import ValkeyCluster
 
 _INCR_SOURCE = "return redis.call('INCRBY', KEYS[1], ARGV[1])"

@@ -13,8 +13,7 @@ import redis.asyncio as aioredis
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from printery import _json
-from printery.keys import StreamKeys, record_set, record_sets
+from printery.base import _json
 from printery.runtime.run_index import RunMark
 from printery.transport.channel import DirectChannel
 from printery.transport.commit import (
@@ -41,6 +40,7 @@ from printery.transport.commit import (
 from printery.transport.dead_letter import write_dead_letter
 from printery.transport.scripts import Scripts
 from printery.transport.streams import ensure_group
+from printery.wire.keys import StreamKeys, record_set, record_sets
 
 TTL_MS = 60_000
 

@@ -41,10 +41,10 @@ from printery import (
     any_pass,
     replay,
 )
-from printery.keys import StreamKeys
 from printery.runs.facade import Runs
 from printery.servers.process import ServerProcess
 from printery.testing import wait_for
+from printery.wire.keys import StreamKeys
 from support.composition import (
     CRASHING,
     STALLING,

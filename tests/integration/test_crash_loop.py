@@ -13,9 +13,9 @@ import time
 
 import redis
 
-from printery.keys import StreamKeys
 from printery.servers.process import ServerProcess
 from printery.testing import wait_for_sync
+from printery.wire.keys import StreamKeys
 from support.relay_proc import Relays
 from support.spine import CODEC
 

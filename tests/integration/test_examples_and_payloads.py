@@ -8,12 +8,12 @@ import redis.asyncio as aioredis
 from examples import docflow
 
 from printery import Pipeline
-from printery.keys import StreamKeys
 from printery.runtime.handler import Message, Output
 from printery.runtime.payloads import PayloadStore
 from printery.servers.process import ServerProcess
 from printery.supervisor.manager import WorkerManager
 from printery.testing import wait_for
+from printery.wire.keys import StreamKeys
 from support.spine import pipeline_starter, publish, stream_worker
 
 

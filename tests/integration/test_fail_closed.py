@@ -22,8 +22,8 @@ from printery import (
     Reason,
     WorkerManager,
 )
-from printery.keys import StreamKeys
 from printery.testing import wait_for
+from printery.wire.keys import StreamKeys
 
 Start = Callable[[Pipeline], Awaitable[WorkerManager]]
 

@@ -36,9 +36,9 @@ from printery import (
     WorkerState,
 )
 from printery.inbox.dead_letters import replay_dead_letter
-from printery.keys import StreamKeys
 from printery.runs.index import RunIndexReader
 from printery.testing import wait_for
+from printery.wire.keys import StreamKeys
 
 
 @asynccontextmanager

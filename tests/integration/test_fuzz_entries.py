@@ -22,15 +22,16 @@ import redis.asyncio as aioredis
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from printery import ConsumerSettings, StreamWorker, _json
-from printery.envelope import Codec
-from printery.errors import Reject
-from printery.keys import StreamKeys
+from printery import ConsumerSettings, StreamWorker
+from printery.base import _json
+from printery.base.errors import Reject
 from printery.runtime.handler import Message, Output
 from printery.servers.process import ServerProcess
 from printery.supervisor.manager import WorkerManager
 from printery.testing import unique_prefix, wait_for_sync
 from printery.transport.connection import connect
+from printery.wire.envelope import Codec
+from printery.wire.keys import StreamKeys
 
 PAYLOAD_LIMIT = 4096
 #: (``invalid_run_id``: a correlation field with a control character, or over 256 characters.)

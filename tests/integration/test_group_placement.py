@@ -22,13 +22,13 @@ from printery import (
     Step,
     WorkerManager,
 )
-from printery.keys import StreamKeys
 from printery.pipeline.dag import readers_of
 from printery.servers.process import ServerProcess
 from printery.service.groups import prepare_groups
 from printery.testing import wait_for
 from printery.transport.connection import connect
 from printery.transport.groups import END, RENAMED, START, Reader, place_groups
+from printery.wire.keys import StreamKeys
 from support.cluster import ValkeyCluster
 
 

@@ -11,7 +11,7 @@ import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from printery.metrics import Metrics
+from printery.observe.metrics import Metrics
 from printery.service.http import HttpServer, StatusProvider
 
 

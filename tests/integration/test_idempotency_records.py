@@ -10,13 +10,13 @@ from typing import Any
 import redis.asyncio as aioredis
 
 from printery import Message, Pipeline
-from printery.keys import StreamKeys, record_set
 from printery.runtime.handler import Output
 from printery.testing import wait_for
 from printery.transport.channel import DirectChannel
 from printery.transport.commit import DUPLICATE, Append, Committer, EntryCommit
 from printery.transport.records import RecordLookup
 from printery.transport.streams import ensure_group
+from printery.wire.keys import StreamKeys, record_set
 from support.spine import Counting, pipeline_starter, running, stream_worker
 
 TTL_MS = 7 * 86400 * 1000  # ConsumerSettings.record_ttl's default

@@ -1,4 +1,4 @@
-"""Queue lag in seconds (printery.lag) against a real server: the age of the oldest entry
+"""Queue lag in seconds (printery.store.overview) against a real server: the age of the oldest entry
 a group owes, pending (a stalled consumer holds it) or never delivered. Entries are
 written with ids in the past (an id's millisecond part is its time), so the ages are
 known without waiting."""
@@ -7,9 +7,9 @@ from __future__ import annotations
 
 import redis.asyncio as aioredis
 
-from printery.keys import StreamKeys
-from printery.lag import event_type_lags, queue_lag_seconds, stream_lags
+from printery.store.overview import event_type_lags, queue_lag_seconds, stream_lags
 from printery.transport.streams import ensure_group
+from printery.wire.keys import StreamKeys
 
 
 async def server_ms(client: aioredis.Redis) -> int:

@@ -11,13 +11,13 @@ import uuid
 import pytest
 
 from printery import Client, Output
-from printery.config_load import load_settings
-from printery.errors import ConfigError
-from printery.keys import StreamKeys
-from printery.layout import read_partitions, resolve_keys
+from printery.base.errors import ConfigError
 from printery.pipeline.dag import Pipeline
 from printery.servers.process import ServerProcess
+from printery.settings.config_load import load_settings
+from printery.store.partitions import read_partitions, resolve_keys
 from printery.transport.connection import connect
+from printery.wire.keys import StreamKeys
 from support.cluster import ValkeyCluster
 
 WRITER = "printery-workers test"

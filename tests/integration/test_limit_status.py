@@ -12,12 +12,12 @@ from collections.abc import Callable
 import redis.asyncio as aioredis
 
 from printery import Limit, StreamWorker
-from printery.keys import StreamKeys
-from printery.metrics import Metrics, MetricsObserver
+from printery.observe.metrics import Metrics, MetricsObserver
 from printery.runtime.consumer import ConsumerSettings
 from printery.runtime.handler import Message, Output
 from printery.runtime.limit_waits import limit_labels
 from printery.testing import wait_for
+from printery.wire.keys import StreamKeys
 from support.spine import publish, running
 
 

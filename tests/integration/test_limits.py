@@ -17,13 +17,13 @@ import redis.asyncio as aioredis
 from aiohttp import web
 
 from printery import Limit, PipelineError, StreamWorker
-from printery.keys import StreamKeys
-from printery.metrics import Metrics, MetricsObserver
+from printery.observe.metrics import Metrics, MetricsObserver
 from printery.runtime.consumer import ConsumerSettings
 from printery.runtime.handler import Message, Output
 from printery.servers.process import ServerProcess
 from printery.testing import wait_for
 from printery.transport.limit_store import WAIT_FOR_SLOT, Ask, Bound, LimitStore, Report
+from printery.wire.keys import StreamKeys
 from support.spine import publish, running
 
 TESTS = Path(__file__).resolve().parents[1]

@@ -14,8 +14,9 @@ import pytest
 import redis.asyncio as aioredis
 from aiohttp import web
 
-from printery import Loop, Message, Pipeline, Reason, StreamKeys, telemetry
-from printery.models import OpenAICompatible
+from printery import Loop, Message, Pipeline, Reason, StreamKeys
+from printery.observe import telemetry
+from printery.pipeline.models import OpenAICompatible
 from printery.runtime.consumer import ConsumerSettings
 from printery.testing import wait_for
 from support.otlp import OtlpReceiver, otlp_receiver

@@ -1,4 +1,4 @@
-"""A cancellation redis-py loses still stops a task (printery/_util.py: check_cancelled,
+"""A cancellation redis-py loses still stops a task (printery/base/_util.py: check_cancelled,
 idle, stop_tasks), on a real server.
 
 redis-py 6.4 checks a pooled connection under ``asyncio.timeout(0)`` before each command,
@@ -15,7 +15,7 @@ from collections.abc import AsyncIterator
 import pytest
 import redis.asyncio as aioredis
 
-from printery._util import idle, stop_tasks, where
+from printery.base._util import idle, stop_tasks, where
 from printery.servers.process import ServerProcess
 from printery.transport.connection import connect
 

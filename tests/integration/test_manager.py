@@ -7,11 +7,11 @@ import asyncio
 import pytest
 import redis.asyncio as aioredis
 
-from printery.errors import DependencyCycle
-from printery.keys import StreamKeys
+from printery.base.errors import DependencyCycle
 from printery.runtime.handler import Message, Output
 from printery.supervisor.manager import WorkerManager
 from printery.testing import wait_for
+from printery.wire.keys import StreamKeys
 from support.spine import PlainWorker, publish, relay, stream_worker
 
 

@@ -1,5 +1,5 @@
 """Model steps (docs/reference.md, Flow control and model steps):
-``printery.models.OpenAICompatible`` against a local OpenAI-compatible HTTP server the
+``printery.pipeline.models.OpenAICompatible`` against a local OpenAI-compatible HTTP server the
 test runs (the external boundary); the pipeline, server and workers are real."""
 
 from __future__ import annotations
@@ -17,13 +17,13 @@ import redis.asyncio as aioredis
 from aiohttp import web
 
 from printery import Budget, Limit, Message, Output, Pipeline
-from printery.keys import StreamKeys
-from printery.logging import configure_logging
-from printery.models import OpenAICompatible
+from printery.base.worker import WorkerState
+from printery.observe.logging import configure_logging
+from printery.pipeline.models import OpenAICompatible
 from printery.runtime.consumer import ConsumerSettings
 from printery.testing import wait_for
 from printery.transport.commit import SPENT_SCALE
-from printery.worker import WorkerState
+from printery.wire.keys import StreamKeys
 from support.spine import CODEC, publish, running
 
 KEY = "sk-test-5f1d0c9a7b3e4d2f8a6c"

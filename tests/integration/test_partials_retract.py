@@ -13,10 +13,10 @@ from typing import Any
 
 import redis.asyncio as aioredis
 
-from printery.keys import StreamKeys
 from printery.runtime import partials
 from printery.servers.process import ServerProcess
 from printery.testing import wait_for
+from printery.wire.keys import StreamKeys
 
 
 @dataclass

@@ -25,11 +25,11 @@ from printery import (
     Pipeline,
     WorkerManager,
 )
-from printery.keys import StreamKeys, partition_of
 from printery.runs.facade import Runs
 from printery.runtime.payloads import PayloadStore
 from printery.testing import wait_for
 from printery.transport.commit import decode_spent
+from printery.wire.keys import StreamKeys, partition_of
 from support.spine import running_pipeline
 
 PARTITIONS = 3

@@ -24,8 +24,8 @@ from printery import (
     escalate,
     first_wins,
 )
-from printery.keys import StreamKeys
 from printery.testing import wait_for
+from printery.wire.keys import StreamKeys
 
 
 async def noop(message: Message) -> None:

@@ -15,7 +15,7 @@ from printery import (
     cost_summary,
     replay,
 )
-from printery.errors import OutputContractError, ReplayError, WorkerCrashed
+from printery.base.errors import OutputContractError, ReplayError, WorkerCrashed
 from printery.servers.process import free_port
 from printery.transport.connection import connect
 

@@ -26,11 +26,11 @@ from printery import (
     Reject,
     escalate,
 )
-from printery.keys import StreamKeys
-from printery.metrics import Metrics, MetricsObserver
-from printery.models import OpenAICompatible
+from printery.observe.metrics import Metrics, MetricsObserver
+from printery.pipeline.models import OpenAICompatible
 from printery.runtime.consumer import ConsumerSettings
 from printery.testing import wait_for
+from printery.wire.keys import StreamKeys
 from support.spine import CODEC, publish, running_pipeline
 
 #: What the provider answers, by case: a status, headers and a body.

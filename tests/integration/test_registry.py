@@ -11,12 +11,12 @@ from typing import Any, cast
 import pytest
 import redis.asyncio as aioredis
 
-from printery.errors import ConfigError
-from printery.keys import StreamKeys
+from printery.base.errors import ConfigError
 from printery.runtime.departed import owner
 from printery.servers.process import ServerProcess, free_port
 from printery.service.departed import live_owners, remove_departed
 from printery.service.registry import ProcessRegistry, list_processes
+from printery.wire.keys import StreamKeys
 
 
 @pytest.fixture(scope="module")

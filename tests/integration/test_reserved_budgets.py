@@ -12,15 +12,15 @@ import pytest
 import redis.asyncio as aioredis
 
 from printery import Budget, Loop, Message, Output, Pipeline, PipelineError, Reject
-from printery.budgets import BudgetPlan, held_type
 from printery.inbox import reviews
-from printery.keys import StreamKeys
+from printery.rules.budgets import BudgetPlan, held_type
 from printery.runs.cost import budget_status
 from printery.runtime.consumer import ConsumerSettings
 from printery.runtime.handler import Message as HandlerMessage
 from printery.runtime.reservations import Reservations, reserved_sums
 from printery.testing import wait_for
 from printery.transport.commit import decode_spent
+from printery.wire.keys import StreamKeys
 from support.spine import CODEC, running_pipeline
 
 

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import redis.asyncio as aioredis
 
-from printery.keys import StreamKeys
 from printery.service.retention import trim_pipeline_streams, trim_stream
 from printery.transport.streams import ensure_group
+from printery.wire.keys import StreamKeys
 
 
 async def _fill(client: aioredis.Redis, stream: str, n: int) -> list[str]:

@@ -32,7 +32,7 @@ from printery import (
     escalate,
     review_output,
 )
-from printery.errors import OutputContractError
+from printery.base.errors import OutputContractError
 from printery.inbox import reviews
 from printery.runs.history import id_order
 from printery.testing import wait_for

@@ -22,7 +22,6 @@ import pytest
 import redis.asyncio as aioredis
 
 from printery import ConsumerSettings, ReviewNotFound, StreamKeys
-from printery.envelope import Codec
 from printery.inbox import reviews
 from printery.runs.facade import Runs
 from printery.runtime.run_index import RunIndex, committed
@@ -32,6 +31,7 @@ from printery.service.api import build_api
 from printery.service.http import HttpServer
 from printery.testing import wait_for
 from printery.transport.commit import Append, Committer, EntryCommit
+from printery.wire.envelope import Codec
 from support import ended_app
 from support.spine import running_pipeline
 

@@ -16,9 +16,8 @@ import httpx
 import pytest
 import redis.asyncio as aioredis
 
-from printery.apps import load_app
-from printery.keys import DLQ, RUN_FAILED, StreamKeys
 from printery.pipeline.dag import Pipeline
+from printery.runs.apps import load_app
 from printery.runs.facade import Runs
 from printery.runtime.run_index import RunIndex
 from printery.servers.process import ServerProcess
@@ -27,6 +26,7 @@ from printery.service.api import build_api
 from printery.service.console.routes import add_console
 from printery.service.console.views import Views
 from printery.service.http import HttpServer
+from printery.wire.keys import DLQ, RUN_FAILED, StreamKeys
 
 LIMIT = 65536
 

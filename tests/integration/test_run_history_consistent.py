@@ -19,9 +19,9 @@ import redis.asyncio as aioredis
 
 import printery.runs.reader as reader_module
 from printery import Message, Output, Pipeline, Reject
-from printery.keys import StreamKeys
 from printery.runs.reader import RunReader
 from printery.testing import unique_prefix
+from printery.wire.keys import StreamKeys
 
 
 def pipeline() -> Pipeline:

@@ -11,9 +11,8 @@ import pytest
 import redis.asyncio as aioredis
 
 from printery import ConsumerSettings, Message, Output, Pipeline
-from printery._json import dumps
-from printery.apps import load_app
-from printery.keys import StreamKeys
+from printery.base._json import dumps
+from printery.runs.apps import load_app
 from printery.runs.facade import Runs
 from printery.runs.history import id_order
 from printery.runs.index import RunIndexReader
@@ -21,6 +20,7 @@ from printery.runtime.run_index import RUNNING, RunIndex, RunMark, committed, no
 from printery.store import run_index as index_reads
 from printery.testing import wait_for
 from printery.transport.commit import Append, Committer, EntryCommit
+from printery.wire.keys import StreamKeys
 from support.spine import running_pipeline
 
 REQUEST = {"service": "billing-api", "version": "1.0.0", "environment": "development",

@@ -12,13 +12,13 @@ import pytest
 import redis.asyncio as aioredis
 
 from printery import InvalidInput
-from printery._json import dumps
-from printery.apps import load_app
-from printery.keys import StreamKeys
+from printery.base._json import dumps
+from printery.runs.apps import load_app
 from printery.runs.facade import Runs
 from printery.runs.listing import RunListing, RunSummary, list_runs, listing_of, listing_of_query
 from printery.runs.reader import RunReader, run_cost
 from printery.runtime.run_index import RUNNING, RunIndex, now_ms
+from printery.wire.keys import StreamKeys
 
 REQUEST = {"service": "billing-api", "version": "1.0.0", "environment": "development",
            "requested_by": "alice", "notify": ["log"]}

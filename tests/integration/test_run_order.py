@@ -7,9 +7,9 @@ from __future__ import annotations
 import redis.asyncio as aioredis
 
 from printery import Message, Output, Pipeline
-from printery.keys import StreamKeys
 from printery.runs.reader import RunReader
 from printery.testing import unique_prefix
+from printery.wire.keys import StreamKeys
 
 
 def pipeline() -> Pipeline:

@@ -16,10 +16,10 @@ import redis.asyncio as aioredis
 from redis.exceptions import ResponseError
 
 from printery import Output, Pipeline
-from printery.keys import StreamKeys, partition_of
 from printery.runs.reader import RunReader, RunResult
 from printery.servers.process import ServerProcess
 from printery.testing import unique_prefix, wait_for
+from printery.wire.keys import StreamKeys, partition_of
 
 FOLLOWERS = 20
 

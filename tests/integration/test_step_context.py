@@ -10,8 +10,8 @@ from dataclasses import fields
 import redis.asyncio as aioredis
 
 from printery import ConsumerSettings, Message, Output, Pipeline, Step
-from printery.keys import StreamKeys
 from printery.runtime.step_context import StepContext
+from printery.wire.keys import StreamKeys
 from support.spine import running_pipeline
 
 

@@ -21,7 +21,7 @@ import pytest
 import redis.asyncio as aioredis
 
 from printery import Message, Output, Pipeline, StreamKeys
-from printery.models import OpenAICompatible
+from printery.pipeline.models import OpenAICompatible
 from support.spine import pipeline_starter
 
 BASE = {"id": "chatcmpl-1", "object": "chat.completion.chunk", "model": "tiny-1"}

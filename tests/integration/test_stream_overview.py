@@ -6,9 +6,9 @@ from __future__ import annotations
 
 import redis.asyncio as aioredis
 
-from printery.keys import StreamKeys
 from printery.store import Waiting, read_overview, waiting
 from printery.transport.streams import ensure_group
+from printery.wire.keys import StreamKeys
 
 
 async def server_ms(client: aioredis.Redis) -> int:

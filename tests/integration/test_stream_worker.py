@@ -6,10 +6,10 @@ import asyncio
 
 import redis.asyncio as aioredis
 
-from printery.errors import Reject
-from printery.keys import StreamKeys
+from printery.base.errors import Reject
 from printery.runtime.handler import Message, Output
 from printery.testing import wait_for
+from printery.wire.keys import StreamKeys
 from support.spine import CODEC, Counting, outputs_by_n, publish, relay, running, stream_worker
 
 
@@ -216,7 +216,7 @@ async def test_retry_delay_overrides_the_backoff(client: aioredis.Redis, prefix:
     the retry is a counted delivery. (Were the delay ignored, the bounded wait fails.)"""
     import pytest
 
-    from printery.errors import Retry
+    from printery.base.errors import Retry
 
     keys = StreamKeys(prefix)
     seen: list[int] = []

@@ -31,7 +31,7 @@ from printery import (
     WorkerManager,
     escalate,
 )
-from printery.models import OpenAICompatible
+from printery.pipeline.models import OpenAICompatible
 from printery.runs import tail
 from printery.runs.partials import POSITION, Drafts
 from printery.testing import unique_prefix, wait_for

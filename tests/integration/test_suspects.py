@@ -14,10 +14,10 @@ import time
 
 import redis.asyncio as aioredis
 
-from printery._util import hostname
-from printery.keys import StreamKeys
+from printery.base._util import hostname
 from printery.runtime.handler import Message, Output
 from printery.testing import wait_for
+from printery.wire.keys import StreamKeys
 from support.spine import CODEC, publish, running, stream_worker
 
 

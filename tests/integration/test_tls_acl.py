@@ -15,8 +15,7 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import NoPermissionError, ResponseError
 
 from printery import Budget, ConsumerSettings, Limit, Pipeline, StreamWorker
-from printery.errors import Reject, Retry
-from printery.keys import StreamKeys
+from printery.base.errors import Reject, Retry
 from printery.runtime.handler import Message, Output
 from printery.servers.process import ServerProcess
 from printery.service.registry import ProcessRegistry, list_processes
@@ -24,6 +23,7 @@ from printery.service.retention import trim_stream
 from printery.supervisor.manager import WorkerManager
 from printery.testing import wait_for
 from printery.transport.connection import connect
+from printery.wire.keys import StreamKeys
 from support.acl import acl_denials, acl_rule
 from support.spine import CODEC, outputs_by_n, publish, running_pipeline
 from support.tls_proxy import TlsProxy

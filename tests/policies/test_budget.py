@@ -4,8 +4,8 @@ from typing import Any
 
 from tests.support.policy_fakes import Connectivity, LookUps, batch, entries, ids, outcomes
 
-from printery.budgets import Exceeded
 from printery.policies.budget import Budget
+from printery.rules.budgets import Exceeded
 from printery.runtime.handler import Output
 from printery.transport.commit import EntryCommit
 

@@ -4,11 +4,11 @@ from typing import Any
 
 from tests.support.policy_fakes import entries
 
-from printery.fields import STREAMED
 from printery.policies.drafts import Drafts
 from printery.runtime import partials
 from printery.runtime.accounting import Decided
 from printery.transport.commit import DUPLICATE, FENCED, Append, EntryCommit
+from printery.wire.fields import STREAMED
 
 
 class Writer:

@@ -5,7 +5,7 @@ from typing import Any
 import pytest
 from tests.support.policy_fakes import Connectivity, Failures, batch, entries, ids
 
-from printery.errors import PipelineError
+from printery.base.errors import PipelineError
 from printery.policies.chain import Chain
 from printery.policies.limits import FallsBackFailed, Limits
 

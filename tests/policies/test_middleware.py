@@ -6,7 +6,7 @@ from typing import Any
 import pytest
 from tests.support.policy_fakes import entries
 
-from printery.errors import OutputContractError
+from printery.base.errors import OutputContractError
 from printery.policies.chain import Chain
 from printery.policies.middleware import Middleware, UserMiddleware
 from printery.runtime.handler import Output

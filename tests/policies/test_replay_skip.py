@@ -3,8 +3,8 @@
 
 from tests.support.policy_fakes import batch, entry, ids, outcomes
 
-from printery.fields import REPLAY_FOR
 from printery.policies.replay_skip import ReplaySkip
+from printery.wire.fields import REPLAY_FOR
 
 
 async def test_a_copy_for_other_steps_is_skipped_and_one_for_this_step_runs() -> None:

@@ -4,9 +4,9 @@ from typing import Any
 
 from tests.support.policy_fakes import Connectivity, Failures, batch, entries, ids, outcomes
 
-from printery.budgets import Exceeded
-from printery.errors import PipelineError
+from printery.base.errors import PipelineError
 from printery.policies.reservations import Reserve
+from printery.rules.budgets import Exceeded
 from printery.runtime.handler import Output
 
 

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 import redis.asyncio as aioredis
 
-from printery.keys import StreamKeys
+from printery.wire.keys import StreamKeys
 
 #: Partitions of the backend's keys: the tests use one of them (``keys``), the overview
 #: tests all of them, spread over the cluster's masters.

@@ -24,7 +24,7 @@ from typing import Any
 
 import redis
 
-from printery.errors import ServerStartError
+from printery.base.errors import ServerStartError
 from printery.servers.process import ServerProcess, free_port
 
 SLOTS = 16384

@@ -75,16 +75,16 @@ from printery import (
     first_wins,
     replay,
 )
-from printery.envelope import correlation_of
-from printery.fields import REPLAY_FOR
 from printery.inbox import reviews
-from printery.keys import StreamKeys
 from printery.pipeline.step import checked_reasons
 from printery.runs.facade import Runs
 from printery.runtime.payloads import PayloadStore
 from printery.testing import unique_prefix, wait_for
 from printery.transport.commit import decode_spent
 from printery.transport.connection import connect
+from printery.wire.envelope import correlation_of
+from printery.wire.fields import REPLAY_FOR
+from printery.wire.keys import StreamKeys
 from support.fuzz_model import CUTS, fuzz_model
 
 # -- the drawn example ---------------------------------------------------------------------

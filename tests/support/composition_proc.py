@@ -29,10 +29,10 @@ from typing import Any
 import structlog
 
 from printery import WorkerManager
-from printery.keys import StreamKeys
 from printery.runtime.payloads import PayloadStore
 from printery.testing import wait_for
 from printery.transport.connection import connect
+from printery.wire.keys import StreamKeys
 from support.composition import (
     CRASH_ENV,
     CRASH_EXIT,

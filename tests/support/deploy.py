@@ -13,9 +13,9 @@ from printery import ConsumerSettings, WorkerManager
 from printery.deploy.app import build_pipeline
 from printery.deploy.sandbox import Sandbox
 from printery.deploy.settings import DeploySettings
-from printery.envelope import Codec
-from printery.keys import StreamKeys
 from printery.testing import wait_for
+from printery.wire.envelope import Codec
+from printery.wire.keys import StreamKeys
 
 FAST = {
     "health_monitor": {"interval": 0.05, "consecutive": 2, "deadline": 1.5, "probe_timeout": 1},

@@ -21,10 +21,10 @@ import httpx
 import structlog
 
 from printery import ConsumerSettings, Limit, StreamWorker
-from printery.keys import StreamKeys
 from printery.runtime.handler import Message, Output
 from printery.supervisor.manager import WorkerManager
 from printery.transport.connection import connect
+from printery.wire.keys import StreamKeys
 
 
 async def main() -> None:

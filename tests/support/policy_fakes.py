@@ -9,12 +9,12 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from printery.envelope import Envelope
 from printery.policies.base import Batch, Entry
 from printery.runtime.accounting import Decided
 from printery.runtime.consumer import Consumer, ConsumerSettings, Delivery, InFlight
 from printery.runtime.handler import Message, Output
 from printery.transport.commit import Append, EntryCommit
+from printery.wire.envelope import Envelope
 
 STREAM = "printery:stream:task"
 

@@ -24,11 +24,11 @@ from pathlib import Path
 import structlog
 
 from printery import ConsumerSettings, StreamWorker
-from printery.keys import StreamKeys
 from printery.runtime.handler import Message, Output
 from printery.supervisor.manager import WorkerManager
 from printery.testing import wait_for_sync
 from printery.transport.connection import connect
+from printery.wire.keys import StreamKeys
 
 TESTS = Path(__file__).resolve().parents[1]
 

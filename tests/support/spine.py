@@ -10,11 +10,11 @@ from typing import Any
 import redis.asyncio as aioredis
 
 from printery import Client, ConsumerSettings, StreamWorker
-from printery.envelope import Codec
-from printery.keys import StreamKeys
+from printery.base.worker import RunContext
 from printery.runtime.handler import Handler, Message, Output
 from printery.supervisor.manager import WorkerManager
-from printery.worker import RunContext
+from printery.wire.envelope import Codec
+from printery.wire.keys import StreamKeys
 
 CODEC = Codec()
 

@@ -9,9 +9,9 @@ import pytest
 from pydantic import Field
 
 from printery import AppConfig, Pipeline, Settings, SettingsTable
-from printery.apps import DEFAULT_APP, build_pipeline, import_app, load_app_settings
-from printery.config_load import load_settings
-from printery.errors import ConfigError
+from printery.base.errors import ConfigError
+from printery.runs.apps import DEFAULT_APP, build_pipeline, import_app, load_app_settings
+from printery.settings.config_load import load_settings
 
 
 class OcrSettings(SettingsTable):
@@ -172,7 +172,7 @@ def test_the_commands_give_every_app_the_contracts_prefix_unless_it_declares_one
     """docs/reference.md, Commands: ``--stream-prefix`` defaults to
     ``materi:events:deployment`` whatever ``--app`` runs; an app's own default, then env
     and flags, still win."""
-    from printery.apps import load_app_settings
+    from printery.runs.apps import load_app_settings
 
     plain = load_app_settings({"app": "examples.docflow:pipeline"}, {})
     assert plain.settings.stream_prefix == "materi:events:deployment"

@@ -6,10 +6,10 @@ from __future__ import annotations
 import pytest
 from redis.exceptions import ConnectionError as RedisConnectionError
 
-from printery.config import Settings
-from printery.config_load import load_settings
-from printery.errors import ConfigError
+from printery.base.errors import ConfigError
 from printery.servers.process import free_port
+from printery.settings.config import Settings
+from printery.settings.config_load import load_settings
 from printery.transport.cluster import stream_read_keys
 from printery.transport.connection import cluster_nodes, connect
 

@@ -11,7 +11,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from printery import Codec, Output
-from printery.envelope import ENVELOPE_FIELDS, run_id_problem
+from printery.wire.envelope import ENVELOPE_FIELDS, run_id_problem
 
 CODEC = Codec(correlation_field="run_id", id_prefix="run")
 

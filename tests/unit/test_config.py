@@ -7,12 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from printery.config import (
-    SETTINGS_DOC,
-    Settings,
-    parse_http_addr,
-)
-from printery.config_load import load_settings
+from printery.base.errors import ConfigError
 from printery.deploy.app import build_pipeline
 from printery.deploy.settings import CONFIG as DEPLOY_APP
 from printery.deploy.settings import (
@@ -22,8 +17,13 @@ from printery.deploy.settings import (
     NotifierSettings,
     ValidatorSettings,
 )
-from printery.errors import ConfigError
-from printery.redact import redact_url
+from printery.observe.redact import redact_url
+from printery.settings.config import (
+    SETTINGS_DOC,
+    Settings,
+    parse_http_addr,
+)
+from printery.settings.config_load import load_settings
 
 WORKERS = ["validator", "dependency-checker", "health-monitor", "aggregator", "notifier"]
 

@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from printery import Message, Output, Reject, WorkerCrashed, escalate
-from printery.envelope import Codec
+from printery.wire.envelope import Codec
 
 
 def _message(deliveries: int) -> Message:

@@ -5,7 +5,7 @@ import asyncio
 
 import pytest
 
-from printery.errors import ProviderDown, QuotaExhausted, Reject, Retry, StepTimeout, WorkerCrashed
+from printery.base.errors import ProviderDown, QuotaExhausted, Reject, Retry, StepTimeout, WorkerCrashed
 from printery.runtime import failures
 from printery.runtime.failures import kind_of
 

@@ -1,10 +1,10 @@
-"""The field names of the framework's own entries are defined once (``printery.fields``)
+"""The field names of the framework's own entries are defined once (``printery.wire.fields``)
 and the helpers that build those entries use exactly them."""
 
 from __future__ import annotations
 
 from printery import review_fields
-from printery.fields import DLQ_FIELDS, REVIEW_FIELDS, TRACEBACK, dlq_fields
+from printery.wire.fields import DLQ_FIELDS, REVIEW_FIELDS, TRACEBACK, dlq_fields
 
 
 def test_review_fields_are_the_review_field_names() -> None:

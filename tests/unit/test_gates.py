@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from printery import Output, Pipeline, Reason, Reject
-from printery.errors import OutputContractError
+from printery.base.errors import OutputContractError
 from printery.pipeline.step import checked_reasons
 from printery.runtime.handler import outputs_of
 

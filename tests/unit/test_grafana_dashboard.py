@@ -1,5 +1,5 @@
 """docs/grafana/printery.json: a dashboard Grafana can import whose every query names a
-metric printery really exports (printery.metrics), and which shows throughput, lag, dead
+metric printery really exports (printery.observe.metrics), and which shows throughput, lag, dead
 letters, reviews, cost and handler durations."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import json
 import re
 from pathlib import Path
 
-from printery.metrics import Metrics
+from printery.observe.metrics import Metrics
 
 DASHBOARD = Path(__file__).resolve().parents[2] / "docs" / "grafana" / "printery.json"
 #: The sample names each metric type exposes (prometheus_client's family names).

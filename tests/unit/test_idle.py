@@ -8,7 +8,7 @@ import asyncio
 
 import pytest
 
-from printery._util import idle
+from printery.base._util import idle
 
 
 async def test_a_loop_whose_cancellation_was_swallowed_ends_at_its_next_pause() -> None:

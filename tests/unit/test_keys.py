@@ -11,9 +11,9 @@ from typing import Any
 
 import pytest
 
-from printery.config_load import load_settings
-from printery.errors import ConfigError
-from printery.keys import PartitionError, StreamKeys, partition_of
+from printery.base.errors import ConfigError
+from printery.settings.config_load import load_settings
+from printery.wire.keys import PartitionError, StreamKeys, partition_of
 
 
 def test_one_partition_keeps_the_keys_of_section_2() -> None:

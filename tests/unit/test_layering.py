@@ -19,8 +19,8 @@ LINT = Path(sys.executable).parent / "lint-imports"
 #: naming the runtime, the runtime the pipeline, the transport the store, the runs the
 #: service, the service the command line; each must break the contract.
 BACK_ARROWS = [
-    ("printery.errors", "printery.runtime.consume"),
-    ("printery.limits", "printery.runtime.handler"),
+    ("printery.base.errors", "printery.runtime.consume"),
+    ("printery.rules.limits", "printery.runtime.handler"),
     ("printery.runtime.consume", "printery.pipeline.dag"),
     ("printery.transport.channel", "printery.store"),
     ("printery.runs.reader", "printery.service.api"),

@@ -10,8 +10,8 @@ from collections.abc import Iterator
 import pytest
 import structlog
 
-from printery.logging import configure_logging, get_logger
-from printery.redact import Redactor
+from printery.observe.logging import configure_logging, get_logger
+from printery.observe.redact import Redactor
 
 
 class FakeTty(io.StringIO):

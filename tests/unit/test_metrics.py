@@ -6,7 +6,7 @@ import prometheus_client
 from prometheus_client import CollectorRegistry, Counter, Histogram
 from prometheus_client.parser import text_string_to_metric_families
 
-from printery.metrics import CONTENT_TYPE, PROCESSING_BUCKETS, Metrics, MetricsObserver
+from printery.observe.metrics import CONTENT_TYPE, PROCESSING_BUCKETS, Metrics, MetricsObserver
 
 DOCUMENTED_SERIES = {
     "printery_messages_total": "counter",

@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 import printery
-import printery.errors
+import printery.base.errors
 import printery.ext
 
 #: The face of pipeline authors (``printery.__all__``): what a pipeline, its steps and their
@@ -89,7 +89,7 @@ def test_every_name_resolves_from_its_face() -> None:
 
 def test_internals_are_not_exported() -> None:
     """Once every name is loaded, the package holds no public name but its faces' (and
-    its submodules, which are internal but for ``printery.ext`` and ``printery.models``)."""
+    its submodules, which are internal but for ``printery.ext`` and ``printery.pipeline.models``)."""
     for name in [*printery.__all__, *printery.ext.__all__]:
         getattr(printery, name)
     public = {name for name, value in vars(printery).items()
@@ -125,7 +125,7 @@ def test_every_exported_error_is_under_the_root_and_in_its_tree() -> None:
               if isinstance(obj, type) and issubclass(obj, BaseException)]
     assert {e.__name__ for e in errors} <= set(printery.__all__)
     assert [e.__name__ for e in errors if not issubclass(e, printery.PrinteryError)] == []
-    tree = printery.errors.__doc__ or ""
+    tree = printery.base.errors.__doc__ or ""
     assert [e.__name__ for e in errors
             if not re.search(rf"(^\s*|-- ){e.__name__}\b", tree, re.M)] == []
 

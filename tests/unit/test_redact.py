@@ -1,11 +1,11 @@
-"""The one redaction rule set (``printery.redact``): every case the logs, the settings'
+"""The one redaction rule set (``printery.observe.redact``): every case the logs, the settings'
 errors, the operator's output and the deployment app's events rely on."""
 
 from __future__ import annotations
 
 import pytest
 
-from printery.redact import Redactor, is_secret_key, redact_text, redact_url
+from printery.observe.redact import Redactor, is_secret_key, redact_text, redact_url
 
 
 @pytest.mark.parametrize(

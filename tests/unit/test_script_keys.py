@@ -1,5 +1,5 @@
 """Every key a script touches is one it was given (KEYS), and every key format has one
-owner, :mod:`printery.keys`: no Lua file builds a key, and the formats that used to live
+owner, :mod:`printery.wire.keys`: no Lua file builds a key, and the formats that used to live
 in Lua or elsewhere in Python (record sets, budget field names, the warning's
 idempotency key, the reservation encoding) are built there alone."""
 
@@ -10,7 +10,6 @@ from pathlib import Path
 
 import pytest
 
-from printery import keys
 from printery.transport.commit import (
     Append,
     BudgetCharge,
@@ -21,6 +20,7 @@ from printery.transport.commit import (
     IndexWrites,
     commit_run,
 )
+from printery.wire import keys
 
 SRC = Path(__file__).parents[2] / "src" / "printery"
 LUA = sorted((SRC / "transport" / "lua").rglob("*.lua"))

@@ -8,11 +8,11 @@ import json
 import subprocess
 import sys
 
-from printery._util import GC_YOUNG_THRESHOLD
+from printery.base._util import GC_YOUNG_THRESHOLD
 
 PROBE = """
 import gc, json
-from printery._util import settle_gc
+from printery.base._util import settle_gc
 before = gc.get_freeze_count()
 settle_gc()
 print(json.dumps({"before": before, "frozen": gc.get_freeze_count(),

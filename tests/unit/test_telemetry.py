@@ -1,4 +1,4 @@
-"""printery.telemetry (docs/reference.md, Tracing): when tracing is on, what it reads, the
+"""printery.observe.telemetry (docs/reference.md, Tracing): when tracing is on, what it reads, the
 traceparent it accepts; and that with tracing off nothing of OpenTelemetry is even
 imported."""
 
@@ -10,9 +10,9 @@ import textwrap
 
 import pytest
 
-from printery import telemetry
-from printery.config import Settings, TelemetrySettings
-from printery.errors import ConfigError
+from printery.base.errors import ConfigError
+from printery.observe import telemetry
+from printery.settings.config import Settings, TelemetrySettings
 from support.otlp import otlp_receiver
 
 TRACE = "4bf92f3577b34da6a3ce929d0e0e4736"
@@ -25,8 +25,8 @@ def test_with_tracing_off_nothing_of_opentelemetry_is_imported() -> None:
     code = textwrap.dedent("""
         import os, sys
         import printery.service.service, printery.service.api, printery.runs.client
-        from printery import telemetry
-        from printery.config import Settings
+        from printery.observe import telemetry
+        from printery.settings.config import Settings
         from printery.runtime.consume import EntryPipeline
         assert telemetry.start(Settings().telemetry.otlp_endpoint, dict(os.environ)) is False
         assert telemetry.step_tracer("validator") is None

@@ -4,7 +4,7 @@ dead-lettered it and why), not as ``dlq`` by the failed entry's producer."""
 
 from __future__ import annotations
 
-from printery._util import amount, amounts
+from printery.base._util import amount, amounts
 from printery.cli.ops_trace import _outcome, _producer, _short
 
 

@@ -53,12 +53,12 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
+from printery.base.errors import ConfigError
 from printery.bench.document import document
 from printery.bench.plan import BLOCK_MS, CEILINGS, DEFAULT_DURATION, SIDES, Plan, validate
 from printery.bench.report import format_table
 from printery.bench.server import bench_server
 from printery.bench.side import run_side
-from printery.errors import ConfigError
 from printery.transport.connection import CLUSTER_SCHEMES, connect
 
 __all__ = ["SIDES", "format_table", "run_bench"]

@@ -22,8 +22,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from printery import _json
-from printery.bench.layout import BenchLayout
+from printery.base import _json
+from printery.bench.names import BenchLayout
 from printery.store import Redis
 
 #: Seconds between two batches of notes sent to the server.

@@ -24,7 +24,7 @@ import os
 from typing import Any
 
 from printery.bench.arrivals import ArrivalRecorder
-from printery.bench.layout import BenchLayout
+from printery.bench.names import BenchLayout
 from printery.store import Redis
 from printery.transport.streams import ensure_group
 

@@ -20,9 +20,8 @@ from typing import Any
 
 import httpx
 
-from printery.apps import load_app
 from printery.bench.server import bench_server
-from printery.keys import StreamKeys
+from printery.runs.apps import load_app
 from printery.runs.client import Client
 from printery.runs.facade import Runs
 from printery.runtime.run_index import RunIndex, RunMark
@@ -30,6 +29,7 @@ from printery.service.console import service_console
 from printery.service.http import HttpServer
 from printery.service.registry import ProcessRegistry
 from printery.transport.connection import connect
+from printery.wire.keys import StreamKeys
 
 __all__ = ["format_console", "run_console_bench"]
 

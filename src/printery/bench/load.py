@@ -13,10 +13,10 @@ import math
 import time
 from typing import Any
 
-from printery import _json
-from printery.bench.layout import BenchLayout
-from printery.envelope import Codec
+from printery.base import _json
+from printery.bench.names import BenchLayout
 from printery.store import Redis
+from printery.wire.envelope import Codec
 
 CODEC = Codec()
 

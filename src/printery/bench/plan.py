@@ -9,8 +9,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from printery.errors import ConfigError
-from printery.keys import MAX_PARTITIONS
+from printery.base.errors import ConfigError
+from printery.wire.keys import MAX_PARTITIONS
 
 #: The sides, in the order they run: the same-entry ceiling, the minimal one, printery,
 #: printery's handlers reporting costs (only with a budget), and printery with the

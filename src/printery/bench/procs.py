@@ -18,10 +18,10 @@ from typing import IO, Any
 
 import psutil
 
-from printery import _json
+from printery.base import _json
+from printery.base.errors import PrinteryError
 from printery.bench.cpu import cpu_seconds
-from printery.bench.layout import PROTOCOL_PREFIX
-from printery.errors import PrinteryError
+from printery.bench.names import PROTOCOL_PREFIX
 
 #: How long a relay process may take to import, connect and create its groups.
 READY_TIMEOUT = 60.0

@@ -14,7 +14,6 @@ from printery.bench.arrivals import read_arrivals, wait_arrivals
 from printery.bench.cleanup import delete_prefix
 from printery.bench.commands import CommandStats
 from printery.bench.cpu import ClusterCpu, ServerCpu
-from printery.bench.layout import BenchLayout
 from printery.bench.load import (
     EventFactory,
     load_backlog,
@@ -22,6 +21,7 @@ from printery.bench.load import (
     percentile,
     server_offset_ms,
 )
+from printery.bench.names import BenchLayout
 from printery.bench.plan import BATCH, BLOCK_MS, STALL_TIMEOUT, Plan
 from printery.bench.procs import RelayProcesses
 from printery.store import Redis

@@ -18,8 +18,8 @@ from printery import (
     WorkerManager,
 )
 from printery.bench.arrivals import ArrivalRecorder
-from printery.bench.layout import BenchLayout
-from printery.metrics import Metrics, MetricsObserver
+from printery.bench.names import BenchLayout
+from printery.observe.metrics import Metrics, MetricsObserver
 from printery.store import Redis
 
 #: The bench's budgets: never reached, so every event still arrives; what is measured

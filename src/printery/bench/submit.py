@@ -20,13 +20,13 @@ from typing import Any
 from pydantic import BaseModel
 
 from printery.bench.server import bench_server
-from printery.envelope import DEFAULT_PAYLOAD_LIMIT
-from printery.keys import StreamKeys
 from printery.pipeline.dag import Pipeline
 from printery.runs.client import Client, SyncClient
 from printery.runs.facade import Runs
 from printery.runtime.handler import Message
 from printery.transport.connection import connect
+from printery.wire.envelope import DEFAULT_PAYLOAD_LIMIT
+from printery.wire.keys import StreamKeys
 
 __all__ = ["format_submit", "run_submit_bench"]
 

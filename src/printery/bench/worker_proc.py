@@ -23,15 +23,16 @@ import sys
 import psutil
 import structlog
 
-from printery import _json, telemetry
-from printery._util import settle_gc
+from printery.base import _json
+from printery.base._util import settle_gc
+from printery.base.worker import Observable
 from printery.bench.arrivals import ArrivalRecorder
 from printery.bench.ceiling import CeilingRelay
-from printery.bench.layout import PROTOCOL_PREFIX, BenchLayout
 from printery.bench.load import server_offset_ms
+from printery.bench.names import PROTOCOL_PREFIX, BenchLayout
 from printery.bench.stages import FEATURES, bench_manager, bench_settings
+from printery.observe import telemetry
 from printery.transport.connection import connect, connect_bare
-from printery.worker import Observable
 
 KINDS = ("ceiling", "ceiling_minimal", "printery")
 

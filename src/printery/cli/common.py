@@ -1,4 +1,4 @@
-"""What both commands share besides app loading (which is :mod:`printery.apps`, shared
+"""What both commands share besides app loading (which is :mod:`printery.runs.apps`, shared
 with the client): ``--version`` and importing app modules from the working directory."""
 
 from __future__ import annotations

@@ -17,19 +17,20 @@ from typing import Any
 
 import click
 
-from printery import Client, ConsumerSettings, WorkerManager, _json
-from printery._util import new_id
+from printery import Client, ConsumerSettings, WorkerManager
+from printery.base import _json
+from printery.base._util import new_id
+from printery.base.errors import InvalidInput
 from printery.cli.ops_common import OpsContext, table
 from printery.cli.ops_trace import trace
 from printery.deploy.app import build_pipeline
 from printery.deploy.events import NOTIFICATION_SENT
 from printery.deploy.sandbox import Sandbox
 from printery.deploy.settings import DeploySettings
-from printery.errors import InvalidInput
-from printery.fields import KIND
-from printery.keys import REVIEW
-from printery.logging import configure_logging
+from printery.observe.logging import configure_logging
 from printery.servers.embedded import start_ephemeral
+from printery.wire.fields import KIND
+from printery.wire.keys import REVIEW
 
 #: Seconds a run is given to end, and then its notifier to record its deliveries.
 OUTCOME_TIMEOUT = 60.0

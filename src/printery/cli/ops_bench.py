@@ -11,8 +11,8 @@ from typing import Any
 
 import click
 
+from printery.base.errors import ConfigError
 from printery.cli.ops_common import fail, print_json
-from printery.errors import ConfigError
 
 
 @click.command()
@@ -91,8 +91,8 @@ def bench(
         print_json(measured) if as_json else click.echo(format_console(measured))
         return
     if map_items is not None:
-        from printery.bench.fanout import format_map, run_map_bench
-        from printery.logging import configure_logging
+        from printery.bench.map_cost import format_map, run_map_bench
+        from printery.observe.logging import configure_logging
 
         configure_logging("warn")  # its workers run here: their lines to stderr, not stdout
         measured = asyncio.run(run_map_bench(items=map_items, payload_bytes=payload_bytes,

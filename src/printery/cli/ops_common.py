@@ -2,7 +2,7 @@
 
 Settings are loaded once per invocation from the global options (flag > env > config
 file > the app's defaults > the framework's), with the app's hook exactly as
-``printery-workers`` loads them (:mod:`printery.apps`); a bad one exits 2 with one
+``printery-workers`` loads them (:mod:`printery.runs.apps`); a bad one exits 2 with one
 stderr line.
 Nothing connects before a subcommand asks for the client, so ``pipeline show`` works
 without a server.
@@ -19,19 +19,19 @@ from typing import Any, NoReturn, TypeVar
 
 import click
 
-from printery import _json
-from printery.apps import LoadedApp, load_app_settings
+from printery.base import _json
+from printery.base.errors import ConfigError, TransportError
 from printery.cli.term import escape_c1, printable
-from printery.config import Settings
-from printery.errors import ConfigError, TransportError
-from printery.keys import StreamKeys
-from printery.layout import resolve_keys
+from printery.observe.redact import redact_text
 from printery.pipeline.dag import Pipeline
-from printery.redact import redact_text
+from printery.runs.apps import LoadedApp, load_app_settings
 from printery.servers.embedded import find_running
+from printery.settings.config import Settings
 from printery.store import Redis, ServerError
+from printery.store.partitions import resolve_keys
 from printery.transport.connection import connect
 from printery.transport.refusal import refusal_error
+from printery.wire.keys import StreamKeys
 
 T = TypeVar("T")
 

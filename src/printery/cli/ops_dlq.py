@@ -15,13 +15,6 @@ from printery.cli.ops_common import (
     show_entry,
     table,
 )
-from printery.fields import (
-    DELIVERIES,
-    ERROR,
-    REASON_CODE,
-    SOURCE_STREAM,
-    WORKER,
-)
 from printery.inbox.dead_letters import (
     dead_letter,
     dead_letter_ids,
@@ -30,6 +23,13 @@ from printery.inbox.dead_letters import (
     replay_dead_letter,
 )
 from printery.store import Redis
+from printery.wire.fields import (
+    DELIVERIES,
+    ERROR,
+    REASON_CODE,
+    SOURCE_STREAM,
+    WORKER,
+)
 
 
 @click.group()

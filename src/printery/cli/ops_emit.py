@@ -16,8 +16,9 @@ from typing import Any, NoReturn
 
 import click
 
-from printery import _json
-from printery._util import new_id
+from printery.base import _json
+from printery.base._util import new_id
+from printery.base.errors import InvalidInput, PayloadTooLarge
 from printery.cli.ops_common import (
     EXIT_FAIL,
     EXIT_OK,
@@ -30,12 +31,11 @@ from printery.cli.ops_common import (
     table,
 )
 from printery.cli.term import printable
-from printery.errors import InvalidInput, PayloadTooLarge
-from printery.fields import ERROR, KIND, REASON_CODE, SOURCE_ID, SOURCE_STREAM
-from printery.keys import DLQ, REVIEW
 from printery.runs.facade import Runs
 from printery.runs.reader import run_status
 from printery.store import Redis
+from printery.wire.fields import ERROR, KIND, REASON_CODE, SOURCE_ID, SOURCE_STREAM
+from printery.wire.keys import DLQ, REVIEW
 
 #: ``status`` of ``emit --wait --json`` when the request itself went to ``dlq``.
 DEAD_LETTERED = "dead_lettered"

@@ -7,11 +7,11 @@ from typing import Any
 import click
 
 from printery.cli.ops_common import get_ctx, json_option, print_json, table
-from printery.keys import DLQ, REVIEW, REVIEW_DECIDED
+from printery.observe.redact import redact_text
 from printery.pipeline.render import to_mermaid, to_text
-from printery.redact import redact_text
 from printery.service.registry import list_processes
 from printery.store.overview import StreamFigures, read_overview
+from printery.wire.keys import DLQ, REVIEW, REVIEW_DECIDED
 
 
 @click.command()

@@ -14,7 +14,8 @@ from typing import Any, TextIO, TypeVar
 
 import click
 
-from printery import _json
+from printery.base import _json
+from printery.base.errors import ReviewError, ReviewInvalid
 from printery.cli.ops_common import (
     EXIT_USAGE,
     PRODUCER,
@@ -25,11 +26,10 @@ from printery.cli.ops_common import (
     show_entry,
     table,
 )
-from printery.errors import ReviewError, ReviewInvalid
-from printery.fields import KIND, REASON, STEP
 from printery.inbox.reviews import REVIEW_PAGE, approve, get_review, list_reviews, reject
-from printery.redact import redact_text
+from printery.observe.redact import redact_text
 from printery.store import Redis
+from printery.wire.fields import KIND, REASON, STEP
 
 T = TypeVar("T")
 

@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import click
 
+from printery.base.errors import InvalidInput
 from printery.cli.ops_common import get_ctx, json_option, print_json, table
-from printery.errors import InvalidInput
 from printery.runs.listing import DEFAULT_LIMIT, MAX_LIMIT, RunSummary, list_runs, listing_of
 from printery.runs.reader import RunReader
 from printery.store import Redis

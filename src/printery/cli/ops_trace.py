@@ -12,7 +12,8 @@ from typing import Any
 
 import click
 
-from printery._util import amount, amounts, stream_id_ms
+from printery.base._util import amount, amounts, stream_id_ms
+from printery.base.errors import InvalidReplayId
 from printery.cli.ops_common import (
     Failure,
     OpsContext,
@@ -22,8 +23,12 @@ from printery.cli.ops_common import (
     print_json,
     table,
 )
-from printery.errors import InvalidReplayId
-from printery.fields import (
+from printery.runs.cost import budget_report, cost_summary, parse_duration
+from printery.runs.reader import RunReader
+from printery.runs.replay import ReplayError
+from printery.runs.replay import replay as replay_run
+from printery.store import Redis
+from printery.wire.fields import (
     DECISION,
     ITEM,
     ITEM_FAILED,
@@ -33,12 +38,7 @@ from printery.fields import (
     REASON_CODE,
     WORKER,
 )
-from printery.keys import DLQ, REVIEW
-from printery.runs.cost import budget_report, cost_summary, parse_duration
-from printery.runs.reader import RunReader
-from printery.runs.replay import ReplayError
-from printery.runs.replay import replay as replay_run
-from printery.store import Redis
+from printery.wire.keys import DLQ, REVIEW
 
 
 @click.command()

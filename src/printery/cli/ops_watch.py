@@ -11,7 +11,7 @@ from typing import Any
 
 import click
 
-from printery import _json
+from printery.base import _json
 from printery.cli.ops_common import EXIT_TIMEOUT, Failure, get_ctx, json_option
 from printery.runs.reader import RunReader, run_status
 from printery.store import Redis

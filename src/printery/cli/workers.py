@@ -1,6 +1,6 @@
 """``printery-workers``: the service command (docs/reference.md, Commands).
 
-Options are generated from :data:`printery.config.SETTINGS_DOC`, so ``--help`` and the
+Options are generated from :data:`printery.settings.config.SETTINGS_DOC`, so ``--help`` and the
 loader can never disagree on a flag, its env var or its default. Click's own ``envvar``
 is deliberately not used: the loader reads the environment itself, which is what makes
 the precedence flag > env > file > default hold in one place. A flag counts as given
@@ -8,7 +8,7 @@ only when it was on the command line (click's parameter source), so a switch lef
 does not hide ``SUPERVISED_MODE=true``.
 
 Settings are validated before anything connects, in the order of
-:mod:`printery.apps`: the framework's (to find ``--app``), then with the app's
+:mod:`printery.runs.apps`: the framework's (to find ``--app``), then with the app's
 :class:`~printery.AppConfig` (its tables, defaults and worker aliases), then once more
 with the pipeline's worker names and review kinds, so ``--worker``, ``[workers.<name>]``
 and ``[review.<kind>]`` are checked against the pipeline actually run. Any
@@ -24,12 +24,12 @@ from typing import Any
 import click
 from click.core import ParameterSource
 
-from printery.apps import command_defaults, default_app_config, load_app_settings
+from printery.base.errors import ConfigError
 from printery.cli.common import apps_from_cwd, version_option
-from printery.config import SETTINGS_DOC, SettingDoc, Settings
-from printery.config_load import load_settings
-from printery.errors import ConfigError
 from printery.pipeline.dag import Pipeline
+from printery.runs.apps import command_defaults, default_app_config, load_app_settings
+from printery.settings.config import SETTINGS_DOC, SettingDoc, Settings
+from printery.settings.config_load import load_settings
 
 __all__ = ["EXIT_CONFIG", "main", "resolve"]
 
@@ -137,7 +137,7 @@ def cli(ctx: click.Context, /, **params: Any) -> None:
         click.echo(" ".join(str(exc).split()), err=True)
         ctx.exit(EXIT_CONFIG)
     if settings.processes > 1:
-        from printery.cli.processes import Parent
+        from printery.cli.multiprocess import Parent
 
         ctx.exit(Parent(settings, pipeline, _child_args(flags)).run())
     from printery.service.service import Service

@@ -12,7 +12,7 @@ from typing import Any
 
 from aiohttp import web
 
-from printery import _json
+from printery.base import _json
 
 
 @dataclass

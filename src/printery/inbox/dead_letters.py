@@ -11,16 +11,16 @@ from __future__ import annotations
 
 from typing import Any
 
-from printery.envelope import correlation_of
-from printery.errors import TransportError
-from printery.fields import DLQ_FIELDS, REPLAYED_FROM, SOURCE_STREAM
-from printery.keys import StreamKeys
+from printery.base.errors import TransportError
 from printery.runs.history import decode_fields, id_order
 from printery.runtime.run_index import DEAD_LETTER, RUNNING, now_ms
 from printery.store import Redis, WatchConflict
 from printery.store.inbox import Requeue, delete_letter, requeue_letter
 from printery.store.scan import read_entry, scan_partitions
 from printery.transport.streams import public_api
+from printery.wire.envelope import correlation_of
+from printery.wire.fields import DLQ_FIELDS, REPLAYED_FROM, SOURCE_STREAM
+from printery.wire.keys import StreamKeys
 
 #: The status of a run a dead letter ended (its ``run:failed`` outcome, docs/reference.md).
 FAILED = "failed"

@@ -4,7 +4,7 @@ acknowledged, for ``printery pending``.
 Read from the server alone (``XPENDING`` of every group of the pipeline on every stream
 and partition, then each entry's fields for its run), so it answers whether or not a
 worker runs. An entry is named as commands name entries (``<id>@p<k>`` with several
-partitions, :meth:`~printery.keys.StreamKeys.entry_ref`).
+partitions, :meth:`~printery.wire.keys.StreamKeys.entry_ref`).
 """
 
 from __future__ import annotations
@@ -13,8 +13,6 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from printery.envelope import Codec, correlation_of
-from printery.keys import StreamKeys
 from printery.runs.history import id_order
 from printery.runtime.run_index import RunIndex
 from printery.runtime.writes import dead_letter_write
@@ -23,6 +21,8 @@ from printery.store.scan import read_entries, read_entry
 from printery.transport.dead_letter import write_dead_letter
 from printery.transport.scripts import Scripts
 from printery.transport.streams import CONNECTION_ERRORS, pending_range
+from printery.wire.envelope import Codec, correlation_of
+from printery.wire.keys import StreamKeys
 
 __all__ = ["OPERATOR", "PendingEntry", "dead_letter_pending", "find_pending", "pending_entries"]
 

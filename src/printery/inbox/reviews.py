@@ -4,7 +4,7 @@ list, show and decide escalations.
 These are the functions behind ``printery review``, the HTTP API's ``/v1/reviews`` and
 the service's review deadlines: each takes a connected client, the :class:`StreamKeys`
 and the :class:`Pipeline`, returns JSON-able dicts and raises a
-:class:`~printery.errors.ReviewError` subclass the caller maps to its own answer.
+:class:`~printery.base.errors.ReviewError` subclass the caller maps to its own answer.
 
 A decision writes its outputs (what the kind's hook returns: by default the review's
 ``resume_type`` or ``reject_type`` entry), the ``review:decided`` record and the deletion
@@ -13,7 +13,7 @@ decided once, and two reviewers (or a reviewer and a deadline, or several servic
 processes) deciding at once cannot both win. Under WATCH of the run's index entry too
 when the decision writes anything: a run that has ended gets nothing more (a run gets
 one outcome), the decision is recorded as having changed nothing and the caller told
-(:class:`~printery.errors.ReviewRunEnded`). An entry of ``review`` that is no review
+(:class:`~printery.base.errors.ReviewRunEnded`). An entry of ``review`` that is no review
 request (:func:`is_review_request`: junk ``XADD``ed there) is neither listed nor decided.
 """
 
@@ -24,17 +24,28 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from printery import _json
-from printery._util import now_rfc3339, stream_id_ms
-from printery.envelope import correlation_of
-from printery.errors import (
+from printery.base import _json
+from printery.base._util import now_rfc3339, stream_id_ms
+from printery.base.errors import (
     BlobMissing,
     ReviewError,
     ReviewInvalid,
     ReviewNotFound,
     ReviewRunEnded,
 )
-from printery.fields import (
+from printery.observe.logging import get_logger
+from printery.pipeline.dag import Pipeline, run_id_problem
+from printery.pipeline.review_kinds import APPROVED, REJECTED, ReviewCase, ReviewKind
+from printery.pipeline.step import validation_reasons
+from printery.runs.history import id_order
+from printery.runtime.payloads import PayloadStore
+from printery.runtime.run_index import RunIndex
+from printery.store import Redis, WatchConflict
+from printery.store.inbox import decide_review
+from printery.store.scan import read_entry, read_page, scan_stream
+from printery.store.servers import server_ms
+from printery.wire.envelope import correlation_of
+from printery.wire.fields import (
     BY,
     DECIDED_AT,
     DECISION,
@@ -50,18 +61,7 @@ from printery.fields import (
     STEP,
     TRACEPARENT,
 )
-from printery.keys import REVIEW_DECIDED, StreamKeys
-from printery.logging import get_logger
-from printery.pipeline.dag import Pipeline, run_id_problem
-from printery.pipeline.review_kinds import APPROVED, REJECTED, ReviewCase, ReviewKind
-from printery.pipeline.step import validation_reasons
-from printery.runs.history import id_order
-from printery.runtime.payloads import PayloadStore
-from printery.runtime.run_index import RunIndex
-from printery.store import Redis, WatchConflict
-from printery.store.inbox import decide_review
-from printery.store.scan import read_entry, read_page, scan_stream
-from printery.store.servers import server_ms
+from printery.wire.keys import REVIEW_DECIDED, StreamKeys
 
 __all__ = [
     "DEFAULT_PRODUCER",
@@ -237,14 +237,14 @@ async def decide(
 
     Raises :class:`ReviewNotFound` (unknown or already decided, also when another
     decision won meanwhile, or an entry of ``review`` that is no review request),
-    :class:`~printery.errors.ReviewRunEnded` (the run had ended, so a decision that
+    :class:`~printery.base.errors.ReviewRunEnded` (the run had ended, so a decision that
     writes anything changes nothing: it is recorded without outputs, the review closed),
     :class:`ReviewInvalid` (an empty ``by``; ``data`` on a rejection, on a kind that
     takes none, or refused by the resumed step's input model),
-    :class:`~printery.errors.ReviewRefused` (this ``by`` may not decide it),
-    :class:`~printery.errors.ReviewActionFailed` (the kind's action failed; the review
+    :class:`~printery.base.errors.ReviewRefused` (this ``by`` may not decide it),
+    :class:`~printery.base.errors.ReviewActionFailed` (the kind's action failed; the review
     stays open), :class:`ReviewError` (too much concurrent change). Nothing is written
-    when any is raised (but the record of a :class:`~printery.errors.ReviewRunEnded`).
+    when any is raised (but the record of a :class:`~printery.base.errors.ReviewRunEnded`).
     """
     if decision not in (APPROVED, REJECTED):
         raise ValueError(f"decision must be {APPROVED!r} or {REJECTED!r}, not {decision!r}")

@@ -24,11 +24,10 @@ from typing import Any
 
 import structlog
 
-from printery import _json
-from printery._util import idle, parse_rfc3339
-from printery.backoff import compute_backoff
-from printery.errors import PipelineError
-from printery.keys import StreamKeys
+from printery.base import _json
+from printery.base._util import idle, parse_rfc3339
+from printery.base.backoff import compute_backoff
+from printery.base.errors import PipelineError
 from printery.pipeline.step import (
     BoundStep,
     Step,
@@ -41,6 +40,7 @@ from printery.runtime.step_context import StepContext
 from printery.runtime.writes import dead_letter_write
 from printery.store.joins import JoinStore, arrivals
 from printery.store.outage import UNREACHABLE
+from printery.wire.keys import StreamKeys
 
 log = structlog.get_logger("printery.aggregate")
 

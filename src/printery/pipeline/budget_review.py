@@ -7,15 +7,22 @@ goes back to ``<loop>:loop`` as ``<loop>:attempt``), for its step alone; it free
 guard, so a later breach of the raised limit asks again. A rejection writes
 ``budget:exceeded`` and keeps the guard taken while the run's budget lives: the entries
 held after it wait for nothing, as they would with ``stop``. The limits themselves and
-the names of what a breach writes are :mod:`printery.budgets`.
+the names of what a breach writes are :mod:`printery.rules.budgets`.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from printery import _json
-from printery.budgets import (
+from printery.base import _json
+from printery.base.errors import ReviewActionFailed
+from printery.pipeline.review_kinds import (
+    REJECTED_BY_REVIEWER,
+    ReviewCase,
+    ReviewKind,
+    ReviewOutcome,
+)
+from printery.rules.budgets import (
     BUDGET_EXCEEDED,
     BUDGET_FIELD,
     BUDGET_LIMIT,
@@ -30,19 +37,12 @@ from printery.budgets import (
     held_type,
     review_guard,
 )
-from printery.errors import ReviewActionFailed
-from printery.fields import REPLAY_FOR, SOURCE_STREAM, STEP
-from printery.keys import raise_field
-from printery.pipeline.review_kinds import (
-    REJECTED_BY_REVIEWER,
-    ReviewCase,
-    ReviewKind,
-    ReviewOutcome,
-)
 from printery.runtime import partials
 from printery.runtime.handler import Output
 from printery.transport.commit import encode_amount
 from printery.transport.scripts import script
+from printery.wire.fields import REPLAY_FOR, SOURCE_STREAM, STEP
+from printery.wire.keys import raise_field
 
 __all__ = ["REJECT", "REJECTED_KEEP_MS", "RELEASE", "budget_review_kind"]
 

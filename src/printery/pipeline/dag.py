@@ -12,19 +12,8 @@ from typing import TYPE_CHECKING, Any, cast
 
 from pydantic import BaseModel
 
-from printery.budgets import (
-    BUDGET_EXCEEDED,
-    BUDGET_REVIEW_KIND,
-    BUDGET_WARNING,
-    Budget,
-    BudgetPlan,
-    Estimate,
-)
-from printery.envelope import MAX_RUN_ID, Codec
-from printery.envelope import run_id_problem as run_id_problem  # where the runs layer finds it
-from printery.errors import PipelineError
-from printery.keys import DLQ, REVIEW, REVIEW_DECIDED, RUN_FAILED, StreamKeys
-from printery.limits import Limit
+from printery.base.errors import PipelineError
+from printery.base.reason import Reason
 from printery.pipeline.budget_review import budget_review_kind
 from printery.pipeline.review_kinds import ReviewHook, ReviewKind, escalation_of
 from printery.pipeline.step import (
@@ -36,7 +25,15 @@ from printery.pipeline.step import (
     middleware_of,
 )
 from printery.policies.middleware import Middleware
-from printery.reason import Reason
+from printery.rules.budgets import (
+    BUDGET_EXCEEDED,
+    BUDGET_REVIEW_KIND,
+    BUDGET_WARNING,
+    Budget,
+    BudgetPlan,
+    Estimate,
+)
+from printery.rules.limits import Limit
 from printery.runtime.consumer import ConsumerSettings
 from printery.runtime.groups import place_pipeline_groups
 from printery.runtime.handler import Handler
@@ -45,8 +42,11 @@ from printery.runtime.payloads import PayloadStore
 from printery.runtime.run_index import RunIndex
 from printery.runtime.stream_worker import StreamWorker
 from printery.store import Redis
-from printery.supervisor.graph import find_cycle
+from printery.supervisor.levels import find_cycle
 from printery.transport.groups import Reader
+from printery.wire.envelope import MAX_RUN_ID, Codec
+from printery.wire.envelope import run_id_problem as run_id_problem  # where the runs layer finds it
+from printery.wire.keys import DLQ, REVIEW, REVIEW_DECIDED, RUN_FAILED, StreamKeys
 
 if TYPE_CHECKING:
     from typing_extensions import Unpack

@@ -7,13 +7,13 @@ from collections.abc import Callable
 
 import structlog
 
-from printery.fields import review_fields
-from printery.keys import REVIEW
-from printery.limits import mark_fallback
 from printery.pipeline.review_kinds import Escalation, mark_escalation
+from printery.rules.limits import mark_fallback
 from printery.runtime.failures import CRASH, DOWN, QUOTA, REJECTED, STOP, kind_of
 from printery.runtime.handler import Handler, HandlerResult, Message, Output, outputs_of
 from printery.runtime.partials import retract
+from printery.wire.fields import review_fields
+from printery.wire.keys import REVIEW
 
 log = structlog.get_logger("printery.escalation")
 

@@ -32,12 +32,8 @@ import reprlib
 from collections.abc import Awaitable, Callable, Iterable, Sequence
 from typing import Any, Literal, cast
 
-from printery import _json
-from printery.budgets import Budget, Estimate
-from printery.errors import PipelineError, Reject
-from printery.fields import ITEM, ITEM_FAILED, ITEMS, MAP, ON_ITEM_FAILURE, item_fields, item_key
-from printery.keys import RUN_FAILED, StreamKeys, item_type, result_type
-from printery.limits import Limit
+from printery.base import _json
+from printery.base.errors import PipelineError, Reject
 from printery.pipeline.loop import Loop
 from printery.pipeline.step import (
     BoundStep,
@@ -48,9 +44,13 @@ from printery.pipeline.step import (
     check_timeout,
     refuses_unknown_options,
 )
+from printery.rules.budgets import Budget, Estimate
+from printery.rules.limits import Limit
 from printery.runtime.handler import HandlerResult, Message, Output
 from printery.runtime.step_context import StepContext
 from printery.store.item_counts import ItemCounts
+from printery.wire.fields import ITEM, ITEM_FAILED, ITEMS, MAP, ON_ITEM_FAILURE, item_fields, item_key
+from printery.wire.keys import RUN_FAILED, StreamKeys, item_type, result_type
 
 __all__ = ["Map", "MapShape"]
 

@@ -47,9 +47,8 @@ from typing import Any
 import structlog
 from pydantic import BaseModel, ValidationError
 
-from printery import _json
-from printery.budgets import Budget, Estimate, check_estimate
-from printery.errors import (
+from printery.base import _json
+from printery.base.errors import (
     PROVIDER_DOWN,
     QUOTA_EXHAUSTED,
     PipelineError,
@@ -58,9 +57,7 @@ from printery.errors import (
     StepTimeout,
     describe,
 )
-from printery.fields import STREAMED, item_fields, item_key
-from printery.keys import REVIEW
-from printery.limits import Limit
+from printery.base.reason import Reason
 from printery.pipeline.escalation import review_output
 from printery.pipeline.step import (
     LoopShape,
@@ -72,7 +69,8 @@ from printery.pipeline.step import (
     refuses_unknown_options,
     validation_reasons,
 )
-from printery.reason import Reason
+from printery.rules.budgets import Budget, Estimate, check_estimate
+from printery.rules.limits import Limit
 from printery.runtime.failures import (
     CRASH,
     DOWN,
@@ -85,6 +83,8 @@ from printery.runtime.failures import (
 from printery.runtime.handler import HandlerResult, Message, Output
 from printery.runtime.partials import current, retract
 from printery.runtime.partials import verdict as publish_verdict
+from printery.wire.fields import STREAMED, item_fields, item_key
+from printery.wire.keys import REVIEW
 
 __all__ = ["Check", "Loop", "Work"]
 

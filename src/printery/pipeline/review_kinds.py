@@ -15,9 +15,9 @@ from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from printery._util import marked
-from printery.keys import StreamKeys
+from printery.base._util import marked
 from printery.runtime.handler import Output
+from printery.wire.keys import StreamKeys
 
 __all__ = [
     "APPROVED",
@@ -76,8 +76,8 @@ class ReviewOutcome:
     commands: Sequence[tuple[Any, ...]] = ()
 
 
-#: A kind's approve or reject hook. It may raise :class:`~printery.errors.ReviewRefused`
-#: (this reviewer may not decide) or :class:`~printery.errors.ReviewActionFailed` (its
+#: A kind's approve or reject hook. It may raise :class:`~printery.base.errors.ReviewRefused`
+#: (this reviewer may not decide) or :class:`~printery.base.errors.ReviewActionFailed` (its
 #: action failed; the review stays open).
 ReviewHook = Callable[[ReviewCase], Awaitable[ReviewOutcome]]
 

@@ -17,18 +17,18 @@ from typing import Any, Protocol, TypedDict, TypeVar
 
 from pydantic import BaseModel, ValidationError
 
-from printery import _json
-from printery.budgets import Budget, Estimate, check_estimate
-from printery.errors import OutputContractError, PipelineError, Reject
-from printery.fields import REJECT_TYPE, RESUME_TYPE
-from printery.keys import REVIEW
-from printery.limits import FallsBack, Limit, fallback_of, mark_fallback
+from printery.base import _json
+from printery.base.errors import OutputContractError, PipelineError, Reject
+from printery.base.reason import Reason
 from printery.policies.middleware import Middleware
-from printery.reason import Reason
+from printery.rules.budgets import Budget, Estimate, check_estimate
+from printery.rules.limits import FallsBack, Limit, fallback_of, mark_fallback
 from printery.runtime.consumer import ConsumerSettings
 from printery.runtime.handler import Handler, HandlerResult, Message, outputs_of
 from printery.runtime.partials import retract
 from printery.runtime.step_context import Companion, StepContext
+from printery.wire.fields import REJECT_TYPE, RESUME_TYPE
+from printery.wire.keys import REVIEW
 
 _Declared = TypeVar("_Declared", bound=type)
 
@@ -57,7 +57,7 @@ def checked_reasons(found: Any, what: str) -> list[Reason]:
     sequence but a string) of :class:`Reason`, each with a non-empty string ``code``,
     or of ``{"code", "field", "message"}`` mappings whose values are strings (``code``
     non-empty; ``field`` and ``message`` may be left out). Anything else, ``None``
-    included (a forgotten ``return``), raises :class:`~printery.errors.Reject` with
+    included (a forgotten ``return``), raises :class:`~printery.base.errors.Reject` with
     ``validator_error``: never a pass, never a guess (``1`` is not taken for ``"1"``).
     ``what`` names the validator in the error."""
     if not isinstance(found, Sequence) or isinstance(found, (str, bytes, bytearray)):

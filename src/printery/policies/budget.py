@@ -10,9 +10,8 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Sequence
 
-from printery.budgets import Exceeded
-from printery.fields import STREAMED
 from printery.policies.base import Batch, Policy
+from printery.rules.budgets import Exceeded
 from printery.runtime import partials
 from printery.runtime.accounting import Decided
 from printery.runtime.budget_guard import BudgetGuard
@@ -21,6 +20,7 @@ from printery.runtime.handler import Message
 from printery.store.outage import Outage
 from printery.transport.channel import Command
 from printery.transport.commit import EntryCommit
+from printery.wire.fields import STREAMED
 
 __all__ = ["Budget", "held"]
 

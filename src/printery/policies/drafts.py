@@ -9,12 +9,12 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Sequence
 
-from printery.fields import STREAMED
 from printery.policies.base import Policy
 from printery.runtime import partials
 from printery.runtime.accounting import Decided
 from printery.runtime.handler import Message, Output
 from printery.transport.commit import DUPLICATE, FENCED
+from printery.wire.fields import STREAMED
 
 __all__ = ["Drafts", "unshown"]
 

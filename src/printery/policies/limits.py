@@ -10,7 +10,9 @@ on every delivery. The gate itself (counts, requests, waits) is
 A limit with ``max_wait`` lets an entry give up waiting for it: when the step has a
 fallback for that entry (its ``falls_back`` says so, asked here), the wait ends once it
 passes ``max_wait`` (or at once when the window's reply says it would), and the call runs
-the fallback instead, without the slot or the window: it is another provider's call."""
+the fallback instead, without the slot or the window: it is another provider's call.
+
+Its namesake in other layers (the same job there): :mod:`printery.rules.limits`."""
 
 from __future__ import annotations
 
@@ -18,7 +20,7 @@ import functools
 from collections.abc import Callable
 from weakref import WeakKeyDictionary
 
-from printery.errors import WorkerCrashed, describe
+from printery.base.errors import WorkerCrashed, describe
 from printery.policies.base import Batch, Call, Policy
 from printery.runtime.consumer import Delivery
 from printery.runtime.failures import CallFailed, Failures

@@ -28,7 +28,6 @@ from __future__ import annotations
 
 from collections.abc import Collection, Sequence
 
-from printery.limits import fallback_of
 from printery.policies.base import Policy
 from printery.policies.budget import Budget
 from printery.policies.chain import Chain
@@ -42,6 +41,7 @@ from printery.policies.replay_skip import ReplaySkip
 from printery.policies.reservations import Reserve
 from printery.policies.run_index import IndexRuns
 from printery.policies.trial import Trials
+from printery.rules.limits import fallback_of
 from printery.runtime.budget_guard import BudgetGuard
 from printery.runtime.failures import Failures
 from printery.runtime.handler import Handler

@@ -1,6 +1,8 @@
 """Placement (with several partitions): an entry outside its run's partition is moved
 there and acked here, not run (docs/reference.md, Partitions). An entry naming no run
-is given one of this partition as it is decoded (:meth:`Placement.named`)."""
+is given one of this partition as it is decoded (:meth:`Placement.named`).
+
+Its namesake in other layers (the same job there): :mod:`printery.runtime.placement`."""
 
 from __future__ import annotations
 

@@ -3,9 +3,9 @@
 
 from __future__ import annotations
 
-from printery.fields import REPLAY_FOR
 from printery.policies.base import Batch, Policy, acked
 from printery.runtime.accounting import Decided
+from printery.wire.fields import REPLAY_FOR
 
 __all__ = ["ReplaySkip"]
 

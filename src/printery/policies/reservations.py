@@ -2,11 +2,13 @@
 each entry about to run, in one round trip per batch; an entry its run's limits cannot
 hold with the reservations of entries running is held as over its budget; one whose
 estimate function failed is dead-lettered (``invalid_estimate``). The call's commit
-removes its reservation (its charge says so: :class:`~printery.policies.budget.Budget`)."""
+removes its reservation (its charge says so: :class:`~printery.policies.budget.Budget`).
+
+Its namesake in other layers (the same job there): :mod:`printery.runtime.reservations`."""
 
 from __future__ import annotations
 
-from printery.errors import PipelineError
+from printery.base.errors import PipelineError
 from printery.policies.base import Batch, Entry, Policy
 from printery.policies.budget import held
 from printery.runtime.budget_guard import BudgetGuard

@@ -1,6 +1,8 @@
 """The run index (docs/reference.md, Runs): a commit that starts or ends its run, or
 carries its handler's costs, tells the index so, written by the same script run as the
-outputs (:meth:`~printery.runtime.run_index.RunIndex.mark`)."""
+outputs (:meth:`~printery.runtime.run_index.RunIndex.mark`).
+
+Its namesake in other layers (the same job there): :mod:`printery.store.run_index`."""
 
 from __future__ import annotations
 

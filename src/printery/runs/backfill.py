@@ -24,14 +24,14 @@ from collections.abc import Awaitable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, cast
 
-from printery._util import as_text
-from printery.errors import PrinteryError
-from printery.fields import REPLAY_FOR
-from printery.keys import StreamKeys
+from printery.base._util import as_text
+from printery.base.errors import PrinteryError
 from printery.pipeline.dag import Pipeline
 from printery.store import Redis
 from printery.transport.groups import record_field
 from printery.transport.streams import public_api
+from printery.wire.fields import REPLAY_FOR
+from printery.wire.keys import StreamKeys
 
 __all__ = ["BackfillError", "BackfillResult", "backfill"]
 

@@ -18,16 +18,16 @@ from collections.abc import AsyncIterator, Coroutine, Iterator
 from types import TracebackType
 from typing import Any, TypeVar
 
-from printery.apps import load_app
-from printery.errors import ConfigError
-from printery.layout import resolve_keys
+from printery.base.errors import ConfigError
 from printery.pipeline.dag import Pipeline
+from printery.runs.apps import load_app
 from printery.runs.facade import PRODUCER, Runs
 from printery.runs.listing import DEFAULT_LIMIT, RunSummary, list_runs, listing_of
 from printery.runs.partials import Partial, Verdict
 from printery.runs.reader import RunResult
 from printery.servers.embedded import find_running
 from printery.store import Redis
+from printery.store.partitions import resolve_keys
 from printery.transport.connection import connect
 from printery.transport.streams import public_api
 

@@ -23,18 +23,18 @@ import time
 from collections.abc import Mapping
 from typing import Any
 
-from printery import _json
-from printery.budgets import step_field
-from printery.envelope import correlation_of
-from printery.fields import CALL_OF, REPLAYED_FROM
-from printery.keys import DLQ, REVIEW, StreamKeys, raise_field
+from printery.base import _json
 from printery.pipeline.dag import Pipeline
+from printery.rules.budgets import step_field
 from printery.runtime.reservations import reserved_sums
 from printery.store import Redis
 from printery.store.budgets import budget_hashes, recorded_budget_limits
 from printery.store.scan import scan_stream
 from printery.transport.commit import decode_spent
 from printery.transport.streams import public_api
+from printery.wire.envelope import correlation_of
+from printery.wire.fields import CALL_OF, REPLAYED_FROM
+from printery.wire.keys import DLQ, REVIEW, StreamKeys, raise_field
 
 __all__ = ["CallTally", "budget_report", "budget_status", "cost_summary", "enforced_limits",
            "is_call", "parse_duration"]

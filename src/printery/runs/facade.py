@@ -14,20 +14,20 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-from printery._util import fail_waiters, new_id
-from printery.envelope import Codec
-from printery.errors import InvalidInput, PayloadTooLarge, UnknownRun
-from printery.fields import TRACEPARENT
-from printery.keys import StreamKeys, new_id_in, partition_of
-from printery.logging import get_logger
+from printery.base._util import fail_waiters, new_id
+from printery.base.errors import InvalidInput, PayloadTooLarge, UnknownRun
+from printery.base.reason import Reason
+from printery.observe.logging import get_logger
+from printery.observe.telemetry import valid_traceparent
 from printery.pipeline.dag import Pipeline, run_id_problem
-from printery.reason import Reason
 from printery.runs.reader import RunReader
 from printery.runtime.run_index import RUNNING
 from printery.store import Redis
-from printery.telemetry import valid_traceparent
 from printery.transport.channel import DirectChannel
 from printery.transport.scripts import script
+from printery.wire.envelope import Codec
+from printery.wire.fields import TRACEPARENT
+from printery.wire.keys import StreamKeys, new_id_in, partition_of
 
 __all__ = ["PRODUCER", "SUBMIT_WAIT", "Runs"]
 

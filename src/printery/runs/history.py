@@ -2,7 +2,7 @@
 
 Streams are append-only history; these helpers scan them with XRANGE in chunks
 (O(stream length)): fine for operator use (``trace``, ``replay``, ``cost``), not for a
-hot path. An entry belongs to a run by :func:`~printery.envelope.correlation_of`: its
+hot path. An entry belongs to a run by :func:`~printery.wire.envelope.correlation_of`: its
 correlation field, else the id inside its ``data`` (what an external producer that wrote
 only ``data`` leaves), so such entries are found like any other.
 """
@@ -13,11 +13,11 @@ import contextlib
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from printery import _json
-from printery.envelope import correlation_of
-from printery.fields import DELIVERIES
+from printery.base import _json
 from printery.store import Redis
 from printery.store.scan import scan_stream
+from printery.wire.envelope import correlation_of
+from printery.wire.fields import DELIVERIES
 
 __all__ = ["decode_fields", "find_entries", "id_order"]
 

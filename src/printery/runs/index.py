@@ -13,7 +13,6 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from printery.keys import StreamKeys
 from printery.runtime.run_index import RUNNING, now_ms
 from printery.store import Redis
 from printery.store.run_index import (
@@ -25,6 +24,7 @@ from printery.store.run_index import (
     run_rows,
 )
 from printery.transport.scripts import Scripts
+from printery.wire.keys import StreamKeys
 
 __all__ = ["RunIndexReader"]
 

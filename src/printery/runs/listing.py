@@ -18,16 +18,16 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any, NamedTuple
 
-from printery.errors import InvalidInput
-from printery.keys import partition_of
+from printery.base.errors import InvalidInput
+from printery.base.reason import Reason
 from printery.pipeline.dag import run_id_problem
-from printery.reason import Reason
 from printery.runs.cost import parse_duration
 from printery.runs.history import id_order
 from printery.runs.reader import RunReader, run_cost
 from printery.runtime.run_index import RUNNING, now_ms
 from printery.store.run_index import newest_after, run_rows, run_starts
 from printery.store.scan import scan_stream
+from printery.wire.keys import partition_of
 
 __all__ = ["DEFAULT_LIMIT", "MAX_LIMIT", "Cursor", "RunListing", "RunSummary", "list_runs",
            "listing_of", "listing_of_query", "page_entries"]

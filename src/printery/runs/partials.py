@@ -16,7 +16,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from printery import _json
+from printery.base import _json
 from printery.runs.history import id_order
 from printery.runtime.partials import RESTART, VERDICT
 

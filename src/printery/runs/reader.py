@@ -39,11 +39,8 @@ from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
-from printery import _json
-from printery.envelope import correlation_of
-from printery.errors import BlobMissing
-from printery.fields import CALL_OF, REPLAYED_FROM, STEP, WORKER
-from printery.keys import DLQ, REVIEW, REVIEW_DECIDED, RUN_FAILED, StreamKeys, partition_of
+from printery.base import _json
+from printery.base.errors import BlobMissing
 from printery.pipeline.dag import Pipeline
 from printery.runs.cost import CallTally
 from printery.runs.history import decode_fields, id_order
@@ -54,6 +51,9 @@ from printery.runtime.run_index import RUNNING, run_status
 from printery.store import UNREACHABLE, Outage, Redis
 from printery.store.run_index import run_start
 from printery.store.scan import last_ids, read_after, scan_stream
+from printery.wire.envelope import correlation_of
+from printery.wire.fields import CALL_OF, REPLAYED_FROM, STEP, WORKER
+from printery.wire.keys import DLQ, REVIEW, REVIEW_DECIDED, RUN_FAILED, StreamKeys, partition_of
 
 __all__ = ["RUNNING", "RunFollow", "RunOrder", "RunReader", "RunResult", "run_cost",
            "run_status"]

@@ -17,17 +17,17 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from printery import _json
-from printery.envelope import correlation_of
-from printery.errors import BlobMissing, InvalidReplayId, ReplayError
-from printery.fields import REPLAY_FOR, TRACEPARENT
-from printery.keys import StreamKeys
+from printery.base import _json
+from printery.base.errors import BlobMissing, InvalidReplayId, ReplayError
 from printery.pipeline.dag import Pipeline, run_id_problem, steps_reached
 from printery.runs.history import find_entries, id_order
 from printery.runtime.payloads import PayloadStore
 from printery.store import Redis
 from printery.store.scan import append_entries, scan_stream
 from printery.transport.streams import public_api
+from printery.wire.envelope import correlation_of
+from printery.wire.fields import REPLAY_FOR, TRACEPARENT
+from printery.wire.keys import StreamKeys
 
 __all__ = ["ReplayError", "ReplayResult", "find_entries", "replay", "rerun_steps", "scan_stream"]
 

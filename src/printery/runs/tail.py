@@ -28,7 +28,7 @@ from typing import Any
 
 import structlog
 
-from printery._util import stop_tasks, where
+from printery.base._util import stop_tasks, where
 from printery.runs.history import id_order
 from printery.store import Outage, Redis
 from printery.store.scan import last_ids, read_after

@@ -9,13 +9,13 @@ from typing import Any
 
 import structlog
 
-from printery.errors import describe
+from printery.base.errors import describe
+from printery.base.worker import WorkerStats
 from printery.runtime.consumer import Delivery
 from printery.runtime.handler import Message
 from printery.runtime.observe import Observer
 from printery.transport.commit import DUPLICATE, FENCED, EntryCommit
 from printery.transport.dead_letter import DeadLetterWrite
-from printery.worker import WorkerStats
 
 __all__ = ["Accounting", "Decided"]
 

@@ -4,12 +4,12 @@ entry on its own.
 
 :class:`Breaker` is the declaration (``OpenAICompatible(..., breaker=Breaker(...))``);
 :class:`Circuit` is one model's breaker at run time. Its state lives in the server, one
-hash per model name (:meth:`~printery.keys.StreamKeys.breaker`), changed only by
+hash per model name (:meth:`~printery.wire.keys.StreamKeys.breaker`), changed only by
 ``transport/lua/breaker.lua`` on the server's clock, so every process and every step calling
 that model sees the same breaker: ``failures`` consecutive failed requests (a timeout, a
 connection error, a 5xx, a stream cut short) within ``window`` seconds open it; for
 ``reset`` seconds every request is refused at once with
-:class:`~printery.errors.ProviderDown`, without reaching the provider; then one caller
+:class:`~printery.base.errors.ProviderDown`, without reaching the provider; then one caller
 (across processes) makes the trial request: a success closes the breaker, a failure opens
 it for another ``reset``. Any answer that is not a failure (a 2xx, a 4xx: the provider
 answered) resets the count.
@@ -31,12 +31,12 @@ from typing import Any
 
 import structlog
 
-from printery.errors import PipelineError, ProviderDown, describe
-from printery.keys import StreamKeys
+from printery.base.errors import PipelineError, ProviderDown, describe
 from printery.runtime import partials
 from printery.store.outage import UNREACHABLE
 from printery.transport.connection import Redis
 from printery.transport.scripts import Scripts, script
+from printery.wire.keys import StreamKeys
 
 __all__ = ["Breaker", "Circuit", "breaker_states"]
 

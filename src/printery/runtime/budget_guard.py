@@ -26,7 +26,7 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-from printery.budgets import (
+from printery.rules.budgets import (
     BUDGET_EXCEEDED,
     BUDGET_FIELD,
     BUDGET_LIMIT,
@@ -44,9 +44,6 @@ from printery.budgets import (
     held_type,
     review_guard,
 )
-from printery.envelope import Codec
-from printery.fields import REPLAY_FOR, TRACEPARENT, review_fields
-from printery.keys import REVIEW, StreamKeys, raise_field
 from printery.runtime.handler import Message, Output
 from printery.runtime.reservations import Reservations
 from printery.transport.channel import Command
@@ -59,6 +56,9 @@ from printery.transport.commit import (
 )
 from printery.transport.connection import Redis
 from printery.transport.scripts import Scripts, script
+from printery.wire.envelope import Codec
+from printery.wire.fields import REPLAY_FOR, TRACEPARENT, review_fields
+from printery.wire.keys import REVIEW, StreamKeys, raise_field
 
 #: Fields of a held entry's envelope it does not keep: what its producing call cost and
 #: took (the held copy is not that call), and the steps it was meant for (now this one);

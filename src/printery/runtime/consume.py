@@ -20,7 +20,8 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from printery.errors import MessageError, PayloadTooLarge, Reject, StepTimeout, describe
+from printery.base.errors import MessageError, PayloadTooLarge, Reject, StepTimeout, describe
+from printery.base.worker import WorkerStats
 from printery.policies.base import Call, Entry
 from printery.policies.chain import Chain
 from printery.policies.drafts import unshown
@@ -40,7 +41,6 @@ from printery.transport.channel import Command
 from printery.transport.commit import Committer, EntryCommit
 from printery.transport.records import RecordLookup
 from printery.transport.streams import Leases, public_api
-from printery.worker import WorkerStats
 
 
 class EntryPipeline:

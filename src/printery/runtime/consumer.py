@@ -6,7 +6,7 @@ import asyncio
 import time
 from dataclasses import dataclass
 
-from printery.limits import WINDOW_SECONDS
+from printery.rules.limits import WINDOW_SECONDS
 from printery.runtime import alone
 
 #: The window of a consumer whose prefetch is unset: from (the start, kept while its

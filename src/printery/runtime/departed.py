@@ -6,11 +6,11 @@ from __future__ import annotations
 
 import os
 
-from printery._util import hostname
+from printery.base._util import hostname
 
 
 def owner(consumer: str) -> str | None:
-    """The ``host:pid`` a consumer name of :func:`printery._util.consumer_name` belongs
+    """The ``host:pid`` a consumer name of :func:`printery.base._util.consumer_name` belongs
     to; None for a name of another form (someone else's consumer: never touched)."""
     # host:pid:worker:index, where a worker's name may hold colons of its own (a Map's
     # ``<name>:each``): the host and pid are the first two parts, the index the last.

@@ -20,10 +20,10 @@ import asyncio
 
 import structlog
 
-from printery import _json
-from printery._util import where
-from printery.backoff import compute_backoff
-from printery.errors import (
+from printery.base import _json
+from printery.base._util import where
+from printery.base.backoff import compute_backoff
+from printery.base.errors import (
     PrinteryError,
     ProviderDown,
     QuotaExhausted,
@@ -34,7 +34,7 @@ from printery.errors import (
     bounded_traceback,
     describe,
 )
-from printery.keys import StreamKeys
+from printery.base.worker import WorkerStats
 from printery.runtime.accounting import Decided
 from printery.runtime.consumer import ConsumerSettings, Delivery
 from printery.runtime.handler import Message
@@ -46,7 +46,7 @@ from printery.store.records import read_record, write_record
 from printery.transport.commit import FENCED
 from printery.transport.dead_letter import letter_commit
 from printery.transport.streams import Leases
-from printery.worker import WorkerStats
+from printery.wire.keys import StreamKeys
 
 __all__ = ["CRASH", "DOWN", "ERROR", "QUOTA", "REJECTED", "STOP", "TIMEOUT_KIND", "CallFailed",
            "Failures", "kind_of"]

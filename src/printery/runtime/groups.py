@@ -2,7 +2,9 @@
 ``Pipeline.build_workers`` under its own manager): every consumer group of the pipeline
 placed where it must start (:mod:`printery.transport.groups`: at 0 on the pipeline's
 first start on this server, at the end of its stream for a group added later, in the
-place of the group it was ``renamed_from``), and what changed said in the log."""
+place of the group it was ``renamed_from``), and what changed said in the log.
+
+Its namesake in other layers (the same job there): :mod:`printery.service.groups`."""
 
 from __future__ import annotations
 
@@ -10,9 +12,9 @@ from collections.abc import Sequence
 
 import structlog
 
-from printery.keys import StreamKeys
 from printery.store import Redis
 from printery.transport.groups import END, RENAMED, Placement, Reader, place_groups
+from printery.wire.keys import StreamKeys
 
 __all__ = ["place_pipeline_groups"]
 

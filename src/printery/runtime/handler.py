@@ -9,9 +9,9 @@ from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from printery.envelope import Envelope
-from printery.errors import OutputContractError
+from printery.base.errors import OutputContractError
 from printery.runtime import partials
+from printery.wire.envelope import Envelope
 
 
 @dataclass(slots=True)
@@ -21,7 +21,7 @@ class Output:
     ``correlation_id`` defaults to the input's; ``idempotency_key`` to
     ``<type>:<correlation id>``; ``once`` names a guard that makes this output unique
     for ever (e.g. one final result per correlation id), whoever tries to write it again.
-    Not frozen, as :class:`~printery.envelope.Envelope` is not: a handler makes one for
+    Not frozen, as :class:`~printery.wire.envelope.Envelope` is not: a handler makes one for
     every entry, and printery only reads it.
     """
 
@@ -127,7 +127,7 @@ Handler = Callable[[Message], Awaitable[HandlerResult]]
 def outputs_of(result: HandlerResult) -> list[Output]:
     """A handler's result as a list (a list is taken as it is: printery only reads it).
 
-    Raises :class:`~printery.errors.OutputContractError` for anything else (a string, a
+    Raises :class:`~printery.base.errors.OutputContractError` for anything else (a string, a
     dict, a list holding something that is not an :class:`Output`): a handler bug, which
     fails its entry (retried, then dead-lettered), never its worker."""
     if result is None:

@@ -17,8 +17,8 @@ import time
 from collections.abc import Awaitable, Callable, Collection, Sequence
 from dataclasses import dataclass
 
-from printery._util import give_up, given_up, idle
-from printery.errors import TIMEOUT_CANCEL
+from printery.base._util import give_up, given_up, idle
+from printery.base.errors import TIMEOUT_CANCEL
 from printery.runtime.consumer import Consumer, ConsumerSettings, Delivery
 from printery.runtime.limit_gate import LimitGate
 from printery.transport.streams import CONNECTION_ERRORS, Leases

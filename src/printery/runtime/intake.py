@@ -18,7 +18,8 @@ from dataclasses import KW_ONLY, dataclass
 
 import structlog
 
-from printery._util import wait_event
+from printery.base._util import wait_event
+from printery.base.worker import RunContext, WorkerStats
 from printery.runtime.consumer import Consumer, ConsumerSettings
 from printery.runtime.departed import died_here
 from printery.store.outage import Outage
@@ -33,7 +34,6 @@ from printery.transport.streams import (
     pending_holders,
     read_new,
 )
-from printery.worker import RunContext, WorkerStats
 
 log = structlog.get_logger("printery.worker")
 

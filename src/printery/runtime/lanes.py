@@ -13,12 +13,12 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 
-from printery.keys import StreamKeys, partition_of
 from printery.runtime.budget_guard import BudgetGuard
 from printery.runtime.consume import EntryPipeline
 from printery.transport.channel import Command
 from printery.transport.commit import Committer
 from printery.transport.records import RecordLookup
+from printery.wire.keys import StreamKeys, partition_of
 
 
 @dataclass

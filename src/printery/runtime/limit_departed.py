@@ -18,8 +18,8 @@ from collections.abc import Callable, Iterable
 
 import structlog
 
-from printery._util import hostname, stop_tasks
-from printery.errors import describe
+from printery.base._util import hostname, stop_tasks
+from printery.base.errors import describe
 from printery.runtime.departed import died_here
 from printery.transport.limit_store import LimitStore
 

@@ -30,9 +30,8 @@ from typing import Any
 
 import structlog
 
-from printery._util import stop_tasks, wait_event, where
-from printery.keys import StreamKeys
-from printery.limits import Limit
+from printery.base._util import stop_tasks, wait_event, where
+from printery.rules.limits import Limit
 from printery.runtime.handler import Message
 from printery.runtime.limit_departed import DepartedSlots, gate_name
 from printery.runtime.limit_tickets import Claims, Ticket, slot_bases
@@ -40,6 +39,7 @@ from printery.runtime.limit_waits import HELD_BY_SLOT, HELD_BY_WINDOW, LimitWait
 from printery.runtime.observe import Observer
 from printery.transport.limit_store import WAIT_FOR_SLOT, Ask, LimitStore, Report
 from printery.transport.streams import CONNECTION_ERRORS
+from printery.wire.keys import StreamKeys
 
 log = structlog.get_logger("printery.worker")
 

@@ -5,11 +5,11 @@ from __future__ import annotations
 import time
 from collections.abc import Iterable, Sequence
 
-from printery.errors import PipelineError
-from printery.keys import StreamKeys
-from printery.limits import Limit
+from printery.base.errors import PipelineError
+from printery.rules.limits import Limit
 from printery.runtime.handler import Message
 from printery.transport.limit_store import Bound
+from printery.wire.keys import StreamKeys
 
 __all__ = ["Claims", "Ticket", "slot_bases"]
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from printery.limits import Limit
+from printery.rules.limits import Limit
 from printery.runtime.observe import Observer
 
 #: What held a ticket back (bits): a concurrency slot, a window.

@@ -4,7 +4,7 @@ that commit or retract it.
 
 Partials are not entries of the run: they are provisional text a follower shows while an
 attempt runs, and they are never replayed nor traced. They go to one capped stream per
-run, ``<scope>:partials:<run>`` (:meth:`~printery.keys.StreamKeys.partials`), beside
+run, ``<scope>:partials:<run>`` (:meth:`~printery.wire.keys.StreamKeys.partials`), beside
 which followers read the run's entries; the stream lapses an hour after its last write.
 A verdict (``kind`` ``verdict``) on the same stream closes an attempt: its partials are
 committed (passed) or retracted (not passed, with the reasons), and a follower that
@@ -32,11 +32,11 @@ from typing import Any, Protocol
 
 import structlog
 
-from printery import _json
-from printery.errors import TIMEOUT_CANCEL, describe
-from printery.fields import ITEM
-from printery.keys import StreamKeys
+from printery.base import _json
+from printery.base.errors import TIMEOUT_CANCEL, describe
 from printery.transport.connection import Redis
+from printery.wire.fields import ITEM
+from printery.wire.keys import StreamKeys
 
 __all__ = ["FLUSH_S", "MAXLEN", "TTL_S", "PartialWriter", "current", "passed", "retract",
            "using", "withdraw"]

@@ -7,11 +7,11 @@ from __future__ import annotations
 import hashlib
 from typing import Any
 
-from printery import _json
-from printery.errors import BlobMissing, PayloadTooLarge
-from printery.keys import StreamKeys
+from printery.base import _json
+from printery.base.errors import BlobMissing, PayloadTooLarge
 from printery.store.blobs import read_blob, write_blob
 from printery.transport.connection import Redis
+from printery.wire.keys import StreamKeys
 
 REF_PREFIX = "blob:"
 

@@ -9,8 +9,10 @@ one slot), so however many groups read the stream, and however often a lost repl
 retried, one copy is appended. The append and the ack touch two slots and cannot be
 one transaction: a crash between them leaves the entry pending, it is routed again (the
 guard appends nothing) and acked. An entry that names no run at all gets a fresh
-correlation id in the partition it was found in (:func:`~printery.keys.new_id_in`), so
+correlation id in the partition it was found in (:func:`~printery.wire.keys.new_id_in`), so
 it is handled where it is.
+
+Its namesake in other layers (the same job there): :mod:`printery.policies.placement`.
 """
 
 from __future__ import annotations
@@ -20,14 +22,14 @@ from itertools import chain
 
 import structlog
 
-from printery._util import new_id
-from printery.envelope import Codec, Envelope, correlation_of
-from printery.keys import StreamKeys, new_id_in, partition_of
+from printery.base._util import new_id
 from printery.runtime.consumer import Delivery
 from printery.store.outage import Outage
 from printery.transport.connection import Redis
 from printery.transport.scripts import Scripts
 from printery.transport.streams import ROUTE_LUA
+from printery.wire.envelope import Codec, Envelope, correlation_of
+from printery.wire.keys import StreamKeys, new_id_in, partition_of
 
 log = structlog.get_logger("printery.worker")
 

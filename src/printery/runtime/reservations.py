@@ -14,6 +14,8 @@ finds it and renews it instead of reserving again).
 
 A step without ``estimate=`` has none of this: no round trip, no argument, no script
 work.
+
+Its namesake in other layers (the same job there): :mod:`printery.policies.reservations`.
 """
 
 from __future__ import annotations
@@ -22,13 +24,13 @@ import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from printery.budgets import BudgetPlan, Exceeded, estimated_amounts
-from printery.errors import PipelineError, WorkerCrashed, describe
-from printery.keys import StreamKeys, parse_reservation, raise_field
+from printery.base.errors import PipelineError, WorkerCrashed, describe
+from printery.rules.budgets import BudgetPlan, Exceeded, estimated_amounts
 from printery.runtime.handler import Message
 from printery.transport.commit import decode_spent, encode_amount, encode_limit
 from printery.transport.connection import Redis
 from printery.transport.scripts import Scripts, script
+from printery.wire.keys import StreamKeys, parse_reservation, raise_field
 
 RESERVE_LUA = script("reserve")
 
@@ -113,7 +115,7 @@ class Reservations:
 
 def reserved_sums(held: Mapping[str, str], now_ms: float | None = None) -> dict[str, float]:
     """What the live reservations of a run's reservations hash (``StreamKeys.reserved``,
-    in the encoding :func:`~printery.keys.parse_reservation` reads) hold, per budget
+    in the encoding :func:`~printery.wire.keys.parse_reservation` reads) hold, per budget
     field, in units; a lapsed one counts for nothing (the next reservation sweeps it)."""
     now = time.time() * 1000 if now_ms is None else now_ms
     sums: dict[str, float] = {}

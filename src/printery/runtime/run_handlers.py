@@ -15,7 +15,7 @@ import contextvars
 from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any
 
-from printery._util import given_up, log_failure
+from printery.base._util import given_up, log_failure
 from printery.runtime.accounting import Decided
 from printery.runtime.consumer import Consumer, Delivery
 from printery.runtime.handler import Message

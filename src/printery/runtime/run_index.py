@@ -2,7 +2,7 @@
 newest first, and each one's status), turned into a few commands of that commit's own
 transaction. The reads (the console's overview and runs pages) and the sweep that forgets
 ended runs are :mod:`printery.runs.index`; the keys, every one from
-:class:`~printery.keys.StreamKeys`:
+:class:`~printery.wire.keys.StreamKeys`:
 
 - ``run_index()``: sorted set, run id -> when it started (ms);
 - ``run_index(status)``: the runs of one status (``running``, then the outcome's status)
@@ -27,6 +27,9 @@ idempotent (``NX``, the same status again), except the cost minutes: a duplicate
 delivery's cost counts twice there (an overview figure; ``printery cost`` is exact).
 The costs of the entries of one script run go to their minute summed (:meth:`RunIndex.spent`,
 from their marks): one write per script run, not per entry.
+
+Its namesakes in other layers (the same job there): :mod:`printery.policies.run_index`,
+:mod:`printery.store.run_index`.
 """
 
 from __future__ import annotations
@@ -35,10 +38,10 @@ import time
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, NamedTuple
 
-from printery import _json
-from printery.keys import StreamKeys
+from printery.base import _json
 from printery.transport.channel import Command
 from printery.transport.commit import IndexEnd, IndexWrites
+from printery.wire.keys import StreamKeys
 
 __all__ = ["COST_MINUTE_TTL", "DEAD_LETTER", "RUNNING", "RunIndex", "RunMark",
            "committed", "now_ms", "outcome_status", "run_status"]

@@ -11,12 +11,12 @@ import functools
 from collections.abc import Callable, Coroutine
 from typing import Any, Protocol, TypeVar, cast
 
-from printery.errors import WorkerCrashed, describe
-from printery.fields import TRACEPARENT
+from printery.base.errors import WorkerCrashed, describe
+from printery.observe.telemetry import StepTracer, step_tracer
 from printery.runtime.consumer import Delivery
 from printery.runtime.handler import Message
-from printery.telemetry import StepTracer, step_tracer
 from printery.transport.commit import DUPLICATE, FENCED
+from printery.wire.fields import TRACEPARENT
 
 __all__ = ["EntrySpans", "HandleEntry", "Spanned", "bind_spans"]
 

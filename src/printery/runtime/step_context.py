@@ -13,11 +13,11 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
 
-from printery.envelope import Codec
-from printery.keys import StreamKeys
 from printery.runtime.consumer import ConsumerSettings
 from printery.runtime.handler import Output
 from printery.transport.connection import Redis
+from printery.wire.envelope import Codec
+from printery.wire.keys import StreamKeys
 
 if TYPE_CHECKING:
     from printery.runtime.run_index import RunIndex

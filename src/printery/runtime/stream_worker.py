@@ -28,14 +28,13 @@ from typing import Any
 
 import structlog
 
-from printery._util import consumer_name, log_failure, stop_tasks, where
-from printery.budgets import BudgetPlan
-from printery.envelope import Codec
-from printery.keys import StreamKeys
-from printery.limits import Limit
+from printery.base._util import consumer_name, log_failure, stop_tasks, where
+from printery.base.worker import RunContext, WorkerStats
 from printery.policies.middleware import Middleware
 from printery.policies.order import step_chain
 from printery.policies.placement import Placement
+from printery.rules.budgets import BudgetPlan
+from printery.rules.limits import Limit
 from printery.runtime.budget_guard import BudgetGuard
 from printery.runtime.consume import EntryPipeline
 from printery.runtime.consumer import Consumer, ConsumerSettings, InFlight
@@ -65,7 +64,8 @@ from printery.transport.streams import (
     Leases,
     one_slot,
 )
-from printery.worker import RunContext, WorkerStats
+from printery.wire.envelope import Codec
+from printery.wire.keys import StreamKeys
 
 log = structlog.get_logger("printery.worker")
 

@@ -5,7 +5,7 @@ alone.
 A process that dies (``os._exit``, a native crash, an OOM kill) writes nothing, and it may
 have had several calls in flight: nothing says which one killed it. So a death among
 several counts against none of them. What the group knows lives in the server, one record
-per entry (:meth:`~printery.keys.StreamKeys.suspect`), because the process that knew
+per entry (:meth:`~printery.wire.keys.StreamKeys.suspect`), because the process that knew
 anything is gone:
 
 * a live consumer that hands entries back (a stop, a call given up on) first says so
@@ -37,7 +37,6 @@ from weakref import WeakKeyDictionary
 
 import structlog
 
-from printery.keys import StreamKeys
 from printery.runtime.alone import Alone
 from printery.runtime.consumer import Delivery
 from printery.runtime.handler import Message
@@ -45,6 +44,7 @@ from printery.store.outage import Outage
 from printery.transport.connection import Redis
 from printery.transport.scripts import Scripts, script
 from printery.transport.streams import Leases
+from printery.wire.keys import StreamKeys
 
 __all__ = ["HandBacks", "Suspects", "Trial"]
 

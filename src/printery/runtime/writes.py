@@ -1,5 +1,5 @@
 """What a step writes: the entries for a handler call's outputs (in the one wire format,
-:meth:`~printery.envelope.Codec.new_fields`), large ``data`` moved to blobs, and the
+:meth:`~printery.wire.envelope.Codec.new_fields`), large ``data`` moved to blobs, and the
 dead letter of an entry that cannot be handled (its ``dlq`` entry and its run's
 ``run:failed``). The entry pipeline
 (:mod:`printery.runtime.consume`) decides when; this module says what."""
@@ -8,10 +8,15 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
-from printery import _json
-from printery.envelope import Codec, correlation_of, run_id_problem
-from printery.errors import PayloadTooLarge
-from printery.fields import (
+from printery.base import _json
+from printery.base.errors import PayloadTooLarge
+from printery.runtime.handler import Message, Output
+from printery.runtime.payloads import PayloadStore
+from printery.runtime.run_index import RunIndex, committed
+from printery.transport.commit import Append
+from printery.transport.dead_letter import DeadLetterWrite
+from printery.wire.envelope import Codec, correlation_of, run_id_problem
+from printery.wire.fields import (
     CALL_OF,
     ITEM,
     ITEM_FAILED,
@@ -22,12 +27,7 @@ from printery.fields import (
     dlq_fields,
     item_key,
 )
-from printery.keys import RUN_FAILED, StreamKeys, result_type
-from printery.runtime.handler import Message, Output
-from printery.runtime.payloads import PayloadStore
-from printery.runtime.run_index import RunIndex, committed
-from printery.transport.commit import Append
-from printery.transport.dead_letter import DeadLetterWrite
+from printery.wire.keys import RUN_FAILED, StreamKeys, result_type
 
 
 class Writes:

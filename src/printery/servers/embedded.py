@@ -36,9 +36,9 @@ from typing import Any
 
 import psutil
 
-from printery import _json
-from printery._util import now_rfc3339
-from printery.errors import ServerStartError
+from printery.base import _json
+from printery.base._util import now_rfc3339
+from printery.base.errors import ServerStartError
 from printery.servers.process import ServerProcess, server_info
 
 log = logging.getLogger(__name__)

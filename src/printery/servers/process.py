@@ -16,7 +16,7 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
-from printery.errors import ServerStartError
+from printery.base.errors import ServerStartError
 
 
 def find_server_binary() -> str:

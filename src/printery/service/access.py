@@ -34,10 +34,10 @@ from dataclasses import dataclass
 from aiohttp import web
 from itsdangerous import BadSignature, URLSafeTimedSerializer
 
-from printery.config import Settings
-from printery.keys import StreamKeys
+from printery.settings.config import Settings
 from printery.store import Redis
 from printery.store.sessions import end_session, open_session, session_open
+from printery.wire.keys import StreamKeys
 
 __all__ = ["COOKIE", "Access", "ConsoleAuth", "is_loopback", "service_access"]
 

@@ -18,9 +18,8 @@ from urllib.parse import quote, unquote, urlencode
 
 from aiohttp import web
 
-from printery import _json
-from printery.config import Settings
-from printery.errors import (
+from printery.base import _json
+from printery.base.errors import (
     InvalidInput,
     PayloadTooLarge,
     ReviewActionFailed,
@@ -31,19 +30,20 @@ from printery.errors import (
     ReviewRunEnded,
     UnknownRun,
 )
-from printery.fields import STEP, TRACEPARENT, WORKER
+from printery.base.reason import Reason
 from printery.inbox import dead_letters, reviews
-from printery.keys import DLQ, REVIEW, StreamKeys
-from printery.logging import get_logger
+from printery.observe.logging import get_logger
 from printery.pipeline.dag import Pipeline
-from printery.reason import Reason
 from printery.runs.cost import budget_report
 from printery.runs.facade import Runs
 from printery.runs.listing import list_runs, listing_of_query
 from printery.runs.partials import POSITION, Partial
 from printery.runs.reader import run_cost, run_status
 from printery.service.access import Access, service_access
+from printery.settings.config import Settings
 from printery.store import Redis
+from printery.wire.fields import STEP, TRACEPARENT, WORKER
+from printery.wire.keys import DLQ, REVIEW, StreamKeys
 
 __all__ = ["build_api", "refusal", "service_api"]
 

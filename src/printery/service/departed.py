@@ -14,6 +14,8 @@ all of these hold, so no entry is ever lost and no live reader is disturbed:
 The last two are checked by the server in the same step as the delete
 (``delconsumer.lua``). A consumer removed while its reader still lives costs nothing:
 its next read recreates it.
+
+Its namesake in other layers (the same job there): :mod:`printery.runtime.departed`.
 """
 
 from __future__ import annotations

@@ -11,22 +11,22 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any, TypeVar
 
-from printery._util import idle
-from printery.config import Settings
-from printery.errors import describe
+from printery.base._util import idle
+from printery.base.errors import describe
 from printery.inbox.reviews import expire_reviews, sweep_interval
-from printery.keys import StreamKeys
-from printery.logging import get_logger
-from printery.metrics import Metrics
+from printery.observe.logging import get_logger
+from printery.observe.metrics import Metrics
 from printery.pipeline.dag import Pipeline
 from printery.runs.index import RunIndexReader
 from printery.runtime.breaker import breaker_states
 from printery.service.departed import live_owners, remove_departed
 from printery.service.registry import ProcessRegistry, list_processes
 from printery.service.retention import trim_pipeline_streams
+from printery.settings.config import Settings
 from printery.store import UNREACHABLE, Redis, read_overview, waiting
 from printery.supervisor.manager import WorkerManager
 from printery.transport.scripts import Scripts
+from printery.wire.keys import StreamKeys
 
 __all__ = ["DEPARTED_INTERVAL", "GAUGE_INTERVAL", "LAG_INTERVAL", "Housekeeping", "remove_consumers"]
 

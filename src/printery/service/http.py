@@ -16,11 +16,11 @@ from typing import Any, Protocol
 
 from aiohttp import web
 
-from printery import _json
-from printery.config import parse_http_addr
-from printery.logging import get_logger
-from printery.metrics import CONTENT_TYPE
-from printery.redact import redact_text
+from printery.base import _json
+from printery.observe.logging import get_logger
+from printery.observe.metrics import CONTENT_TYPE
+from printery.observe.redact import redact_text
+from printery.settings.config import parse_http_addr
 
 __all__ = ["HttpServer", "StatusProvider", "build_app", "parse_http_addr"]
 
@@ -46,7 +46,7 @@ class StatusProvider(Protocol):
         ...
 
     def metrics(self) -> bytes:
-        """Prometheus text exposition, e.g. :meth:`printery.metrics.Metrics.render`."""
+        """Prometheus text exposition, e.g. :meth:`printery.observe.metrics.Metrics.render`."""
         ...
 
 

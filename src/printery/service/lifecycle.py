@@ -29,12 +29,12 @@ import signal
 import sys
 from abc import ABC, abstractmethod
 
-from printery._util import log_failure, stop_tasks, wait_event, where
-from printery.config import Settings
-from printery.errors import describe
-from printery.logging import configure_logging, get_logger
-from printery.redact import redact_url
+from printery.base._util import log_failure, stop_tasks, wait_event, where
+from printery.base.errors import describe
+from printery.observe.logging import configure_logging, get_logger
+from printery.observe.redact import redact_url
 from printery.servers.embedded import EmbeddedServer
+from printery.settings.config import Settings
 
 __all__ = [
     "EXIT_CONFIG", "EXIT_FAILED", "EXIT_INTERRUPTED", "EXIT_OK", "ProcessLifecycle",

@@ -17,12 +17,12 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from printery import _json
-from printery._util import idle
-from printery.errors import ConfigError
-from printery.keys import StreamKeys
+from printery.base import _json
+from printery.base._util import idle
+from printery.base.errors import ConfigError
 from printery.store import Redis, ServerError
 from printery.store.processes import forget_beat, read_beats, write_beat
+from printery.wire.keys import StreamKeys
 
 log = logging.getLogger(__name__)
 

@@ -17,9 +17,9 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any, cast
 
-from printery.keys import DLQ, REVIEW, REVIEW_DECIDED, StreamKeys
 from printery.store import Redis
 from printery.transport.scripts import Scripts, script
+from printery.wire.keys import DLQ, REVIEW, REVIEW_DECIDED, StreamKeys
 
 #: Event types that hold work for humans; never trimmed by :func:`trim_pipeline_streams`.
 NEVER_TRIMMED = frozenset({DLQ, REVIEW, REVIEW_DECIDED})

@@ -34,15 +34,14 @@ import time
 from collections.abc import Mapping
 from typing import Any
 
-from printery import _json, telemetry
-from printery._util import hostname, log_failure, now_rfc3339, settle_gc, stop_tasks, where
-from printery.config import Settings
-from printery.errors import ConfigError, describe
-from printery.layout import resolve_keys
-from printery.logging import get_logger
-from printery.metrics import Metrics, MetricsObserver
+from printery.base import _json
+from printery.base._util import hostname, log_failure, now_rfc3339, settle_gc, stop_tasks, where
+from printery.base.errors import ConfigError, describe
+from printery.observe import telemetry
+from printery.observe.logging import get_logger
+from printery.observe.metrics import Metrics, MetricsObserver
+from printery.observe.redact import redact_url
 from printery.pipeline.dag import Pipeline
-from printery.redact import redact_url
 from printery.runs.cost import enforced_limits
 from printery.runs.facade import Runs
 from printery.runtime.breaker import breaker_states
@@ -61,9 +60,11 @@ from printery.service.lifecycle import (
     ProcessLifecycle,
 )
 from printery.service.registry import ProcessRegistry
+from printery.settings.config import Settings
 from printery.store import Outage, Redis, ServerError
 from printery.store.budgets import record_budget_limits
 from printery.store.layout import describe_pipeline
+from printery.store.partitions import resolve_keys
 from printery.store.servers import answers
 from printery.supervisor.manager import WorkerManager
 from printery.transport.connection import connect
@@ -181,7 +182,7 @@ class Service(ProcessLifecycle):
 
     async def _read_layout(self, client: Redis) -> None:
         """The partition count recorded in the server, recorded now by the first process
-        (:mod:`printery.layout`); the HTTP API, started before the server answered, is
+        (:mod:`printery.store.partitions`); the HTTP API, started before the server answered, is
         started again over the recorded keys when they are not the ones it was given."""
         keys = await resolve_keys(client, self.settings, event_types=self.pipeline.event_types(),
                                   writer=f"printery-workers {self.process_id}")

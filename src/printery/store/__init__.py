@@ -11,7 +11,7 @@ rest takes the client as :data:`Redis` and calls in here:
 * :mod:`~printery.store.inbox`: how many reviews and dead letters wait (one read), a
   review's decision, a dead letter's replay and purge;
 * :mod:`~printery.store.outage`: one outage policy and one definition of unreachable;
-* :mod:`~printery.store.errors`: the client's errors by what they mean;
+* :mod:`~printery.store.client_errors`: the client's errors by what they mean;
 * :mod:`~printery.store.scan`: one scan of a stream and of every partition, entries by
   id, the followers' live read;
 * :mod:`~printery.store.joins` (an aggregator's joins, :class:`JoinStore`),
@@ -21,12 +21,12 @@ rest takes the client as :data:`Redis` and calls in here:
   (payloads by reference), :mod:`~printery.store.budgets`, :mod:`~printery.store.records`
   (a failed entry's last error), :mod:`~printery.store.sessions` (console sessions) and
   :mod:`~printery.store.servers` (what the servers report): each keyspace, its keys
-  named in :mod:`printery.keys`.
+  named in :mod:`printery.wire.keys`.
 """
 
 from __future__ import annotations
 
-from printery.store.errors import CommandRefused, ServerError, WatchConflict
+from printery.store.client_errors import CommandRefused, ServerError, WatchConflict
 from printery.store.inbox import Waiting, waiting
 from printery.store.joins import JoinStore
 from printery.store.outage import UNREACHABLE, Outage, unreachable

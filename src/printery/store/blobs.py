@@ -3,9 +3,9 @@ reference means and when one is written: :mod:`printery.runtime.payloads`)."""
 
 from __future__ import annotations
 
-from printery._util import as_text
-from printery.keys import StreamKeys
+from printery.base._util import as_text
 from printery.transport.connection import Redis
+from printery.wire.keys import StreamKeys
 
 __all__ = ["read_blob", "write_blob"]
 

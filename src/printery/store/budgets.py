@@ -1,5 +1,5 @@
 """A run's budget as the server holds it, read (what the fields mean and who writes them:
-:mod:`printery.budgets`, the commit and the budget guard), and the limits the workers
+:mod:`printery.rules.budgets`, the commit and the budget guard), and the limits the workers
 enforce, as they recorded them at their start (``StreamKeys.budget_limits``).
 
 A budget may depend on the workers' environment (``Budget(usd=float(os.environ[...]))``):
@@ -14,9 +14,9 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from printery import _json
-from printery.keys import StreamKeys
+from printery.base import _json
 from printery.transport.connection import Redis
+from printery.wire.keys import StreamKeys
 
 __all__ = ["LimitRow", "budget_hashes", "record_budget_limits", "recorded_budget_limits"]
 

@@ -13,12 +13,12 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, NamedTuple, cast
 
-from printery.keys import StreamKeys
-from printery.store.errors import ServerError, WatchConflict
+from printery.store.client_errors import ServerError, WatchConflict
 from printery.store.outage import unreachable
 from printery.store.scan import read_entry
 from printery.transport.connection import Redis
 from printery.transport.streams import WATCH_RETRIES
+from printery.wire.keys import StreamKeys
 
 __all__ = ["Decided", "Requeue", "Waiting", "decide_review", "delete_letter", "requeue_letter", "waiting"]
 

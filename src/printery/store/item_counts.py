@@ -1,5 +1,5 @@
 """A Map collector's counts (reference: fan-out): per run, a hash of its items' results
-by index (:meth:`~printery.keys.StreamKeys.join` under the collector's name), counted by
+by index (:meth:`~printery.wire.keys.StreamKeys.join` under the collector's name), counted by
 ``map_count.lua``, which also tells whether the Map's output was written already.
 
 Every result is one count, so counting them one round trip at a time would bound a Map
@@ -15,10 +15,10 @@ import asyncio
 from collections.abc import Awaitable, Mapping
 from typing import cast
 
-from printery.keys import StreamKeys
 from printery.transport.channel import DirectChannel
 from printery.transport.connection import Redis
 from printery.transport.scripts import script
+from printery.wire.keys import StreamKeys
 
 __all__ = ["ItemCounts"]
 

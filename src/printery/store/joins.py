@@ -1,9 +1,9 @@
 """An aggregator's keyspace: a hash per open join, a sorted set of their deadlines.
 
-Each join's hash (:meth:`~printery.keys.StreamKeys.join`) holds the arrivals by branch
+Each join's hash (:meth:`~printery.wire.keys.StreamKeys.join`) holds the arrivals by branch
 name as JSON, the opening's time (``__opened_at``), the sweep's failed attempts
 (``__sweep_attempts``) and late arrivals (``late:<branch>``); it expires ``ttl_s`` after
-its last write. The deadlines set (:meth:`~printery.keys.StreamKeys.join_deadlines`)
+its last write. The deadlines set (:meth:`~printery.wire.keys.StreamKeys.join_deadlines`)
 scores each open join by when a sweep may decide it; a sweep leases what it takes by
 moving the score (``take_due.lua``). Both live in the run's partition; the result's
 ``once`` key tells whether the join was decided.
@@ -14,10 +14,10 @@ from __future__ import annotations
 from collections.abc import Awaitable, Mapping
 from typing import Any, cast
 
-from printery.keys import StreamKeys
 from printery.transport.connection import Redis
 from printery.transport.dead_letter import DeadLetterWrite, write_dead_letter
 from printery.transport.scripts import Scripts, script
+from printery.wire.keys import StreamKeys
 
 __all__ = ["ATTEMPTS", "OPENED_AT", "JoinStore", "arrivals"]
 

@@ -1,5 +1,5 @@
 """The layout record's reads and writes (``<prefix>:layout``; what it means and who
-writes it: :mod:`printery.layout`), the two facts of the server a first record is chosen
+writes it: :mod:`printery.store.partitions`), the two facts of the server a first record is chosen
 by (how many masters a cluster has, which streams exist already), and the description of
 the pipeline a service runs (``<prefix>:pipeline``)."""
 
@@ -10,10 +10,10 @@ from typing import Any, cast
 
 from redis.asyncio.cluster import RedisCluster
 
-from printery.keys import StreamKeys
 from printery.transport.connection import Redis
 from printery.transport.scripts import Scripts, script
 from printery.transport.streams import one_slot
+from printery.wire.keys import StreamKeys
 
 __all__ = ["describe_pipeline", "existing_streams", "master_count", "read_layout", "record_layout"]
 

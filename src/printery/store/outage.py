@@ -20,9 +20,9 @@ from typing import TypeVar
 
 import structlog
 
-from printery._util import idle, wait_event
-from printery.backoff import compute_backoff
-from printery.errors import ServerRefused
+from printery.base._util import idle, wait_event
+from printery.base.backoff import compute_backoff
+from printery.base.errors import ServerRefused
 from printery.transport.refusal import REFUSALS, refusal_error
 from printery.transport.streams import CONNECTION_ERRORS
 

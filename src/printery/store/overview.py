@@ -26,10 +26,10 @@ from typing import Any
 
 from redis.exceptions import ResponseError
 
-from printery._util import stream_id_ms
-from printery.keys import StreamKeys
+from printery.base._util import stream_id_ms
 from printery.transport.connection import Redis
 from printery.transport.streams import one_slot
+from printery.wire.keys import StreamKeys
 
 __all__ = [
     "GroupFigures", "StreamFigures", "StreamOverview", "event_type_lags", "lags_of_groups",

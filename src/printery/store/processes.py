@@ -4,9 +4,9 @@ the sorted set indexing them by last beat (what they mean: :mod:`printery.servic
 
 from __future__ import annotations
 
-from printery._util import as_text
-from printery.keys import StreamKeys
+from printery.base._util import as_text
 from printery.transport.connection import Redis
+from printery.wire.keys import StreamKeys
 
 __all__ = ["forget_beat", "read_beats", "write_beat"]
 

@@ -1,6 +1,8 @@
 """Small records a worker keeps beside the streams: the last error of an entry that failed,
 so that its dead letter, written after a later delivery (when its process died each time),
-still says what went wrong."""
+still says what went wrong.
+
+Its namesake in other layers (the same job there): :mod:`printery.transport.records`."""
 
 from __future__ import annotations
 

@@ -6,6 +6,8 @@ Per partition: a sorted set of every run by its start (``run_index()``), one per
 (``run_info``: ``status``, ``ended``) and a hash per minute of what the steps spent
 (``cost_minute``). Every read here is bounded whatever the index holds: a page, a batch of
 ids, the counts, sixty minutes.
+
+Its namesake in other layers (the same job there): :mod:`printery.policies.run_index`.
 """
 
 from __future__ import annotations
@@ -13,9 +15,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from printery.keys import StreamKeys
 from printery.transport.connection import Redis
 from printery.transport.scripts import Scripts, script
+from printery.wire.keys import StreamKeys
 
 __all__ = ["FORGET_BATCH", "IndexCounts", "cost_of_minutes", "counts", "forget_ended", "is_indexed",
            "newest", "newest_after", "run_rows", "run_start", "run_starts"]

@@ -16,9 +16,9 @@ from typing import Any, cast
 
 from redis.exceptions import RedisError
 
-from printery.keys import StreamKeys
 from printery.transport.connection import Redis
 from printery.transport.streams import CONNECTION_ERRORS
+from printery.wire.keys import StreamKeys
 
 __all__ = ["CHUNK", "append_entries", "last_ids", "read_after", "read_entries", "read_entry", "read_page",
            "scan_partitions", "scan_stream"]

@@ -13,8 +13,8 @@ from __future__ import annotations
 
 import math
 
-from printery.keys import StreamKeys
 from printery.transport.connection import Redis
+from printery.wire.keys import StreamKeys
 
 __all__ = ["end_session", "open_session", "session_open"]
 

@@ -3,7 +3,7 @@ with backoff (supervised mode) or fails fast (standalone mode), and drains them 
 
 Its restart policy is the project's one restart-with-backoff policy: the service's
 workers and the child processes of ``--processes`` (each a
-:class:`~printery.supervisor.process.ChildProcess` worker) are supervised by it alike."""
+:class:`~printery.supervisor.child.ChildProcess` worker) are supervised by it alike."""
 
 from __future__ import annotations
 
@@ -16,17 +16,17 @@ from typing import Any
 
 import structlog
 
-from printery._util import stop_tasks, wait_event, where
-from printery.backoff import compute_backoff
-from printery.errors import SupervisorError, WorkerFailed
-from printery.supervisor.graph import topological_levels
-from printery.worker import Observable, RunContext, Worker, WorkerState
+from printery.base._util import stop_tasks, wait_event, where
+from printery.base.backoff import compute_backoff
+from printery.base.errors import SupervisorError, WorkerFailed
+from printery.base.worker import Observable, RunContext, Worker, WorkerState
+from printery.supervisor.levels import topological_levels
 
 log = structlog.get_logger("printery.manager")
 
 #: Seconds a worker cancelled after its drain overran gets to end: its hand-back and
 #: close run as it unwinds, so it is cancelled again only after :data:`CANCEL_AGAIN_AFTER`
-#: (a cancellation redis-py lost, see :func:`printery._util.check_cancelled`).
+#: (a cancellation redis-py lost, see :func:`printery.base._util.check_cancelled`).
 CANCEL_TIMEOUT = 15.0
 CANCEL_AGAIN_AFTER = 5.0
 

@@ -24,10 +24,10 @@ import redis.asyncio as aioredis
 import structlog
 from redis.exceptions import NoScriptError, ResponseError
 
-from printery._util import check_cancelled, fail_waiters
-from printery.keys import budget_warning_key_parts, record_sets, warned_field
+from printery.base._util import check_cancelled, fail_waiters
 from printery.transport.channel import Command, DirectChannel
 from printery.transport.scripts import Scripts, script
+from printery.wire.keys import budget_warning_key_parts, record_sets, warned_field
 
 Fields = Mapping[str, str]
 

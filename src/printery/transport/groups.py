@@ -8,11 +8,14 @@ backfill`` does, on purpose). A step ``renamed_from`` an old name takes the old 
 place: its last-delivered id and its pending entries, then the old group is destroyed.
 
 "Has run here before" is each partition's record of known groups
-(:attr:`~printery.keys.StreamKeys.known_groups`), or, on a server of the time before the
+(:attr:`~printery.wire.keys.StreamKeys.known_groups`), or, on a server of the time before the
 record, any consumer group on the pipeline's streams. The decision and the creations are
 one script per partition (``groups.lua``: the record and the partition's streams share
 its hash tag), so two processes starting at once on a fresh server agree that it is the
 first start.
+
+Its namesakes in other layers (the same job there): :mod:`printery.runtime.groups`,
+:mod:`printery.service.groups`.
 """
 
 from __future__ import annotations
@@ -20,10 +23,10 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from printery._util import as_text
-from printery.keys import StreamKeys
+from printery.base._util import as_text
 from printery.transport.connection import Redis
 from printery.transport.scripts import Scripts, script
+from printery.wire.keys import StreamKeys
 
 __all__ = ["Placement", "Reader", "place_groups", "record_field"]
 

@@ -9,7 +9,7 @@ from typing import Any, NamedTuple
 
 import redis.asyncio as aioredis
 
-from printery._util import as_text
+from printery.base._util import as_text
 from printery.transport.channel import DirectChannel
 from printery.transport.scripts import script
 

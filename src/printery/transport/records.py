@@ -1,12 +1,14 @@
 """Idempotency records: which entries' idempotency keys a consumer group has committed.
 
 A record is written by the commit (commit.lua, atomically with the outputs and the ack)
-as a member of one set per generation (:func:`printery.keys.record_set`: a ring of three
+as a member of one set per generation (:func:`printery.wire.keys.record_set`: a ring of three
 sets); the index hash names the current generation. A generation is current for the
 record ttl, then previous (still checked), then expires, so a record is kept at least ttl
 and at most about twice that.
 :class:`RecordLookup` reads them before handlers run, so a duplicate is acked without
 being handled again (the commit checks again, atomically).
+
+Its namesake in other layers (the same job there): :mod:`printery.store.records`.
 """
 
 from __future__ import annotations
@@ -16,8 +18,8 @@ from typing import Any
 
 from redis.exceptions import ResponseError
 
-from printery.keys import record_set
 from printery.transport.channel import Command, DirectChannel
+from printery.wire.keys import record_set
 
 
 class RecordLookup:

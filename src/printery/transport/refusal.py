@@ -12,7 +12,7 @@ from redis.exceptions import (
     NoPermissionError,
 )
 
-from printery.errors import ConfigError, ServerRefused, describe
+from printery.base.errors import ConfigError, ServerRefused, describe
 
 #: The client's exceptions for a refusal. ``AuthenticationError`` is a subclass of the
 #: client's ``ConnectionError``, so it must be told apart before any retry.

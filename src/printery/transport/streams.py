@@ -21,8 +21,8 @@ from redis.exceptions import (
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
-from printery._util import as_text
-from printery.errors import TransportError, describe
+from printery.base._util import as_text
+from printery.base.errors import TransportError, describe
 from printery.transport.channel import Command, DirectChannel
 from printery.transport.refusal import refusal_error
 from printery.transport.scripts import Scripts, script

@@ -12,11 +12,11 @@ from collections.abc import Callable, Mapping
 
 from aiohttp import web
 
-from printery.config import Settings
 from printery.runs.facade import Runs
 from printery.service.access import ConsoleAuth, service_access
 from printery.service.console.routes import add_console
 from printery.service.console.views import Views
+from printery.settings.config import Settings
 
 __all__ = ["service_console"]
 

@@ -11,9 +11,9 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from printery.fields import ITEM, ITEM_FAILED, ITEMS, MAP
-from printery.keys import DLQ
 from printery.pipeline.dag import Pipeline
+from printery.wire.fields import ITEM, ITEM_FAILED, ITEMS, MAP
+from printery.wire.keys import DLQ
 
 __all__ = ["ItemCounts", "Layout", "drawn_dependencies", "item_counts", "layout"]
 

@@ -22,9 +22,9 @@ from urllib.parse import parse_qsl, quote
 import jinja2
 from aiohttp import web
 
-from printery import _json
-from printery._util import amount, amounts, idle
-from printery.errors import (
+from printery.base import _json
+from printery.base._util import amount, amounts, idle
+from printery.base.errors import (
     ReviewActionFailed,
     ReviewError,
     ReviewInvalid,
@@ -32,7 +32,7 @@ from printery.errors import (
     ReviewRefused,
 )
 from printery.inbox import dead_letters, reviews
-from printery.logging import get_logger
+from printery.observe.logging import get_logger
 from printery.runs.partials import Drafts
 from printery.service.access import ConsoleAuth
 from printery.service.console.views import Views

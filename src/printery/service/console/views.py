@@ -11,11 +11,9 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from printery import _json
-from printery.errors import ReviewInvalid, UnknownRun
-from printery.fields import REASON_CODE, WORKER
+from printery.base import _json
+from printery.base.errors import ReviewInvalid, UnknownRun
 from printery.inbox import dead_letters, reviews
-from printery.keys import DLQ, REVIEW
 from printery.pipeline.render import loop_summary, to_text
 from printery.runs.facade import Runs
 from printery.runs.history import id_order
@@ -27,6 +25,8 @@ from printery.service.api import step_summary
 from printery.service.console.graph import ItemCounts, Layout, item_counts, layout
 from printery.service.registry import list_processes
 from printery.store import read_overview, waiting
+from printery.wire.fields import REASON_CODE, WORKER
+from printery.wire.keys import DLQ, REVIEW
 
 __all__ = ["Views", "pretty"]
 

@@ -8,7 +8,7 @@ share, kept for steps with a budget of their own), ``raise:<field>`` (what appro
 reviews added to that field's limit), each in whole billionths of the unit
 (:data:`~printery.transport.commit.SPENT_SCALE`: integer adds, exact sums), and
 ``warned:<field>`` (the soft warning was written). This module is the pure part, low
-beside :mod:`printery.limits` so that the runtime reads it without reaching up into the
+beside :mod:`printery.rules.limits` so that the runtime reads it without reaching up into the
 pipeline: the limits, what a step reads and charges, and the names of what a breach
 writes. What a decision on a ``budget_exceeded`` review does is
 :mod:`printery.pipeline.budget_review`.
@@ -23,6 +23,8 @@ Reserved budgets: a step that declares what one call is expected to spend (``est
 reserves it against its run's limits before its handler runs, atomically with every
 other reservation of the run (``transport/lua/reserve.lua``, a reservations hash per run
 beside its budget hash); the entry's commit replaces its reservation with what it spent.
+
+Its namesake in other layers (the same job there): :mod:`printery.store.budgets`.
 """
 
 from __future__ import annotations
@@ -32,8 +34,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from printery import _json
-from printery.errors import PipelineError
+from printery.base import _json
+from printery.base.errors import PipelineError
 
 __all__ = [
     "BUDGET_EXCEEDED",

@@ -5,15 +5,15 @@ A ``dlq`` entry (docs/reference.md, Failures) is the original entry plus
 carries :data:`REVIEW_FIELDS` beside the escalated ``data``; a ``review:decided`` entry
 carries :data:`DECISION_FIELDS`. The workers that write them and the tools that read them
 (``printery dlq``, ``review``, ``trace``) take the names from here, so they can never
-spell one differently. Stream names are in :mod:`printery.keys`; the envelope's own fields
-in :mod:`printery.envelope`.
+spell one differently. Stream names are in :mod:`printery.wire.keys`; the envelope's own fields
+in :mod:`printery.wire.envelope`.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 
-from printery._util import now_rfc3339
+from printery.base._util import now_rfc3339
 
 __all__ = [
     "BY",

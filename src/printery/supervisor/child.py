@@ -21,9 +21,9 @@ from collections.abc import Collection, Mapping, Sequence
 
 import structlog
 
-from printery._util import wait_event
-from printery.errors import WorkerFailed
-from printery.worker import RunContext
+from printery.base._util import wait_event
+from printery.base.errors import WorkerFailed
+from printery.base.worker import RunContext
 
 __all__ = ["ChildProcess"]
 

@@ -23,13 +23,13 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from printery._util import now_rfc3339
-from printery.config import Settings
-from printery.errors import ConfigError
-from printery.keys import MAX_PARTITIONS, StreamKeys
+from printery.base._util import now_rfc3339
+from printery.base.errors import ConfigError
+from printery.settings.config import Settings
 from printery.store import Redis
 from printery.store.layout import existing_streams, master_count, read_layout, record_layout
 from printery.transport.streams import one_slot
+from printery.wire.keys import MAX_PARTITIONS, StreamKeys
 
 __all__ = ["default_partitions", "read_partitions", "resolve_keys"]
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from printery.keys import StreamKeys, partition_of
+from printery.wire.keys import StreamKeys, partition_of
 
 #: Starts every line of the driver-to-relay protocol (see :mod:`printery.bench.worker_proc`).
 PROTOCOL_PREFIX = "@bench "

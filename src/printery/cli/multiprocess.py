@@ -12,7 +12,7 @@ Design, kept deliberately simple:
 * With no Redis URL the parent acquires the embedded server of the data dir first and
   holds it until every child has exited; children find it and take their own leases, so
   a crashing child never takes the server down with it.
-* Each child is a :class:`~printery.supervisor.process.ChildProcess` worker of a
+* Each child is a :class:`~printery.supervisor.child.ChildProcess` worker of a
   :class:`~printery.WorkerManager`, the one supervisor of the project: a child that
   exits while the parent is not stopping is restarted after
   :func:`printery.compute_backoff` (``--backoff`` doubling per consecutive crash, without
@@ -47,12 +47,9 @@ from prometheus_client.core import Metric
 from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.registry import Collector
 
-from printery._util import hostname, idle, log_failure, now_rfc3339
-from printery.config import Settings
-from printery.errors import ConfigError
-from printery.keys import StreamKeys
-from printery.layout import resolve_keys
-from printery.logging import get_logger
+from printery.base._util import hostname, idle, log_failure, now_rfc3339
+from printery.base.errors import ConfigError
+from printery.observe.logging import get_logger
 from printery.pipeline.dag import Pipeline
 from printery.runs.facade import Runs
 from printery.servers.process import free_port
@@ -60,10 +57,13 @@ from printery.service.api import service_api
 from printery.service.console import service_console
 from printery.service.http import HttpServer
 from printery.service.lifecycle import EXIT_CONFIG, EXIT_OK, ProcessLifecycle
+from printery.settings.config import Settings
 from printery.store import ServerError
+from printery.store.partitions import resolve_keys
+from printery.supervisor.child import ChildProcess
 from printery.supervisor.manager import WorkerManager
-from printery.supervisor.process import ChildProcess
 from printery.transport.connection import connect
+from printery.wire.keys import StreamKeys
 
 __all__ = ["Parent", "merge_workers"]
 

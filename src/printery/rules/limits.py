@@ -5,6 +5,8 @@ A limit is declared on a step (``@pipeline.step(..., limits=[Limit(...)])``) and
 across every process sharing the server, because its state lives there: see
 :mod:`printery.runtime.limit_gate` for how entries wait and
 ``printery/transport/lua/limit.lua`` for the one atomic decision.
+
+Its namesake in other layers (the same job there): :mod:`printery.policies.limits`.
 """
 
 from __future__ import annotations
@@ -13,8 +15,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from printery._util import marked
-from printery.errors import PipelineError, WorkerCrashed, describe
+from printery.base._util import marked
+from printery.base.errors import PipelineError, WorkerCrashed, describe
 
 __all__ = ["WINDOW_SECONDS", "FallsBack", "Limit", "fallback_of", "mark_fallback"]
 

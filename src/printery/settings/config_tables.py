@@ -3,10 +3,10 @@
 :class:`SettingsTable` is what a table must be, the framework's and an application's
 alike (unknown keys are errors, values immutable, no boolean for a number); the
 framework's tables are ``[transport]``, ``[workers.<name>]``, ``[review.<kind>]`` and
-``[telemetry]``. They live apart from :mod:`printery.config`, which holds the top-level
-:class:`~printery.config.Settings` (they are its fields) and what an application adds,
+``[telemetry]``. They live apart from :mod:`printery.settings.config`, which holds the top-level
+:class:`~printery.settings.config.Settings` (they are its fields) and what an application adds,
 so each module stays one job and one size; every name here is also importable from
-:mod:`printery.config`.
+:mod:`printery.settings.config`.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from urllib.parse import urlsplit
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
 from pydantic_core import PydanticCustomError
 
-from printery.keys import MAX_PARTITIONS
+from printery.wire.keys import MAX_PARTITIONS
 
 __all__ = [
     "ReviewSettings",
@@ -32,7 +32,7 @@ __all__ = [
 
 def not_allowed(allowed: str) -> PydanticCustomError:
     """The error of a value a validator refuses: ``allowed`` says what is allowed, and is
-    the message template of the one-line :class:`~printery.errors.ConfigError`."""
+    the message template of the one-line :class:`~printery.base.errors.ConfigError`."""
     return PydanticCustomError("printery", "{allowed}", {"allowed": allowed})
 
 
@@ -88,7 +88,7 @@ class TransportSettings(SettingsTable):
     #: Partitions of every stream (docs/reference.md, Partitions):
     #: ``<prefix>:{p<k>}:<event type>``, a run in partition ``crc32(correlation id) %
     #: partitions``; 1 keeps the unpartitioned keys. Unset: the count recorded in
-    #: ``<prefix>:layout`` (:mod:`printery.layout`), or on the very first start 3 x the
+    #: ``<prefix>:layout`` (:mod:`printery.store.partitions`), or on the very first start 3 x the
     #: master count on a cluster, 1 on one server; a setting that disagrees with the
     #: record is refused.
     partitions: int | None = Field(default=None, ge=1, le=MAX_PARTITIONS)
@@ -130,7 +130,7 @@ class ConsoleSettings(SettingsTable):
 
 class TelemetrySettings(SettingsTable):
     """``[telemetry]``: OpenTelemetry traces (docs/reference.md, Tracing,
-    :mod:`printery.telemetry`)."""
+    :mod:`printery.observe.telemetry`)."""
 
     #: Base URL of an OTLP/HTTP collector (``/v1/traces`` is added, as for
     #: ``OTEL_EXPORTER_OTLP_ENDPOINT``); unset: that env var decides, and without it

@@ -21,9 +21,9 @@ from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from typing import Any
 
-from printery.errors import ConfigError
-from printery.fields import TRACEPARENT
-from printery.redact import redact_url
+from printery.base.errors import ConfigError
+from printery.observe.redact import redact_url
+from printery.wire.fields import TRACEPARENT
 
 __all__ = [
     "TRACEPARENT",

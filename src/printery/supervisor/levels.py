@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
-from printery.errors import DependencyCycle, SupervisorError
+from printery.base.errors import DependencyCycle, SupervisorError
 
 
 def find_cycle(graph: Mapping[str, Sequence[str]]) -> list[str] | None:

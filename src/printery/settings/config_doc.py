@@ -2,11 +2,11 @@
 
 Each setting's flag, env var, metavar, help and default, in ``--help`` order: what
 ``printery-workers --help`` is rendered from (:mod:`printery.cli.workers`) and the loader
-names flags by (:mod:`printery.config_load`). It is words about the settings, not their
-rules, so it lives apart from :mod:`printery.config`, which validates them. It does not
+names flags by (:mod:`printery.settings.config_load`). It is words about the settings, not their
+rules, so it lives apart from :mod:`printery.settings.config`, which validates them. It does not
 import the settings either: a default the table does not write is read from the
 setting's own field (``default_of``), so each default is written once;
-:data:`printery.config.SETTINGS_DOC` is this table over :class:`~printery.config.Settings`.
+:data:`printery.settings.config.SETTINGS_DOC` is this table over :class:`~printery.settings.config.Settings`.
 """
 
 from __future__ import annotations

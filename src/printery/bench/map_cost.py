@@ -29,11 +29,9 @@ import uuid
 from collections.abc import Awaitable, Callable
 from typing import Any, cast
 
-from printery import _json
+from printery.base import _json
 from printery.bench.cleanup import delete_prefix
 from printery.bench.server import bench_server
-from printery.envelope import Codec
-from printery.keys import StreamKeys
 from printery.pipeline.dag import Pipeline
 from printery.pipeline.fanout import Map
 from printery.runtime.consumer import ConsumerSettings
@@ -42,6 +40,8 @@ from printery.runtime.payloads import PayloadStore
 from printery.store import Redis
 from printery.supervisor.manager import WorkerManager
 from printery.transport.connection import connect
+from printery.wire.envelope import Codec
+from printery.wire.keys import StreamKeys
 
 __all__ = ["format_map", "run_map_bench"]
 

@@ -1,6 +1,6 @@
 """Loading settings: flag > env var > config file > default, validated at once before
 anything connects, and every error as one line naming the setting, where it came from,
-the value (secrets masked) and what is allowed (see :mod:`printery.config`)."""
+the value (secrets masked) and what is allowed (see :mod:`printery.settings.config`)."""
 
 from __future__ import annotations
 
@@ -16,9 +16,9 @@ from pydantic import BaseModel, Field, ValidationError, create_model
 from pydantic.fields import FieldInfo
 from pydantic_core import ErrorDetails
 
-from printery.config import SETTINGS_DOC, AppConfig, Settings
-from printery.errors import ConfigError
-from printery.redact import Redactor
+from printery.base.errors import ConfigError
+from printery.observe.redact import Redactor
+from printery.settings.config import SETTINGS_DOC, AppConfig, Settings
 
 __all__ = ["load_settings"]
 
@@ -30,7 +30,7 @@ _FLAG_KEYS = {
 
 
 def _mask(key: str, value: object) -> object:
-    """The bad value as it may be printed (:mod:`printery.redact`'s rules)."""
+    """The bad value as it may be printed (:mod:`printery.observe.redact`'s rules)."""
     return Redactor().field(key, value)
 
 

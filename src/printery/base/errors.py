@@ -56,7 +56,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from printery.reason import Reason
+    from printery.base.reason import Reason
 
 #: Characters of a traceback kept in a ``dlq`` entry: the innermost frames, which say
 #: where it failed, are the ones kept.

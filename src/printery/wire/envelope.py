@@ -11,9 +11,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from printery import _json
-from printery._util import as_text, new_id, now_rfc3339, stamped_id
-from printery.errors import DecodeError, InvalidRunId, PayloadTooLarge
+from printery.base import _json
+from printery.base._util import as_text, new_id, now_rfc3339, stamped_id
+from printery.base.errors import DecodeError, InvalidRunId, PayloadTooLarge
 
 ENVELOPE_FIELDS = (
     "data", "type", "event_id", "idempotency_key", "attempt", "produced_at", "producer",

@@ -8,7 +8,7 @@ on a terminal it is the human console format. Timestamps are ISO 8601 in UTC.
 Records of the standard ``logging`` module (aiohttp, redis-py, asyncio) go through the
 same processors, so they are JSON and redacted as well.
 
-Redaction happens in one processor (:class:`printery.redact.Redactor`, the project's one
+Redaction happens in one processor (:class:`printery.observe.redact.Redactor`, the project's one
 rule set) placed after exceptions are formatted and before the renderer, so tracebacks
 are scrubbed too: every configured secret string and every URL password
 (``redis://:***@host``) in any string value, nested or not, becomes ``***``; values of
@@ -26,7 +26,7 @@ import orjson
 import structlog
 from structlog.typing import EventDict, FilteringBoundLogger, Processor
 
-from printery.redact import Redactor
+from printery.observe.redact import Redactor
 
 __all__ = ["configure_logging", "get_logger"]
 

@@ -20,11 +20,11 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from printery.config import AppConfig, Settings
-from printery.config_load import load_settings
-from printery.errors import ConfigError
-from printery.keys import COMMAND_STREAM_PREFIX
+from printery.base.errors import ConfigError
 from printery.pipeline.dag import Pipeline
+from printery.settings.config import AppConfig, Settings
+from printery.settings.config_load import load_settings
+from printery.wire.keys import COMMAND_STREAM_PREFIX
 
 #: The app of both commands when neither ``--app`` nor ``PRINTERY_APP`` names one.
 DEFAULT_APP = "printery.deploy.app:pipeline"

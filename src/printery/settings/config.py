@@ -3,7 +3,7 @@ Configuration).
 
 Every setting comes from, in order of precedence, a command-line flag, an environment
 variable, the TOML config file, or its default, and the whole set is validated here,
-before anything connects: a bad value is a :class:`~printery.errors.ConfigError` whose
+before anything connects: a bad value is a :class:`~printery.base.errors.ConfigError` whose
 message is one line naming the setting (and where it came from), the value with secrets
 shown as ``***``, and what is allowed. The CLI turns that into exit status 2.
 
@@ -34,8 +34,10 @@ from urllib.parse import parse_qs, urlsplit
 from pydantic import BaseModel, BeforeValidator, Field, PrivateAttr, ValidationInfo, field_validator
 from pydantic_core import PydanticCustomError
 
-from printery.config_doc import SettingDoc, settings_doc
-from printery.config_tables import (
+from printery.base.errors import ConfigError
+from printery.observe.redact import redact_url
+from printery.settings.config_doc import SettingDoc, settings_doc
+from printery.settings.config_tables import (
     ConsoleSettings,
     ReviewSettings,
     SettingsTable,
@@ -44,10 +46,8 @@ from printery.config_tables import (
     WorkerSettings,
     not_allowed,
 )
-from printery.errors import ConfigError
-from printery.keys import StreamKeys
-from printery.redact import redact_url
 from printery.transport.connection import CLUSTER_SCHEMES, cluster_nodes
+from printery.wire.keys import StreamKeys
 
 __all__ = [
     "SETTINGS_DOC",
@@ -400,7 +400,7 @@ class Settings(SettingsTable):
     @property
     def keys(self) -> StreamKeys:
         """Every key name of this deployment: the stream prefix in its partitions (the
-        setting; unset, 1 until the recorded layout is read: :mod:`printery.layout`)."""
+        setting; unset, 1 until the recorded layout is read: :mod:`printery.store.partitions`)."""
         return StreamKeys(self.stream_prefix, self.transport.partitions or 1)
 
     def with_partitions(self, partitions: int) -> Settings:
@@ -451,6 +451,6 @@ _NO_APP = AppConfig()
 
 
 #: Every command-line setting (docs/reference.md, Commands), in ``--help`` order, keyed by
-#: setting name (the table is :mod:`printery.config_doc`'s, the defaults the settings'
+#: setting name (the table is :mod:`printery.settings.config_doc`'s, the defaults the settings'
 #: own).
 SETTINGS_DOC: Mapping[str, SettingDoc] = settings_doc(lambda name: Settings.model_fields[name].default)

@@ -21,7 +21,7 @@ import zlib
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
-from printery.errors import PartitionError
+from printery.base.errors import PartitionError
 
 DLQ = "dlq"
 REVIEW = "review"
@@ -288,7 +288,7 @@ class StreamKeys:
     def budget(self, run_id: str) -> str:
         """Hash of what a run has spent, per unit (and per step with a budget of its
         own), and the raises of its limits (docs/reference.md, Budgets), counted in
-        billionths of the unit (see :mod:`printery.budgets`)."""
+        billionths of the unit (see :mod:`printery.rules.budgets`)."""
         return f"{self.budget_prefix}{run_id}"
 
     @property
@@ -386,7 +386,7 @@ class StreamKeys:
     def layout(self) -> str:
         """The key layout of the prefix (a hash; ``partitions``: the partition count),
         written once by the first worker process (docs/reference.md, Partitions,
-        :mod:`printery.layout`)."""
+        :mod:`printery.store.partitions`)."""
         return f"{self.prefix}:layout"
 
     @property

@@ -1,0 +1,1 @@
+"""The base every room stands on: the error tree and ``Reason``, the ``Worker`` protocol, backoff, helpers."""

@@ -1,0 +1,1 @@
+"""Observability: logs, metrics, OpenTelemetry (imported only while tracing is on) and redaction."""

@@ -1,0 +1,1 @@
+"""The declarations a step's policies enforce: ``Limit`` and ``Budget``."""

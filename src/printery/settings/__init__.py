@@ -1,0 +1,1 @@
+"""The settings: their tables, their documentation, and where they are loaded from."""
