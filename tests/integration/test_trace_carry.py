@@ -21,9 +21,9 @@ from printery import (
     StreamKeys,
     WorkerManager,
     escalate,
-    telemetry,
 )
 from printery.inbox import reviews
+from printery.observe import telemetry
 from printery.runs.replay import replay
 from printery.testing import wait_for
 from support.otlp import OtlpReceiver, otlp_receiver
