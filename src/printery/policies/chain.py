@@ -13,7 +13,7 @@ from collections.abc import Sequence
 from printery.policies.base import Batch, Call, Entry, LookUp, Policy, Written
 from printery.runtime.accounting import Decided
 from printery.runtime.consumer import Delivery
-from printery.runtime.handler import Handler, Message
+from printery.runtime.handler import Handler, HandlerResult, Message
 from printery.transport.commit import EntryCommit
 
 __all__ = ["Chain"]
@@ -43,9 +43,9 @@ class Chain:
         self.wrapped: Call | None = None
         wrapping = _defining(self.policies, "wrap")
         if wrapping:
-            async def call(delivery: Delivery, message: Message) -> object:
+            async def call(delivery: Delivery, message: Message) -> HandlerResult:
                 return await handler(message)
-            wrapped: Call = call  # type: ignore[assignment]
+            wrapped: Call = call
             for policy in reversed(wrapping):
                 wrapped = policy.wrap(wrapped)
             self.wrapped = wrapped
