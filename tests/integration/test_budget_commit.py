@@ -5,6 +5,7 @@ run's cost from its entries agrees with it."""
 
 from __future__ import annotations
 
+from functools import partial
 from typing import Any
 
 import redis.asyncio as aioredis
@@ -12,6 +13,7 @@ import redis.asyncio as aioredis
 from printery import Pipeline
 from printery.base import _json
 from printery.runs.cost import cost_summary
+from printery.runtime.run_index import RunIndex, committed
 from printery.transport.commit import (
     FENCED,
     SPENT_MAX,
@@ -202,3 +204,47 @@ async def test_a_fenced_or_duplicate_commit_counts_once_in_the_cost_as_in_spent(
     summary = await cost_summary(client, keys, pipeline, "r1")
     assert summary["steps"]["step"]["calls"] == 2
     assert summary["total"]["cost"] == await _spent(client, keys, "r1") == {"usd": 4}
+
+
+async def test_a_call_whose_outcome_is_withheld_still_counts_what_it_spent(
+    client: aioredis.Redis, prefix: str
+) -> None:
+    """An entry admitted while its run was under budget commits after another branch
+    ended the run: its outcome is withheld (a run gets one outcome), its cost is charged
+    (it was spent), and a copy of its figures in the run's ``withheld`` stream keeps the
+    run's cost from its entries equal to the budget's spent; a second output of the call
+    that is no outcome is written, and is not counted twice."""
+    pipeline = Pipeline("withheld-cost", ingress=["in"], outcomes=["end"], cost_units=["usd"],
+                        correlation_field="cid")
+    pipeline.step("step", consumes=["in"], produces=["end", "note"], cost_units=["usd"])(
+        lambda msg: None)
+    keys = StreamKeys(prefix)
+    index = RunIndex(keys, outcomes=["end"])
+    stream, group_index = keys.stream("in"), keys.idempotency_index("g")
+    ids = await _read(client, stream, 3)
+
+    def entry(n: int, *types: str) -> EntryCommit:
+        appends = [Append(keys.stream(t), {
+            "data": _json.dumps({"status": f"s{n}"}), "type": t, "producer": "step",
+            "duration_ms": "1.000", "cid": "r1", "cost": _json.dumps({"usd": n}),
+            "event_id": f"e{n}{t}", **({"call_of": f"e{n}{types[0]}"} if k else {})})
+            for k, t in enumerate(types)]
+        return EntryCommit(stream, "c", ids[n], f"k{n}", appends, _charge(keys, "r1", n),
+                           mark=index.mark(stream, "r1", appends))
+
+    committer = Committer(client, index_key=group_index, group="g", ttl_ms=TTL_MS,
+                          index_writes=partial(committed, index))
+    try:
+        assert await committer.commit([entry(1, "end")]) == [2]  # ends the run
+        assert await committer.commit([entry(2, "end", "note")]) == [2]  # its note only
+        assert await committer.commit([entry(0, "end")]) == [1]  # spent nothing
+    finally:
+        await committer.close()
+    assert [f["event_id"] for _, f in await client.xrange(keys.stream("end"))] == ["e1end"]
+    assert await client.xlen(keys.stream("note")) == 1
+    copies = [f for _, f in await client.xrange(keys.withheld)]
+    assert [(f["event_id"], f["withheld"], f["data"]) for f in copies] == [
+        ("e2end", "run_ended", "{}"), ("e0end", "run_ended", "{}")]
+    summary = await cost_summary(client, keys, pipeline, "r1")
+    assert summary["steps"]["step"]["calls"] == 3
+    assert summary["total"]["cost"] == await _spent(client, keys, "r1") == {"usd": 3}

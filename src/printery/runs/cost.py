@@ -7,7 +7,9 @@ writes several outputs puts the same figures on each, and its outputs after the 
 name the first in ``call_of``: a call is counted once, by its first output (calls of a
 step with the same figures, Map items for one, are each counted). Handler calls that
 wrote no output (an aggregator still waiting for branches) leave no trace and are not
-counted. Copies of an entry are not calls: a ``dlq`` entry (the entry that failed, with
+counted; a call whose first output the commit withheld (an outcome of a run that had
+ended meanwhile) is counted by the copy of its figures in the ``withheld`` stream. Copies
+of an entry are not calls: a ``dlq`` entry (the entry that failed, with
 its producer's figures) and what ``dlq replay`` puts back (``replayed_from``) never count
 (:func:`is_call`, the one rule of every figure: ``printery cost``, ``RunResult.cost``,
 ``GET /v1/runs/{id}``, the console). A redelivery writes nothing twice: only the commit
@@ -34,7 +36,7 @@ from printery.transport.commit import decode_spent
 from printery.transport.streams import public_api
 from printery.wire.envelope import correlation_of
 from printery.wire.fields import CALL_OF, REPLAYED_FROM
-from printery.wire.keys import DLQ, REVIEW, StreamKeys, raise_field
+from printery.wire.keys import DLQ, REVIEW, WITHHELD, StreamKeys, raise_field
 
 __all__ = ["CallTally", "budget_report", "budget_status", "cost_summary", "enforced_limits",
            "is_call", "parse_duration"]
@@ -71,7 +73,8 @@ async def cost_summary(
     # One run's entries are in its partition; every run's in every partition
     # (docs/reference.md, Partitions).
     parts = [keys.of(correlation_id)] if correlation_id is not None else list(keys.each())
-    for event_type in dict.fromkeys([*pipeline.event_types(), REVIEW]):  # dlq: copies only
+    # dlq: copies only; withheld: calls whose outputs were not kept.
+    for event_type in dict.fromkeys([*pipeline.event_types(), REVIEW, WITHHELD]):
         for part in parts:
             async for _id, fields in scan_stream(client, part.stream(event_type), start):
                 tally.add(fields, event_type)

@@ -53,7 +53,15 @@ from printery.store.run_index import run_start
 from printery.store.scan import last_ids, read_after, scan_stream
 from printery.wire.envelope import correlation_of
 from printery.wire.fields import CALL_OF, REPLAYED_FROM, STEP, WORKER
-from printery.wire.keys import DLQ, REVIEW, REVIEW_DECIDED, RUN_FAILED, StreamKeys, partition_of
+from printery.wire.keys import (
+    DLQ,
+    REVIEW,
+    REVIEW_DECIDED,
+    RUN_FAILED,
+    WITHHELD,
+    StreamKeys,
+    partition_of,
+)
 
 __all__ = ["RUNNING", "RunFollow", "RunOrder", "RunReader", "RunResult", "run_cost",
            "run_status"]
@@ -104,7 +112,7 @@ def run_cost(pipeline: Pipeline, entries: Iterable[Mapping[str, Any]]) -> dict[s
 
 
 #: Streams of records about a step's entries (written beside its outputs, or instead).
-_RECORDS = frozenset({DLQ, REVIEW, REVIEW_DECIDED})
+_RECORDS = frozenset({DLQ, REVIEW, REVIEW_DECIDED, WITHHELD})
 
 #: A run's place of one entry: (millisecond, depth, kind, sequence, type).
 Place = tuple[int, int, int, int, int]
@@ -241,7 +249,7 @@ class RunReader:
         self.outcomes = frozenset(pipeline.outcomes)
         # Every outcome type is read (``run:failed`` too, which no step need declare).
         self.event_types = list(dict.fromkeys(
-            [*pipeline.event_types(), *pipeline.outcomes, DLQ, REVIEW, REVIEW_DECIDED]))
+            [*pipeline.event_types(), *pipeline.outcomes, DLQ, REVIEW, REVIEW_DECIDED, WITHHELD]))
         self.order = RunOrder(pipeline, self.event_types)
         #: Stream key -> event type, of every partition (a run's are in one of them).
         self.streams = {part.stream(t): t for part in keys.each() for t in self.event_types}

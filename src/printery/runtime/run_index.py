@@ -90,6 +90,9 @@ class RunMark(NamedTuple):
     #: by a dead letter (a run gets one outcome; :func:`committed`).
     ends: tuple[int, ...] = ()
     info: str = ""
+    #: The run's ``withheld`` stream: where the commit copies the figures of a call whose
+    #: first output it withholds (the call's cost was spent all the same).
+    withheld: str = ""
 
 
 class RunIndex:
@@ -174,7 +177,7 @@ class RunIndex:
         if not status:
             return RunMark(run_id, starts, status, costs or None)
         return RunMark(run_id, starts, status, costs or None, ends=tuple(ends),
-                       info=self.keys.run_info(run_id))
+                       info=self.keys.run_info(run_id), withheld=self.keys.withheld)
 
     def writes(self, marks: Sequence[RunMark], at_ms: int | None = None) -> list[Command]:
         """The commands that index ``marks`` (of the entries of one commit) at ``at_ms``

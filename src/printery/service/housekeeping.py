@@ -26,7 +26,7 @@ from printery.settings.config import Settings
 from printery.store import UNREACHABLE, Redis, read_overview, waiting
 from printery.supervisor.manager import WorkerManager
 from printery.transport.scripts import Scripts
-from printery.wire.keys import StreamKeys
+from printery.wire.keys import WITHHELD, StreamKeys
 
 __all__ = ["DEPARTED_INTERVAL", "GAUGE_INTERVAL", "LAG_INTERVAL", "Housekeeping", "remove_consumers"]
 
@@ -142,7 +142,7 @@ class Housekeeping:
         forgets the runs whose outcome is as old. Every process sweeps; both are
         idempotent, so more processes only repeat a cheap no-op."""
         transport = self.settings.transport
-        event_types = self.pipeline.event_types()
+        event_types = [*self.pipeline.event_types(), WITHHELD]  # (withheld: no group reads it)
         index, scripts = RunIndexReader(self.keys), Scripts(self.client)  # loaded once, not per sweep
 
         async def sweep() -> tuple[dict[str, int], int]:

@@ -180,7 +180,9 @@ class EntryCommit(NamedTuple):
     one script run into the :class:`IndexWrites` that script run makes whatever its
     verdict, so idempotent ones: a few for all of them rather than some for each. A
     mark's ``ends`` (positions in ``appends``) are outcomes of its run, withheld when its
-    ``info`` hash says the run has ended: a run gets one outcome. ``letter``: this entry
+    ``info`` hash says the run has ended: a run gets one outcome (when the first output is
+    withheld, a copy of its figures goes to the mark's ``withheld`` stream: the call's
+    cost was charged). ``letter``: this entry
     is dead-lettered (its ``appends`` are empty); its result is the dlq entry's id, or
     :data:`FENCED`."""
 
@@ -288,22 +290,9 @@ def _add_segment(
     for stream, no_once, ends in outputs:
         keys.append(stream)
         args.append(str((0 if no_once else 1) + (2 if ends else 0)))
-    columns = ()
-    if budget:
-        template = list(chain.from_iterable(budget.warning.items()))
-        columns = budget.columns or tuple(range(len(budget.fields)))
-        keys.append(budget.warning_stream)
-        args += (budget.corr, SPENT_SCALE, max(columns, default=-1) + 1)
-        if budget.over:
-            keys.append(budget.over)
-        args += (1 if budget.over else 0, 1 if budget.reserved else 0, len(template), *template,
-                 len(budget.fields))
-        hard = budget.hard or (None,) * len(budget.fields)
-        for name, soft, limit, note, column in zip(budget.fields, budget.soft, hard,
-                                                   budget.notes, columns, strict=True):
-            before, after = budget_warning_key_parts(name)
-            args += (name, warned_field(name), encode_limit(soft), encode_limit(limit), note,
-                     column + 1, before, after)
+    if any(ends for _, _, ends in outputs):  # one partition's outputs: one run's stream
+        keys.append(segment[0].mark.withheld)
+    columns = _add_budget_plan(keys, args, budget) if budget else ()
     if source:
         args += [entry.entry_id for entry in segment]
     if not unrecorded:
@@ -321,6 +310,26 @@ def _add_segment(
         args += [charge.run for charge in charges]  # type: ignore[union-attr]
         for column in range(max(columns, default=-1) + 1):
             args += [charge.amounts[column] for charge in charges]  # type: ignore[union-attr]
+
+
+def _add_budget_plan(keys: list[str], args: list[Any], budget: ChargePlan) -> tuple[int, ...]:
+    """A segment's budget plan (the ``budget`` include's ``budget_plan`` reads it); the
+    amount column of each field."""
+    template = list(chain.from_iterable(budget.warning.items()))
+    columns = budget.columns or tuple(range(len(budget.fields)))
+    keys.append(budget.warning_stream)
+    args += (budget.corr, SPENT_SCALE, max(columns, default=-1) + 1)
+    if budget.over:
+        keys.append(budget.over)
+    args += (1 if budget.over else 0, 1 if budget.reserved else 0, len(template), *template,
+             len(budget.fields))
+    hard = budget.hard or (None,) * len(budget.fields)
+    for name, soft, limit, note, column in zip(budget.fields, budget.soft, hard,
+                                               budget.notes, columns, strict=True):
+        before, after = budget_warning_key_parts(name)
+        args += (name, warned_field(name), encode_limit(soft), encode_limit(limit), note,
+                 column + 1, before, after)
+    return columns
 
 
 def _add_letter(keys: list[str], args: list[Any], letter: DeadLetterWrite) -> None:

@@ -29,6 +29,11 @@ REVIEW_DECIDED = "review:decided"
 #: The outcome of a run one of whose entries was dead-lettered (reference: failures), written
 #: by the runtime in the dead letter's transaction; any step may consume it.
 RUN_FAILED = "run:failed"
+#: The figures of handler calls whose outputs the commit withheld (an outcome of a run that
+#: had ended already): a copy of the call's first output, ``data`` emptied, with
+#: ``withheld`` saying why. The call ran and its cost was charged, so the run's cost
+#: readers count it (reference: Replay and cost); nothing consumes it.
+WITHHELD = "withheld"
 
 
 #: Record sets per idempotency index: generation g's records are in ``record_sets[g % 3]``
@@ -237,6 +242,10 @@ class StreamKeys:
     @property
     def review_decided(self) -> str:
         return self.stream(REVIEW_DECIDED)
+
+    @property
+    def withheld(self) -> str:
+        return self.stream(WITHHELD)
 
     def idempotency_index(self, worker: str) -> str:
         """Where ``worker`` records the idempotency keys it committed: this hash names the

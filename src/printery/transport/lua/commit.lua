@@ -10,7 +10,8 @@
 -- usual case: no reply per entry is built); else one reply per entry: -1 fenced out
 -- (another consumer owns the entry now; its outputs withdrawn), 0 a duplicate (its record
 -- existed: acked, its outputs withdrawn), 1 + outputs kept + budget warnings written (an
--- output whose once key was taken is withdrawn, as is an outcome of a run that ended), a
+-- output whose once key was taken is withdrawn, as is an outcome of a run that ended: the
+-- figures of a call whose first output that is are copied to its run's withheld stream), a
 -- dead letter's dlq entry id, or an error reply for an entry that cannot commit (outputs
 -- withdrawn, no record, not acked). When a run index write failed, one more element: the
 -- list of their errors. A failure of the script itself withdraws every output of the run,
@@ -49,11 +50,12 @@ local function kept(s, x, warned)
   local e, n = s.first + x, 0
   for j = 1, s.m do
     local once, ends = s.once[j], s.ends[j]
-    if (not once or redis.call('SET', KEYS[once + x - 1], '1', 'NX', 'PX', ttl))
-        and not (ends and withheld(KEYS[ends + x - 1])) then
+    local taken = once and not redis.call('SET', KEYS[once + x - 1], '1', 'NX', 'PX', ttl)
+    if not taken and not (ends and withheld(KEYS[ends + x - 1])) then
       n = n + 1
     else
       withdraw(e, j)
+      if j == 1 and not taken then copies[e] = s.withheld end  -- its cost was charged
     end
   end
   return 1 + n + (warned[e] or 0)
@@ -105,7 +107,7 @@ end
 
 local ok, results = pcall(decide)
 if not ok then  -- keep nothing of a run that could not be decided; index nothing
-  for e = 1, total do withdrawn[e] = true end
+  for e = 1, total do withdrawn[e], copies[e] = true, nil end
   apply_withdrawals(segs, bad)
   return redis.error_reply(type(results) == 'table' and results.err or tostring(results))
 end

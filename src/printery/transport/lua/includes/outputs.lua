@@ -15,11 +15,26 @@ local function bad_outputs(outkeys)
   return bad
 end
 
+-- `copies[e]`: the withheld stream (a key) that gets a copy of the figures of entry e's
+-- first output, which is withdrawn although the entry committed (and charged its cost):
+-- an outcome of a run that had ended (cost.py counts the copy as the call).
+local copies = {}
+
+local function copy_figures(to, fields)
+  local copy = {}
+  for j = 1, #fields, 2 do
+    copy[j], copy[j + 1] = fields[j], fields[j] == 'data' and '{}' or fields[j + 1]
+  end
+  copy[#copy + 1], copy[#copy + 2] = 'withheld', 'run_ended'
+  redis.call('XADD', to, '*', unpack(copy))
+end
+
 local function apply_withdrawals(segs, bad)
-  local count, doomed = {}, {}
+  local count, doomed, copied = {}, {}, {}
   for _, s in ipairs(segs) do
     for x = 1, s.n do
-      local w = withdrawn[s.first + x]
+      local e = s.first + x
+      local w = withdrawn[e]
       for j = 1, s.m do
         local k = s.outs[j]
         local p = (count[k] or 0) + 1
@@ -27,6 +42,10 @@ local function apply_withdrawals(segs, bad)
         if w == true or (w and w[j]) then
           doomed[k] = doomed[k] or {}
           doomed[k][#doomed[k] + 1] = p
+          if j == 1 and copies[e] then
+            copied[k] = copied[k] or {}
+            copied[k][p] = copies[e]
+          end
         end
       end
     end
@@ -36,7 +55,12 @@ local function apply_withdrawals(segs, bad)
       local t = count[k]
       local rows = redis.call('XREVRANGE', k, '+', '-', 'COUNT', t)
       local ids = {}
-      for j, p in ipairs(positions) do ids[j] = rows[t - p + 1][1] end
+      for j, p in ipairs(positions) do
+        local row = rows[t - p + 1]
+        ids[j] = row[1]
+        local to = copied[k] and copied[k][p]
+        if to then copy_figures(to, row[2]) end
+      end
       each(ids, function(l, j, k2) return redis.call('XDEL', k, unpack(l, j, k2)) end)
     end
   end

@@ -6,7 +6,8 @@
 -- record, their output streams and budget plan: its header (kind 'entries',
 -- count n, '1' + source stream key + consumer if it has one, '1' if it carries records,
 -- outputs m, budget fields nb; per output its stream (key) and flags: 1 once key, + 2 an
--- outcome of its run), its budget plan, then its columns, n each: entry ids, records,
+-- outcome of its run; when an output is an outcome, the run's withheld stream, a key),
+-- its budget plan, then its columns, n each: entry ids, records,
 -- per output its once keys and run info hashes (keys), the budget's columns.
 local group, ttl = arg(), num()
 local records = num() == 1 and {index = key(), ring = {key(), key(), key()}} or nil
@@ -25,7 +26,9 @@ local function entries_args(s)
     outkeys[s.outs[j]] = true
     local flags = num()
     s.once[j], s.ends[j] = flags % 2 == 1, flags >= 2
+    if s.ends[j] then s.has_ends = true end
   end
+  if s.has_ends then s.withheld = key() end
   if nb > 0 then s.budget = budget_plan() end
   if s.stream then s.ids = column(s.n) end
   if marked then s.marks = column(s.n) end
