@@ -84,7 +84,7 @@ from printery.transport.commit import decode_spent
 from printery.transport.connection import connect
 from printery.wire.envelope import correlation_of
 from printery.wire.fields import REPLAY_FOR
-from printery.wire.keys import StreamKeys
+from printery.wire.keys import WITHHELD, StreamKeys
 from support.fuzz_model import CUTS, fuzz_model
 
 # -- the drawn example ---------------------------------------------------------------------
@@ -1104,7 +1104,9 @@ async def _audit_problems(ctx: Context) -> list[str]:
     for stream in await streams(ctx):
         _, event_type = ctx.keys.locate(stream)
         for _entry_id, fields in await ctx.redis.xrange(stream):
-            written.add((event_type, fields.get("producer", ""),
+            # A withheld output was written, then withheld: its run had ended.
+            written.add((fields.get("type", "") if event_type == WITHHELD else event_type,
+                         fields.get("producer", ""),
                          correlation_of(fields, field_name) or ""))
     problems = []
     for _entry_id, fields in await entries(ctx, AUDIT):
