@@ -86,7 +86,7 @@ if typing.TYPE_CHECKING:
         WorkerSettings,
     )
     from printery.supervisor.manager import WorkerManager
-    from printery.wire.keys import DLQ, REVIEW, REVIEW_DECIDED, RUN_FAILED, StreamKeys
+    from printery.wire.keys import DLQ, REVIEW, REVIEW_DECIDED, RUN_CANCELLED, RUN_FAILED, StreamKeys
 
 __all__ = [  # noqa: RUF022 - two faces, grouped as docs/reference.md's sections
     # For pipeline authors: what a pipeline, its steps and their handlers are made of,
@@ -106,7 +106,7 @@ __all__ = [  # noqa: RUF022 - two faces, grouped as docs/reference.md's sections
     "ReviewActionFailed", "ReviewCase", "ReviewError", "ReviewInvalid", "ReviewKind",
     "ReviewNotFound", "ReviewOutcome", "ReviewRefused", "ReviewRunEnded",
     # - the framework's own event types, which a step may consume
-    "DLQ", "REVIEW", "REVIEW_DECIDED", "RUN_FAILED",
+    "DLQ", "REVIEW", "REVIEW_DECIDED", "RUN_CANCELLED", "RUN_FAILED",
     # For applications: submitting and following runs, replay and cost, settings,
     # running a pipeline's workers in their own process, and the errors of all that.
     # - runs
@@ -139,7 +139,7 @@ _MODULES = {
         "ReviewNotFound", "ReviewRefused", "ReviewRunEnded", "ServerRefused",
         "ServerStartError", "StepTimeout", "SupervisorError", "TransportError", "UnknownRun",
         "WorkerCrashed", "WorkerFailed"),
-    "printery.wire.keys": ("DLQ", "REVIEW", "REVIEW_DECIDED", "RUN_FAILED", "StreamKeys"),
+    "printery.wire.keys": ("DLQ", "REVIEW", "REVIEW_DECIDED", "RUN_CANCELLED", "RUN_FAILED", "StreamKeys"),
     "printery.rules.limits": ("Limit",),
     "printery.pipeline.models": ("Completion", "OpenAICompatible"),
     "printery.pipeline.aggregate": ("Aggregator", "JoinState", "MergePolicy", "all_must_pass",

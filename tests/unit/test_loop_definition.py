@@ -99,11 +99,12 @@ def test_types_must_be_distinct() -> None:
 
 def test_the_exhausted_type_ends_a_run_even_when_consumed_or_outcomes_are_declared() -> None:
     # run:failed ends every run (docs/reference.md, Failures)
-    assert _pipeline(_loop(exhausted="gave_up")).outcomes == ("answer", "gave_up", "run:failed")
+    assert _pipeline(_loop(exhausted="gave_up")).outcomes == ("answer", "gave_up", "run:failed",
+                                                              "run:cancelled")
     consumed = _pipeline(_loop(), Step("notify", ("draft:exhausted",), ("sent",), _noop))
     assert "draft:exhausted" in consumed.outcomes and "draft:loop" not in consumed.outcomes
     declared = _pipeline(_loop(), outcomes=["answer"])
-    assert declared.outcomes == ("answer", "draft:exhausted", "run:failed")
+    assert declared.outcomes == ("answer", "draft:exhausted", "run:failed", "run:cancelled")
 
 
 def test_review_adds_the_review_stream_and_describe_shows_the_loop() -> None:

@@ -28,7 +28,7 @@ AUTHOR = {
     "Loop", "Map", "escalate", "review_output",
     "ReviewActionFailed", "ReviewCase", "ReviewError", "ReviewInvalid", "ReviewKind",
     "ReviewNotFound", "ReviewOutcome", "ReviewRefused", "ReviewRunEnded",
-    "DLQ", "REVIEW", "REVIEW_DECIDED", "RUN_FAILED",
+    "DLQ", "REVIEW", "REVIEW_DECIDED", "RUN_CANCELLED", "RUN_FAILED",
 }
 
 #: The face of applications (``printery.__all__``): runs, replay and cost, settings, a

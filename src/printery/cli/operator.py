@@ -28,6 +28,9 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
               "Throughput benchmark: hand-written relay ceilings vs printery's pipeline (with "
               "the library's default settings unless --prefetch is given); with --submit, the "
               "client; with --console, the web console (--events: GETs per page, default 200)."),
+    "cancel": ("printery.cli.ops_runs", "cancel",
+               "Cancel a run: exit 0 when this cancelled it, 1 when it had ended already (its "
+               "status printed) or is unknown."),
     "cost": ("printery.cli.ops_trace", "cost",
              "Handler time and reported cost, summed per step and unit."),
     "demo": ("printery.cli.demo", "demo",

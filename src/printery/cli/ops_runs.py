@@ -6,8 +6,9 @@ from __future__ import annotations
 
 import click
 
-from printery.base.errors import InvalidInput
+from printery.base.errors import InvalidInput, UnknownRun
 from printery.cli.ops_common import get_ctx, json_option, print_json, table
+from printery.runs.cancel import Cancelled, cancel_run
 from printery.runs.listing import DEFAULT_LIMIT, MAX_LIMIT, RunSummary, list_runs, listing_of
 from printery.runs.reader import RunReader
 from printery.store import Redis
@@ -43,3 +44,36 @@ def runs(status: str | None, since: str | None, limit: int, as_json: bool) -> No
         cost = " ".join(f"{unit}={amount:g}" for unit, amount in sorted(run.cost.items()))
         rows.append((run.run_id, run.status, shown["started"], shown["ended"], cost))
     click.echo(table(rows, [ops.pipeline.correlation_field, "status", "started", "ended", "cost"]))
+
+
+@click.command()
+@click.argument("run_id")
+@click.option("--reason", default="", metavar="TEXT", help="why (on the run:cancelled entry)")
+@click.option("--by", default=None, metavar="NAME", help="who cancels")
+@json_option
+def cancel(run_id: str, reason: str, by: str | None, as_json: bool) -> None:
+    """Cancel a run: exit 0 when this cancelled it, 1 when it had ended already (its
+    status printed) or is unknown."""
+    ops = get_ctx()
+
+    async def body(client: Redis) -> Cancelled | None:
+        try:
+            return await cancel_run(client, ops.keys, ops.pipeline, run_id, reason=reason,
+                                    by=by)
+        except UnknownRun:
+            return None
+
+    done = ops.run(body)
+    if done is None:
+        if as_json:
+            print_json({"run_id": run_id, "cancelled": False, "error": "unknown_run"})
+        else:
+            click.echo(f"{run_id}: unknown run", err=True)
+        raise SystemExit(1)
+    if as_json:
+        print_json(done.as_dict())
+    else:
+        click.echo(f"{run_id}: cancelled" if done.cancelled
+                   else f"{run_id}: had ended already ({done.status})")
+    if not done.cancelled:
+        raise SystemExit(1)

@@ -46,7 +46,14 @@ from printery.supervisor.levels import find_cycle
 from printery.transport.groups import Reader
 from printery.wire.envelope import MAX_RUN_ID, Codec
 from printery.wire.envelope import run_id_problem as run_id_problem  # where the runs layer finds it
-from printery.wire.keys import DLQ, REVIEW, REVIEW_DECIDED, RUN_FAILED, StreamKeys
+from printery.wire.keys import (
+    DLQ,
+    REVIEW,
+    REVIEW_DECIDED,
+    RUN_CANCELLED,
+    RUN_FAILED,
+    StreamKeys,
+)
 
 if TYPE_CHECKING:
     from typing_extensions import Unpack
@@ -67,6 +74,9 @@ def _statuses(success: Iterable[str]) -> tuple[str, ...]:
                             f"{MAX_RUN_ID} characters, no control character)")
     return statuses
 
+
+#: What ``Pipeline(on_failure=)`` takes: a failed run's other branches stop, or go on.
+ON_FAILURE = ("cancel", "continue")
 
 #: Streams that record rather than carry a run forward: never a run's outcome.
 _RECORDS = frozenset({DLQ, REVIEW, REVIEW_DECIDED})
@@ -100,8 +110,23 @@ class Pipeline:
         budget: Budget | None = None,
         success: Iterable[str] = ("succeeded",),
         middleware: Iterable[Middleware] = (),
+        on_failure: str = "cancel",
+        run_timeout: float | None = None,
     ) -> None:
         self.name = name
+        if on_failure not in ON_FAILURE:
+            raise PipelineError(f"on_failure must be one of {', '.join(ON_FAILURE)}, not "
+                                f"{on_failure!r}")
+        if run_timeout is not None and not (isinstance(run_timeout, int | float)
+                                            and not isinstance(run_timeout, bool)
+                                            and 0 < run_timeout < float("inf")):
+            raise PipelineError(f"run_timeout must be a positive number of seconds, not "
+                                f"{run_timeout!r}")
+        #: What a failed run's other branches do (reference: Cancelling a run):
+        #: ``cancel`` stops them, ``continue`` lets them go on.
+        self.on_failure = on_failure
+        #: Seconds a run may run from its submit before it is cancelled (None: no limit).
+        self.run_timeout = None if run_timeout is None else float(run_timeout)
         #: Around every step's calls, outside each step's own (docs/reference.md, Middleware).
         self.middleware = middleware_of(middleware, f"pipeline {name!r}")
         self.success = _statuses(success)
@@ -131,7 +156,8 @@ class Pipeline:
         collected = {m.exhausted for m in self.maps.values()}  # a Map's Loop's: its item failed
         exhausted = [s.loop.exhausted for s in self.steps.values()
                      if s.loop is not None and s.loop.exhausted not in collected]
-        ended = [*exhausted, *((BUDGET_EXCEEDED,) if self.has_budgets else ()), RUN_FAILED]
+        ended = [*exhausted, *((BUDGET_EXCEEDED,) if self.has_budgets else ()), RUN_FAILED,
+                 RUN_CANCELLED]
         if self._outcomes is not None:
             return tuple(dict.fromkeys([*self._outcomes, *ended]))
         consumed = {t for step in self.steps.values() for t in step.consumes}
@@ -338,7 +364,7 @@ class Pipeline:
             raise PipelineError(f"pipeline {self.name!r} has no steps")
         for step in self.steps.values():
             for event_type in step.consumes:
-                if (event_type not in self.ingress and event_type != RUN_FAILED
+                if (event_type not in self.ingress and event_type not in (RUN_FAILED, RUN_CANCELLED)
                         and not self.producers_of(event_type)):
                     raise PipelineError(
                         f"step {step.name!r} consumes {event_type!r}, which no step produces "
@@ -362,7 +388,9 @@ class Pipeline:
                 "again on its own results only inside a declared Loop(...) (bounded by "
                 "max_attempts)"
             )
-        unreachable = sorted(set(self.steps) - steps_reached(self.steps.values(), self.ingress))
+        # A run's run:failed and run:cancelled come from the runtime: any step may consume them.
+        unreachable = sorted(set(self.steps) - steps_reached(
+            self.steps.values(), [*self.ingress, RUN_FAILED, RUN_CANCELLED]))
         if unreachable:
             raise PipelineError(f"steps unreachable from the ingress: {unreachable}")
 

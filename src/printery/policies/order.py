@@ -4,21 +4,24 @@ Admit hooks run in this order, each on the entries the ones before it left:
 
 1. **placement** (several partitions): an entry elsewhere than its run's partition goes
    there first, before anything of this partition is asked of it;
-2. **replay skip**: a replay's copy for other steps costs nothing more;
-3. **max deliveries**: an entry past its deliveries is dead-lettered before it costs a
+2. **stops**: an entry of a stopped run (cancelled, or failed and stopped) is settled
+   before it costs anything; its ``wrap`` (outermost) cancels a call whose run stops,
+   its ``on_commit`` has the commit check the run;
+3. **replay skip**: a replay's copy for other steps costs nothing more;
+4. **max deliveries**: an entry past its deliveries is dead-lettered before it costs a
    lookup;
-4. **dedupe**: the one lookup round trip (the budgets' reads join it); a duplicate is
+5. **dedupe**: the one lookup round trip (the budgets' reads join it); a duplicate is
    acked whatever its run's budget says, since it commits nothing;
-5. **budget**: a run at a hard limit holds its entries before they reserve or wait;
-6. **reservations**: an entry reserves its estimate only once it will run;
-7. **limits**: the last admit hook, as its claims hold slots: an entry decided by any
+6. **budget**: a run at a hard limit holds its entries before they reserve or wait;
+7. **reservations**: an entry reserves its estimate only once it will run;
+8. **limits**: the last admit hook, as its claims hold slots: an entry decided by any
    hook before never claims one. Its ``attempt`` waits before the call takes a handler
    slot, its ``wrap`` (outermost) gives the claim back whatever the call inside did;
-8. **trial**: once the call holds its slot and place (a suspect then runs alone);
-9. **middleware** (the user's, the pipeline's then the step's): around the handler,
+9. **trial**: once the call holds its slot and place (a suspect then runs alone);
+10. **middleware** (the user's, the pipeline's then the step's): around the handler,
    inside the limits' claim, and inside the step's timeout;
-10. **budget** ``on_commit`` (its charge) and **run index** ``on_commit`` (its mark);
-11. **drafts** ``after_commit``: once a commit says an entry was lost.
+11. **budget** ``on_commit`` (its charge) and **run index** ``on_commit`` (its mark);
+12. **drafts** ``after_commit``: once a commit says an entry was lost.
 
 Decode comes before the chain, the call's failure model
 (:mod:`printery.runtime.failures`), the commit and accounting after it: every entry has
@@ -40,6 +43,7 @@ from printery.policies.placement import Placement
 from printery.policies.replay_skip import ReplaySkip
 from printery.policies.reservations import Reserve
 from printery.policies.run_index import IndexRuns
+from printery.policies.stops import Stops
 from printery.policies.trial import Trials
 from printery.rules.limits import fallback_of
 from printery.runtime.budget_guard import BudgetGuard
@@ -58,10 +62,12 @@ def step_chain(
     max_deliveries: int, suspects: Suspects, written_by: Collection[str] = (),
     placement: Placement | None = None, budget: BudgetGuard | None = None,
     gate: LimitGate | None = None, index: RunIndex | None = None,
-    middleware: Sequence[Middleware] = (),
+    middleware: Sequence[Middleware] = (), stops: Stops | None = None,
 ) -> Chain:
     """The chain of the step ``worker`` from what it declares, in the chain's order."""
     policies: list[Policy] = [] if placement is None else [placement]
+    if stops is not None:
+        policies.append(stops)
     policies += [ReplaySkip(worker), MaxDeliveries(failures, max_deliveries), Dedupe(written_by)]
     if budget is not None:
         policies.append(Budget(budget, connectivity))

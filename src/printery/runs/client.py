@@ -112,16 +112,27 @@ class Client:
     async def submit(
         self, data: Any, *, event_type: str | None = None, run_id: str | None = None,
         idempotency_key: str | None = None, traceparent: str | None = None,
+        deadline: float | None = None, supersede: str | None = None,
     ) -> str:
         """Publish one ingress entry and return its run id. The same ``idempotency_key``
         (default ``<event type>:<run id>``) gives the same run id and one run. Raises
         :class:`InvalidInput` (nothing written) when the ingress step refuses ``data``.
         ``traceparent``: the producer's W3C trace context; the run's spans join its
-        trace (docs/reference.md, Tracing)."""
+        trace (docs/reference.md, Tracing). ``deadline``: seconds after which the run is
+        cancelled if still running; ``supersede``: cancel the running run submitted last
+        with this key first (docs/reference.md, Cancelling a run)."""
         run, _ = await (await self._runs()).submit(
             data, event_type=event_type, run_id=run_id, idempotency_key=idempotency_key,
-            traceparent=traceparent)
+            traceparent=traceparent, deadline=deadline, supersede=supersede)
         return run
+
+    @public_api
+    async def cancel(self, run_id: str, *, reason: str = "", by: str | None = None) -> bool:
+        """Cancel a run: True when this call ended it, False when it had ended already
+        (nothing changes). Raises :class:`UnknownRun` for a run with no entry and none
+        submitted. Of any number of concurrent cancels of one run, exactly one returns
+        True (docs/reference.md, Cancelling a run)."""
+        return (await (await self._runs()).cancel(run_id, reason=reason, by=by)).cancelled
 
     @public_api
     async def result(self, run_id: str, *, timeout: float | None = None) -> RunResult:
@@ -193,10 +204,15 @@ class SyncClient:
     def submit(
         self, data: Any, *, event_type: str | None = None, run_id: str | None = None,
         idempotency_key: str | None = None, traceparent: str | None = None,
+        deadline: float | None = None, supersede: str | None = None,
     ) -> str:
         return self._call(self._client.submit(data, event_type=event_type, run_id=run_id,
                                               idempotency_key=idempotency_key,
-                                              traceparent=traceparent))
+                                              traceparent=traceparent, deadline=deadline,
+                                              supersede=supersede))
+
+    def cancel(self, run_id: str, *, reason: str = "", by: str | None = None) -> bool:
+        return self._call(self._client.cancel(run_id, reason=reason, by=by))
 
     def result(self, run_id: str, *, timeout: float | None = None) -> RunResult:
         return self._call(self._client.result(run_id, timeout=timeout))

@@ -12,6 +12,7 @@ processes submit it at once.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from typing import Any
 
 from printery.base._util import fail_waiters, new_id
@@ -20,11 +21,13 @@ from printery.base.reason import Reason
 from printery.observe.logging import get_logger
 from printery.observe.telemetry import valid_traceparent
 from printery.pipeline.dag import Pipeline, run_id_problem
+from printery.runs.cancel import SUPERSEDED, Cancelled, cancel_run
+from printery.runs.history import id_order
 from printery.runs.reader import RunReader
 from printery.runtime.run_index import RUNNING
 from printery.store import Redis
 from printery.transport.channel import DirectChannel
-from printery.transport.scripts import script
+from printery.transport.scripts import Scripts, script
 from printery.wire.envelope import Codec
 from printery.wire.fields import TRACEPARENT
 from printery.wire.keys import StreamKeys, new_id_in, partition_of
@@ -57,6 +60,7 @@ class Runs:
         self.producer = producer
         self.reader = RunReader(redis, keys, pipeline)
         self._submits = _SubmitBatcher(redis, replicated)
+        self._scripts = Scripts(redis)
 
     def prepare(
         self, data: Any, *, event_type: str | None = None, run_id: str | None = None,
@@ -122,12 +126,32 @@ class Runs:
     async def submit(
         self, data: Any, *, event_type: str | None = None, run_id: str | None = None,
         idempotency_key: str | None = None, traceparent: str | None = None,
+        deadline: float | None = None, supersede: str | None = None,
     ) -> tuple[str, str]:
         """Publish one ingress entry at most once per idempotency key: ``(run id, entry
-        id)``, those of the first submit of the key."""
+        id)``, those of the first submit of the key. ``deadline``: seconds from now after
+        which the run is cancelled if still running (the pipeline's ``run_timeout`` when
+        shorter); ``supersede``: the running run last submitted with this key is
+        cancelled first (reference: Cancelling a run)."""
+        if deadline is not None and not (isinstance(deadline, int | float)
+                                         and not isinstance(deadline, bool)
+                                         and 0 < deadline < float("inf")):
+            raise InvalidInput([Reason(code="invalid_field", field="deadline",
+                                       message="a positive number of seconds")])
+        if supersede is not None and (not isinstance(supersede, str) or not supersede
+                                      or len(supersede) > 256 or not supersede.isprintable()):
+            raise InvalidInput([Reason(code="invalid_field", field="supersede",
+                                       message="1 to 256 printable characters")])
         event_type, run, key, fields = self.prepare(
             data, event_type=event_type, run_id=run_id, idempotency_key=idempotency_key,
             traceparent=traceparent)
+        if supersede is not None:
+            held = self.keys.of(supersede).supersede(supersede)
+            previous = await self.redis.getset(held, run)
+            await self.redis.expire(held, SUBMIT_RECORD_TTL)
+            if previous and previous != run:
+                with contextlib.suppress(UnknownRun):
+                    await self.cancel(previous, reason=SUPERSEDED, by=run)
         args: list[Any] = [run, SUBMIT_RECORD_TTL]
         for name, value in fields.items():
             args += (name, value)
@@ -137,7 +161,23 @@ class Runs:
              keys.run_index(), keys.run_index(RUNNING)],
             args)
         run, _, entry_id = str(reply[1]).partition("\n")
+        limits = [t for t in (deadline, self.pipeline.run_timeout) if t is not None]
+        if limits and int(reply[0]) == 1:  # the first submit of the key: its run's deadline
+            due = id_order(entry_id)[0] + int(min(limits) * 1000)
+            await self.redis.zadd(keys.deadlines, {run: due}, nx=True)
         return run, entry_id
+
+    async def cancel(self, run_id: str, *, reason: str = "", by: str | None = None) -> Cancelled:
+        """Cancel ``run_id`` (:func:`~printery.runs.cancel.cancel_run`). Raises
+        :class:`UnknownRun` for a run with no entry and none submitted."""
+        return await cancel_run(self.redis, self.keys, self.pipeline, run_id, reason=reason,
+                                by=by, scripts=self._scripts)
+
+    async def deadline(self, run_id: str) -> float | None:
+        """When ``run_id``'s deadline passes (epoch seconds), None without one (or once
+        it has ended)."""
+        due = await self.redis.zscore(self.keys.of(run_id).deadlines, run_id)
+        return None if due is None else due / 1000
 
     async def close(self) -> None:
         """Close the submit channel's connection and end the live reads of followed runs

@@ -78,7 +78,7 @@ class Accounting:
             log.error("entry dead-lettered", worker=self.worker, entry_id=entry_id,
                       reason_code=item.reason_code, error=item.error[:500],
                       traceback=item.traceback or None)
-        elif item.outcome in ("skipped", "routed"):
+        elif item.outcome in ("skipped", "routed", "settled"):
             self.observer.processed(self.worker, item.outcome, seconds)
         elif item.outcome == "duplicate" or result == DUPLICATE:
             self.observer.processed(self.worker, "duplicate", seconds)

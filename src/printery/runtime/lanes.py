@@ -13,6 +13,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 
+from printery.policies.stops import Stops
 from printery.runtime.budget_guard import BudgetGuard
 from printery.runtime.consume import EntryPipeline
 from printery.transport.channel import Command
@@ -32,6 +33,8 @@ class Lane:
     pipeline: EntryPipeline
     #: What its entries check and charge of their runs' budgets (None: no budget).
     budget: BudgetGuard | None = None
+    #: The stopped runs it knows of, read on by a loop of the worker (None: not read).
+    stops: Stops | None = None
 
 
 class Lanes:

@@ -268,4 +268,5 @@ def committed(
             ttl = COST_MINUTE_TTL
     return IndexWrites(at, every, running, started, minute, ttl,
                        tuple((unit, repr(float(amount))) for unit, amount in total.items()),
-                       index.keys.run_statuses if ended else "", ended)
+                       index.keys.run_statuses if ended else "", ended,
+                       tuple(index.keys.run_info(run) for run in started))

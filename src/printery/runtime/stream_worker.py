@@ -33,6 +33,7 @@ from printery.base.worker import RunContext, WorkerStats
 from printery.policies.middleware import Middleware
 from printery.policies.order import step_chain
 from printery.policies.placement import Placement
+from printery.policies.stops import Stops
 from printery.rules.budgets import BudgetPlan
 from printery.rules.limits import Limit
 from printery.runtime.budget_guard import BudgetGuard
@@ -223,6 +224,8 @@ class StreamWorker:
             asyncio.create_task(holdings.watch_timeouts(self._closing),
                                 name=f"{self.name}:timeouts"),
             asyncio.create_task(intake.claim(self.streams), name=f"{self.name}:claim"),
+            *(asyncio.create_task(lane.stops.watch(self._closing), name=f"{self.name}:stops")
+              for lane in lanes if lane.stops is not None),
             *(asyncio.ensure_future(companion(self.context)) for companion in self.companions),
             *readers,
         ]
@@ -287,11 +290,12 @@ class StreamWorker:
             reserve_ms=int((self.settings.timeout + self.settings.visibility_timeout) * 1000))
         placement = Placement(Placer(self.client, keys, self.codec, connectivity)) \
             if keys.partitioned else None
+        stops = Stops(keys, self.client, connectivity)
         chain = step_chain(
             self.name, self.handler, failures=failures, connectivity=connectivity,
             max_deliveries=self.settings.max_deliveries, suspects=self._suspects,
             written_by=self.written_by, placement=placement, budget=budget, gate=self._gate,
-            index=run_index, middleware=self.middleware)
+            index=run_index, middleware=self.middleware, stops=stops)
         pipeline = EntryPipeline(
             self.name, handler=self.handler, chain=chain, writes=writes, failures=failures,
             records=records, committer=committer,
@@ -300,7 +304,7 @@ class StreamWorker:
             named=None if placement is None else placement.named, index=run_index)
         streams = [stream for stream in self.streams if keys.partitions == 1
                    or keys.locate(stream)[0] == keys.partition]
-        return Lane(keys, streams, committer, records, pipeline, budget)
+        return Lane(keys, streams, committer, records, pipeline, budget, stops)
 
     # -- batches ---------------------------------------------------------------------------
 

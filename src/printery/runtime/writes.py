@@ -18,6 +18,7 @@ from printery.transport.dead_letter import DeadLetterWrite
 from printery.wire.envelope import Codec, correlation_of, run_id_problem
 from printery.wire.fields import (
     CALL_OF,
+    COMPENSATES,
     ITEM,
     ITEM_FAILED,
     ITEM_FIELDS,
@@ -27,7 +28,7 @@ from printery.wire.fields import (
     dlq_fields,
     item_key,
 )
-from printery.wire.keys import RUN_FAILED, StreamKeys, result_type
+from printery.wire.keys import RUN_CANCELLED, RUN_FAILED, StreamKeys, result_type
 
 
 class Writes:
@@ -63,6 +64,8 @@ class Writes:
             replay_of = message.envelope.extra.get("replay_of")
             if replay_of:
                 extra["replay_of"] = replay_of
+            if is_compensation(message):
+                extra[COMPENSATES] = correlation_id
         appends: list[Append] = []
         for out in outputs:
             fields = self.codec.new_fields(
@@ -191,3 +194,10 @@ def _item_of(fields: Mapping[str, str]) -> int | None:
         return int(fields.get(ITEM, ""))
     except ValueError:
         return None
+
+
+def is_compensation(message: Message) -> bool:
+    """Whether ``message`` is compensation of its run, which a stop of the run does not
+    stop: its ``run:cancelled`` or ``run:failed``, or what was written from one."""
+    return (message.envelope.type in (RUN_CANCELLED, RUN_FAILED)
+            or COMPENSATES in message.envelope.extra)

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Awaitable, Callable, Mapping
+from datetime import UTC, datetime
 from typing import Any
 from urllib.parse import quote, unquote, urlencode
 
@@ -38,7 +39,7 @@ from printery.runs.cost import budget_report
 from printery.runs.facade import Runs
 from printery.runs.listing import list_runs, listing_of_query
 from printery.runs.partials import POSITION, Partial
-from printery.runs.reader import run_cost, run_status
+from printery.runs.reader import RUNNING, run_cost, run_status
 from printery.service.access import Access, service_access
 from printery.settings.config import Settings
 from printery.store import Redis
@@ -50,7 +51,10 @@ __all__ = ["build_api", "refusal", "service_api"]
 log = get_logger("printery.api")
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
-_SUBMIT_KEYS = frozenset({"data", "event_type", "run_id", "idempotency_key"})
+_SUBMIT_KEYS = frozenset({"data", "event_type", "run_id", "idempotency_key", "deadline",
+                          "supersede"})
+#: What ``POST /v1/runs/{id}/cancel`` takes.
+_CANCEL_KEYS = frozenset({"reason", "by"})
 _MAX_ID = 256
 #: The most reviews one ``GET /v1/reviews`` page returns.
 MAX_REVIEW_PAGE = 1000
@@ -120,13 +124,35 @@ def submit_arguments(body: Any) -> dict[str, Any]:
                for key in body if key not in _SUBMIT_KEYS]
     if "data" not in body:
         reasons.append(_reason("missing_field", "data", "the run's input is required"))
-    for key in ("event_type", "run_id", "idempotency_key"):
+    for key in ("event_type", "run_id", "idempotency_key", "supersede"):
         value = body.get(key)
         if value is not None and not (isinstance(value, str) and 0 < len(value) <= _MAX_ID):
             reasons.append(_reason("invalid_field", key, f"a string of 1 to {_MAX_ID} characters"))
+    deadline = body.get("deadline")
+    if deadline is not None and (isinstance(deadline, bool)
+                                 or not isinstance(deadline, int | float) or not deadline > 0):
+        reasons.append(_reason("invalid_field", "deadline", "a positive number of seconds"))
     if reasons:
         raise _Refused(error(400, "invalid_request", reasons=reasons))
     return {key: body.get(key) for key in _SUBMIT_KEYS}
+
+
+def cancel_arguments(body: Any) -> dict[str, Any]:
+    """``POST /v1/runs/{id}/cancel`` body (``{"reason"?, "by"?}``, may be empty) ->
+    :meth:`Runs.cancel` keyword arguments; :class:`_Refused` (400) for a wrong shape."""
+    if body is None:
+        return {}
+    if not isinstance(body, dict):
+        raise _Refused(error(400, "invalid_request", "the body must be a JSON object"))
+    reasons = [_reason("unknown_field", key, "not a field of a cancel")
+               for key in body if key not in _CANCEL_KEYS]
+    for key in _CANCEL_KEYS:
+        value = body.get(key)
+        if value is not None and not (isinstance(value, str) and len(value) <= 1000):
+            reasons.append(_reason("invalid_field", key, "a string of at most 1000 characters"))
+    if reasons:
+        raise _Refused(error(400, "invalid_request", reasons=reasons))
+    return {"reason": body.get("reason") or "", "by": body.get("by")}
 
 
 def decision_arguments(body: Any, decision: str) -> dict[str, Any]:
@@ -254,6 +280,7 @@ def build_api(runs: Runs, access: Access, *, body_limit: int) -> web.Application
 
     api = web.Application(middlewares=[guard])
     _run_routes(api, runs, body_limit)
+    _cancel_route(api, runs, body_limit)
     _run_list_route(api, runs)
     _review_routes(api, runs, body_limit)
     _dlq_routes(api, runs)
@@ -281,7 +308,11 @@ def _run_routes(api: web.Application, runs: Runs, body_limit: int) -> None:
             return error(404, "unknown_run", str(exc))
         spent = run_cost(runs.pipeline, entries)
         budget, limits_from = await budget_report(runs.redis, runs.keys, runs.pipeline, run_id)
-        return respond({"run_id": run_id, "status": run_status(runs.reader.outcome_of(entries)),
+        status = run_status(runs.reader.outcome_of(entries))
+        deadline = await runs.deadline(run_id) if status == RUNNING else None
+        return respond({"run_id": run_id, "status": status,
+                        **({} if deadline is None else {"deadline": datetime.fromtimestamp(
+                            deadline, UTC).isoformat(timespec="milliseconds")}),
                         "entries": entries,
                         "cost": spent["total"]["cost"],
                         "steps": step_summary(runs, entries, spent["steps"]),
@@ -331,6 +362,19 @@ def _run_routes(api: web.Application, runs: Runs, body_limit: int) -> None:
     api.router.add_post("/runs", submit)
     api.router.add_get("/runs/{run_id}", get_run)
     api.router.add_get("/runs/{run_id}/events", run_events)
+
+
+def _cancel_route(api: web.Application, runs: Runs, body_limit: int) -> None:
+    async def cancel(request: web.Request) -> web.Response:
+        run_id = request.match_info["run_id"]
+        body = await read_json(request, body_limit) if request.can_read_body else None
+        try:
+            done = await runs.cancel(run_id, **cancel_arguments(body))
+        except UnknownRun as exc:
+            return error(404, "unknown_run", str(exc))
+        return respond(done.as_dict())
+
+    api.router.add_post("/runs/{run_id}/cancel", cancel)
 
 
 def _run_list_route(api: web.Application, runs: Runs) -> None:

@@ -17,6 +17,7 @@ from printery.inbox.reviews import expire_reviews, sweep_interval
 from printery.observe.logging import get_logger
 from printery.observe.metrics import Metrics
 from printery.pipeline.dag import Pipeline
+from printery.runs.cancel import cancel_due
 from printery.runs.index import RunIndexReader
 from printery.runtime.breaker import breaker_states
 from printery.service.departed import live_owners, remove_departed
@@ -24,6 +25,7 @@ from printery.service.registry import ProcessRegistry, list_processes
 from printery.service.retention import trim_pipeline_streams
 from printery.settings.config import Settings
 from printery.store import UNREACHABLE, Redis, read_overview, waiting
+from printery.store.servers import server_ms
 from printery.supervisor.manager import WorkerManager
 from printery.transport.scripts import Scripts
 from printery.wire.keys import WITHHELD, StreamKeys
@@ -42,6 +44,8 @@ LAG_INTERVAL = 2.0
 #: Seconds between sweeps for consumers of processes that died (their own graceful stop
 #: removes them at once).
 DEPARTED_INTERVAL = 60.0
+#: Seconds between deadline sweeps: a run is cancelled at most about this late.
+DEADLINE_SWEEP_S = 0.25
 
 
 async def remove_consumers(
@@ -78,7 +82,8 @@ class Housekeeping:
         self, manager: Callable[[], WorkerManager | None]
     ) -> list[Coroutine[Any, Any, None]]:
         """The loops this process runs (retention and review deadlines only when set)."""
-        loops = [self.update_gauges(manager), self.update_backlog(), self.sweep_departed()]
+        loops = [self.update_gauges(manager), self.update_backlog(), self.sweep_departed(),
+                 self.cancel_due()]
         if self.settings.transport.retention > 0:
             loops.append(self.retain())
         if self.settings.review_timeouts():
@@ -176,6 +181,25 @@ class Housekeeping:
                     log.info("review rejected at its deadline", review_id=record["review_id"],
                              kind=record["kind"], outputs=record["outputs"])
             await idle(sweep_interval(timeouts))
+
+
+    async def cancel_due(self) -> None:
+        """Cancel each run whose deadline passed (``reason`` ``deadline_exceeded``), every
+        :data:`DEADLINE_SWEEP_S`: every process sweeps, and a run is cancelled once
+        whoever gets there first (:mod:`printery.runs.cancel`)."""
+        scripts = Scripts(self.client)
+
+        async def sweep() -> list[str]:
+            now = await server_ms(self.client)
+            ended = []
+            for part in self.keys.each():
+                ended += await cancel_due(self.client, part, self.pipeline, now, scripts)
+            return ended
+
+        while True:
+            for run_id in await _swept("deadline sweep", sweep) or ():
+                log.info("run cancelled at its deadline", run_id=run_id)
+            await idle(DEADLINE_SWEEP_S)
 
 
 async def _swept(what: str, action: Callable[[], Awaitable[T]]) -> T | None:

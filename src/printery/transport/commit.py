@@ -133,6 +133,9 @@ class IndexWrites(NamedTuple):
     costs: tuple[tuple[str, str], ...] = ()
     statuses: str = ""
     ended: tuple[IndexEnd, ...] = ()
+    #: The info hash of each of ``started``: a run that has ended (cancelled before its
+    #: first entry was handled) is not put among the running ones again.
+    started_info: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -171,6 +174,16 @@ class DeadLetterWrite:
     reservation: str = ""
 
 
+class StopCheck(NamedTuple):
+    """The commit's check that an entry's run has not stopped (cancelled, or failed with
+    ``on_failure="cancel"``): the partition's ``stopped`` runs, its ``withheld`` stream
+    (where the figures of a call whose outputs are withheld go) and the entry's ``run``."""
+
+    stopped: str
+    withheld: str
+    run: str
+
+
 class EntryCommit(NamedTuple):
     """One entry's part of a commit. ``entry_id`` "" means outputs caused by no entry
     (no ack, no fence); ``record`` "" means no idempotency record; ``budget`` what its
@@ -184,7 +197,8 @@ class EntryCommit(NamedTuple):
     withheld, a copy of its figures goes to the mark's ``withheld`` stream: the call's
     cost was charged). ``letter``: this entry
     is dead-lettered (its ``appends`` are empty); its result is the dlq entry's id, or
-    :data:`FENCED`."""
+    :data:`FENCED`. ``stop``: none of its outputs is written when its run has stopped
+    (the check is in the commit, whichever process makes it)."""
 
     source: str
     consumer: str
@@ -194,6 +208,7 @@ class EntryCommit(NamedTuple):
     budget: BudgetCharge | None = None
     mark: Any = None
     letter: DeadLetterWrite | None = None
+    stop: StopCheck | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -248,8 +263,10 @@ def commit_run(
             continue
         source = entry.source if entry.entry_id else ""
         ends = _ends(entry)
+        stop = entry.stop
         entry_shape = (source, entry.consumer if source else "", not entry.record,
                        entry.budget.plan if entry.budget is not None else None,
+                       None if stop is None or not entry.appends else stop[:2],
                        *[(out.stream, not out.once, slot in ends)
                          for slot, out in enumerate(entry.appends)])
         if entry_shape != shape and segment:
@@ -279,7 +296,7 @@ def commit_run(
 def _add_segment(
     keys: list[str], args: list[Any], segment: list[EntryCommit], shape: tuple[Any, ...]
 ) -> None:
-    source, consumer, unrecorded, budget, *outputs = shape
+    source, consumer, unrecorded, budget, stop, *outputs = shape
     args += ("entries", len(segment))
     if source:
         keys.append(source)
@@ -292,11 +309,18 @@ def _add_segment(
         args.append(str((0 if no_once else 1) + (2 if ends else 0)))
     if any(ends for _, _, ends in outputs):  # one partition's outputs: one run's stream
         keys.append(segment[0].mark.withheld)
+    if stop is None:
+        args.append(0)
+    else:
+        keys += stop
+        args.append(1)
     columns = _add_budget_plan(keys, args, budget) if budget else ()
     if source:
         args += [entry.entry_id for entry in segment]
     if not unrecorded:
         args += [entry.record for entry in segment]
+    if stop is not None:
+        args += [entry.stop.run for entry in segment]  # type: ignore[union-attr]
     for slot, (_, no_once, ends) in enumerate(outputs):
         if not no_once:
             keys += [entry.appends[slot].once for entry in segment]
@@ -357,10 +381,12 @@ def _add_letter(keys: list[str], args: list[Any], letter: DeadLetterWrite) -> No
 
 def _add_index(keys: list[str], args: list[Any], writes: IndexWrites) -> None:
     """One run index's writes (commit.lua's ``run_index`` include reads them)."""
-    args += (writes.at, len(writes.started), len(writes.costs), len(writes.ended))
+    args += (writes.at, len(writes.started), len(writes.costs), len(writes.ended),
+             len(writes.started_info))
     if writes.started or writes.ended:
         keys += (writes.every, writes.running)
     args += writes.started
+    keys += writes.started_info
     if writes.costs:
         keys.append(writes.minute)
         args.append(writes.minute_ttl)

@@ -168,3 +168,8 @@ def item_key(event_type: str, run: str, carried: Mapping[str, str]) -> str:
     Map fields ``<type>:<run>``, the default)."""
     item = carried.get(ITEM)
     return f"{event_type}:{run}" if item is None else f"{event_type}:{run}:{item}"
+
+#: On what a step writes while it handles a run's ``run:cancelled`` or ``run:failed`` (and
+#: on what is written from that, on down): compensation, which the stop of its run does
+#: not stop (docs/reference.md, Cancelling a run). Its value is the run id.
+COMPENSATES = "compensates"

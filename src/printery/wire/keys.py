@@ -29,6 +29,9 @@ REVIEW_DECIDED = "review:decided"
 #: The outcome of a run one of whose entries was dead-lettered (reference: failures), written
 #: by the runtime in the dead letter's transaction; any step may consume it.
 RUN_FAILED = "run:failed"
+#: The outcome of a cancelled run (reference: Cancelling a run), written with the run's
+#: mark by the cancel itself; a step may consume it (compensation).
+RUN_CANCELLED = "run:cancelled"
 #: The figures of handler calls whose outputs the commit withheld (an outcome of a run that
 #: had ended already): a copy of the call's first output, ``data`` emptied, with
 #: ``withheld`` saying why. The call ran and its cost was charged, so the run's cost
@@ -246,6 +249,23 @@ class StreamKeys:
     @property
     def withheld(self) -> str:
         return self.stream(WITHHELD)
+
+    @property
+    def stopped(self) -> str:
+        """Sorted set of the runs that go no further, by when they stopped (ms): cancelled
+        ones, and failed ones of a pipeline with ``on_failure="cancel"``. Their entries
+        are settled where they are admitted, their running calls cancelled, and their
+        commits write nothing but compensation (reference: Cancelling a run)."""
+        return f"{self.scope}:stopped"
+
+    @property
+    def deadlines(self) -> str:
+        """Sorted set of the running runs that have a deadline, by when it passes (ms)."""
+        return f"{self.scope}:deadlines"
+
+    def supersede(self, key: str) -> str:
+        """The run last submitted with ``supersede=key`` (in the partition of the key)."""
+        return f"{self.scope}:supersede:{key}"
 
     def idempotency_index(self, worker: str) -> str:
         """Where ``worker`` records the idempotency keys it committed: this hash names the

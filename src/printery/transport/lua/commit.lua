@@ -48,6 +48,11 @@ end
 -- The reply of entry x of segment s that has no verdict: 1 + the outputs it keeps.
 local function kept(s, x, warned)
   local e, n = s.first + x, 0
+  if s.stopped and s.m > 0 and is_stopped(s.stopped, ARGV[s.runs + x - 1]) then
+    withdraw(e)  -- its run stopped: nothing of it is written (its cost was charged)
+    copies[e] = {s.stop_copies, 'run_stopped'}
+    return 1 + (warned[e] or 0)
+  end
   for j = 1, s.m do
     local once, ends = s.once[j], s.ends[j]
     local taken = once and not redis.call('SET', KEYS[once + x - 1], '1', 'NX', 'PX', ttl)
@@ -55,7 +60,7 @@ local function kept(s, x, warned)
       n = n + 1
     else
       withdraw(e, j)
-      if j == 1 and not taken then copies[e] = s.withheld end  -- its cost was charged
+      if j == 1 and not taken then copies[e] = {s.withheld, 'run_ended'} end  -- charged
     end
   end
   return 1 + n + (warned[e] or 0)
@@ -81,7 +86,15 @@ local function decide()
     if s.stream then ack(s) end
     if s.budget then charge(s, ttl, warned) end
   end
-  if next(troubled) == nil and not any_once and next(warned) == nil and #letters == 0 then
+  local checked = false  -- a partition with a stopped run: each entry is looked at
+  for _, s in ipairs(segs) do
+    if s.stopped then
+      is_stopped(s.stopped, '')
+      if stop_counts[s.stopped] > 0 then checked = true end
+    end
+  end
+  if next(troubled) == nil and not any_once and not checked and next(warned) == nil
+      and #letters == 0 then
     return total
   end
   local results = {}

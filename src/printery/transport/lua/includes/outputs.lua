@@ -15,9 +15,10 @@ local function bad_outputs(outkeys)
   return bad
 end
 
--- `copies[e]`: the withheld stream (a key) that gets a copy of the figures of entry e's
--- first output, which is withdrawn although the entry committed (and charged its cost):
--- an outcome of a run that had ended (cost.py counts the copy as the call).
+-- `copies[e]`: {the withheld stream (a key), why} that gets a copy of the figures of
+-- entry e's first output, which is withdrawn although the entry committed (and charged
+-- its cost): an outcome of a run that had ended, or any output of a run that stopped
+-- (cost.py counts the copy as the call).
 local copies = {}
 
 local function copy_figures(to, fields)
@@ -25,8 +26,20 @@ local function copy_figures(to, fields)
   for j = 1, #fields, 2 do
     copy[j], copy[j + 1] = fields[j], fields[j] == 'data' and '{}' or fields[j + 1]
   end
-  copy[#copy + 1], copy[#copy + 2] = 'withheld', 'run_ended'
-  redis.call('XADD', to, '*', unpack(copy))
+  copy[#copy + 1], copy[#copy + 2] = 'withheld', to[2]
+  redis.call('XADD', to[1], '*', unpack(copy))
+end
+
+-- Whether `run` is among the stopped runs `key` (cancelled, or failed with on_failure
+-- cancel): one ZCARD per key and script run, a ZSCORE per entry only when any is.
+local stop_counts = {}
+local function is_stopped(key, run)
+  local n = stop_counts[key]
+  if n == nil then
+    n = redis.call('ZCARD', key)
+    stop_counts[key] = n
+  end
+  return n > 0 and run ~= '' and redis.call('ZSCORE', key, run) ~= false
 end
 
 local function apply_withdrawals(segs, bad)

@@ -1,14 +1,17 @@
 -- The run index's writes (runtime/run_index.py), by name: no command comes from ARGV.
--- `run_index_args()` reads: the time (ms), counts of started runs, cost units and ended
--- runs; every run's set and the running ones (if a run starts or ends); the cost minute
+-- `run_index_args()` reads: the time (ms), counts of started runs, cost units, ended
+-- runs and started runs' info hashes; every run's set and the running ones (if a run starts or ends); the started
+-- runs and each one's info hash (a key); the cost minute
 -- hash, its ttl in s ('0': not set again now) and unit, amount pairs; the statuses set;
 -- per ended run its info hash and status set (keys), its id, status, and '1' when its
 -- outcome is no dead letter's (its info's `dead_letter` is cleared).
 local function run_index_args()
   local ix = {at = num(), started = {}, costs = {}, ended = {}}
-  local ns, nc, ne = num(), num(), num()
+  local ns, nc, ne, ni = num(), num(), num(), num()
   if ns + ne > 0 then ix.every, ix.running = key(), key() end
   for j = 1, ns do ix.started[j] = arg() end
+  ix.started_info = {}
+  for j = 1, ni do ix.started_info[j] = key() end
   if nc > 0 then ix.minute, ix.ttl = key(), arg() end
   for j = 1, 2 * nc do ix.costs[j] = arg() end
   if ne > 0 then ix.statuses = key() end
@@ -34,7 +37,14 @@ local function write_run_index(ix, kept)
     local members = {}
     for j, run in ipairs(ix.started) do members[2 * j - 1], members[2 * j] = ix.at, run end
     try(redis.pcall('ZADD', ix.every, 'NX', unpack(members)))
-    try(redis.pcall('ZADD', ix.running, 'NX', unpack(members)))
+    local live = {}  -- a run cancelled before its first entry was handled stays ended
+    for j, run in ipairs(ix.started) do
+      local info = ix.started_info[j]
+      if not info or redis.call('HMGET', info, 'ended')[1] == false then
+        live[#live + 1], live[#live + 2] = ix.at, run
+      end
+    end
+    if #live > 0 then try(redis.pcall('ZADD', ix.running, 'NX', unpack(live))) end
   end
   for _, e in ipairs(ix.ended) do
     if kept[e.info] then

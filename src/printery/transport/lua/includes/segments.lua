@@ -6,8 +6,10 @@
 -- record, their output streams and budget plan: its header (kind 'entries',
 -- count n, '1' + source stream key + consumer if it has one, '1' if it carries records,
 -- outputs m, budget fields nb; per output its stream (key) and flags: 1 once key, + 2 an
--- outcome of its run; when an output is an outcome, the run's withheld stream, a key),
--- its budget plan, then its columns, n each: entry ids, records,
+-- outcome of its run; when an output is an outcome, the run's withheld stream, a key;
+-- '1' + the partition's stopped runs and withheld stream (keys) when its entries are
+-- checked for a stop, else '0'), its budget plan, then its columns, n each: entry ids,
+-- records, the runs checked for a stop ('' none),
 -- per output its once keys and run info hashes (keys), the budget's columns.
 local group, ttl = arg(), num()
 local records = num() == 1 and {index = key(), ring = {key(), key(), key()}} or nil
@@ -29,9 +31,11 @@ local function entries_args(s)
     if s.ends[j] then s.has_ends = true end
   end
   if s.has_ends then s.withheld = key() end
+  if num() == 1 then s.stopped, s.stop_copies = key(), key() end
   if nb > 0 then s.budget = budget_plan() end
   if s.stream then s.ids = column(s.n) end
   if marked then s.marks = column(s.n) end
+  if s.stopped then s.runs = column(s.n) end
   for j = 1, s.m do
     if s.once[j] then s.once[j] = key_column(s.n) any_once = true end
     if s.ends[j] then s.ends[j] = key_column(s.n) any_once = true end
